@@ -1,0 +1,64 @@
+//! The one error type of `hearth-core`. Variants are structured so callers (CLI, server, JS edge)
+//! can react to the kind of failure, and every message names the thing that was wrong.
+
+use thiserror::Error;
+
+pub type Result<T, E = CoreError> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+pub enum CoreError {
+    #[error("I/O error while {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a GGUF file: magic bytes are {found:02x?}, expected \"GGUF\"")]
+    BadMagic { found: [u8; 4] },
+    #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
+    UnsupportedVersion(u32),
+    #[error("GGUF file is truncated: {what} needs {needed} bytes at offset {offset}, but the file is {file_len} bytes long")]
+    Truncated { what: String, offset: u64, needed: u64, file_len: u64 },
+    #[error("GGUF limit exceeded: {what} is {value}, the maximum is {max}")]
+    LimitExceeded { what: String, value: u64, max: u64 },
+    #[error("GGUF metadata key '{key}' has unknown value type {type_id}")]
+    BadValueType { key: String, type_id: u32 },
+    #[error("GGUF {what} is not valid UTF-8")]
+    BadUtf8 { what: String },
+    #[error("GGUF has duplicate {what} '{name}'")]
+    Duplicate { what: &'static str, name: String },
+    #[error("tensor '{tensor}' has unknown tensor type id {type_id}")]
+    UnknownTensorType { tensor: String, type_id: u32 },
+    #[error("tensor '{tensor}': {reason}")]
+    BadTensor { tensor: String, reason: String },
+    #[error("missing metadata key '{0}'")]
+    MissingKey(String),
+    #[error("metadata key '{key}' is {found}, expected {expected}")]
+    WrongType { key: String, expected: &'static str, found: &'static str },
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, gemma3)")]
+    UnknownArchitecture(String),
+    #[error("model is missing tensor '{0}'")]
+    MissingTensor(String),
+    #[error("tensor '{tensor}' has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch { tensor: String, expected: Vec<u64>, found: Vec<u64> },
+    #[error("tensor type {ty} is not supported for {what}")]
+    UnsupportedTensorType { ty: String, what: String },
+    #[error("invalid model hyper-parameter: {0}")]
+    BadHyperParameter(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("context overflow: {needed} tokens needed, but the context holds {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("backend '{backend}': {message}")]
+    Backend { backend: String, message: String },
+}
+
+impl CoreError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        CoreError::Io { context: context.into(), source }
+    }
+}

@@ -1,0 +1,99 @@
+//! Where GGUF bytes come from. The reader only ever asks for byte ranges, so a file never has to
+//! be in memory as a whole: natively it is memory-mapped, in the browser it can be a range-fetched
+//! URL or a `Blob` behind the same trait.
+
+use crate::error::{CoreError, Result};
+use std::sync::Arc;
+
+pub trait ByteSource: Send + Sync {
+    /// Total length in bytes.
+    fn len(&self) -> u64;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `buf` from `offset`. Callers check bounds first; implementations still must not panic.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// Zero-copy view of a range when the bytes are already addressable (mmap, in-memory).
+    fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
+}
+
+/// Bytes held in memory (tests, wasm after a download, fuzzing).
+pub struct MemorySource {
+    bytes: Arc<[u8]>,
+}
+
+impl MemorySource {
+    pub fn new(bytes: impl Into<Arc<[u8]>>) -> Self {
+        MemorySource { bytes: bytes.into() }
+    }
+}
+
+impl ByteSource for MemorySource {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let slice = self.slice(offset, buf.len()).ok_or_else(|| CoreError::Truncated {
+            what: "read".into(),
+            offset,
+            needed: buf.len() as u64,
+            file_len: self.len(),
+        })?;
+        buf.copy_from_slice(slice);
+        Ok(())
+    }
+
+    fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(len)?;
+        self.bytes.get(start..end)
+    }
+}
+
+/// A memory-mapped file (native only).
+#[cfg(not(target_arch = "wasm32"))]
+pub struct MmapSource {
+    map: memmap2::Mmap,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl MmapSource {
+    pub fn open(path: &std::path::Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| CoreError::io(format!("opening {}", path.display()), e))?;
+        // SAFETY: the map is read-only; a file truncated underneath us by another process is the
+        // one hazard of mmap, and every model loader (llama.cpp included) accepts it.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| CoreError::io(format!("memory-mapping {}", path.display()), e))?;
+        Ok(MmapSource { map })
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl ByteSource for MmapSource {
+    fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let slice = self.slice(offset, buf.len()).ok_or_else(|| CoreError::Truncated {
+            what: "read".into(),
+            offset,
+            needed: buf.len() as u64,
+            file_len: self.len(),
+        })?;
+        buf.copy_from_slice(slice);
+        Ok(())
+    }
+
+    fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(len)?;
+        self.map.get(start..end)
+    }
+}

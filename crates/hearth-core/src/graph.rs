@@ -1,0 +1,155 @@
+//! The computation a model asks of a backend, recorded once and replayed per step.
+//!
+//! A [`Graph`] is a flat list of [`Op`]s over f32 activation buffers whose shapes are fixed when the
+//! graph is built (one graph per token-count, e.g. 1 for decode, the chunk size for prefill). What
+//! changes between steps — the token ids and the position of the first token — is passed in
+//! [`StepInput`], so a backend can compile the graph once (pipelines, bind groups, a CUDA graph) and
+//! replay it every token. Buffers carry names ("attn_norm.3") so any intermediate can be dumped and
+//! compared with another backend or with llama.cpp.
+
+use crate::quant::GgmlType;
+
+/// A model weight uploaded to a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WeightId(pub u32);
+
+/// An activation buffer of a graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufId(pub u32);
+
+/// Shape and dtype of an uploaded weight. `dims` in GGML order: `dims[0]` is the row length.
+#[derive(Clone, Debug)]
+pub struct WeightDesc {
+    pub name: String,
+    pub ty: GgmlType,
+    pub dims: Vec<u64>,
+}
+
+impl WeightDesc {
+    pub fn row_len(&self) -> usize {
+        self.dims[0] as usize
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.dims.iter().skip(1).product::<u64>() as usize
+    }
+}
+
+/// A row-major f32 activation buffer `[rows, cols]`.
+#[derive(Clone, Debug)]
+pub struct BufDesc {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeMode {
+    /// Rotate adjacent pairs (2i, 2i+1): llama.
+    Normal,
+    /// Rotate (i, i + n_rot/2): qwen2, qwen3, gemma3 (GPT-NeoX style).
+    Neox,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub mode: RopeMode,
+    pub head_dim: usize,
+    /// Leading dims of each head that are rotated (the rest pass through).
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear position scaling: theta = (pos * freq_scale) * base^(-2i/n_rot).
+    pub freq_scale: f32,
+    /// Optional per-dimension divisors (llama 3 `rope_freqs.weight`, n_rot/2 entries).
+    pub freq_factors: Option<WeightId>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Multiplies Q·K before the softmax.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions > p - window.
+    pub window: Option<usize>,
+    /// tanh soft-capping of the scores (gemma 2 style), if any.
+    pub softcap: Option<f32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// out[t] = dequant(table row tokens[t]). out: [n_tokens, n_embd].
+    Embed { table: WeightId, out: BufId },
+    /// Each `group` consecutive values of x are RMS-normalised, then multiplied by `weight`
+    /// (length `group`) when given. x, out: [rows, cols], cols % group == 0.
+    RmsNorm { x: BufId, weight: Option<WeightId>, eps: f32, group: usize, out: BufId },
+    /// out = x · Wᵀ (+ bias). x: [rows, k], W: [n, k] (GGML dims [k, n]), out: [rows, n].
+    MatMul { w: WeightId, x: BufId, bias: Option<WeightId>, out: BufId },
+    /// In-place rotary embedding of every head of x: [n_tokens, n_heads * head_dim], token t at
+    /// position `pos0 + t`.
+    Rope { x: BufId, params: RopeParams },
+    /// Writes k, v: [n_tokens, n_head_kv * head_dim] into the KV cache of `layer` at positions
+    /// pos0..pos0+n_tokens.
+    StoreKv { layer: usize, k: BufId, v: BufId },
+    /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`
+    /// (positions 0..=pos0+t for token t, limited by the window). out: same shape as q.
+    Attention { q: BufId, params: AttentionParams, out: BufId },
+    /// out = a + b, all [rows, cols].
+    Add { a: BufId, b: BufId, out: BufId },
+    /// x *= factor, in place.
+    Scale { x: BufId, factor: f32 },
+    /// out = silu(gate) * up.
+    SwiGlu { gate: BufId, up: BufId, out: BufId },
+    /// out = gelu_tanh(gate) * up.
+    GeGlu { gate: BufId, up: BufId, out: BufId },
+    /// out: [1, cols] = x[rows - 1] — only the last token goes through the output head.
+    LastRow { x: BufId, out: BufId },
+}
+
+/// What a graph returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LogitsMode {
+    /// Logits for the last token only (generation).
+    Last,
+    /// Logits for every token (perplexity, teacher forcing, speculative verification).
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub n_tokens: usize,
+    pub bufs: Vec<BufDesc>,
+    pub ops: Vec<Op>,
+    /// [n_out, n_vocab] where n_out is 1 (Last) or n_tokens (All).
+    pub logits: BufId,
+}
+
+impl Graph {
+    pub fn new(n_tokens: usize) -> Self {
+        Graph { n_tokens, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX) }
+    }
+
+    pub fn buf(&mut self, name: impl Into<String>, rows: usize, cols: usize) -> BufId {
+        self.bufs.push(BufDesc { name: name.into(), rows, cols });
+        BufId(self.bufs.len() as u32 - 1)
+    }
+
+    pub fn desc(&self, b: BufId) -> &BufDesc {
+        &self.bufs[b.0 as usize]
+    }
+
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+}
+
+/// Per-step inputs: the only things that differ between replays of a graph.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    /// [n_tokens] token ids.
+    pub tokens: &'a [u32],
+    /// Position of tokens[0]; token t sits at pos0 + t.
+    pub pos0: usize,
+}

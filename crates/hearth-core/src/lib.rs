@@ -1,0 +1,25 @@
+//! Hearth core: everything that is the same on every backend and every platform.
+//!
+//! - [`gguf`]: bounded GGUF reader over a [`gguf::ByteSource`] (mmap natively, bytes in wasm).
+//! - [`quant`]: GGML block formats, reference dequantization and quantized dot products.
+//! - [`tokenizer`]: GGUF-described tokenizers on top of HF `tokenizers`, streaming detokenizer.
+//! - [`chat`]: chat templates rendered with `minijinja`.
+//! - [`model`]: architectures (llama, qwen2, qwen3, gemma3) written once as a [`graph::Graph`].
+//! - [`backend`]: the coarse seam every backend implements (upload weights, compile a graph, run a step).
+//! - [`kv_cache`]: KV bookkeeping owned outside the model, with truncate/rollback.
+//! - [`sampling`]: logits processors and samplers.
+//! - [`engine`]: prompt → tokens loop tying the above together.
+
+pub mod backend;
+pub mod chat;
+pub mod engine;
+pub mod error;
+pub mod gguf;
+pub mod graph;
+pub mod kv_cache;
+pub mod model;
+pub mod quant;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::{CoreError, Result};
