@@ -83,7 +83,7 @@ pub enum Op {
     /// out[t] = dequant(table row tokens[t]). out: [n_tokens, n_embd].
     Embed { table: WeightId, out: BufId },
     /// Each `group` consecutive values of x are RMS-normalised, then multiplied by `weight`
-    /// (length `group`) when given. x, out: [rows, cols], cols % group == 0.
+    /// (length `group`) when given. x, out: [rows, cols], cols % group == 0; `out` may be `x`.
     RmsNorm { x: BufId, weight: Option<WeightId>, eps: f32, group: usize, out: BufId },
     /// out = x · Wᵀ (+ bias). x: [rows, k], W: [n, k] (GGML dims [k, n]), out: [rows, n].
     MatMul { w: WeightId, x: BufId, bias: Option<WeightId>, out: BufId },
@@ -96,13 +96,13 @@ pub enum Op {
     /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`
     /// (positions 0..=pos0+t for token t, limited by the window). out: same shape as q.
     Attention { q: BufId, params: AttentionParams, out: BufId },
-    /// out = a + b, all [rows, cols].
+    /// out = a + b, all [rows, cols]; `out` may be `a` (the residual stream is updated in place).
     Add { a: BufId, b: BufId, out: BufId },
     /// x *= factor, in place.
     Scale { x: BufId, factor: f32 },
-    /// out = silu(gate) * up.
+    /// out = silu(gate) * up; `out` may be `gate`.
     SwiGlu { gate: BufId, up: BufId, out: BufId },
-    /// out = gelu_tanh(gate) * up.
+    /// out = gelu_tanh(gate) * up; `out` may be `gate`.
     GeGlu { gate: BufId, up: BufId, out: BufId },
     /// out: [1, cols] = x[rows - 1] — only the last token goes through the output head.
     LastRow { x: BufId, out: BufId },

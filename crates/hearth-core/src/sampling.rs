@@ -31,3 +31,35 @@ impl Sampler {
         best as u32
     }
 }
+
+/// Result of feeding text to [`StopStrings`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StopOutcome {
+    pub emit: String,
+    pub stopped: bool,
+}
+
+pub struct StopStrings {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopStrings { stops, held: String::new() }
+    }
+    pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.held.push_str(text);
+        for s in &self.stops {
+            if let Some(i) = self.held.find(s.as_str()) {
+                let emit = self.held[..i].to_string();
+                self.held.clear();
+                return StopOutcome { emit, stopped: true };
+            }
+        }
+        StopOutcome { emit: std::mem::take(&mut self.held), stopped: false }
+    }
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}

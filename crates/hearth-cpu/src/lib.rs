@@ -1,1 +1,173 @@
-//! CPU backend.
+//! CPU backend: the reference every other backend is tested against, and the fallback when there
+//! is no GPU. Weights stay in the model's memory map (no copy); matrix products quantize the
+//! activations to the weight's 8-bit dot type first, as llama.cpp does, so results agree with it
+//! closely; work is split over a rayon pool natively.
+
+mod attention;
+mod exec;
+pub mod kernels;
+mod matmul;
+mod ops;
+mod weights;
+
+use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
+use hearth_core::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::{CoreError, Result};
+use weights::CpuWeight;
+
+pub use exec::KvStore;
+
+/// Errors of this crate; they reach callers as [`CoreError::Backend`].
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("unknown {what} id {id}")]
+    UnknownId { what: &'static str, id: u32 },
+    #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
+    BadGraph { index: usize, op: &'static str, reason: String },
+    #[error("step has {got} tokens, the graph was built for {expected}")]
+    TokenCount { expected: usize, got: usize },
+    #[error("positions {start}..{end} exceed the KV capacity {capacity}")]
+    KvOverflow { start: usize, end: usize, capacity: usize },
+    #[error("token id {token} is outside the embedding table of {rows} rows")]
+    TokenOutOfRange { token: u32, rows: usize },
+    #[error("weight '{name}': {reason}")]
+    BadWeight { name: String, reason: String },
+    #[error("could not start the thread pool: {0}")]
+    ThreadPool(String),
+}
+
+impl From<CpuError> for CoreError {
+    fn from(e: CpuError) -> Self {
+        CoreError::Backend { backend: "cpu".into(), message: e.to_string() }
+    }
+}
+
+pub(crate) struct CompiledGraph {
+    graph: Graph,
+    bufs: Vec<Vec<f32>>,
+}
+
+pub struct CpuBackend {
+    weights: Vec<CpuWeight>,
+    kvs: Vec<KvStore>,
+    graphs: Vec<CompiledGraph>,
+    counters: BackendCounters,
+    #[cfg(not(target_arch = "wasm32"))]
+    pool: rayon::ThreadPool,
+}
+
+impl CpuBackend {
+    /// `threads`: worker threads (None = all cores).
+    pub fn new(threads: Option<usize>) -> Result<Self> {
+        Ok(CpuBackend {
+            weights: Vec::new(),
+            kvs: Vec::new(),
+            graphs: Vec::new(),
+            counters: BackendCounters::default(),
+            #[cfg(not(target_arch = "wasm32"))]
+            pool: rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.unwrap_or(0))
+                .thread_name(|i| format!("hearth-cpu-{i}"))
+                .build()
+                .map_err(|e| CpuError::ThreadPool(e.to_string()))?,
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.pool.current_num_threads();
+        #[cfg(target_arch = "wasm32")]
+        return 1;
+    }
+
+    fn weight(&self, id: WeightId) -> std::result::Result<&CpuWeight, CpuError> {
+        self.weights.get(id.0 as usize).ok_or(CpuError::UnknownId { what: "weight", id: id.0 })
+    }
+
+    /// Checks every op against buffer shapes and weight shapes once, so execution can index freely.
+    fn validate(&self, graph: &Graph) -> std::result::Result<(), CpuError> {
+        for (index, op) in graph.ops.iter().enumerate() {
+            exec::validate_op(graph, op, index, |id| self.weight(id).map(|w| &w.desc))?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
+        let w = CpuWeight::new(desc, data)?;
+        self.weights.push(w);
+        Ok(WeightId(self.weights.len() as u32 - 1))
+    }
+
+    fn alloc_kv(&mut self, layout: KvLayout) -> Result<KvId> {
+        self.kvs.push(KvStore::new(layout)?);
+        Ok(KvId(self.kvs.len() as u32 - 1))
+    }
+
+    fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
+        self.validate(graph)?;
+        let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
+        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs });
+        self.counters.graphs_compiled += 1;
+        Ok(GraphId(self.graphs.len() as u32 - 1))
+    }
+
+    fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        let compiled = self
+            .graphs
+            .get_mut(graph.0 as usize)
+            .ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
+        let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
+        let n_ops = compiled.graph.ops.len() as u64;
+        let ctx = exec::ExecContext { weights: &self.weights, input };
+        #[cfg(not(target_arch = "wasm32"))]
+        self.pool.install(|| exec::run(compiled, kv, &ctx))?;
+        #[cfg(target_arch = "wasm32")]
+        exec::run(compiled, kv, &ctx)?;
+        let out = &compiled.bufs[compiled.graph.logits.0 as usize];
+        logits.clear();
+        logits.extend_from_slice(out);
+        self.counters.steps_executed += 1;
+        self.counters.ops_executed += n_ops;
+        Ok(())
+    }
+
+    fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
+        let compiled = self.graphs.get(graph.0 as usize)?;
+        let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
+        Some(compiled.bufs[index].clone())
+    }
+
+    fn counters(&self) -> BackendCounters {
+        self.counters.clone()
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        let kv: u64 = self.kvs.iter().map(|k| k.bytes()).sum();
+        let weights: u64 = self.weights.iter().map(|w| w.owned_bytes()).sum();
+        let acts: u64 = self.graphs.iter().flat_map(|g| g.bufs.iter()).map(|b| b.len() as u64 * 4).sum();
+        kv + weights + acts
+    }
+}
+
+/// Ops are matched exhaustively in `exec`; this keeps the op name for error messages.
+pub(crate) fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Embed { .. } => "embed",
+        Op::RmsNorm { .. } => "rms_norm",
+        Op::MatMul { .. } => "mat_mul",
+        Op::Rope { .. } => "rope",
+        Op::StoreKv { .. } => "store_kv",
+        Op::Attention { .. } => "attention",
+        Op::Add { .. } => "add",
+        Op::Scale { .. } => "scale",
+        Op::SwiGlu { .. } => "swiglu",
+        Op::GeGlu { .. } => "geglu",
+        Op::LastRow { .. } => "last_row",
+    }
+}

@@ -1,0 +1,194 @@
+//! Hyper-parameters of the supported architectures, read from GGUF metadata.
+
+use crate::error::{CoreError, Result};
+use crate::gguf::{Metadata, Value};
+use crate::graph::RopeMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, SmolLM, Mistral: normal RoPE, SwiGLU.
+    Llama,
+    /// Qwen 2/2.5: q/k/v biases, NeoX RoPE.
+    Qwen2,
+    /// Qwen 3: per-head q/k RMSNorm, NeoX RoPE, no biases.
+    Qwen3,
+    /// Gemma 3: q/k norm, embedding scale, GELU, post-norms, interleaved sliding-window layers.
+    Gemma3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Result<Arch> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
+            other => return Err(CoreError::UnknownArchitecture(other.to_string())),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnActivation {
+    Silu,
+    GeluTanh,
+}
+
+/// Per-layer attention kind: global layers see the whole context, local ones a sliding window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    pub window: Option<usize>,
+    pub rope_base: f32,
+    pub rope_scale: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub rope_mode: RopeMode,
+    pub n_rot: usize,
+    pub attn_scale: f32,
+    /// Multiplies the token embeddings (gemma: sqrt(n_embd)).
+    pub embd_scale: Option<f32>,
+    pub ffn_activation: FfnActivation,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// Gemma's extra norms after attention and after the FFN.
+    pub post_norms: bool,
+    pub layers: Vec<LayerAttention>,
+}
+
+impl ModelConfig {
+    pub fn from_metadata(meta: &Metadata) -> Result<Self> {
+        let arch_name = meta.str("general.architecture")?;
+        let arch = Arch::from_name(arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+
+        let n_layer = meta.usize(&key("block_count"))?;
+        let n_embd = meta.usize(&key("embedding_length"))?;
+        let n_head = meta.usize(&key("attention.head_count"))?;
+        let n_head_kv = meta.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_ff = meta.usize(&key("feed_forward_length"))?;
+        let n_ctx_train = meta.usize(&key("context_length"))?;
+        let rms_eps = meta.f32(&key("attention.layer_norm_rms_epsilon"))?;
+        if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_ff == 0 {
+            return Err(CoreError::BadHyperParameter(format!(
+                "zero size: block_count={n_layer} embedding_length={n_embd} head_count={n_head} head_count_kv={n_head_kv} feed_forward_length={n_ff}"
+            )));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(CoreError::BadHyperParameter(format!(
+                "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            )));
+        }
+        let head_dim = match meta.opt_usize(&key("attention.key_length"))? {
+            Some(d) => d,
+            None => {
+                if n_embd % n_head != 0 {
+                    return Err(CoreError::BadHyperParameter(format!(
+                        "embedding_length {n_embd} is not a multiple of head_count {n_head}"
+                    )));
+                }
+                n_embd / n_head
+            }
+        };
+        let v_dim = meta.opt_usize(&key("attention.value_length"))?.unwrap_or(head_dim);
+        if v_dim != head_dim {
+            return Err(CoreError::BadHyperParameter(format!(
+                "value_length {v_dim} differs from key_length {head_dim}, which no supported architecture does"
+            )));
+        }
+        let n_rot = meta.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(CoreError::BadHyperParameter(format!("rope.dimension_count {n_rot} invalid for head size {head_dim}")));
+        }
+        let rope_base = meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_scale = match meta.opt_str(&key("rope.scaling.type"))? {
+            Some("linear") | None => meta.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0).map_or(1.0, |f| 1.0 / f),
+            Some("none") => 1.0,
+            Some(other) => {
+                return Err(CoreError::BadHyperParameter(format!("rope scaling type '{other}' is not supported yet")))
+            }
+        };
+        let n_vocab = meta.array("tokenizer.ggml.tokens")?.len();
+
+        let global = LayerAttention { window: None, rope_base, rope_scale };
+        let mut cfg = ModelConfig {
+            arch,
+            n_layer,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            n_ctx_train,
+            rms_eps,
+            rope_mode: RopeMode::Neox,
+            n_rot,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embd_scale: None,
+            ffn_activation: FfnActivation::Silu,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            layers: vec![global; n_layer],
+        };
+        match arch {
+            Arch::Llama => cfg.rope_mode = RopeMode::Normal,
+            Arch::Qwen2 => cfg.qkv_bias = true,
+            Arch::Qwen3 => cfg.qk_norm = true,
+            Arch::Gemma3 => {
+                cfg.qk_norm = true;
+                cfg.post_norms = true;
+                cfg.ffn_activation = FfnActivation::GeluTanh;
+                cfg.embd_scale = Some((n_embd as f32).sqrt());
+                let window = meta.usize(&key("attention.sliding_window"))?;
+                // Gemma 3: five local layers, then one global (llama.cpp's swa pattern 6), local
+                // layers with their own RoPE base (10k) and no position scaling.
+                let is_local = sliding_window_layers(meta, &key("attention.sliding_window_pattern"), n_layer, 6)?;
+                let local_base = meta.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
+                for (layer, local) in cfg.layers.iter_mut().zip(is_local) {
+                    if local {
+                        *layer = LayerAttention { window: Some(window), rope_base: local_base, rope_scale: 1.0 };
+                    }
+                }
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Which layers use the sliding window: the metadata holds either a per-layer bool array or a
+/// period `n` (layers `il % n < n - 1` are local, every n-th is global).
+fn sliding_window_layers(meta: &Metadata, key: &str, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
+    if let Some(Value::Array(items)) = meta.get(key) {
+        if items.len() != n_layer {
+            return Err(CoreError::BadHyperParameter(format!("{key} has {} entries for {n_layer} layers", items.len())));
+        }
+        return items
+            .iter()
+            .map(|v| v.as_bool().ok_or_else(|| CoreError::BadHyperParameter(format!("{key} must hold bools"))))
+            .collect();
+    }
+    let period = meta.opt_usize(key)?.unwrap_or(default_period);
+    Ok((0..n_layer).map(|il| period == 0 || il % period < period - 1).collect())
+}

@@ -1,0 +1,126 @@
+//! Finds, checks and uploads the tensors of a model. Shapes are validated here, once, so backends
+//! can trust every row length they are given.
+
+use super::config::ModelConfig;
+use crate::backend::{Backend, WeightData};
+use crate::error::{CoreError, Result};
+use crate::gguf::GgufFile;
+use crate::graph::{WeightDesc, WeightId};
+
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: WeightId,
+    pub wq: WeightId,
+    pub wk: WeightId,
+    pub wv: WeightId,
+    pub bq: Option<WeightId>,
+    pub bk: Option<WeightId>,
+    pub bv: Option<WeightId>,
+    pub q_norm: Option<WeightId>,
+    pub k_norm: Option<WeightId>,
+    pub wo: WeightId,
+    pub attn_post_norm: Option<WeightId>,
+    pub ffn_norm: WeightId,
+    pub ffn_gate: WeightId,
+    pub ffn_up: WeightId,
+    pub ffn_down: WeightId,
+    pub ffn_post_norm: Option<WeightId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelWeights {
+    pub token_embd: WeightId,
+    pub output_norm: WeightId,
+    /// The output head; the token embedding when the model ties them.
+    pub output: WeightId,
+    pub rope_freqs: Option<WeightId>,
+    pub layers: Vec<LayerWeights>,
+}
+
+struct Uploader<'a> {
+    file: &'a GgufFile,
+    backend: &'a mut dyn Backend,
+    on_progress: &'a mut dyn FnMut(u64, u64),
+    done_bytes: u64,
+    total_bytes: u64,
+}
+
+impl Uploader<'_> {
+    fn upload(&mut self, name: &str, expected: &[u64]) -> Result<WeightId> {
+        let info = self.file.require_tensor(name)?;
+        if info.dims != expected {
+            return Err(CoreError::ShapeMismatch {
+                tensor: name.to_string(),
+                expected: expected.to_vec(),
+                found: info.dims.clone(),
+            });
+        }
+        let desc = WeightDesc { name: name.to_string(), ty: info.ty, dims: info.dims.clone() };
+        let data = WeightData { source: self.file.source().clone(), offset: info.offset, len: info.n_bytes as usize };
+        let id = self.backend.upload_weight(desc, data)?;
+        self.done_bytes += info.n_bytes;
+        (self.on_progress)(self.done_bytes, self.total_bytes);
+        Ok(id)
+    }
+
+    fn optional(&mut self, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
+        if self.file.tensor(name).is_none() {
+            return Ok(None);
+        }
+        self.upload(name, expected).map(Some)
+    }
+
+    fn required_if(&mut self, present: bool, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
+        if present {
+            self.upload(name, expected).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl ModelWeights {
+    /// Uploads every tensor the architecture needs. `on_progress(done_bytes, total_bytes)`.
+    pub fn upload(
+        cfg: &ModelConfig,
+        file: &GgufFile,
+        backend: &mut dyn Backend,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
+        let total_bytes = file.tensors.iter().map(|t| t.n_bytes).sum();
+        let mut up = Uploader { file, backend, on_progress, done_bytes: 0, total_bytes };
+        let (e, v) = (cfg.n_embd as u64, cfg.n_vocab as u64);
+        let q_width = (cfg.n_head * cfg.head_dim) as u64;
+        let kv_width = (cfg.n_head_kv * cfg.head_dim) as u64;
+        let (hd, ff) = (cfg.head_dim as u64, cfg.n_ff as u64);
+
+        let token_embd = up.upload("token_embd.weight", &[e, v])?;
+        let output_norm = up.upload("output_norm.weight", &[e])?;
+        let output = up.optional("output.weight", &[e, v])?.unwrap_or(token_embd);
+        let rope_freqs = up.optional("rope_freqs.weight", &[(cfg.n_rot / 2) as u64])?;
+
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: up.upload(&n("attn_norm.weight"), &[e])?,
+                wq: up.upload(&n("attn_q.weight"), &[e, q_width])?,
+                wk: up.upload(&n("attn_k.weight"), &[e, kv_width])?,
+                wv: up.upload(&n("attn_v.weight"), &[e, kv_width])?,
+                bq: up.required_if(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
+                bk: up.required_if(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
+                bv: up.required_if(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
+                q_norm: up.required_if(cfg.qk_norm, &n("attn_q_norm.weight"), &[hd])?,
+                k_norm: up.required_if(cfg.qk_norm, &n("attn_k_norm.weight"), &[hd])?,
+                wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
+                attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
+                ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,
+                ffn_gate: up.upload(&n("ffn_gate.weight"), &[e, ff])?,
+                ffn_up: up.upload(&n("ffn_up.weight"), &[e, ff])?,
+                ffn_down: up.upload(&n("ffn_down.weight"), &[ff, e])?,
+                ffn_post_norm: up.required_if(cfg.post_norms, &n("post_ffw_norm.weight"), &[e])?,
+            });
+        }
+        Ok(ModelWeights { token_embd, output_norm, output, rope_freqs, layers })
+    }
+}

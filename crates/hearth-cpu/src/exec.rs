@@ -1,0 +1,213 @@
+//! Runs a validated graph op by op.
+
+use crate::weights::CpuWeight;
+use crate::{attention, matmul, op_name, ops, CompiledGraph, CpuError};
+use hearth_core::backend::KvLayout;
+use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::Result;
+
+/// K and V of every layer, `[capacity, width]` each. Values are stored as f32 rounded to f16
+/// precision: the same numbers llama.cpp's default f16 cache holds, at the CPU's native width.
+pub struct KvStore {
+    pub layout: KvLayout,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
+
+impl KvStore {
+    pub fn new(layout: KvLayout) -> Result<Self> {
+        let k = (0..layout.n_layers).map(|_| vec![0f32; layout.capacity * layout.k_width]).collect();
+        let v = (0..layout.n_layers).map(|_| vec![0f32; layout.capacity * layout.v_width]).collect();
+        Ok(KvStore { layout, k, v })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.layout.n_layers * self.layout.capacity * (self.layout.k_width + self.layout.v_width) * 4) as u64
+    }
+}
+
+pub(crate) struct ExecContext<'a> {
+    pub weights: &'a [CpuWeight],
+    pub input: StepInput<'a>,
+}
+
+pub(crate) fn validate_op<'w>(
+    graph: &Graph,
+    op: &Op,
+    index: usize,
+    weight: impl Fn(WeightId) -> std::result::Result<&'w WeightDesc, CpuError>,
+) -> std::result::Result<(), CpuError> {
+    let bad = |reason: String| CpuError::BadGraph { index, op: op_name(op), reason };
+    let shape = |b: BufId| -> std::result::Result<(usize, usize), CpuError> {
+        graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| bad(format!("unknown buffer {}", b.0)))
+    };
+    let same = |a: BufId, b: BufId| -> std::result::Result<(), CpuError> {
+        let (sa, sb) = (shape(a)?, shape(b)?);
+        if sa != sb {
+            return Err(bad(format!("shapes {sa:?} and {sb:?} differ")));
+        }
+        Ok(())
+    };
+    let vector = |w: WeightId, len: usize| -> std::result::Result<(), CpuError> {
+        let d = weight(w)?;
+        if d.dims.iter().product::<u64>() != len as u64 {
+            return Err(bad(format!("weight '{}' {:?} should hold {len} values", d.name, d.dims)));
+        }
+        Ok(())
+    };
+    let n = graph.n_tokens;
+    match op {
+        Op::Embed { table, out } => {
+            let d = weight(*table)?;
+            if shape(*out)? != (n, d.row_len()) {
+                return Err(bad(format!("output {:?} vs table rows of {}", shape(*out)?, d.row_len())));
+            }
+        }
+        Op::RmsNorm { x, weight: w, group, out, .. } => {
+            same(*x, *out)?;
+            let (_, cols) = shape(*x)?;
+            if *group == 0 || cols % group != 0 {
+                return Err(bad(format!("group {group} does not divide {cols}")));
+            }
+            if let Some(w) = w {
+                vector(*w, *group)?;
+            }
+        }
+        Op::MatMul { w, x, bias, out } => {
+            let d = weight(*w)?;
+            let (rows, k) = shape(*x)?;
+            if k != d.row_len() || shape(*out)? != (rows, d.n_rows()) || x == out {
+                return Err(bad(format!("x {:?}, out {:?}, weight '{}' {:?}", shape(*x)?, shape(*out)?, d.name, d.dims)));
+            }
+            if let Some(b) = bias {
+                vector(*b, d.n_rows())?;
+            }
+        }
+        Op::Rope { x, params } => {
+            let (_, cols) = shape(*x)?;
+            if params.head_dim == 0 || cols % params.head_dim != 0 || params.n_rot > params.head_dim || params.n_rot % 2 != 0 {
+                return Err(bad(format!("{cols} columns with head_dim {} n_rot {}", params.head_dim, params.n_rot)));
+            }
+            if let Some(f) = params.freq_factors {
+                vector(f, params.n_rot / 2)?;
+            }
+        }
+        Op::StoreKv { k, v, .. } => {
+            shape(*k)?;
+            shape(*v)?;
+        }
+        Op::Attention { q, params, out } => {
+            same(*q, *out)?;
+            let (_, cols) = shape(*q)?;
+            if params.n_head_kv == 0 || params.n_head % params.n_head_kv != 0 || cols != params.n_head * params.head_dim || q == out {
+                return Err(bad(format!("{cols} columns for {} heads of {}", params.n_head, params.head_dim)));
+            }
+        }
+        Op::Add { a, b, out } => {
+            same(*a, *b)?;
+            same(*a, *out)?;
+            if b == out && a != out {
+                return Err(bad("out may alias a, not b".into()));
+            }
+        }
+        Op::Scale { x, .. } => {
+            shape(*x)?;
+        }
+        Op::SwiGlu { gate, up, out } | Op::GeGlu { gate, up, out } => {
+            same(*gate, *up)?;
+            same(*gate, *out)?;
+            if up == out {
+                return Err(bad("out may alias gate, not up".into()));
+            }
+        }
+        Op::LastRow { x, out } => {
+            let (_, cols) = shape(*x)?;
+            if shape(*out)? != (1, cols) {
+                return Err(bad("output must be one row".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` into `dst` unless they are the same buffer, then returns `dst` for in-place work.
+fn prepare_out(bufs: &mut [Vec<f32>], src: BufId, dst: BufId) -> Vec<f32> {
+    let mut out = std::mem::take(&mut bufs[dst.0 as usize]);
+    if src != dst {
+        out.copy_from_slice(&bufs[src.0 as usize]);
+    }
+    out
+}
+
+pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecContext<'_>) -> Result<()> {
+    let graph = &compiled.graph;
+    let bufs = &mut compiled.bufs;
+    let n = graph.n_tokens;
+    if ctx.input.tokens.len() != n {
+        return Err(CpuError::TokenCount { expected: n, got: ctx.input.tokens.len() }.into());
+    }
+    let end = ctx.input.pos0 + n;
+    if end > kv.layout.capacity {
+        return Err(CpuError::KvOverflow { start: ctx.input.pos0, end, capacity: kv.layout.capacity }.into());
+    }
+    let w = |id: WeightId| &ctx.weights[id.0 as usize];
+    let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
+    for op in &graph.ops {
+        match op {
+            Op::Embed { table, out } => {
+                ops::embed(w(*table), ctx.input.tokens, &mut bufs[out.0 as usize])?;
+            }
+            Op::RmsNorm { x, weight, eps, group, out } => {
+                let mut o = prepare_out(bufs, *x, *out);
+                ops::rms_norm(&mut o, *group, *eps, weight.map(|id| w(id).f32.as_deref().unwrap_or(&[])));
+                bufs[out.0 as usize] = o;
+            }
+            Op::MatMul { w: wid, x, bias, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                let bias = bias.map(|b| w(b).f32.as_deref().unwrap_or(&[]));
+                matmul::matmul(w(*wid), &bufs[x.0 as usize], cols(*x), bias, &mut o);
+                bufs[out.0 as usize] = o;
+            }
+            Op::Rope { x, params } => {
+                let factors = params.freq_factors.map(|f| w(f).f32.as_deref().unwrap_or(&[]));
+                ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, ctx.input.pos0);
+            }
+            Op::StoreKv { layer, k, v } => {
+                let (kw, vw) = (kv.layout.k_width, kv.layout.v_width);
+                let pos0 = ctx.input.pos0;
+                ops::store_f16_rounded(&bufs[k.0 as usize], &mut kv.k[*layer][pos0 * kw..(pos0 + n) * kw]);
+                ops::store_f16_rounded(&bufs[v.0 as usize], &mut kv.v[*layer][pos0 * vw..(pos0 + n) * vw]);
+            }
+            Op::Attention { q, params, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                attention::attention(&bufs[q.0 as usize], &kv.k[params.layer], &kv.v[params.layer], params, ctx.input.pos0, n, &mut o);
+                bufs[out.0 as usize] = o;
+            }
+            Op::Add { a, b, out } => {
+                let mut o = prepare_out(bufs, *a, *out);
+                ops::add_assign(&mut o, &bufs[b.0 as usize]);
+                bufs[out.0 as usize] = o;
+            }
+            Op::Scale { x, factor } => {
+                bufs[x.0 as usize].iter_mut().for_each(|v| *v *= factor);
+            }
+            Op::SwiGlu { gate, up, out } => {
+                let mut o = prepare_out(bufs, *gate, *out);
+                ops::swiglu(&mut o, &bufs[up.0 as usize]);
+                bufs[out.0 as usize] = o;
+            }
+            Op::GeGlu { gate, up, out } => {
+                let mut o = prepare_out(bufs, *gate, *out);
+                ops::geglu(&mut o, &bufs[up.0 as usize]);
+                bufs[out.0 as usize] = o;
+            }
+            Op::LastRow { x, out } => {
+                let c = cols(*x);
+                let src = &bufs[x.0 as usize];
+                let last = src[src.len() - c..].to_vec();
+                bufs[out.0 as usize].copy_from_slice(&last);
+            }
+        }
+    }
+    Ok(())
+}
