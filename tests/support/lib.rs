@@ -1,1 +1,76 @@
-//! Shared test support.
+//! Shared helpers for the end-to-end tests: where the real models are, the llama.cpp reference
+//! fixtures, and small numeric utilities.
+
+use hearth_core::engine::{EngineOptions, Session};
+use hearth_core::gguf::GgufFile;
+use hearth_cpu::CpuBackend;
+use std::path::PathBuf;
+
+pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
+pub const QWEN_15B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
+pub const GEMMA_270M: &str = "gemma-3-270m-q4_k_m";
+
+/// Directory holding the real GGUF models: `$HEARTH_MODELS_DIR`, else `$HEARTH_CACHE_DIR/models`,
+/// else the user cache dir (`hearth models fetch` puts them there).
+pub fn models_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("HEARTH_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Ok(d) = std::env::var("HEARTH_CACHE_DIR") {
+        return PathBuf::from(d).join("models");
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    std::env::var("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(home).join(".cache")).join("hearth/models")
+}
+
+/// Path of a real model; fails the test with instructions when it is missing (never skips).
+pub fn model_path(stem: &str) -> PathBuf {
+    let p = models_dir().join(format!("{stem}.gguf"));
+    assert!(
+        p.exists(),
+        "model {} is missing: run `cargo run --release -p hearth -- models fetch <name>` (or set HEARTH_MODELS_DIR)",
+        p.display()
+    );
+    p
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+pub fn read_json(rel: &str) -> serde_json::Value {
+    let p = fixtures_dir().join(rel);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", p.display()))
+}
+
+/// Opens a model on the CPU backend with the given context size.
+pub fn cpu_session(stem: &str, n_ctx: usize) -> (GgufFile, Session) {
+    let file = GgufFile::open(&model_path(stem)).expect("open model");
+    let backend = CpuBackend::new(None).expect("cpu backend");
+    let options = EngineOptions { n_ctx, ..EngineOptions::default() };
+    let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
+    (file, session)
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// log-softmax of one row.
+pub fn log_softmax(v: &[f32]) -> Vec<f32> {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = v.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    v.iter().map(|&x| (x as f64 - lse) as f32).collect()
+}
+
+pub fn as_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("array of ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}

@@ -71,11 +71,11 @@ pub struct Generation {
     pub timings: Timings,
 }
 
-pub struct Engine {
+/// A model loaded on a backend with its KV cache: evaluates tokens, keeps them in context, rolls
+/// back. No tokenizer: speculative decoding and perplexity drive this directly.
+pub struct Session {
     backend: Box<dyn Backend>,
     model: Model,
-    tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
     kv: KvCache,
     /// Tokens whose K/V are in the cache, in order.
     history: Vec<u32>,
@@ -84,27 +84,23 @@ pub struct Engine {
     prefill_chunk: usize,
 }
 
-impl Engine {
-    /// Loads a model onto `backend`. `on_progress(done_bytes, total_bytes)` reports weight upload.
+impl Session {
+    /// Loads the weights of `file` onto `backend`. `on_progress(done_bytes, total_bytes)`.
     pub fn load(
         file: &GgufFile,
         mut backend: Box<dyn Backend>,
         options: &EngineOptions,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
-        let tokenizer = Tokenizer::from_gguf(&file.metadata)?;
-        let chat_template = ChatTemplate::from_gguf(&file.metadata)?;
         let model = Model::load(file, backend.as_mut(), on_progress)?;
         let n_ctx = match options.n_ctx {
             0 => model.config.n_ctx_train.min(4096),
             n => n,
         };
         let kv = KvCache::new(backend.as_mut(), model.kv_layout(n_ctx))?;
-        Ok(Engine {
+        Ok(Session {
             backend,
             model,
-            tokenizer,
-            chat_template,
             kv,
             history: Vec::new(),
             graphs: HashMap::new(),
@@ -117,14 +113,6 @@ impl Engine {
         &self.model.config
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    pub fn chat_template(&self) -> Option<&ChatTemplate> {
-        self.chat_template.as_ref()
-    }
-
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }
@@ -133,14 +121,19 @@ impl Engine {
         self.kv.capacity()
     }
 
+    /// Positions still free in the context.
+    pub fn remaining(&self) -> usize {
+        self.kv.remaining()
+    }
+
     /// Tokens currently held in the KV cache.
     pub fn history(&self) -> &[u32] {
         &self.history
     }
 
-    /// Bytes of KV memory per token of context (f16 K and V).
+    /// Bytes of KV memory per token of context.
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.kv.bytes_per_token(2)
+        self.kv.bytes_per_token(4)
     }
 
     /// Forgets everything after the first `len` tokens (rollback for speculative decoding,
@@ -192,6 +185,44 @@ impl Engine {
         self.logits = if mode == LogitsMode::All { all } else { step_logits };
         Ok(&self.logits)
     }
+}
+
+/// A [`Session`] plus the tokenizer and chat template: text in, text out.
+pub struct Engine {
+    session: Session,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl Engine {
+    /// Loads a model onto `backend`. `on_progress(done_bytes, total_bytes)` reports weight upload.
+    pub fn load(
+        file: &GgufFile,
+        backend: Box<dyn Backend>,
+        options: &EngineOptions,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
+        let tokenizer = Tokenizer::from_gguf(&file.metadata)?;
+        let chat_template = ChatTemplate::from_gguf(&file.metadata)?;
+        let session = Session::load(file, backend, options, on_progress)?;
+        Ok(Engine { session, tokenizer, chat_template })
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
 
     /// Generates a continuation of `prompt`. Tokens already in the KV cache as a prefix of the
     /// prompt are reused. `on_text(delta)` receives streamed text; returning false cancels.
@@ -204,14 +235,14 @@ impl Engine {
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
-        if prompt.len() >= self.kv.capacity() {
-            return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: self.kv.capacity() });
+        if prompt.len() >= self.session.n_ctx() {
+            return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: self.session.n_ctx() });
         }
         let start = Instant::now();
         // Keep the longest cached prefix, but always evaluate at least one token to get logits.
-        let common = self.history.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-        self.rollback(common)?;
-        let mut logits = self.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
+        let common = self.session.history.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        self.session.rollback(common)?;
+        let mut logits = self.session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
         let prompt_ms = ms(start);
 
         let mut sampler = Sampler::new(options.sampling.clone());
@@ -228,7 +259,7 @@ impl Engine {
             if tokens.len() >= options.max_tokens {
                 break FinishReason::Length;
             }
-            let token = sampler.sample(&mut logits, &self.history);
+            let token = sampler.sample(&mut logits, &self.session.history);
             if tokens.is_empty() {
                 ttft_ms = ms(start);
             } else {
@@ -252,10 +283,10 @@ impl Engine {
             if tokens.len() >= options.max_tokens {
                 break FinishReason::Length;
             }
-            if self.kv.remaining() == 0 {
+            if self.session.remaining() == 0 {
                 break FinishReason::ContextFull;
             }
-            logits = self.eval(&[token], LogitsMode::Last)?.to_vec();
+            logits = self.session.eval(&[token], LogitsMode::Last)?.to_vec();
         };
         // Text held back (a partial UTF-8 character, a possible stop-string prefix) is released
         // unless a stop string matched, in which case it belongs to the stop string.

@@ -1,9 +1,18 @@
 //! Causal attention over the KV cache, with GQA (query heads share KV heads) and sliding windows.
+//!
+//! Two paths, chosen by batch size exactly as ggml's CPU flash attention chooses them, so this
+//! oracle reproduces llama.cpp's numbers: small batches (decode, short prompts) use the one-pass
+//! online softmax with Q rounded to f16 and an f16 accumulator for V; batches of 64+ queries use
+//! f32 throughout.
 
+use half::f16;
 use hearth_core::graph::AttentionParams;
 
 #[cfg(not(target_arch = "wasm32"))]
 use rayon::prelude::*;
+
+/// Batches at least this large take the f32 path (ggml's GGML_FA_TILE_Q).
+const F32_PATH_MIN_QUERIES: usize = 64;
 
 /// q, out: [n_tokens, n_head * head_dim]; k_cache, v_cache: [capacity, n_head_kv * head_dim].
 /// Token t sits at position pos0 + t and sees positions max(0, p - window + 1)..=p.
@@ -20,34 +29,26 @@ pub fn attention(
     let q_width = p.n_head * hd;
     let kv_width = p.n_head_kv * hd;
     let group = p.n_head / p.n_head_kv;
+    let f32_path = n_tokens >= F32_PATH_MIN_QUERIES;
     let task = |(index, out_head): (usize, &mut [f32])| {
         let (t, h) = (index / p.n_head, index % p.n_head);
         let kvh = h / group;
         let pos = pos0 + t;
         let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let q_head = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
-        let mut scores: Vec<f32> = (lo..=pos)
-            .map(|j| {
-                let k_row = &k_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
-                let s = dot(q_head, k_row) * p.scale;
-                match p.softcap {
-                    Some(c) => c * (s / c).tanh(),
-                    None => s,
-                }
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        out_head.iter_mut().for_each(|o| *o = 0.0);
-        for (j, &s) in (lo..=pos).zip(&scores) {
-            let v_row = &v_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
-            let wgt = s * inv;
-            out_head.iter_mut().zip(v_row).for_each(|(o, v)| *o += wgt * v);
+        let k_row = |j: usize| &k_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
+        let v_row = |j: usize| &v_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
+        let score = |q: &[f32], j: usize| {
+            let s = dot(q, k_row(j)) * p.scale;
+            match p.softcap {
+                Some(c) => c * (s / c).tanh(),
+                None => s,
+            }
+        };
+        if f32_path {
+            attend_f32(q_head, lo..=pos, &score, &v_row, out_head);
+        } else {
+            attend_f16_accumulate(q_head, lo..=pos, &score, &v_row, out_head);
         }
     };
     let heads = out[..n_tokens * q_width].chunks_exact_mut(hd).enumerate();
@@ -55,6 +56,58 @@ pub fn attention(
     heads.par_bridge().for_each(task);
     #[cfg(target_arch = "wasm32")]
     heads.for_each(task);
+}
+
+fn attend_f32<'a>(
+    q: &[f32],
+    range: std::ops::RangeInclusive<usize>,
+    score: &dyn Fn(&[f32], usize) -> f32,
+    v_row: &dyn Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    let scores: Vec<f32> = range.clone().map(|j| score(q, j)).collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f32 = weights.iter().sum();
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (j, &w) in range.zip(&weights) {
+        out.iter_mut().zip(v_row(j)).for_each(|(o, v)| *o += w * v);
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+fn attend_f16_accumulate<'a>(
+    q: &[f32],
+    range: std::ops::RangeInclusive<usize>,
+    score: &dyn Fn(&[f32], usize) -> f32,
+    v_row: &dyn Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    let q16: Vec<f32> = q.iter().map(|&x| round_f16(x)).collect();
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0f32;
+    // `out` holds the f16 accumulator (values kept at f16 precision).
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for j in range {
+        let s = score(&q16, j);
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > max {
+            ms = (max - s).exp();
+            max = s;
+            out.iter_mut().for_each(|o| *o = round_f16(*o * ms));
+        } else {
+            vs = (s - max).exp();
+        }
+        out.iter_mut().zip(v_row(j)).for_each(|(o, v)| *o = round_f16(v.mul_add(vs, *o)));
+        sum = sum * ms + vs;
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o *= inv);
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
