@@ -1,1 +1,3 @@
 //! CPU backend.
+
+pub mod kernels;
