@@ -74,17 +74,10 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
 }
 
 /// Converts an f32 activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), bit-identical to
-/// `hearth_core::quant::quantize_row` (ggml's `quantize_row_*_ref`). `dst` must be
+/// `hearth_core::quant::quantize_row` (ggml's `quantize_row_*_ref`). This runs once per row of
+/// activations (not per weight row), so the scalar reference is used: it is not on the hot path. `dst` must be
 /// `ty.row_bytes(src.len())` bytes; otherwise (a caller bug) it is left untouched.
 pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::F32 && dst.len() == src.len() * 4 {
-        // A plain copy: the row is already f32.
-        for (s, d) in src.iter().zip(dst.chunks_exact_mut(4)) {
-            d.copy_from_slice(&s.to_le_bytes());
-        }
-        return;
-    }
     let result = quant::quantize_row(ty, src, dst);
     debug_assert!(result.is_ok(), "quantize_activation: {result:?}");
 }
