@@ -1,0 +1,145 @@
+//! x86_64 AVX2 + FMA + F16C kernels, following ggml-cpu/arch/x86/quants.c.
+//! Every function here requires those features and whole-row buffers (checked by the caller).
+
+mod kquants;
+mod legacy;
+
+use core::arch::x86_64::*;
+use hearth_core::quant::GgmlType;
+
+pub(super) fn supports(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    )
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` and `a` must point to whole rows of `n` elements of
+/// `ty` and `ty.vec_dot_type()`; `supports(ty)` must hold.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot(ty: GgmlType, n: usize, w: *const u8, a: *const u8) -> f32 {
+    let nb = n / ty.block_len();
+    match ty {
+        GgmlType::F32 => dot_f32(n, w as *const f32, a as *const f32),
+        GgmlType::F16 => dot_f16(n, w, a),
+        GgmlType::Q4_0 => legacy::q4_0_q8_0(nb, w, a),
+        GgmlType::Q4_1 => legacy::q4_1_q8_1(nb, w, a),
+        GgmlType::Q5_0 => legacy::q5_0_q8_0(nb, w, a),
+        GgmlType::Q5_1 => legacy::q5_1_q8_1(nb, w, a),
+        GgmlType::Q8_0 => legacy::q8_0_q8_0(nb, w, a),
+        GgmlType::Q4_K => kquants::q4_k_q8_k(nb, w, a),
+        GgmlType::Q5_K => kquants::q5_k_q8_k(nb, w, a),
+        GgmlType::Q6_K => kquants::q6_k_q8_k(nb, w, a),
+        _ => f32::NAN, // unreachable: guarded by `supports`
+    }
+}
+
+/// An unaligned little-endian f16 at `p`, converted with F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_float_8(x: __m256) -> f32 {
+    let mut res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    _mm_cvtss_f32(res)
+}
+
+/// 32 packed nibbles (16 bytes) → 32 bytes in 0..15: low nibbles first, then high nibbles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
+}
+
+/// 32 bits → 32 bytes, 0xFF where the bit is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = (p as *const u32).read_unaligned();
+    let shuf_mask = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf_mask);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Unsigned bytes × signed bytes, summed in groups of 4, as 8 floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// Signed bytes × signed bytes, summed in groups of 4, as 8 floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    mul_sum_us8_pairs_float(ax, sy)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(n: usize, x: *const f32, y: *const f32) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i + 8 * k)), _mm256_loadu_ps(y.add(i + 8 * k)), *a);
+        }
+        i += 32;
+    }
+    let mut sum = hsum_float_8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while i < n {
+        sum += x.add(i).read_unaligned() * y.add(i).read_unaligned();
+        i += 1;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let (xs, ys) = (x.add(2 * (i + 8 * k)), y.add(2 * (i + 8 * k)));
+            let xv = _mm256_cvtph_ps(_mm_loadu_si128(xs as *const __m128i));
+            let yv = _mm256_cvtph_ps(_mm_loadu_si128(ys as *const __m128i));
+            *a = _mm256_fmadd_ps(xv, yv, *a);
+        }
+        i += 32;
+    }
+    let mut sum = hsum_float_8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while i < n {
+        sum += f16_at(x.add(2 * i)) * f16_at(y.add(2 * i));
+        i += 1;
+    }
+    sum
+}

@@ -1,0 +1,173 @@
+//! SIMD kernels against the scalar reference of `hearth_core::quant` (itself checked against the
+//! `gguf` Python package in hearth-core's tests), on random rows of several lengths.
+
+use hearth_core::quant::{self, GgmlType};
+use hearth_cpu::kernels::{detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_with, Isa};
+use half::f16;
+
+/// Small deterministic PRNG (PCG-style LCG) so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u32(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+}
+
+/// Byte offsets of the f16 scale fields in one block of each weight type.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A random weight row: random bytes with finite random f16 scales (floats for F32/F16).
+fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.unit().to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(rng.unit() * 4.0).to_le_bytes()).collect(),
+        _ => {
+            let bytes = ty.row_bytes(n).expect("whole blocks");
+            let mut row: Vec<u8> = (0..bytes).map(|_| rng.next_u32() as u8).collect();
+            for block in row.chunks_exact_mut(ty.block_bytes()) {
+                for &off in f16_fields(ty) {
+                    block[off..off + 2].copy_from_slice(&f16::from_f32(rng.unit() * 0.05).to_le_bytes());
+                }
+            }
+            row
+        }
+    }
+}
+
+fn random_activation(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|i| rng.unit() * if i % 61 == 7 { 30.0 } else { 2.0 }).collect()
+}
+
+/// Σ|w_i a_i| over the dequantized rows: the scale that rounding errors are measured against.
+fn magnitude(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f64 {
+    let (mut wf, mut af) = (vec![0f32; n], vec![0f32; n]);
+    quant::dequantize_row(ty, w, &mut wf).expect("dequantize weights");
+    quant::dequantize_row(ty.vec_dot_type(), a, &mut af).expect("dequantize activation");
+    wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum()
+}
+
+const WEIGHT_TYPES: [GgmlType; 12] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn row_lengths(ty: GgmlType) -> Vec<usize> {
+    if ty.block_len() == 256 {
+        vec![256, 768, 2048, 4864]
+    } else {
+        vec![32, 96, 256, 896, 4864, 37 * 32 + if ty.block_len() == 1 { 5 } else { 0 }]
+    }
+}
+
+#[test]
+fn simd_vec_dot_matches_reference() {
+    let isa = detected_isa();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        assert_eq!(isa, Isa::Avx2);
+    }
+    let mut rng = Rng(42);
+    let mut simd_types = 0;
+    for ty in WEIGHT_TYPES {
+        simd_types += has_simd_vec_dot(isa, ty) as usize;
+        for n in row_lengths(ty) {
+            for trial in 0..4 {
+                let w = random_weights(ty, n, &mut rng);
+                let act_ty = ty.vec_dot_type();
+                let mut a = vec![0u8; act_ty.row_bytes(n).expect("act bytes")];
+                quantize_activation(act_ty, &random_activation(n, &mut rng), &mut a);
+                let reference = quant::vec_dot(ty, n, &w, &a).expect("reference");
+                let fast = vec_dot(ty, n, &w, &a);
+                let scale = magnitude(ty, n, &w, &a);
+                let err = (fast as f64 - reference as f64).abs();
+                assert!(
+                    err <= 2e-5 * scale + 1e-30,
+                    "{ty} n={n} trial {trial}: simd {fast:e} vs reference {reference:e} (magnitude {scale:e})"
+                );
+            }
+        }
+    }
+    if isa == Isa::Avx2 {
+        assert!(simd_types >= 10, "expected AVX2 kernels for most weight types");
+    }
+}
+
+#[test]
+fn scalar_fallback_is_the_reference() {
+    let mut rng = Rng(7);
+    for ty in WEIGHT_TYPES {
+        for n in row_lengths(ty) {
+            let w = random_weights(ty, n, &mut rng);
+            let act_ty = ty.vec_dot_type();
+            let mut a = vec![0u8; act_ty.row_bytes(n).expect("act bytes")];
+            quantize_activation(act_ty, &random_activation(n, &mut rng), &mut a);
+            let reference = quant::vec_dot(ty, n, &w, &a).expect("reference");
+            assert_eq!(vec_dot_with(Isa::Scalar, ty, n, &w, &a).to_bits(), reference.to_bits(), "{ty} n={n}");
+        }
+    }
+}
+
+#[test]
+fn zero_rows_give_zero() {
+    for ty in WEIGHT_TYPES {
+        let n = 512;
+        let w = vec![0u8; ty.row_bytes(n).expect("bytes")];
+        let act_ty = ty.vec_dot_type();
+        let mut a = vec![0u8; act_ty.row_bytes(n).expect("bytes")];
+        quantize_activation(act_ty, &vec![1.5; n], &mut a);
+        assert_eq!(vec_dot(ty, n, &w, &a), 0.0, "{ty}");
+    }
+}
+
+#[test]
+fn quantize_activation_is_bit_identical_to_reference() {
+    let mut rng = Rng(99);
+    for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+        for n in [256, 768, 4864] {
+            let mut src = random_activation(n, &mut rng);
+            src[3] = 0.0;
+            src[100..132].fill(0.0); // an all-zero Q8_0 block
+            let bytes = ty.row_bytes(n).expect("bytes");
+            let (mut fast, mut reference) = (vec![0u8; bytes], vec![0u8; bytes]);
+            quantize_activation(ty, &src, &mut fast);
+            quant::quantize_row(ty, &src, &mut reference).expect("reference");
+            assert_eq!(fast, reference, "{ty} n={n}");
+        }
+    }
+}
+
+#[test]
+fn wrong_sizes_give_nan_in_release_not_ub() {
+    // In debug builds a size mismatch is a caller bug and trips a debug_assert instead.
+    if cfg!(debug_assertions) {
+        return;
+    }
+    let w = vec![0u8; GgmlType::Q4_K.row_bytes(256).expect("bytes")];
+    let a = vec![0u8; 10];
+    assert!(vec_dot(GgmlType::Q4_K, 256, &w, &a).is_nan());
+}
