@@ -86,12 +86,14 @@ pub struct Sampler {
     candidates: Vec<Candidate>,
     /// Sorted copy of the penalty window, for counting occurrences without a hash map.
     window: Vec<u32>,
+    /// Unnormalised probabilities of `candidates`, same order.
+    weights: Vec<f32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Xoshiro256StarStar::seed_from_u64(params.seed);
-        Sampler { params, rng, candidates: Vec::new(), window: Vec::new() }
+        Sampler { params, rng, candidates: Vec::new(), window: Vec::new(), weights: Vec::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -226,14 +228,16 @@ impl Sampler {
         }
     }
 
-    /// Draws from the softmax of the candidates' logits.
+    /// Draws from the softmax of the candidates' logits (one `exp` per candidate, f64 sums).
     fn draw(&mut self) -> u32 {
         let max = self.candidates.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
-        let total: f64 = self.candidates.iter().map(|c| ((c.logit - max) as f64).exp()).sum();
+        self.weights.clear();
+        self.weights.extend(self.candidates.iter().map(|c| (c.logit - max).exp()));
+        let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
         let target = self.rng.next_f64() * total;
         let mut cumulative = 0.0f64;
-        for c in &self.candidates {
-            cumulative += ((c.logit - max) as f64).exp();
+        for (c, &w) in self.candidates.iter().zip(&self.weights) {
+            cumulative += w as f64;
             if cumulative > target {
                 return c.id;
             }
@@ -254,16 +258,15 @@ fn sort_prefix(candidates: &mut [Candidate], len: usize) {
     candidates[..len].sort_unstable_by(by_logit_descending);
 }
 
-/// Index of the largest logit, the lowest index winning ties; NaNs are ignored; 0 when empty.
+/// Index of the largest logit, the lowest index winning ties; NaNs are ignored; 0 when empty
+/// or when no logit is above `-inf`.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_logit = f32::NEG_INFINITY;
-    let mut found = false;
     for (i, &logit) in logits.iter().enumerate() {
-        if logit > best_logit || (!found && logit == best_logit) {
+        if logit > best_logit {
             best = i;
             best_logit = logit;
-            found = true;
         }
     }
     best as u32
