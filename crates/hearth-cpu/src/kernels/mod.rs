@@ -78,6 +78,36 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
 /// activations (not per weight row), so the scalar reference is used: it is not on the hot path. `dst` must be
 /// `ty.row_bytes(src.len())` bytes; otherwise (a caller bug) it is left untouched.
 pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
-    let result = quant::quantize_row(ty, src, dst);
-    debug_assert!(result.is_ok(), "quantize_activation: {result:?}");
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_q8_legacy_simd_rounding(ty, src, dst),
+        _ => {
+            let result = quant::quantize_row(ty, src, dst);
+            debug_assert!(result.is_ok(), "quantize_activation: {result:?}");
+        }
+    }
+}
+
+/// Q8_0/Q8_1 exactly as llama.cpp's SIMD quantizers compute them (x86 AVX2 and ARM NEON alike):
+/// multiply by `127 / amax` and round half to even. ggml's scalar reference divides and rounds
+/// half away from zero instead; the two differ on rare ties, and since llama.cpp runs the SIMD
+/// form, so do we — on every platform, so the CPU backend gives the same numbers everywhere.
+fn quantize_q8_legacy_simd_rounding(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    const QK: usize = 32;
+    let bytes = ty.block_bytes();
+    debug_assert_eq!(src.len() / QK * bytes, dst.len());
+    for (x, block) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(bytes)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        block[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        let mut sum = 0i32;
+        for (q, &v) in block[bytes - QK..].iter_mut().zip(x) {
+            let r = (v * id).round_ties_even() as i8;
+            sum += r as i32;
+            *q = r as u8;
+        }
+        if ty == GgmlType::Q8_1 {
+            block[2..4].copy_from_slice(&half::f16::from_f32(sum as f32 * d).to_le_bytes());
+        }
+    }
 }
