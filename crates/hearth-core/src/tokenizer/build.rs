@@ -16,7 +16,11 @@ fn hf_err(what: &str) -> impl Fn(tokenizers::Error) -> CoreError + '_ {
 }
 
 fn piece_map(pieces: &[String]) -> Vocab {
-    pieces.iter().enumerate().map(|(id, p)| (p.clone(), id as u32)).collect()
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(id, p)| (p.clone(), id as u32))
+        .collect()
 }
 
 /// GGUF `gpt2` models: byte-level BPE with GGUF merges ("left right", ranked by position) behind
@@ -27,7 +31,9 @@ pub fn byte_level_bpe(pieces: &[String], merges: &[&str], spec: &PreTokenizerSpe
         // llama.cpp splits at the first space after the first byte, so a merge may start with ' '.
         let split_at = merge.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|i| i + 1);
         let Some(at) = split_at else {
-            return Err(CoreError::Tokenizer(format!("BPE merge '{merge}' has no separating space")));
+            return Err(CoreError::Tokenizer(format!(
+                "BPE merge '{merge}' has no separating space"
+            )));
         };
         merge_pairs.push((merge[..at].to_string(), merge[at + 1..].to_string()));
     }
@@ -39,8 +45,12 @@ pub fn byte_level_bpe(pieces: &[String], merges: &[&str], spec: &PreTokenizerSpe
 
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
     for regex in &spec.regexes {
-        let split = Split::new(SplitPattern::Regex(regex.clone()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(hf_err("compiling pre-tokenizer regex"))?;
+        let split = Split::new(
+            SplitPattern::Regex(regex.clone()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(hf_err("compiling pre-tokenizer regex"))?;
         steps.push(split.into());
     }
     // Regex splitting is done above; ByteLevel only maps bytes to GPT-2's printable characters.
@@ -50,33 +60,4 @@ pub fn byte_level_bpe(pieces: &[String], merges: &[&str], spec: &PreTokenizerSpe
     tokenizer.with_pre_tokenizer(Some(Sequence::new(steps)));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     Ok(tokenizer)
-}
-
-/// GGUF `llama` (SentencePiece BPE) models. llama.cpp repeatedly merges the adjacent pair whose
-/// concatenation is the highest-scoring token (leftmost on ties). A HF BPE whose merges are every
-/// split `left + right = token` of every token, ranked by the token's score, merges in the same
-/// order; characters outside the vocabulary fall back to `<0xNN>` byte tokens. The input must already
-/// have spaces replaced by `▁` (done by the caller, which also handles the optional space prefix).
-pub fn spm_bpe(pieces: &[String], scores: &[f32], unk: Option<&str>) -> Result<tokenizers::Tokenizer> {
-    let vocab = piece_map(pieces);
-    let mut by_score: Vec<usize> = (0..pieces.len()).collect();
-    // Stable sort: equal scores keep id order.
-    by_score.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-
-    let mut merges: Vec<(String, String)> = Vec::new();
-    for &id in &by_score {
-        let piece = pieces[id].as_str();
-        for (at, _) in piece.char_indices().skip(1) {
-            let (left, right) = piece.split_at(at);
-            if vocab.contains_key(left) && vocab.contains_key(right) {
-                merges.push((left.to_string(), right.to_string()));
-            }
-        }
-    }
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
-    if let Some(unk) = unk {
-        builder = builder.unk_token(unk.to_string());
-    }
-    let model = builder.build().map_err(hf_err("building SentencePiece BPE"))?;
-    Ok(tokenizers::Tokenizer::new(model))
 }

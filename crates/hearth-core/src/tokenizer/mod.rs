@@ -4,11 +4,13 @@
 //!
 //! Encoding: the text is first cut around special tokens ([`vocab::Vocab::partition`]); each text
 //! fragment then goes through a HF pipeline (byte-level BPE with llama.cpp's pre-tokenizer regexes
-//! for `gpt2` models, score-ranked SentencePiece BPE for `llama` models).
+//! for `gpt2` models, the model's own pipeline for `tokenizer.json`), or for `llama` (SentencePiece)
+//! GGUFs through [`spm::SpmModel`], llama.cpp's score-ordered merge loop.
 
 mod build;
 mod byte_level;
 mod pre_tokenizer;
+mod spm;
 mod stream;
 mod vocab;
 
@@ -25,8 +27,11 @@ enum TextPipeline {
     /// GGUF `gpt2`: the HF pipeline does the regex pre-tokenization and byte mapping.
     ByteLevel,
     /// GGUF `llama`: spaces become `▁` here; a space is prepended to fragments that start the input
-    /// or follow a special token when `add_space_prefix`.
-    SentencePiece { add_space_prefix: bool },
+    /// or follow a special token when `add_space_prefix`. Tokenized by [`spm::SpmModel`].
+    SentencePiece {
+        add_space_prefix: bool,
+        model: Box<spm::SpmModel>,
+    },
     /// `tokenizer.json`: its own normalizer and pre-tokenizer do everything.
     HfNative,
 }
@@ -40,7 +45,8 @@ enum PieceStyle {
 
 pub struct Tokenizer {
     vocab: Vocab,
-    hf: tokenizers::Tokenizer,
+    /// HF pipeline for byte-level BPE and tokenizer.json models; `None` for SentencePiece GGUFs.
+    hf: Option<tokenizers::Tokenizer>,
     pipeline: TextPipeline,
     piece_style: PieceStyle,
     bos: Option<u32>,
@@ -56,7 +62,11 @@ impl Tokenizer {
     /// Builds the tokenizer from `tokenizer.ggml.*` metadata (models `gpt2` and `llama`).
     pub fn from_gguf(meta: &Metadata) -> Result<Self> {
         let model = meta.str("tokenizer.ggml.model")?;
-        let pieces: Vec<String> = meta.str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
+        let pieces: Vec<String> = meta
+            .str_array("tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         let n = pieces.len();
         if n == 0 || n > u32::MAX as usize {
             return Err(CoreError::Tokenizer(format!("vocabulary has {n} tokens")));
@@ -64,7 +74,10 @@ impl Tokenizer {
         let mut types = vec![TokenType::Normal; n];
         if let Some(raw) = meta.opt_array("tokenizer.ggml.token_type")? {
             if raw.len() < n {
-                return Err(CoreError::Tokenizer(format!("token_type has {} entries for {n} tokens", raw.len())));
+                return Err(CoreError::Tokenizer(format!(
+                    "token_type has {} entries for {n} tokens",
+                    raw.len()
+                )));
             }
             for (t, v) in types.iter_mut().zip(raw) {
                 *t = TokenType::from_gguf(v.as_u64().unwrap_or(0));
@@ -72,26 +85,33 @@ impl Tokenizer {
         }
 
         // llama.cpp's per-model defaults, overridden by metadata below.
-        let (hf, pipeline, piece_style, default_bos, default_eos, default_add_bos) = match model {
+        let (hf, scores, piece_style, default_bos, default_eos, default_add_bos) = match model {
             "gpt2" => {
                 let pre = meta.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
                 let spec = pre_tokenizer::spec_for(pre)?;
                 let merges = meta.str_array("tokenizer.ggml.merges")?;
                 let hf = build::byte_level_bpe(&pieces, &merges, &spec)?;
-                (hf, TextPipeline::ByteLevel, PieceStyle::ByteLevel, Some(11), Some(11), spec.add_bos_default)
+                (
+                    Some(hf),
+                    None,
+                    PieceStyle::ByteLevel,
+                    Some(11),
+                    Some(11),
+                    spec.add_bos_default,
+                )
             }
             "llama" => {
                 let scores: Vec<f32> = match meta.opt_array("tokenizer.ggml.scores")? {
                     Some(raw) if raw.len() >= n => raw.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
                     Some(raw) => {
-                        return Err(CoreError::Tokenizer(format!("scores has {} entries for {n} tokens", raw.len())))
+                        return Err(CoreError::Tokenizer(format!(
+                            "scores has {} entries for {n} tokens",
+                            raw.len()
+                        )))
                     }
                     None => vec![0.0; n],
                 };
-                let unk = opt_id(meta, "tokenizer.ggml.unknown_token_id", n)?.or(Some(0).filter(|_| n > 0));
-                let hf = build::spm_bpe(&pieces, &scores, unk.map(|id| pieces[id as usize].as_str()))?;
-                let add_space_prefix = meta.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                (hf, TextPipeline::SentencePiece { add_space_prefix }, PieceStyle::SentencePiece, Some(1), Some(2), true)
+                (None, Some(scores), PieceStyle::SentencePiece, Some(1), Some(2), true)
             }
             other => {
                 return Err(CoreError::Tokenizer(format!(
@@ -102,7 +122,9 @@ impl Tokenizer {
         let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
         let bos = opt_id(meta, "tokenizer.ggml.bos_token_id", n)?.or(in_range(default_bos));
         let eos = opt_id(meta, "tokenizer.ggml.eos_token_id", n)?.or(in_range(default_eos));
-        let add_bos = meta.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
+        let add_bos = meta
+            .opt_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(default_add_bos);
         let explicit_eog = [
             eos,
             opt_id(meta, "tokenizer.ggml.eot_token_id", n)?,
@@ -112,7 +134,26 @@ impl Tokenizer {
             opt_id(meta, "tokenizer.ggml.fim_sep_token_id", n)?,
         ];
         let vocab = Vocab::new(pieces, types, &explicit_eog);
-        Ok(Tokenizer { vocab, hf, pipeline, piece_style, bos, eos, add_bos })
+        let pipeline = match scores {
+            Some(scores) => {
+                let unk = opt_id(meta, "tokenizer.ggml.unknown_token_id", n)?.or(Some(0));
+                let add_space_prefix = meta.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+                TextPipeline::SentencePiece {
+                    add_space_prefix,
+                    model: Box::new(spm::SpmModel::new(&vocab, scores, unk)),
+                }
+            }
+            None => TextPipeline::ByteLevel,
+        };
+        Ok(Tokenizer {
+            vocab,
+            hf,
+            pipeline,
+            piece_style,
+            bos,
+            eos,
+            add_bos,
+        })
     }
 
     /// Builds the tokenizer from a HF `tokenizer.json`. Added tokens become control tokens
@@ -121,8 +162,8 @@ impl Tokenizer {
     pub fn from_tokenizer_json(bytes: &[u8]) -> Result<Self> {
         let mut hf = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| CoreError::Tokenizer(format!("parsing tokenizer.json: {e}")))?;
-        let json: serde_json::Value = serde_json::from_slice(bytes)
-            .map_err(|e| CoreError::Tokenizer(format!("parsing tokenizer.json: {e}")))?;
+        let json: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| CoreError::Tokenizer(format!("parsing tokenizer.json: {e}")))?;
         let mentions_byte_level = |key: &str| json.get(key).is_some_and(|v| v.to_string().contains("\"ByteLevel\""));
         let piece_style = if mentions_byte_level("decoder") || mentions_byte_level("pre_tokenizer") {
             PieceStyle::ByteLevel
@@ -141,20 +182,38 @@ impl Tokenizer {
         }
         for (id, added) in hf.get_added_tokens_decoder() {
             if let Some(t) = types.get_mut(id as usize) {
-                *t = if added.special { TokenType::Control } else { TokenType::UserDefined };
+                *t = if added.special {
+                    TokenType::Control
+                } else {
+                    TokenType::UserDefined
+                };
             }
         }
         // Find BOS before switching off special-token matching (the post-processor adds it).
-        let probe = hf.encode("a", true).map_err(|e| CoreError::Tokenizer(format!("probing tokenizer.json: {e}")))?;
+        let probe = hf
+            .encode("a", true)
+            .map_err(|e| CoreError::Tokenizer(format!("probing tokenizer.json: {e}")))?;
         let first = probe.get_ids().first().copied();
         let bos = first.filter(|&id| types.get(id as usize) == Some(&TokenType::Control));
         let add_bos = bos.is_some();
-        let find = |names: &[&str]| names.iter().find_map(|name| pieces.iter().position(|p| p == name).map(|i| i as u32));
+        let find = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|name| pieces.iter().position(|p| p == name).map(|i| i as u32))
+        };
         let eos = find(&["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]);
         // Our partition finds special tokens; the HF pipeline must treat any left in the text as text.
         hf.set_encode_special_tokens(true);
         let vocab = Vocab::new(pieces, types, &[eos]);
-        Ok(Tokenizer { vocab, hf, pipeline: TextPipeline::HfNative, piece_style, bos, eos, add_bos })
+        Ok(Tokenizer {
+            vocab,
+            hf: Some(hf),
+            pipeline: TextPipeline::HfNative,
+            piece_style,
+            bos,
+            eos,
+            add_bos,
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -167,7 +226,10 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         if add_bos {
-            ids.push(self.bos.ok_or_else(|| CoreError::Tokenizer("model has no BOS token".into()))?);
+            ids.push(
+                self.bos
+                    .ok_or_else(|| CoreError::Tokenizer("model has no BOS token".into()))?,
+            );
         }
         let mut after_special = true;
         for fragment in self.vocab.partition(text, parse_special) {
@@ -177,20 +239,30 @@ impl Tokenizer {
                     after_special = true;
                 }
                 Fragment::Text(text) => {
-                    let prepared;
-                    let input = match self.pipeline {
-                        TextPipeline::SentencePiece { add_space_prefix } => {
-                            let prefix = if add_space_prefix && after_special { "\u{2581}" } else { "" };
-                            prepared = format!("{prefix}{}", text.replace(' ', "\u{2581}"));
-                            prepared.as_str()
+                    match (&self.pipeline, &self.hf) {
+                        (
+                            TextPipeline::SentencePiece {
+                                add_space_prefix,
+                                model,
+                            },
+                            _,
+                        ) => {
+                            let prefix = if *add_space_prefix && after_special {
+                                "\u{2581}"
+                            } else {
+                                ""
+                            };
+                            let escaped = format!("{prefix}{}", text.replace(' ', "\u{2581}"));
+                            model.tokenize(&self.vocab, &escaped, &mut ids)?;
                         }
-                        TextPipeline::ByteLevel | TextPipeline::HfNative => text,
-                    };
-                    let encoding = self
-                        .hf
-                        .encode(input, false)
-                        .map_err(|e| CoreError::Tokenizer(format!("encoding text: {e}")))?;
-                    ids.extend_from_slice(encoding.get_ids());
+                        (TextPipeline::ByteLevel | TextPipeline::HfNative, Some(hf)) => {
+                            let encoding = hf
+                                .encode(text, false)
+                                .map_err(|e| CoreError::Tokenizer(format!("encoding text: {e}")))?;
+                            ids.extend_from_slice(encoding.get_ids());
+                        }
+                        (_, None) => return Err(CoreError::Tokenizer("tokenizer has no text model".into())),
+                    }
                     after_special = false;
                 }
             }
@@ -259,15 +331,29 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             let ty = self.vocab.token_type(id).ok_or_else(|| {
-                CoreError::Tokenizer(format!("token id {id} is outside the vocabulary of {}", self.vocab.len()))
+                CoreError::Tokenizer(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    self.vocab.len()
+                ))
             })?;
             if skip_special && ty.is_special() {
                 continue;
             }
             let piece = self.token_bytes(id);
             // SentencePiece models with a space prefix: the prefix is not part of the text.
-            let strip = i == 0 && matches!(self.pipeline, TextPipeline::SentencePiece { add_space_prefix: true });
-            let piece = if strip { piece.strip_prefix(b" ").unwrap_or(&piece) } else { &piece[..] };
+            let strip = i == 0
+                && matches!(
+                    self.pipeline,
+                    TextPipeline::SentencePiece {
+                        add_space_prefix: true,
+                        ..
+                    }
+                );
+            let piece = if strip {
+                piece.strip_prefix(b" ").unwrap_or(&piece)
+            } else {
+                &piece[..]
+            };
             bytes.extend_from_slice(piece);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
