@@ -1,0 +1,140 @@
+//! `hearth bench`: prefill and decode throughput on synthetic prompts, llama-bench style
+//! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times.
+
+use crate::load::{self, Loaded};
+use crate::ModelArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use hearth_core::graph::LogitsMode;
+use hearth_core::sampling::argmax;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens to prefill.
+    #[arg(short = 'p', long = "prompt-tokens", default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "gen-tokens", default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions.
+    #[arg(short = 'r', long = "reps", default_value_t = 3)]
+    pub reps: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Stat {
+    mean: f64,
+    sd: f64,
+}
+
+fn stat(v: &[f64]) -> Stat {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    Stat { mean, sd: var.sqrt() }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes; 0 where unavailable.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    if args.prompt_tokens == 0 || args.reps == 0 {
+        bail!("--prompt-tokens and --reps must be at least 1");
+    }
+    let mut model_args = args.model.clone();
+    if model_args.ctx_size == 0 {
+        model_args.ctx_size = args.prompt_tokens + args.gen_tokens + 1;
+    }
+    let Loaded { mut engine, path, load_ms } = load::load(&model_args)?;
+    let load_peak_rss = peak_rss_bytes();
+    let session = engine.session_mut();
+    let n_vocab = session.config().n_vocab;
+    // Ordinary tokens (skipping the low ids some vocabularies reserve), deterministic across runs.
+    let prompt: Vec<u32> = (0..args.prompt_tokens).map(|i| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32).collect();
+
+    let (mut pp, mut tg, mut ttft, mut itl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // One untimed warm-up round pages the weights in and builds the graphs.
+    for rep in 0..=args.reps {
+        session.reset();
+        let start = Instant::now();
+        let mut next = argmax(session.eval(&prompt, LogitsMode::Last)?);
+        let prefill_s = start.elapsed().as_secs_f64();
+        let mut steps = Vec::with_capacity(args.gen_tokens);
+        for _ in 0..args.gen_tokens {
+            let t = Instant::now();
+            next = argmax(session.eval(&[next], LogitsMode::Last)?);
+            steps.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if rep == 0 {
+            continue;
+        }
+        pp.push(args.prompt_tokens as f64 / prefill_s);
+        ttft.push(prefill_s * 1e3);
+        if !steps.is_empty() {
+            tg.push(steps.len() as f64 / (steps.iter().sum::<f64>() / 1e3));
+        }
+        itl.extend(steps);
+    }
+    itl.sort_by(|a, b| a.total_cmp(b));
+    let counters = session.backend().counters();
+    let report = serde_json::json!({
+        "model": path.display().to_string(),
+        "backend": session.backend().name(),
+        "threads": args.model.threads,
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "reps": args.reps,
+        "load_ms": load_ms,
+        "prefill_tok_s": stat(&pp),
+        "decode_tok_s": stat(&tg),
+        "ttft_ms": stat(&ttft),
+        "itl_ms": { "p50": percentile(&itl, 50.0), "p95": percentile(&itl, 95.0), "p99": percentile(&itl, 99.0) },
+        "peak_rss_bytes": peak_rss_bytes(),
+        "load_peak_rss_bytes": load_peak_rss,
+        "backend_memory_bytes": session.backend().memory_bytes(),
+        "kv_bytes_per_token": session.kv_bytes_per_token(),
+        "graphs_compiled": counters.graphs_compiled,
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let (p, g) = (stat(&pp), stat(&tg));
+        println!("model      {}", path.display());
+        println!("backend    {} ({} reps after 1 warm-up)", session.backend().name(), args.reps);
+        println!("prefill    pp{:<5} {:>8.1} ± {:.1} tok/s", args.prompt_tokens, p.mean, p.sd);
+        println!("decode     tg{:<5} {:>8.1} ± {:.1} tok/s", args.gen_tokens, g.mean, g.sd);
+        println!("ttft       {:>8.1} ms", stat(&ttft).mean);
+        println!(
+            "itl        p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms",
+            percentile(&itl, 50.0),
+            percentile(&itl, 95.0),
+            percentile(&itl, 99.0)
+        );
+        println!("peak rss   {:.0} MiB (after load {:.0} MiB)", peak_rss_bytes() as f64 / 1048576.0, load_peak_rss as f64 / 1048576.0);
+        println!("load       {load_ms:.0} ms");
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `hearth chat`: an interactive conversation. The whole conversation is re-rendered with the chat
+//! template every turn; the engine reuses the KV cache for the unchanged prefix, so only the new
+//! turn is evaluated.
+
+use crate::load::{self, Loaded};
+use crate::run::SamplingArgs;
+use crate::ModelArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use hearth_core::chat::ChatMessage;
+use std::io::{BufRead, Write};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System message.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+pub fn chat(args: ChatArgs) -> Result<()> {
+    let options = args.sampling.options()?;
+    let Loaded { mut engine, path, .. } = load::load(&args.model)?;
+    if engine.chat_template().is_none() {
+        bail!("{} has no chat template, so it cannot chat; use `hearth run`", path.display());
+    }
+    let base: Vec<ChatMessage> =
+        args.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
+    let mut messages = base.clone();
+    eprintln!("chatting with {} — /reset starts over, /exit or Ctrl-D quits", path.display());
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = base.clone();
+                engine.session_mut().reset();
+                eprintln!("(new conversation)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
+        let text = match engine.chat_template() {
+            Some(t) => t.render(&messages, true)?,
+            None => bail!("chat template disappeared"),
+        };
+        let prompt = load::tokenize_prompt(&engine, &text, true)?;
+        if prompt.len() + 1 >= engine.session().n_ctx() {
+            messages.pop();
+            eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.session().n_ctx());
+            continue;
+        }
+        let generation = engine.generate(&prompt, &options, &mut |delta| {
+            let _ = stdout.write_all(delta.as_bytes());
+            let _ = stdout.flush();
+            true
+        })?;
+        println!();
+        let t = &generation.timings;
+        eprintln!(
+            "[{} new prompt tokens ({} cached), {} generated; ttft {:.0} ms; {:.1} tok/s]",
+            t.prompt_evaluated,
+            generation.prompt_tokens.len() - t.prompt_evaluated,
+            generation.tokens.len(),
+            t.ttft_ms,
+            t.decode_tok_s
+        );
+        messages.push(ChatMessage { role: "assistant".into(), content: generation.text.trim().to_string() });
+    }
+    Ok(())
+}

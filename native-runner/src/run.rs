@@ -1,0 +1,162 @@
+//! `hearth run`: one prompt, streamed.
+
+use crate::load::{self, Loaded};
+use crate::ModelArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use hearth_core::chat::ChatMessage;
+use hearth_core::engine::{GenerateOptions, Generation};
+use hearth_core::sampling::SamplingParams;
+use std::io::Write;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message (with --chat).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Print one JSON object with tokens, text and timings at the end instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// 1.0 = off.
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// 0.0 = off.
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// 1.0 = off.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: from the clock; printed with --json).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn options(&self) -> Result<GenerateOptions> {
+        if !(self.temperature >= 0.0) || !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
+            bail!("invalid sampling parameters: temperature must be ≥ 0, top-p and min-p in [0, 1]");
+        }
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        Ok(GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                seed,
+                ..SamplingParams::default()
+            },
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let options = args.sampling.options()?;
+    let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
+    let (text, templated) = if args.chat {
+        let template = match engine.chat_template() {
+            Some(t) => t,
+            None => bail!("{} has no chat template; run without --chat", path.display()),
+        };
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: args.prompt.clone() });
+        (template.render(&messages, true)?, true)
+    } else {
+        (args.prompt.clone(), false)
+    };
+    let prompt = load::tokenize_prompt(&engine, &text, templated)?;
+    let stream = !args.json;
+    let mut stdout = std::io::stdout();
+    let generation = engine.generate(&prompt, &options, &mut |delta| {
+        if stream {
+            let _ = stdout.write_all(delta.as_bytes());
+            let _ = stdout.flush();
+        }
+        true
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report(&generation, &engine, &path, load_ms, options.sampling.seed))?);
+    } else {
+        println!();
+        let t = &generation.timings;
+        eprintln!(
+            "[{} prompt tokens, {} generated ({:?}); ttft {:.0} ms; prefill {:.1} tok/s; decode {:.1} tok/s]",
+            generation.prompt_tokens.len(),
+            generation.tokens.len(),
+            generation.finish_reason,
+            t.ttft_ms,
+            t.prefill_tok_s,
+            t.decode_tok_s
+        );
+    }
+    Ok(())
+}
+
+fn report(
+    g: &Generation,
+    engine: &hearth_core::engine::Engine,
+    path: &std::path::Path,
+    load_ms: f64,
+    seed: u64,
+) -> serde_json::Value {
+    let t = &g.timings;
+    serde_json::json!({
+        "model": path.display().to_string(),
+        "backend": engine.session().backend().name(),
+        "prompt_tokens": g.prompt_tokens,
+        "tokens": g.tokens,
+        "text": g.text,
+        "finish_reason": g.finish_reason,
+        "seed": seed,
+        "load_ms": load_ms,
+        "ttft_ms": t.ttft_ms,
+        "prefill_tok_s": t.prefill_tok_s,
+        "decode_tok_s": t.decode_tok_s,
+        "prompt_ms": t.prompt_ms,
+        "decode_ms": t.decode_ms,
+    })
+}
