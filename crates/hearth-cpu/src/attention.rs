@@ -39,7 +39,8 @@ pub fn attention(
         let k_row = |j: usize| &k_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
         let v_row = |j: usize| &v_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
         let score = |q: &[f32], j: usize| {
-            let s = dot(q, k_row(j)) * p.scale;
+            let d = if f32_path { dot(q, k_row(j)) } else { dot_f16_ggml(q, k_row(j)) };
+            let s = d * p.scale;
             match p.softcap {
                 Some(c) => c * (s / c).tanh(),
                 None => s,
@@ -104,10 +105,43 @@ fn attend_f16_accumulate<'a>(
             vs = (s - max).exp();
         }
         out.iter_mut().zip(v_row(j)).for_each(|(o, v)| *o = round_f16(v.mul_add(vs, *o)));
-        sum = sum * ms + vs;
+        // ggml's `S = S*ms + vs`, contracted to one FMA by GCC.
+        sum = sum.mul_add(ms, vs);
     }
     let inv = 1.0 / sum;
     out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// ggml's `ggml_vec_dot_f16` on AVX-512 (inputs already at f16 precision): blocks of 64 are
+/// summed in 4 accumulators of 16 lanes by FMA, the accumulators added pairwise (0+2, 1+3, then
+/// the two), the 16 lanes reduced as `_mm512_reduce_add_ps` does (halves: 8, 4, then 2+2, 1+1);
+/// the tail past the last block of 64 is added in f64 (ggml_float).
+fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
+    const STEP: usize = 64;
+    const LANES: usize = 16;
+    let n = a.len().min(b.len());
+    let blocks = n / STEP * STEP;
+    let mut acc = [[0f32; LANES]; 4];
+    for i in (0..blocks).step_by(STEP) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, sum) in lanes.iter_mut().enumerate() {
+                let k = i + j * LANES + l;
+                *sum = a[k].mul_add(b[k], *sum);
+            }
+        }
+    }
+    let mut x = [0f32; LANES];
+    for l in 0..LANES {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let h8: Vec<f32> = (0..8).map(|l| x[l] + x[l + 8]).collect();
+    let h4: Vec<f32> = (0..4).map(|l| h8[l] + h8[l + 4]).collect();
+    let lanes_sum = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+    let mut sum = lanes_sum as f64;
+    for k in blocks..n {
+        sum += (a[k] * b[k]) as f64;
+    }
+    sum as f32
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

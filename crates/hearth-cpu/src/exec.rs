@@ -152,7 +152,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     }
     let w = |id: WeightId| &ctx.weights[id.0 as usize];
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
-    for op in &graph.ops {
+    let taps = std::env::var_os("HEARTH_DUMP_TAPS");
+    for (index, op) in graph.ops.iter().enumerate() {
         match op {
             Op::Embed { table, out } => {
                 ops::embed(w(*table), ctx.input.tokens, &mut bufs[out.0 as usize])?;
@@ -208,6 +209,50 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 bufs[out.0 as usize].copy_from_slice(&last);
             }
         }
+        if let Some(dir) = &taps {
+            dump_tap(graph, bufs, index, op, std::path::Path::new(dir));
+        }
     }
     Ok(())
+}
+
+/// The buffer an op writes (for `HEARTH_DUMP_TAPS`); `None` for ops that only write the KV cache.
+fn written_buffer(op: &Op) -> Option<BufId> {
+    match op {
+        Op::Embed { out, .. }
+        | Op::RmsNorm { out, .. }
+        | Op::MatMul { out, .. }
+        | Op::Attention { out, .. }
+        | Op::Add { out, .. }
+        | Op::SwiGlu { out, .. }
+        | Op::GeGlu { out, .. }
+        | Op::LastRow { out, .. } => Some(*out),
+        Op::Rope { x, .. } | Op::Scale { x, .. } => Some(*x),
+        Op::StoreKv { .. } => None,
+    }
+}
+
+/// Debug aid (env `HEARTH_DUMP_TAPS`): prints each op's output to stderr as llama.cpp's
+/// `llama-eval-callback` does — per row the first and last 3 values, then the sum — so the two
+/// runtimes can be compared op by op. When the variable names a directory, the whole output is
+/// also written there as raw little-endian f32 (`<op index>_<buffer name>.f32`).
+fn dump_tap(graph: &Graph, bufs: &[Vec<f32>], index: usize, op: &Op, dir: &std::path::Path) {
+    let Some(b) = written_buffer(op) else { return };
+    let desc = &graph.bufs[b.0 as usize];
+    let data = &bufs[b.0 as usize];
+    eprintln!("tap {index} {} -> {} [{}, {}]", op_name(op), desc.name, desc.rows, desc.cols);
+    for row in data.chunks(desc.cols.max(1)) {
+        let c = row.len();
+        let head: Vec<String> = row.iter().take(3).map(|v| format!("{v:10.4}")).collect();
+        let tail: Vec<String> = row[c.saturating_sub(3)..].iter().map(|v| format!("{v:10.4}")).collect();
+        eprintln!("    [{}, ..., {}]", head.join(", "), tail.join(", "));
+    }
+    eprintln!("    sum = {:.6}", data.iter().map(|&v| v as f64).sum::<f64>());
+    if dir.is_dir() {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let path = dir.join(format!("{index}_{}.f32", desc.name));
+        if let Err(e) = std::fs::write(&path, bytes) {
+            eprintln!("    (cannot write {}: {e})", path.display());
+        }
+    }
 }
