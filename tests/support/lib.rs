@@ -46,7 +46,12 @@ pub fn read_json(rel: &str) -> serde_json::Value {
 
 /// Opens a model on the CPU backend with the given context size.
 pub fn cpu_session(stem: &str, n_ctx: usize) -> (GgufFile, Session) {
-    let file = GgufFile::open(&model_path(stem)).expect("open model");
+    cpu_session_at(&model_path(stem), n_ctx)
+}
+
+/// Opens the model file at `path` on the CPU backend with the given context size.
+pub fn cpu_session_at(path: &std::path::Path, n_ctx: usize) -> (GgufFile, Session) {
+    let file = GgufFile::open(path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
     let backend = CpuBackend::new(None).expect("cpu backend");
     let options = EngineOptions { n_ctx, ..EngineOptions::default() };
     let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
