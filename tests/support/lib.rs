@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: where the real models are, the llama.cpp reference
 //! fixtures, and small numeric utilities.
 
+pub mod golden;
+
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_cpu::CpuBackend;
