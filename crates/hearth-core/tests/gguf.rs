@@ -194,7 +194,17 @@ fn huge_lengths_are_limited_before_allocating() {
     put_u32(&mut payload, 10);
     put_u64(&mut payload, 64);
     payload.extend_from_slice(&[0u8; 64]);
-    assert!(matches!(first_err(GgufWriter::new(3).raw_kv(b"arr", 9, &payload)), CoreError::Truncated { .. }));
+    let e = first_err(GgufWriter::new(3).raw_kv(b"arr", 9, &payload));
+    assert!(matches!(e, CoreError::Truncated { ref what, .. } if what.contains("array of 64 elements")), "{e:?}");
+}
+
+#[test]
+fn many_keys_parse() {
+    let n = Limits::default().max_kv_count as usize;
+    let w = (0..n).fold(GgufWriter::new(3), |w, i| w.kv(&format!("k{i}"), Value::U32(i as u32)));
+    let file = parse(&w.write().bytes).unwrap();
+    assert_eq!(file.metadata.len(), n);
+    assert_eq!(file.metadata.u64("k65535").unwrap(), 65535);
 }
 
 #[test]
