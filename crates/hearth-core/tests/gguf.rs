@@ -328,3 +328,47 @@ fn counts_beyond_caps_and_beyond_the_file() {
     let e = GgufFile::read_with_limits(Arc::new(MemorySource::new(bytes)), &tight).unwrap_err();
     assert!(matches!(e, CoreError::LimitExceeded { value: 4, max: 3, .. }), "{e:?}");
 }
+
+/// Files written by the reference writer (gguf-py, `tests/fixtures/gguf/make_fixtures.py`); the
+/// absolute data offsets are what gguf-py's `GGUFReader` reports for them.
+#[test]
+fn parses_files_written_by_gguf_py() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    for (name, alignment, offsets) in [("tiny_v3.gguf", 32, [640, 672, 704]), ("tiny_v3_align64.gguf", 64, [704, 768, 832])] {
+        let file = GgufFile::open(&dir.join(name)).unwrap();
+        let m = &file.metadata;
+        assert_eq!((file.version, file.alignment), (3, alignment));
+        assert_eq!(file.architecture().unwrap(), "llama");
+        assert_eq!(m.get("t.u8"), Some(&Value::U8(200)));
+        assert_eq!(m.get("t.i8"), Some(&Value::I8(-7)));
+        assert_eq!(m.get("t.u16"), Some(&Value::U16(60000)));
+        assert_eq!(m.get("t.i16"), Some(&Value::I16(-30000)));
+        assert_eq!(m.get("t.u32"), Some(&Value::U32(4_000_000_000)));
+        assert_eq!(m.get("t.i32"), Some(&Value::I32(-2_000_000_000)));
+        assert_eq!(m.get("t.f32"), Some(&Value::F32(0.5)));
+        assert_eq!(m.get("t.u64"), Some(&Value::U64((1 << 63) + 5)));
+        assert_eq!(m.get("t.i64"), Some(&Value::I64(-(1 << 62))));
+        assert_eq!(m.get("t.f64"), Some(&Value::F64(-2.25)));
+        assert_eq!(m.get("t.bool"), Some(&Value::Bool(true)));
+        assert_eq!(m.str("t.str").unwrap(), "gguf ▁ok");
+        assert_eq!(m.get("t.arr_i32"), Some(&Value::Array(vec![Value::I32(1), Value::I32(-2), Value::I32(3)])));
+        assert_eq!(m.str_array("t.arr_str").unwrap(), vec!["a", "bc"]);
+        let nested = Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![Value::I32(3)])]);
+        assert_eq!(m.get("t.arr_nested"), Some(&nested));
+        let names: Vec<_> = file.tensors.iter().map(|t| (t.name.as_str(), t.dims.clone(), t.ty, t.offset)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("a.f32", vec![3, 2], GgmlType::F32, offsets[0]),
+                ("b.f16", vec![5], GgmlType::F16, offsets[1]),
+                ("c.f32", vec![32, 2], GgmlType::F32, offsets[2]),
+            ]
+        );
+        let a = file.tensor_bytes(file.require_tensor("a.f32").unwrap()).unwrap();
+        let floats: Vec<f32> = a.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(floats, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let b = file.tensor_bytes(file.require_tensor("b.f16").unwrap()).unwrap();
+        let halves: Vec<f32> = b.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        assert_eq!(halves, [0.0, 1.0, 2.0, 3.0, 4.0]);
+    }
+}
