@@ -80,16 +80,35 @@ fn exercise(bytes: &[u8]) -> bool {
     true
 }
 
-#[test]
-fn seeded_mutations_never_panic() {
-    let written = model_like(3).write();
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+fn run(seed: u64, base: &[u8], header_end: usize, n: usize) {
+    assert!(exercise(base), "the unmutated file must parse");
+    let mut rng = Rng(seed);
     let mut n_ok = 0;
-    let n = 5000;
     for _ in 0..n {
-        let mutant = mutate(&mut rng, &written.bytes, written.header_end);
+        let mutant = mutate(&mut rng, base, header_end);
         n_ok += exercise(&mutant) as usize;
     }
     // Some mutants (a flipped bit in a value) still parse; most must not. Both paths are exercised.
     assert!(n_ok > 0 && n_ok < n, "{n_ok} of {n} mutants parsed");
+}
+
+#[test]
+fn seeded_mutations_never_panic() {
+    let written = model_like(3).write();
+    run(0x5EED_1234_ABCD_0001, &written.bytes, written.header_end, 5000);
+}
+
+/// gguf-py-written files with tokenizer metadata, so mutants reach `Tokenizer::from_gguf`.
+#[test]
+fn seeded_mutations_of_tokenizer_files_never_panic() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    for (i, name) in ["tok_spm.gguf", "tok_bpe.gguf"].into_iter().enumerate() {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let file = parse(&bytes).unwrap();
+        let tokenizer = Tokenizer::from_gguf(&file.metadata).unwrap();
+        assert_eq!(tokenizer.vocab_size(), if i == 0 { 7 } else { 6 });
+        assert_eq!(ModelConfig::from_metadata(&file.metadata).unwrap().n_head_kv, 1);
+        let len = bytes.len();
+        run(0xC0FFEE + i as u64, &bytes, len, 2000);
+    }
 }
