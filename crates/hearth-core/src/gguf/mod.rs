@@ -120,11 +120,13 @@ impl GgufFile {
         check_limit("metadata count", kv_count, limits.max_kv_count)?;
 
         let mut metadata = Metadata::default();
+        // A set, not `metadata.get`: a linear scan per key is quadratic in a 65,536-key header.
+        let mut seen_keys = std::collections::HashSet::new();
         for _ in 0..kv_count {
             let key = r.string("metadata key")?;
             let type_id = r.u32("metadata value type")?;
             let value = r.value(&key, type_id, 0)?;
-            if metadata.get(&key).is_some() {
+            if !seen_keys.insert(key.clone()) {
                 return Err(CoreError::Duplicate { what: "metadata key", name: key });
             }
             metadata.entries.push((key, value));
@@ -255,6 +257,20 @@ fn tensor_info(
     Ok(TensorInfo { name, dims, ty, offset, n_bytes })
 }
 
+/// Fewest bytes one array element of value type `type_id` occupies in the file.
+fn min_encoded_len(type_id: u32) -> u64 {
+    match type_id {
+        2 | 3 => 2,
+        4..=6 => 4,
+        // A string is at least its u64 length; u64, i64, f64.
+        8 | 10..=12 => 8,
+        // A nested array is at least its u32 element type and u64 length.
+        9 => 12,
+        // u8, i8, bool; unknown types fail on the first element.
+        _ => 1,
+    }
+}
+
 /// Sequential reader over a [`ByteSource`] with a small window, so the header is parsed without
 /// holding the file in memory.
 struct Cursor<'a> {
@@ -348,9 +364,10 @@ impl<'a> Cursor<'a> {
                 let elem_type = self.u32(key)?;
                 let len = self.u64(key)?;
                 check_limit(&format!("metadata '{key}' array length"), len, self.limits.max_array_len)?;
-                // Every element takes at least one byte: a length beyond the rest of the file is a lie.
+                // Every element takes at least `min_encoded_len` bytes: a length whose elements cannot
+                // fit in the rest of the file is a lie, caught before allocating for it.
                 let remaining = self.source.len().saturating_sub(self.pos);
-                if len > remaining {
+                if len.saturating_mul(min_encoded_len(elem_type)) > remaining {
                     return Err(CoreError::Truncated {
                         what: format!("metadata '{key}' array of {len} elements"),
                         offset: self.pos,

@@ -129,6 +129,7 @@ impl ModelConfig {
             }
         };
         let n_vocab = meta.array("tokenizer.ggml.tokens")?.len();
+        check_sizes(n_layer, n_embd, n_head, head_dim, n_ff)?;
 
         let global = LayerAttention { window: None, rope_base, rope_scale };
         let mut cfg = ModelConfig {
@@ -175,6 +176,31 @@ impl ModelConfig {
         }
         Ok(cfg)
     }
+}
+
+/// Largest layer count and tensor dimension accepted (real models: ~128 layers, dimensions below 2^17).
+/// The cap keeps `vec![_; n_layer]` and the width products below from exhausting memory or
+/// overflowing on a crafted header.
+const MAX_LAYERS: usize = 1 << 16;
+const MAX_DIM: usize = 1 << 24;
+
+fn check_sizes(n_layer: usize, n_embd: usize, n_head: usize, head_dim: usize, n_ff: usize) -> Result<()> {
+    if n_layer > MAX_LAYERS {
+        return Err(CoreError::BadHyperParameter(format!("block_count {n_layer} exceeds {MAX_LAYERS}")));
+    }
+    for (name, v) in [("embedding_length", n_embd), ("head_count", n_head), ("key_length", head_dim), ("feed_forward_length", n_ff)] {
+        if v > MAX_DIM {
+            return Err(CoreError::BadHyperParameter(format!("{name} {v} exceeds {MAX_DIM}")));
+        }
+    }
+    // n_head_kv <= n_head (it divides it), so only the query width can overflow.
+    if n_head.checked_mul(head_dim).is_none_or(|w| w > MAX_DIM) {
+        return Err(CoreError::BadHyperParameter(format!("head_count {n_head} x key_length {head_dim} exceeds {MAX_DIM}")));
+    }
+    if head_dim == 0 {
+        return Err(CoreError::BadHyperParameter("key_length is 0".into()));
+    }
+    Ok(())
 }
 
 /// Which layers use the sliding window: the metadata holds either a per-layer bool array or a

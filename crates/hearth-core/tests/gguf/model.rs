@@ -1,0 +1,189 @@
+//! Model-level errors on small synthetic GGUFs: `ModelConfig::from_metadata` and `Session::load`.
+
+use super::parse;
+use super::writer::GgufWriter;
+use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
+use hearth_core::engine::{EngineOptions, Session};
+use hearth_core::gguf::Value;
+use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::model::ModelConfig;
+use hearth_core::quant::GgmlType;
+use hearth_core::{CoreError, Result};
+
+/// A backend that only records what it is given (loading never executes anything).
+#[derive(Default)]
+struct RecordingBackend {
+    uploaded: Vec<WeightDesc>,
+    kv: Vec<KvLayout>,
+}
+
+impl Backend for RecordingBackend {
+    fn name(&self) -> &str {
+        "recording"
+    }
+    fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
+        // The reader promised this range is inside the source.
+        assert!(data.source.slice(data.offset, data.len).is_some());
+        self.uploaded.push(desc);
+        Ok(WeightId(self.uploaded.len() as u32 - 1))
+    }
+    fn alloc_kv(&mut self, layout: KvLayout) -> Result<KvId> {
+        self.kv.push(layout);
+        Ok(KvId(0))
+    }
+    fn compile(&mut self, _graph: &Graph) -> Result<GraphId> {
+        Err(CoreError::InvalidArgument("recording backend cannot compile".into()))
+    }
+    fn execute(&mut self, _: GraphId, _: KvId, _: StepInput<'_>, _: &mut Vec<f32>) -> Result<()> {
+        Err(CoreError::InvalidArgument("recording backend cannot execute".into()))
+    }
+    fn read_buffer(&self, _graph: GraphId, _name: &str) -> Option<Vec<f32>> {
+        None
+    }
+    fn counters(&self) -> BackendCounters {
+        BackendCounters::default()
+    }
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
+}
+
+const EMBD: u64 = 8;
+const FF: u64 = 16;
+const VOCAB: u64 = 4;
+
+/// A one-layer llama: 2 query heads and 1 KV head of size 4.
+fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
+    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
+    let mut kvs = vec![
+        ("general.architecture", Value::String("llama".into())),
+        ("llama.block_count", Value::U32(1)),
+        ("llama.embedding_length", Value::U32(EMBD as u32)),
+        ("llama.attention.head_count", Value::U32(2)),
+        ("llama.attention.head_count_kv", Value::U32(1)),
+        ("llama.feed_forward_length", Value::U32(FF as u32)),
+        ("llama.context_length", Value::U32(64)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("tokenizer.ggml.tokens", tokens),
+    ];
+    if let Some((k, v)) = override_kv {
+        match kvs.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => kvs.push((k, v)),
+        }
+    }
+    let mut w = GgufWriter::new(3);
+    for (k, v) in kvs {
+        if Some(k) != skip_key {
+            w = w.kv(k, v);
+        }
+    }
+    let tensors: [(&str, &[u64]); 11] = [
+        ("token_embd.weight", &[EMBD, VOCAB]),
+        ("output_norm.weight", &[EMBD]),
+        ("blk.0.attn_norm.weight", &[EMBD]),
+        ("blk.0.attn_q.weight", &[EMBD, 8]),
+        ("blk.0.attn_k.weight", &[EMBD, 4]),
+        ("blk.0.attn_v.weight", &[EMBD, 4]),
+        ("blk.0.attn_output.weight", &[8, EMBD]),
+        ("blk.0.ffn_norm.weight", &[EMBD]),
+        ("blk.0.ffn_gate.weight", &[EMBD, FF]),
+        ("blk.0.ffn_up.weight", &[EMBD, FF]),
+        ("blk.0.ffn_down.weight", &[FF, EMBD]),
+    ];
+    for (name, dims) in tensors {
+        if Some(name) != skip_tensor {
+            w = w.tensor(name, GgmlType::F32, dims);
+        }
+    }
+    w
+}
+
+fn config_err(w: GgufWriter) -> CoreError {
+    ModelConfig::from_metadata(&parse(&w.write().bytes).unwrap().metadata).expect_err("bad config accepted")
+}
+
+fn load(w: GgufWriter) -> (Result<Session>, usize) {
+    let file = parse(&w.write().bytes).unwrap();
+    let mut backend = RecordingBackend::default();
+    let mut n_progress = 0;
+    let _ = &mut backend;
+    let session = Session::load(&file, Box::new(backend), &EngineOptions::default(), &mut |_, _| n_progress += 1);
+    (session, n_progress)
+}
+
+#[test]
+fn tiny_llama_loads() {
+    let file = parse(&tiny_llama(None, None, None).write().bytes).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    assert_eq!((cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim), (1, 8, 2, 1, 4));
+    assert_eq!((cfg.n_ff, cfg.n_vocab, cfg.n_ctx_train), (16, 4, 64));
+    let (session, n_progress) = load(tiny_llama(None, None, None));
+    let session = session.unwrap();
+    assert_eq!(n_progress, 11, "one progress call per uploaded tensor");
+    assert_eq!(session.n_ctx(), 64);
+}
+
+#[test]
+fn unknown_architecture() {
+    let e = config_err(tiny_llama(None, None, Some(("general.architecture", Value::String("mamba".into())))));
+    assert!(matches!(e, CoreError::UnknownArchitecture(ref a) if a == "mamba"), "{e:?}");
+    let e = config_err(tiny_llama(Some("general.architecture"), None, None));
+    assert!(matches!(e, CoreError::MissingKey(ref k) if k == "general.architecture"), "{e:?}");
+}
+
+#[test]
+fn missing_and_mistyped_hyper_parameters() {
+    for key in ["llama.block_count", "llama.embedding_length", "llama.attention.head_count", "llama.feed_forward_length", "llama.context_length", "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.tokens"] {
+        let e = config_err(tiny_llama(Some(key), None, None));
+        assert!(matches!(e, CoreError::MissingKey(ref k) if k == key), "{key}: {e:?}");
+    }
+    let e = config_err(tiny_llama(None, None, Some(("llama.block_count", Value::String("1".into())))));
+    assert!(matches!(e, CoreError::WrongType { ref key, found: "string", .. } if key == "llama.block_count"), "{e:?}");
+    let e = config_err(tiny_llama(None, None, Some(("llama.embedding_length", Value::F32(8.0)))));
+    assert!(matches!(e, CoreError::WrongType { found: "f32", .. }), "{e:?}");
+    let e = config_err(tiny_llama(None, None, Some(("llama.attention.head_count", Value::I32(-2)))));
+    assert!(matches!(e, CoreError::WrongType { found: "i32", .. }), "{e:?}");
+    let e = config_err(tiny_llama(None, None, Some(("general.architecture", Value::U32(1)))));
+    assert!(matches!(e, CoreError::WrongType { expected: "a string", .. }), "{e:?}");
+    let e = config_err(tiny_llama(None, None, Some(("tokenizer.ggml.tokens", Value::U32(4)))));
+    assert!(matches!(e, CoreError::WrongType { expected: "an array", .. }), "{e:?}");
+}
+
+#[test]
+fn inconsistent_hyper_parameters() {
+    let e = config_err(tiny_llama(None, None, Some(("llama.attention.head_count_kv", Value::U32(3)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(ref m) if m.contains("not a multiple of head_count_kv")), "{e:?}");
+    let e = config_err(tiny_llama(None, None, Some(("llama.block_count", Value::U32(0)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(ref m) if m.contains("zero size")), "{e:?}");
+    // Sizes whose products would overflow or exhaust memory must be rejected, not panic.
+    for (key, v) in [
+        ("llama.block_count", Value::U64(u64::MAX)),
+        ("llama.block_count", Value::U64(1 << 40)),
+        ("llama.attention.key_length", Value::U64(u64::MAX / 2)),
+        ("llama.embedding_length", Value::U64(u64::MAX)),
+        ("llama.attention.head_count", Value::U64(1 << 62)),
+    ] {
+        let e = config_err(tiny_llama(None, None, Some((key, v.clone()))));
+        assert!(matches!(e, CoreError::BadHyperParameter(_)), "{key}={v:?}: {e:?}");
+    }
+}
+
+#[test]
+fn missing_tensor_and_wrong_shape_fail_session_load() {
+    let (r, _) = load(tiny_llama(None, Some("blk.0.ffn_up.weight"), None));
+    assert!(matches!(r, Err(CoreError::MissingTensor(ref t)) if t == "blk.0.ffn_up.weight"));
+    let (r, _) = load(tiny_llama(None, Some("output_norm.weight"), None).tensor("output_norm.weight", GgmlType::F32, &[EMBD + 1]));
+    match r {
+        Err(CoreError::ShapeMismatch { tensor, expected, found }) => {
+            assert_eq!(tensor, "output_norm.weight");
+            assert_eq!((expected, found), (vec![EMBD], vec![EMBD + 1]));
+        }
+        other => panic!("expected ShapeMismatch, got {:?}", other.err()),
+    }
+    // Transposed projection.
+    let (r, _) = load(tiny_llama(None, Some("blk.0.attn_k.weight"), None).tensor("blk.0.attn_k.weight", GgmlType::F32, &[4, EMBD]));
+    assert!(matches!(r, Err(CoreError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.attn_k.weight"));
+    let (r, _) = load(tiny_llama(None, None, Some(("general.architecture", Value::String("mamba".into())))));
+    assert!(matches!(r, Err(CoreError::UnknownArchitecture(_))));
+}
