@@ -78,8 +78,42 @@ fn attend_f32<'a>(
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-fn round_f16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
+/// x rounded to the nearest f16 value (ties to even), kept as f32. Values in f16's normal range —
+/// all the accumulators here — are rounded with integer arithmetic on the f32 bits, which is
+/// what this hot loop needs; zero, subnormals and overflow take `half`'s exact path.
+#[inline]
+pub(crate) fn round_f16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let exponent = (bits >> 23) & 0xff;
+    // f32 exponents 113..142 are f16's normal binades 2^-14 .. 2^15 (below 65504, no overflow).
+    if (113..142).contains(&exponent) {
+        let lsb = (bits >> 13) & 1;
+        f32::from_bits((bits + 0x0fff + lsb) & !0x1fff)
+    } else if bits << 1 == 0 {
+        x
+    } else {
+        f16::from_f32(x).to_f32()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_f16;
+
+    #[test]
+    fn fast_rounding_equals_half_conversion() {
+        let mut state = 0x9e3779b97f4a7c15u64;
+        for i in 0..200_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let x = f32::from_bits(state as u32);
+            let x = if x.is_finite() { x } else { i as f32 * 0.37 - 1000.0 };
+            let want = half::f16::from_f32(x).to_f32();
+            let got = round_f16(x);
+            assert!(got == want || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
+        }
+    }
 }
 
 fn attend_f16_accumulate<'a>(

@@ -79,7 +79,7 @@ pub fn rope(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f
 /// Copies values rounded to f16 precision (the precision of llama.cpp's KV cache).
 pub fn store_f16_rounded(src: &[f32], dst: &mut [f32]) {
     for (d, &s) in dst.iter_mut().zip(src) {
-        *d = f16::from_f32(s).to_f32();
+        *d = crate::attention::round_f16(s);
     }
 }
 
