@@ -165,6 +165,7 @@ pub fn fetch_named(model: &NamedModel, progress: bool) -> Result<PathBuf> {
 }
 
 /// Downloads an http(s) URL into `cache_dir()/models/url/`, resuming a previous partial download.
+#[allow(dead_code)] // API for callers that want a URL fetched without name resolution
 pub fn download_url(url: &str, progress: bool) -> Result<PathBuf> {
     http::download_url_in(&FetchContext::from_env(progress), url)
 }
@@ -198,6 +199,7 @@ pub(crate) fn resolve_model_in(
 
 /// Cache state of one named model, for `hearth models list`.
 #[derive(Debug, Clone)]
+#[allow(dead_code)] // file_name is part of the listing API, printed by future front-ends
 pub struct ModelStatus {
     pub name: String,
     pub file_name: String,
