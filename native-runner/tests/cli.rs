@@ -116,3 +116,40 @@ fn bad_input_gives_clear_errors() {
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--top-p", "2", "--quiet"], "invalid sampling");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two turns through `hearth chat` on stdin: both get answers, and the second turn reuses the KV
+/// cache of the first (only the new turn's tokens are evaluated).
+#[test]
+fn chat_keeps_the_kv_cache_between_turns() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["chat", "-m", "qwen2.5-coder-0.5b", "-n", "8", "--temperature", "0", "--quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hearth chat");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"What is 2+2?\nAnd 3+3?\n/exit\n")
+        .expect("write turns");
+    let out = child.wait_with_output().expect("chat output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chat failed: {stderr}");
+    let stats: Vec<(usize, usize)> = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.trim_start_matches("> ").strip_prefix('[')?;
+            let (new, rest) = rest.split_once(" new prompt tokens (")?;
+            let (cached, _) = rest.split_once(" cached")?;
+            Some((new.parse().ok()?, cached.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(stats.len(), 2, "expected two turn summaries in: {stderr}");
+    assert_eq!(stats[0].1, 0, "nothing is cached before the first turn");
+    assert!(stats[1].1 >= stats[0].0, "second turn should reuse the first turn's tokens: {stats:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty(), "no answer text");
+}

@@ -13,13 +13,30 @@ pub trait ByteSource: Send + Sync {
         self.len() == 0
     }
 
-    /// Fills `buf` from `offset`. Callers check bounds first; implementations still must not panic.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Fills `buf` from `offset`; a range past the end is [`CoreError::Truncated`], never a panic.
+    /// Sources that can lend their bytes get this for free from [`ByteSource::slice`].
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let slice = self.slice(offset, buf.len()).ok_or_else(|| CoreError::Truncated {
+            what: "read".into(),
+            offset,
+            needed: buf.len() as u64,
+            file_len: self.len(),
+        })?;
+        buf.copy_from_slice(slice);
+        Ok(())
+    }
 
     /// Zero-copy view of a range when the bytes are already addressable (mmap, in-memory).
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
         None
     }
+}
+
+/// The bytes of `offset..offset+len` in `bytes`, if the range is inside it.
+fn range(bytes: &[u8], offset: u64, len: usize) -> Option<&[u8]> {
+    let start = usize::try_from(offset).ok()?;
+    let end = start.checked_add(len)?;
+    bytes.get(start..end)
 }
 
 /// Bytes held in memory (tests, wasm after a download, fuzzing).
@@ -38,21 +55,8 @@ impl ByteSource for MemorySource {
         self.bytes.len() as u64
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let slice = self.slice(offset, buf.len()).ok_or_else(|| CoreError::Truncated {
-            what: "read".into(),
-            offset,
-            needed: buf.len() as u64,
-            file_len: self.len(),
-        })?;
-        buf.copy_from_slice(slice);
-        Ok(())
-    }
-
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(len)?;
-        self.bytes.get(start..end)
+        range(&self.bytes, offset, len)
     }
 }
 
@@ -80,20 +84,7 @@ impl ByteSource for MmapSource {
         self.map.len() as u64
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let slice = self.slice(offset, buf.len()).ok_or_else(|| CoreError::Truncated {
-            what: "read".into(),
-            offset,
-            needed: buf.len() as u64,
-            file_len: self.len(),
-        })?;
-        buf.copy_from_slice(slice);
-        Ok(())
-    }
-
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(len)?;
-        self.map.get(start..end)
+        range(&self.map, offset, len)
     }
 }
