@@ -32,13 +32,12 @@ impl Engine {
             return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: session.n_ctx() });
         }
         let start = Instant::now();
-        // Reuse the cached prefix; the prompt's last token stays pending for the first step.
-        let pending_at = prompt.len() - 1;
-        let common = session.history().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(pending_at);
+        // The prompt is evaluated exactly as `generate` does it (same batches, so the same
+        // numerics: the CPU backend's attention path depends on the batch size), and the first
+        // token is sampled from it; drafting starts after it.
+        let common = session.history().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         session.rollback(common)?;
-        if common < pending_at {
-            session.eval(&prompt[common..pending_at], LogitsMode::Last)?;
-        }
+        let mut logits = session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
         let prompt_ms = ms(start);
 
         let mut sampler = Sampler::new(options.sampling.clone());
@@ -53,9 +52,27 @@ impl Engine {
         let mut ttft_ms = 0.0;
         let mut last = Instant::now();
         let decode_start = Instant::now();
+        // Tokens chosen but not yet passed to the output.
+        let mut new_tokens =
+            if options.max_tokens == 0 { Vec::new() } else { vec![sampler.sample(&mut logits, session.history())] };
         let finish = 'steps: loop {
             if output.tokens.len() >= options.max_tokens {
                 break FinishReason::Length;
+            }
+            for token in new_tokens.drain(..) {
+                if output.tokens.is_empty() {
+                    ttft_ms = ms(start);
+                } else {
+                    itl_ms.push(ms(last));
+                }
+                last = Instant::now();
+                context.push(token);
+                if let Some(reason) = output.push(token) {
+                    break 'steps reason;
+                }
+                if output.tokens.len() >= options.max_tokens {
+                    break 'steps FinishReason::Length;
+                }
             }
             if session.remaining() == 0 {
                 break FinishReason::ContextFull;
@@ -89,22 +106,8 @@ impl Engine {
             metrics.record(&outcome);
             length.update(outcome.accepted, outcome.proposed);
 
-            let new_tokens = drafts[..outcome.accepted].iter().copied().chain([outcome.continuation_token]);
-            for token in new_tokens {
-                if output.tokens.is_empty() {
-                    ttft_ms = ms(start);
-                } else {
-                    itl_ms.push(ms(last));
-                }
-                last = Instant::now();
-                context.push(token);
-                if let Some(reason) = output.push(token) {
-                    break 'steps reason;
-                }
-                if output.tokens.len() >= options.max_tokens {
-                    break 'steps FinishReason::Length;
-                }
-            }
+            new_tokens.extend_from_slice(&drafts[..outcome.accepted]);
+            new_tokens.push(outcome.continuation_token);
         };
         // A stop inside a step leaves accepted drafts beyond the output in the cache: drop them,
         // so the cache is always a prefix of prompt + output.
