@@ -42,7 +42,8 @@ pub fn probability_of(distribution: &[(u32, f32)], token: u32) -> f32 {
 /// Draws from a distribution (weights need not be normalised); `None` when it has no mass.
 pub fn sample_from(distribution: &[(u32, f32)], rng: &mut Xoshiro256StarStar) -> Option<u32> {
     let total: f64 = distribution.iter().map(|&(_, w)| w.max(0.0) as f64).sum();
-    if !(total > 0.0) {
+    // Also catches NaN totals.
+    if total.is_nan() || total <= 0.0 {
         return None;
     }
     let target = rng.next_f64() * total;
