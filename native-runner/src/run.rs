@@ -2,11 +2,13 @@
 
 use crate::load::{self, Loaded};
 use crate::ModelArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
-use hearth_core::engine::{GenerateOptions, Generation};
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::sampling::SamplingParams;
+use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
+use hearth_core::tokenizer::Tokenizer;
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -27,6 +29,16 @@ pub struct RunArgs {
     /// Print one JSON object with tokens, text and timings at the end instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding with this draft model (a .gguf path or a built-in name); its
+    /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
+    #[arg(long = "draft-model")]
+    pub draft_model: Option<String>,
+    /// Most draft tokens per step; the draft length adapts to the acceptance rate within 1..=K.
+    #[arg(long = "draft-tokens", default_value_t = 5)]
+    pub draft_tokens: usize,
+    /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
+    #[arg(long, conflicts_with = "draft_model")]
+    pub lookup: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -109,15 +121,21 @@ pub fn run(args: RunArgs) -> Result<()> {
         (args.prompt.clone(), false)
     };
     let prompt = load::tokenize_prompt(&engine, &text, templated)?;
+    let mut drafter = drafter(&args, &engine)?;
+    let speculative = SpeculativeOptions { max_draft_tokens: args.draft_tokens.max(1), adaptive: true };
     let stream = !args.json;
     let mut stdout = std::io::stdout();
-    let generation = engine.generate(&prompt, &options, &mut |delta| {
+    let mut on_text = |delta: &str| {
         if stream {
             let _ = stdout.write_all(delta.as_bytes());
             let _ = stdout.flush();
         }
         true
-    })?;
+    };
+    let generation = match drafter.as_deref_mut() {
+        Some(drafter) => engine.generate_speculative(&prompt, &options, drafter, &speculative, &mut on_text)?,
+        None => engine.generate(&prompt, &options, &mut on_text)?,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report(&generation, &engine, &path, load_ms, options.sampling.seed))?);
     } else {
@@ -132,8 +150,35 @@ pub fn run(args: RunArgs) -> Result<()> {
             t.prefill_tok_s,
             t.decode_tok_s
         );
+        if let Some(m) = &generation.speculative {
+            eprintln!(
+                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes]",
+                m.accepted,
+                m.proposed,
+                m.acceptance_rate * 100.0,
+                m.mean_accepted_per_step,
+                m.target_forward_passes
+            );
+        }
     }
     Ok(())
+}
+
+/// The drafter asked for on the command line: a draft model on the same backend, prompt lookup, or none.
+fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
+    if args.lookup {
+        return Ok(Some(Box::new(PromptLookup::default())));
+    }
+    let Some(draft) = &args.draft_model else { return Ok(None) };
+    let draft_args = crate::ModelArgs { model: draft.clone(), ..args.model.clone() };
+    let (file, path) = load::open(&draft_args)?;
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    let options = EngineOptions { n_ctx: args.model.ctx_size, ..EngineOptions::default() };
+    let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
+        .with_context(|| format!("loading the draft model {}", path.display()))?;
+    let model = DraftModel::new(session, &tokenizer, engine.tokenizer())
+        .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+    Ok(Some(Box::new(model)))
 }
 
 fn report(
@@ -158,5 +203,6 @@ fn report(
         "decode_tok_s": t.decode_tok_s,
         "prompt_ms": t.prompt_ms,
         "decode_ms": t.decode_ms,
+        "speculative": g.speculative,
     })
 }

@@ -51,6 +51,8 @@ pub enum CoreError {
     ChatTemplate(String),
     #[error("context overflow: {needed} tokens needed, but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
+    #[error("the draft model's vocabulary does not match the target's: {0}")]
+    VocabMismatch(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("backend '{backend}': {message}")]

@@ -9,6 +9,7 @@
 //! - [`kv_cache`]: KV bookkeeping owned outside the model, with truncate/rollback.
 //! - [`sampling`]: logits processors and samplers.
 //! - [`engine`]: prompt → tokens loop tying the above together.
+//! - [`speculative`]: speculative decoding (draft model or prompt lookup) over any backend.
 
 pub mod backend;
 pub mod chat;
@@ -20,6 +21,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod speculative;
 pub mod tokenizer;
 
 pub use error::{CoreError, Result};

@@ -1,0 +1,114 @@
+//! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
+
+use super::verify::{sample_from, Distribution};
+use super::{Drafter, Proposal};
+use crate::engine::Session;
+use crate::error::{CoreError, Result};
+use crate::graph::LogitsMode;
+use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
+use crate::tokenizer::Tokenizer;
+
+/// Vocabulary sizes may differ by this many tokens (padding / added tokens at the end), as in
+/// llama.cpp's `common_speculative_are_compatible`; the draft never proposes a token outside the
+/// shared range.
+pub const MAX_VOCAB_SIZE_DIFFERENCE: usize = 128;
+
+/// Checks that token ids mean the same thing in both models: sizes within
+/// [`MAX_VOCAB_SIZE_DIFFERENCE`] and identical pieces over the shared range. Returns the size of
+/// the shared range; the error names the first mismatch.
+pub fn check_vocab_compatible(target: &Tokenizer, draft: &Tokenizer) -> Result<usize> {
+    let (n_target, n_draft) = (target.vocab_size(), draft.vocab_size());
+    if n_target.abs_diff(n_draft) > MAX_VOCAB_SIZE_DIFFERENCE {
+        return Err(CoreError::VocabMismatch(format!(
+            "the target has {n_target} tokens and the draft {n_draft} (at most {MAX_VOCAB_SIZE_DIFFERENCE} may differ)"
+        )));
+    }
+    let shared = n_target.min(n_draft);
+    for id in 0..shared as u32 {
+        let (t, d) = (target.piece(id), draft.piece(id));
+        if t != d {
+            return Err(CoreError::VocabMismatch(format!("token {id} is {t:?} in the target but {d:?} in the draft")));
+        }
+    }
+    Ok(shared)
+}
+
+/// Drafts with a second [`Session`]. Its KV cache follows the accepted tokens lazily: each
+/// [`propose`](Drafter::propose) rolls back to the longest prefix it shares with the context
+/// (dropping rejected drafts) and evaluates only what is new.
+pub struct DraftModel {
+    session: Session,
+    /// Tokens below this id exist in both vocabularies.
+    shared_vocab: usize,
+    /// Built on first use from the target's sampling parameters (rebuilt when they change).
+    sampler: Option<Sampler>,
+    rng: Xoshiro256StarStar,
+}
+
+impl DraftModel {
+    /// `session`: the draft model, loaded; the tokenizers of both models are compared first.
+    pub fn new(session: Session, draft_tokenizer: &Tokenizer, target_tokenizer: &Tokenizer) -> Result<Self> {
+        let shared_vocab = check_vocab_compatible(target_tokenizer, draft_tokenizer)?.min(session.config().n_vocab);
+        Ok(DraftModel { session, shared_vocab, sampler: None, rng: Xoshiro256StarStar::seed_from_u64(0) })
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    fn sampler(&mut self, params: &SamplingParams) -> &mut Sampler {
+        if self.sampler.as_ref().is_none_or(|s| s.params() != params) {
+            // A stream of its own, different from the target's verification stream.
+            self.rng = Xoshiro256StarStar::seed_from_u64(params.seed ^ 0x5EC0_D7AF_7D2A_F7ED);
+            self.sampler = Some(Sampler::new(params.clone()));
+        }
+        self.sampler.get_or_insert_with(|| Sampler::new(params.clone()))
+    }
+}
+
+impl Drafter for DraftModel {
+    fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
+        if context.is_empty() || max_tokens == 0 {
+            return Ok(Proposal::default());
+        }
+        let common = self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
+        self.session.rollback(common)?;
+        // Room for the new context tokens plus all drafts but the last (which is never evaluated).
+        let new_tokens = context.len() - common;
+        let room = self.session.remaining();
+        if room < new_tokens {
+            return Ok(Proposal::default()); // the draft's context is full: stop drafting
+        }
+        let max_tokens = max_tokens.min(room - new_tokens + 1);
+        let mut logits = self.session.eval(&context[common..], LogitsMode::Last)?.to_vec();
+        let greedy = sampling.temperature <= 0.0;
+        let shared = self.shared_vocab;
+        let mut history = context.to_vec();
+        let mut tokens = Vec::with_capacity(max_tokens);
+        let mut distributions: Vec<Distribution> = Vec::with_capacity(max_tokens);
+        while tokens.len() < max_tokens {
+            let n_shared = shared.min(logits.len());
+            let row = &mut logits[..n_shared];
+            let distribution = self.sampler(sampling).distribution(row, &history);
+            let token = if greedy {
+                distribution.first().map(|&(id, _)| id)
+            } else {
+                sample_from(&distribution, &mut self.rng)
+            };
+            let Some(token) = token else { break };
+            tokens.push(token);
+            distributions.push(distribution);
+            history.push(token);
+            if tokens.len() < max_tokens {
+                logits = self.session.eval(&[token], LogitsMode::Last)?.to_vec();
+            }
+        }
+        // Greedy drafts are one-hot: the verifier needs no distributions for them.
+        let distributions = if greedy { None } else { Some(distributions) };
+        Ok(Proposal { tokens, distributions })
+    }
+}

@@ -1,0 +1,137 @@
+//! `Engine::generate_speculative`: the decode loop of `Engine::generate` with draft-and-verify steps.
+//!
+//! Invariant between steps: the target's KV cache holds every accepted token except the last one
+//! (`pending`), which is evaluated together with the next draft, so one forward pass of
+//! `1 + k` tokens yields the logits for all k draft positions and the bonus position.
+
+use super::verify::{verify_proposal, Distribution};
+use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
+use crate::engine::{ms, per_second, Engine, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
+use crate::error::{CoreError, Result};
+use crate::graph::LogitsMode;
+use crate::sampling::{Sampler, Xoshiro256StarStar};
+use std::time::Instant;
+
+impl Engine {
+    /// Like [`Engine::generate`], with `drafter` proposing up to `speculative.max_draft_tokens`
+    /// tokens per target forward pass. Greedy output is identical to `generate`'s; with sampling
+    /// the output follows the same distribution (not the same tokens for a given seed).
+    pub fn generate_speculative(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        speculative: &SpeculativeOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        let (session, tokenizer) = self.parts_mut();
+        if prompt.is_empty() {
+            return Err(CoreError::InvalidArgument("the prompt is empty".into()));
+        }
+        if prompt.len() >= session.n_ctx() {
+            return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: session.n_ctx() });
+        }
+        let start = Instant::now();
+        // The prompt is evaluated exactly as `generate` does it (same batches, so the same
+        // numerics: the CPU backend's attention path depends on the batch size), and the first
+        // token is sampled from it; drafting starts after it.
+        let common = session.history().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        session.rollback(common)?;
+        let mut logits = session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
+        let prompt_ms = ms(start);
+
+        let mut sampler = Sampler::new(options.sampling.clone());
+        let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
+        let mut output = TextOutput::new(tokenizer, &options.stop, options.ignore_eos, on_text);
+        let mut length = AdaptiveDraftLength::new(speculative);
+        let mut metrics = SpeculativeMetrics::default();
+        // Prompt and accepted output; its last token is the pending one.
+        let mut context = prompt.to_vec();
+        let n_vocab = session.config().n_vocab;
+        let mut itl_ms = Vec::new();
+        let mut ttft_ms = 0.0;
+        let mut last = Instant::now();
+        let decode_start = Instant::now();
+        // Tokens chosen but not yet passed to the output.
+        let mut new_tokens =
+            if options.max_tokens == 0 { Vec::new() } else { vec![sampler.sample(&mut logits, session.history())] };
+        let finish = 'steps: loop {
+            if output.tokens.len() >= options.max_tokens {
+                break FinishReason::Length;
+            }
+            for token in new_tokens.drain(..) {
+                if output.tokens.is_empty() {
+                    ttft_ms = ms(start);
+                } else {
+                    itl_ms.push(ms(last));
+                }
+                last = Instant::now();
+                context.push(token);
+                if let Some(reason) = output.push(token) {
+                    break 'steps reason;
+                }
+                if output.tokens.len() >= options.max_tokens {
+                    break 'steps FinishReason::Length;
+                }
+            }
+            if session.remaining() == 0 {
+                break FinishReason::ContextFull;
+            }
+            // Each step yields accepted + 1 tokens and evaluates 1 + proposed.
+            let budget = length.current().min(options.max_tokens - output.tokens.len() - 1).min(session.remaining() - 1);
+            let mut proposal =
+                if budget > 0 { drafter.propose(&context, budget, &options.sampling)? } else { Proposal::default() };
+            proposal.tokens.truncate(budget);
+            if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
+            }
+            let kept = context.len() - 1;
+            let mut batch = Vec::with_capacity(1 + proposal.tokens.len());
+            batch.push(context[kept]);
+            batch.extend_from_slice(&proposal.tokens);
+            // Rows: [batch.len(), n_vocab]; row i predicts the token after context + drafts[..i].
+            let logits = session.eval(&batch, LogitsMode::All)?.to_vec();
+            let mut history = context.clone();
+            let drafts = &proposal.tokens;
+            let mut target = |i: usize| -> Result<Distribution> {
+                let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(|| {
+                    CoreError::InvalidArgument(format!("the backend returned {} logits for {} tokens", logits.len(), batch.len()))
+                })?;
+                history.truncate(context.len());
+                history.extend_from_slice(&drafts[..i]);
+                Ok(sampler.distribution(&mut row.to_vec(), &history))
+            };
+            let outcome = verify_proposal(drafts, proposal.distributions.as_deref(), &mut target, &mut rng)?;
+            session.rollback(kept + 1 + outcome.accepted)?;
+            metrics.record(&outcome);
+            length.update(outcome.accepted, outcome.proposed);
+
+            new_tokens.extend_from_slice(&drafts[..outcome.accepted]);
+            new_tokens.push(outcome.continuation_token);
+        };
+        // A stop inside a step leaves accepted drafts beyond the output in the cache: drop them,
+        // so the cache is always a prefix of prompt + output.
+        let keep = session.history().len().min(prompt.len() + output.tokens.len());
+        session.rollback(keep)?;
+        let (tokens, text) = output.finish();
+        let decode_ms = ms(decode_start);
+        let n_eval = prompt.len() - common;
+        let n_decoded = itl_ms.len();
+        Ok(Generation {
+            prompt_tokens: prompt.to_vec(),
+            tokens,
+            text,
+            finish_reason: finish,
+            timings: Timings {
+                prompt_evaluated: n_eval,
+                prompt_ms,
+                ttft_ms,
+                decode_ms,
+                prefill_tok_s: per_second(n_eval, prompt_ms),
+                decode_tok_s: per_second(n_decoded, itl_ms.iter().sum()),
+                itl_ms,
+            },
+            speculative: Some(metrics),
+        })
+    }
+}

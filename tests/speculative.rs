@@ -1,0 +1,242 @@
+//! Speculative decoding end to end on the real models (CPU backend), plus a statistical check of
+//! the rejection-sampling rule.
+//!
+//! The reference for greedy speculation is plain greedy decoding (`Engine::generate`), itself
+//! checked against llama.cpp in golden_greedy.rs: speculation must not change a single token.
+
+use hearth_core::chat::ChatMessage;
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation};
+use hearth_core::gguf::GgufFile;
+use hearth_core::graph::LogitsMode;
+use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
+use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
+use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
+use hearth_core::tokenizer::Tokenizer;
+use hearth_core::CoreError;
+use hearth_tests::*;
+
+const CODE_EDIT: &str = "Rewrite this function with type hints:\n\
+def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+result[key] = result.get(key, 0) + value\n    return result\n";
+const PROSE: &str = "Write a short paragraph about why lighthouses were important for sailors.";
+const N_TOKENS: usize = 48;
+
+fn cpu_engine(stem: &str) -> Engine {
+    let path = model_path(stem);
+    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let options = EngineOptions { n_ctx: 1024, ..EngineOptions::default() };
+    Engine::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model")
+}
+
+fn draft_model(stem: &str, target: &Engine) -> DraftModel {
+    let (file, session) = cpu_session(stem, 1024);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
+    DraftModel::new(session, &tokenizer, target.tokenizer()).expect("compatible vocabularies")
+}
+
+/// The user message in the model's chat template (as `hearth run --chat` does), BOS once; the
+/// plain text for a model without a template.
+fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
+    let text = match engine.chat_template() {
+        Some(template) => template.render(&[ChatMessage { role: "user".into(), content: user.into() }], true).expect("render"),
+        None => user.to_string(),
+    };
+    let tok = engine.tokenizer();
+    let bos_in_text = tok.bos().is_some_and(|b| text.starts_with(&*String::from_utf8_lossy(&tok.token_bytes(b))));
+    tok.encode(&text, tok.add_bos_default() && !bos_in_text, true).expect("encode")
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    // ignore_eos: every comparison covers the full N_TOKENS even if a model ends its turn early.
+    GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true }
+}
+
+/// Plain greedy vs speculative greedy on the same engine; returns the speculative generation.
+fn assert_same_as_greedy(engine: &mut Engine, drafter: &mut dyn Drafter, prompt: &[u32], label: &str) -> Generation {
+    let options = greedy(N_TOKENS);
+    // From an empty cache both times: prefix reuse would evaluate the prompt's last token alone,
+    // and the CPU backend's attention rounds differently for single tokens than for batches of 64+.
+    engine.session_mut().reset();
+    let plain = engine.generate(prompt, &options, &mut |_| true).expect("generate");
+    engine.session_mut().reset();
+    let mut streamed = String::new();
+    let spec = engine
+        .generate_speculative(prompt, &options, drafter, &SpeculativeOptions::default(), &mut |d| {
+            streamed.push_str(d);
+            true
+        })
+        .expect("generate_speculative");
+    assert_eq!(plain.tokens.len(), N_TOKENS, "{label}: plain generation length");
+    assert_eq!(spec.tokens, plain.tokens, "{label}: speculative greedy differs from greedy\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
+    assert_eq!(spec.text, plain.text, "{label}");
+    assert_eq!(streamed, spec.text, "{label}: streamed text");
+    assert_eq!(spec.finish_reason, plain.finish_reason, "{label}");
+    let m = spec.speculative.clone().expect("metrics");
+    assert!(m.accepted <= m.proposed, "{label}: {m:?}");
+    // The first token comes from the prompt pass; every later pass yields its accepted drafts
+    // plus one token of the target.
+    assert_eq!(1 + m.accepted + m.target_forward_passes, N_TOKENS, "{label}: {m:?}");
+    eprintln!("{label}: {m:?}");
+    spec
+}
+
+#[test]
+fn draft_model_greedy_equals_greedy_on_qwen_15b() {
+    let mut engine = cpu_engine(QWEN_15B);
+    let mut drafter = draft_model(QWEN_05B, &engine);
+    let code = chat_prompt(&engine, CODE_EDIT);
+    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &code, "1.5B + 0.5B draft, code edit");
+    assert!(spec.speculative.unwrap().acceptance_rate > 0.0);
+    let prose = chat_prompt(&engine, PROSE);
+    assert_same_as_greedy(&mut engine, &mut drafter, &prose, "1.5B + 0.5B draft, prose");
+}
+
+fn prompt_lookup_equals_greedy(stem: &str) {
+    let mut engine = cpu_engine(stem);
+    let code = chat_prompt(&engine, CODE_EDIT);
+    let spec = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &code, &format!("{stem} lookup, code edit"));
+    assert!(spec.speculative.unwrap().acceptance_rate > 0.0, "{stem}: prompt lookup never accepted on a rewrite");
+    let prose = chat_prompt(&engine, PROSE);
+    assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &prose, &format!("{stem} lookup, prose"));
+}
+
+#[test]
+fn prompt_lookup_greedy_equals_greedy_on_qwen_05b() {
+    prompt_lookup_equals_greedy(QWEN_05B);
+}
+
+#[test]
+fn prompt_lookup_greedy_equals_greedy_on_gemma_270m() {
+    prompt_lookup_equals_greedy(GEMMA_270M);
+}
+
+/// After speculation (with rejections and rollbacks) the KV cache must hold exactly the accepted
+/// tokens: evaluating the rest gives the logits of a fresh session that saw the same tokens.
+#[test]
+fn rollback_leaves_the_session_consistent() {
+    let mut engine = cpu_engine(QWEN_05B);
+    let prompt = chat_prompt(&engine, CODE_EDIT);
+    let mut drafter = PromptLookup::default();
+    let spec = engine
+        .generate_speculative(&prompt, &greedy(N_TOKENS), &mut drafter, &SpeculativeOptions::default(), &mut |_| true)
+        .expect("generate_speculative");
+    let m = spec.speculative.expect("metrics");
+    assert!(m.proposed > m.accepted, "the check needs at least one rejection: {m:?}");
+    let all: Vec<u32> = prompt.iter().chain(&spec.tokens).copied().collect();
+    let history = engine.session().history().to_vec();
+    // The last generated token is never evaluated (as in `generate`), everything before it is.
+    assert_eq!(history, all[..all.len() - 1], "history is not prompt + output");
+    let session = engine.session_mut();
+    let got = session.eval(&all[history.len()..], LogitsMode::Last).expect("eval").to_vec();
+
+    // The fresh session sees the same tokens the way plain decoding does: the prompt in one
+    // batch, then one token per pass. The speculative one evaluated them in batches of 1..=6
+    // (with rejected tokens written and rolled back in between); the CPU backend computes each
+    // row independently of the other rows of a batch below 64 tokens, so stale or misplaced KV
+    // entries are the only way the logits could differ.
+    let (_file, mut fresh) = cpu_session(QWEN_05B, 1024);
+    let mut want = fresh.eval(&prompt, LogitsMode::Last).expect("fresh prefill").to_vec();
+    for &token in &all[prompt.len()..] {
+        want = fresh.eval(&[token], LogitsMode::Last).expect("fresh eval").to_vec();
+    }
+    let max_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(max_diff < 1e-4, "logits differ from a fresh session by {max_diff}");
+    assert_eq!(argmax(&got), argmax(&want));
+}
+
+#[test]
+fn gemma_cannot_draft_for_qwen() {
+    let target = Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_15B)).expect("open").metadata).expect("tokenizer");
+    let gemma_file = GgufFile::open(&model_path(GEMMA_270M)).expect("open");
+    let gemma = Tokenizer::from_gguf(&gemma_file.metadata).expect("tokenizer");
+    let err = hearth_core::speculative::check_vocab_compatible(&target, &gemma).expect_err("incompatible");
+    assert!(matches!(err, CoreError::VocabMismatch(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains(&target.vocab_size().to_string()) && message.contains(&gemma.vocab_size().to_string()), "{message}");
+
+    // Through the DraftModel constructor too, with the real session.
+    let (_file, session) = cpu_session(GEMMA_270M, 64);
+    assert!(matches!(DraftModel::new(session, &gemma, &target), Err(CoreError::VocabMismatch(_))));
+    // And the Qwen pair is compatible over the whole vocabulary.
+    let small = Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_05B)).expect("open").metadata).expect("tokenizer");
+    assert_eq!(hearth_core::speculative::check_vocab_compatible(&target, &small).expect("compatible"), target.vocab_size());
+}
+
+/// Pearson's chi-square statistic of observed counts against probabilities `p` (all > 0).
+fn chi_square(counts: &[u64], p: &[f64], n: u64) -> f64 {
+    counts.iter().zip(p).map(|(&o, &p)| (o as f64 - p * n as f64).powi(2) / (p * n as f64)).sum()
+}
+
+/// Critical value of chi-square with 5 degrees of freedom at significance 0.001.
+const CHI2_5_DOF_0_001: f64 = 20.515;
+
+/// Speculative sampling must output tokens distributed as p whatever q is: draws x ~ q, applies
+/// the acceptance rule, counts the output tokens and runs a chi-square test against p.
+#[test]
+fn rejection_sampling_outputs_the_target_distribution() {
+    let p: Vec<(u32, f32)> = vec![(0, 0.40), (1, 0.25), (2, 0.15), (3, 0.10), (4, 0.06), (5, 0.04)];
+    // q puts mass where p has little, and on token 6 which p excludes.
+    let q: Vec<(u32, f32)> = vec![(0, 0.10), (1, 0.10), (2, 0.30), (3, 0.20), (4, 0.10), (5, 0.05), (6, 0.15)];
+    let p64: Vec<f64> = p.iter().map(|&(_, x)| x as f64).collect();
+    let n = 200_000u64;
+    let mut draft_rng = Xoshiro256StarStar::seed_from_u64(11);
+    let mut rng = Xoshiro256StarStar::seed_from_u64(12);
+
+    let mut run = |q: Option<&[(u32, f32)]>, propose: &mut dyn FnMut(&mut Xoshiro256StarStar) -> u32, naive: bool| {
+        let mut counts = [0u64; 7];
+        let mut accepted = 0u64;
+        for _ in 0..n {
+            let x = propose(&mut draft_rng);
+            let token = match verify_token(&p, q, x, &mut rng).expect("p has mass") {
+                TokenVerdict::Accepted => {
+                    accepted += 1;
+                    x
+                }
+                // The naive variant resamples from p instead of the residual: biased towards q.
+                TokenVerdict::Rejected { replacement } if !naive => replacement,
+                TokenVerdict::Rejected { .. } => sample_from(&p, &mut rng).expect("mass"),
+            };
+            counts[token as usize] += 1;
+        }
+        (counts, accepted)
+    };
+
+    let (counts, accepted) = run(Some(&q), &mut |r| sample_from(&q, r).expect("q"), false);
+    assert_eq!(counts[6], 0, "a token outside p's support was output");
+    let stat = chi_square(&counts[..6], &p64, n);
+    assert!(stat < CHI2_5_DOF_0_001, "chi-square {stat:.1}: output is not distributed as p ({counts:?})");
+    // Acceptance rate is sum_x min(p(x), q(x)) = 0.10+0.10+0.15+0.10+0.06+0.04 = 0.55.
+    let rate = accepted as f64 / n as f64;
+    assert!((rate - 0.55).abs() < 0.01, "acceptance rate {rate}");
+
+    // Deterministic drafter (q one-hot on token 2, as prompt lookup): still distributed as p.
+    let (counts, accepted) = run(None, &mut |_| 2, false);
+    let stat = chi_square(&counts[..6], &p64, n);
+    assert!(stat < CHI2_5_DOF_0_001, "one-hot q: chi-square {stat:.1} ({counts:?})");
+    assert!((accepted as f64 / n as f64 - 0.15).abs() < 0.01, "one-hot q accepts with probability p(x)");
+
+    // The test has power: resampling from p instead of the residual is detected.
+    let (counts, _) = run(Some(&q), &mut |r| sample_from(&q, r).expect("q"), true);
+    let stat = chi_square(&counts[..6], &p64, n);
+    assert!(stat > CHI2_5_DOF_0_001 * 10.0, "the naive rule went undetected: chi-square {stat:.1}");
+}
+
+/// With sampling (temperature > 0) prompt-lookup drafts are verified by rejection sampling:
+/// the run is reproducible for a seed and the bookkeeping adds up.
+#[test]
+fn sampled_speculation_is_reproducible_and_consistent() {
+    let mut engine = cpu_engine(QWEN_05B);
+    let mut drafter = PromptLookup::default();
+    let prompt = chat_prompt(&engine, CODE_EDIT);
+    let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 42, ..SamplingParams::default() };
+    let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true };
+    let spec = SpeculativeOptions::default();
+    let first = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("first");
+    engine.session_mut().reset(); // same numerics as the first run (see assert_same_as_greedy)
+    let second = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("second");
+    assert_eq!(first.tokens, second.tokens, "same seed, same tokens");
+    assert_eq!(first.tokens.len(), 32);
+    let m = first.speculative.expect("metrics");
+    assert_eq!(1 + m.accepted + m.target_forward_passes, 32, "{m:?}");
+}
