@@ -59,6 +59,9 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// `threads`: worker threads (None = all cores).
     pub fn new(threads: Option<usize>) -> Result<Self> {
+        // wasm32 runs single-threaded (no rayon pool) until wasm threads are wired in.
+        #[cfg(target_arch = "wasm32")]
+        let _ = threads;
         Ok(CpuBackend {
             weights: Vec::new(),
             kvs: Vec::new(),

@@ -41,7 +41,10 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::supports(ty),
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 => false,
+        Isa::Avx2 => {
+            let _ = ty;
+            false
+        }
     }
 }
 
