@@ -12,7 +12,11 @@ use crate::sampling::{Sampler, SamplingParams, StopStrings};
 use crate::speculative::SpeculativeMetrics;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::HashMap;
-use std::time::Instant;
+// std's Instant panics on wasm32-unknown-unknown (no clock); web-time reads performance.now() there.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use std::time::Instant;
+#[cfg(target_arch = "wasm32")]
+pub(crate) use web_time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {

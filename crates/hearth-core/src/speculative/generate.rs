@@ -6,11 +6,10 @@
 
 use super::verify::{verify_proposal, Distribution};
 use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
-use crate::engine::{ms, per_second, Engine, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
+use crate::engine::{ms, per_second, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
-use std::time::Instant;
 
 impl Engine {
     /// Like [`Engine::generate`], with `drafter` proposing up to `speculative.max_draft_tokens`

@@ -1,0 +1,176 @@
+//! What JS sends: load options, the prompt (text or chat messages) and sampling options, as JSON.
+//! Parsed strictly (unknown fields are errors) so a typo is reported instead of silently ignored.
+
+use crate::error::{Result, WasmError};
+use hearth_core::engine::{EngineOptions, GenerateOptions};
+use hearth_core::sampling::SamplingParams;
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadOptions {
+    /// Context size in tokens; 0 or absent = min(training context, 4096).
+    #[serde(default)]
+    pub n_ctx: usize,
+    /// Prompt tokens per forward pass.
+    #[serde(default)]
+    pub prefill_chunk: Option<usize>,
+}
+
+impl LoadOptions {
+    pub fn parse(json: &str) -> Result<Self> {
+        if json.trim().is_empty() {
+            return Ok(LoadOptions::default());
+        }
+        serde_json::from_str(json).map_err(|e| WasmError::bad_request("load options", e.to_string()))
+    }
+
+    pub fn engine_options(&self) -> Result<EngineOptions> {
+        let defaults = EngineOptions::default();
+        let prefill_chunk = self.prefill_chunk.unwrap_or(defaults.prefill_chunk);
+        if prefill_chunk == 0 {
+            return Err(WasmError::bad_request("load options", "prefill_chunk must be at least 1"));
+        }
+        Ok(EngineOptions { n_ctx: self.n_ctx, prefill_chunk })
+    }
+}
+
+/// The prompt: a JSON string (raw completion, tokenized with the model's BOS default) or a JSON
+/// array of OpenAI-shaped chat messages (rendered with the model's chat template).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Messages(serde_json::Value),
+}
+
+impl PromptInput {
+    pub fn parse(json: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| WasmError::bad_request("prompt", format!("not JSON: {e}")))?;
+        match value {
+            serde_json::Value::String(text) => Ok(PromptInput::Text(text)),
+            serde_json::Value::Array(ref messages) => {
+                if messages.is_empty() {
+                    return Err(WasmError::bad_request("messages", "the list of messages is empty"));
+                }
+                for (index, message) in messages.iter().enumerate() {
+                    let role = message.get("role").and_then(|r| r.as_str());
+                    if role.is_none() {
+                        return Err(WasmError::bad_request(
+                            "messages",
+                            format!("message {index} has no string 'role' (expected an object like {{\"role\": \"user\", \"content\": \"...\"}})"),
+                        ));
+                    }
+                }
+                Ok(PromptInput::Messages(value))
+            }
+            other => Err(WasmError::bad_request(
+                "prompt",
+                format!("expected a string or an array of messages, got {}", json_kind(&other)),
+            )),
+        }
+    }
+}
+
+/// `stop`: one string or a list of strings (OpenAI accepts both).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Sampling and length options, named as in the OpenAI API where one exists.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+impl RequestOptions {
+    pub fn parse(json: &str) -> Result<Self> {
+        if json.trim().is_empty() {
+            return Ok(RequestOptions::default());
+        }
+        serde_json::from_str(json).map_err(|e| WasmError::bad_request("generation options", e.to_string()))
+    }
+
+    /// Checked [`GenerateOptions`]; `max_tokens` absent = up to the end of the context
+    /// (`remaining_context`), `seed` absent = `default_seed`.
+    pub fn generate_options(&self, remaining_context: usize, default_seed: u64) -> Result<GenerateOptions> {
+        let bad = |message: String| WasmError::bad_request("generation options", message);
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(bad(format!("temperature must be a finite number >= 0, got {temperature}")));
+        }
+        for (name, value) in [("top_p", self.top_p), ("min_p", self.min_p)] {
+            if let Some(v) = value {
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad(format!("{name} must be in [0, 1], got {v}")));
+                }
+            }
+        }
+        let repeat_penalty = self.repeat_penalty.unwrap_or(1.0);
+        if !(repeat_penalty.is_finite() && repeat_penalty > 0.0) {
+            return Err(bad(format!("repeat_penalty must be > 0, got {repeat_penalty}")));
+        }
+        for (name, value) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if let Some(v) = value {
+                if !(-2.0..=2.0).contains(&v) {
+                    return Err(bad(format!("{name} must be in [-2, 2], got {v}")));
+                }
+            }
+        }
+        let max_tokens = match self.max_tokens {
+            Some(0) => return Err(bad("max_tokens must be at least 1".into())),
+            Some(n) => n,
+            None => remaining_context.max(1),
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(list)) => list.clone(),
+        };
+        if stop.iter().any(|s| s.is_empty()) {
+            return Err(bad("stop strings must not be empty".into()));
+        }
+        Ok(GenerateOptions {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature,
+                top_k: self.top_k.unwrap_or(0),
+                top_p: self.top_p.unwrap_or(1.0),
+                min_p: self.min_p.unwrap_or(0.0),
+                repeat_penalty,
+                presence_penalty: self.presence_penalty.unwrap_or(0.0),
+                frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+                seed: self.seed.unwrap_or(default_seed),
+                ..SamplingParams::default()
+            },
+            stop,
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}

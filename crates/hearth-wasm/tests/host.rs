@@ -1,0 +1,123 @@
+//! Native tests of the platform-independent half of the bindings (`EngineHost`, request parsing):
+//! the same code the browser runs, minus the JS value conversions.
+
+use hearth_cpu::CpuBackend;
+use hearth_wasm::host::EngineHost;
+use hearth_wasm::request::{LoadOptions, PromptInput, RequestOptions};
+use std::path::PathBuf;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn gemma_bytes() -> Vec<u8> {
+    let dir = std::env::var("HEARTH_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
+    });
+    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `hearth models fetch gemma-3-270m` or set HEARTH_MODELS_DIR)", path.display()))
+}
+
+fn load(bytes: Vec<u8>, options_json: &str) -> Result<EngineHost, String> {
+    let options = LoadOptions::parse(options_json).map_err(|e| e.to_string())?;
+    EngineHost::load(bytes, &options, Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).map_err(|e| e.to_string())
+}
+
+fn expected() -> serde_json::Value {
+    let path = repo_root().join("tests/fixtures/browser/gemma_fibonacci_greedy.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn greedy_text_prompt_matches_the_native_runner_and_streams_the_same_text() {
+    let expected = expected();
+    let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
+    let input = PromptInput::parse(r#""def fibonacci(n):""#).unwrap();
+    let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16}"#).unwrap();
+    let mut streamed = String::new();
+    let report = host
+        .generate(&input, &options, 7, None, &mut |delta| {
+            streamed.push_str(delta);
+            true
+        })
+        .unwrap();
+    assert_eq!(report.prompt_token_ids, ids(&expected["prompt_tokens"]));
+    assert_eq!(report.token_ids, ids(&expected["tokens"]));
+    assert_eq!(streamed, expected["text"].as_str().unwrap());
+    assert_eq!(report.completion_tokens, 16);
+    assert_eq!(serde_json::to_value(report.finish_reason).unwrap(), "length");
+    assert!(report.ttft_ms > 0.0 && report.decode_tok_s > 0.0);
+}
+
+#[test]
+fn chat_messages_use_the_template_and_the_callback_interrupts() {
+    let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
+    let input = PromptInput::parse(r#"[{"role": "user", "content": "Say hi."}]"#).unwrap();
+    let prompt = host.tokenize(&input, Some(0)).unwrap();
+    // Gemma's template writes "<bos>" itself: exactly one BOS, then <start_of_turn>.
+    assert_eq!(prompt.iter().filter(|&&t| t == 2).count(), 1);
+    assert_eq!(prompt[0], 2);
+    let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 64, "ignore_eos": true}"#).unwrap();
+    let mut chunks = 0;
+    let report = host
+        .generate(&input, &options, 0, Some(0), &mut |_| {
+            chunks += 1;
+            chunks < 3
+        })
+        .unwrap();
+    assert_eq!(serde_json::to_value(report.finish_reason).unwrap(), "cancelled");
+    assert_eq!(chunks, 3);
+    assert!(report.completion_tokens < 64);
+}
+
+#[test]
+fn bad_inputs_are_errors_with_clear_messages() {
+    let not_gguf = load(b"this is not a model file at all".to_vec(), "").err().unwrap();
+    assert!(not_gguf.contains("not a GGUF file"), "{not_gguf}");
+
+    let truncated = load(gemma_bytes()[..100_000].to_vec(), "").err().unwrap();
+    assert!(truncated.contains("truncated"), "{truncated}");
+
+    let bad_load = load(Vec::new(), r#"{"n_ctxx": 5}"#).err().unwrap();
+    assert!(bad_load.starts_with("invalid load options") && bad_load.contains("n_ctxx"), "{bad_load}");
+
+    for (json, needle) in [
+        (r#"{"temperature": -1}"#, "temperature"),
+        (r#"{"top_p": 2}"#, "top_p"),
+        (r#"{"max_tokens": 0}"#, "max_tokens"),
+        (r#"{"temprature": 0.5}"#, "temprature"),
+        (r#"{"stop": 5}"#, "generation options"),
+        ("{not json", "generation options"),
+    ] {
+        let message = RequestOptions::parse(json).and_then(|o| o.generate_options(10, 0).map(|_| ())).err().unwrap().to_string();
+        assert!(message.contains(needle), "{json}: {message}");
+    }
+    for (json, needle) in [("42", "a number"), ("[]", "empty"), (r#"[{"content": "x"}]"#, "role"), ("{", "not JSON")] {
+        let message = PromptInput::parse(json).err().unwrap().to_string();
+        assert!(message.contains(needle), "{json}: {message}");
+    }
+}
+
+#[test]
+fn unknown_architecture_and_context_overflow_are_reported() {
+    // A committed synthetic llama model with general.architecture rewritten to an unknown name
+    // of the same length ("llama" → "xlama").
+    let mut bytes = std::fs::read(repo_root().join("tests/fixtures/synthetic/llama-gqa-q8_0.gguf")).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // value: u32 type (8 = string), u64 length, bytes
+    let value = at + 4 + 8;
+    assert_eq!(&bytes[value..value + 5], b"llama");
+    bytes[value] = b'x';
+    let unknown = load(bytes, "").err().unwrap();
+    assert!(unknown.contains("unsupported architecture 'xlama'"), "{unknown}");
+
+    let mut host = load(gemma_bytes(), r#"{"n_ctx": 8}"#).unwrap();
+    let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
+    let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).err().unwrap().to_string();
+    assert!(overflow.contains("context overflow"), "{overflow}");
+}
