@@ -1,0 +1,208 @@
+// hearth-llm: local LLM inference in the browser, with an OpenAI/WebLLM-shaped API.
+//
+//   const engine = await createEngine({ model: url, onProgress, worker: true });
+//   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) ...
+
+import { readModel } from './model-source.js';
+import { LocalEngine, WorkerEngine } from './transport.js';
+import { checkRequest, samplingOptions } from './request.js';
+
+export { checkRequest };
+
+/**
+ * Loads a model and returns an engine. Options: `model` (URL, File/Blob, Uint8Array, ArrayBuffer),
+ * `onProgress({ phase: 'download'|'read'|'load'|'ready', loaded, total })`, `worker` (default true),
+ * `nCtx` (context tokens; default min(training context, 4096)).
+ */
+export async function createEngine(options) {
+  if (options === null || typeof options !== 'object') throw new TypeError('createEngine: expected an options object like { model: url }');
+  const { model, onProgress, worker = true, nCtx = 0 } = options;
+  if (model === undefined || model === null) throw new TypeError('createEngine: `model` is required');
+  if (onProgress !== undefined && typeof onProgress !== 'function') throw new TypeError('createEngine: `onProgress` must be a function');
+  if (!Number.isInteger(nCtx) || nCtx < 0) throw new TypeError('createEngine: `nCtx` must be a non-negative integer');
+  const useWorker = Boolean(worker) && typeof Worker !== 'undefined';
+  const { bytes, owned } = await readModel(model, onProgress);
+  const backend = useWorker ? new WorkerEngine() : new LocalEngine();
+  try {
+    await backend.load(bytes, { n_ctx: nCtx }, onProgress, owned);
+  } catch (error) {
+    backend.terminate?.();
+    throw error;
+  }
+  onProgress?.({ phase: 'ready', loaded: bytes.byteLength, total: bytes.byteLength });
+  return new Engine(backend, useWorker, typeof model === 'string' ? model : (model?.name ?? 'local-model'));
+}
+
+let serial = 0;
+
+export class Engine {
+  #backend;
+  #worker;
+  #modelName;
+  #queue = Promise.resolve();
+  #current = null; // { interrupt() } of the running request
+  #unloaded = false;
+
+  constructor(backend, worker, modelName) {
+    this.#backend = backend;
+    this.#worker = worker;
+    this.#modelName = modelName;
+    this.chat = { completions: { create: (request) => this.#create(request, 'chat') } };
+    this.completions = { create: (request) => this.#create(request, 'text') };
+  }
+
+  /** Stops the running generation (its stream ends with finish_reason 'abort'). */
+  interrupt() {
+    this.#current?.interrupt();
+  }
+
+  /** Frees the model; later calls throw. */
+  async unload() {
+    this.interrupt();
+    this.#unloaded = true;
+    await this.#enqueue(async () => {
+      await this.#backend.unload();
+      this.#backend.terminate?.();
+    });
+  }
+
+  /** `{ backend: 'cpu-wasm', simd128, threads, worker, wasm_memory_bytes, model: {...} }`. */
+  async runtimeStats() {
+    this.#checkLoaded();
+    const stats = await this.#enqueue(() => this.#backend.stats());
+    return { ...stats, worker: this.#worker };
+  }
+
+  #checkLoaded() {
+    if (this.#unloaded) throw new Error('hearth-llm: the engine was unloaded');
+  }
+
+  /** Runs `task` after every earlier request: two calls on one engine never interleave. */
+  #enqueue(task) {
+    const run = this.#queue.then(task);
+    this.#queue = run.catch(() => {});
+    return run;
+  }
+
+  async #create(request, kind) {
+    this.#checkLoaded();
+    const { prompt, options, stream, signal } = checkRequest(request, kind);
+    if (signal?.aborted) throw signal.reason ?? new DOMException('The request was aborted', 'AbortError');
+    const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-hearth-${++serial}`;
+    const created = Math.floor(Date.now() / 1000);
+    const chunks = new ChunkQueue();
+    const done = this.#enqueue(() => this.#run(prompt, options, signal, chunks));
+    const shape = { id, created, model: this.#modelName, kind };
+    if (stream) return streamChunks(chunks, done, shape);
+    const report = await done;
+    return completionObject(report, shape);
+  }
+
+  async #run(prompt, sampling, signal, chunks) {
+    this.#checkLoaded();
+    // Worker mode on a cross-origin isolated page: a shared flag reaches the busy worker.
+    const stopFlag = this.#worker && globalThis.crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : undefined;
+    let stopped = false;
+    const interrupt = () => {
+      stopped = true;
+      if (stopFlag) Atomics.store(stopFlag, 0, 1);
+      chunks.close();
+    };
+    this.#current = { interrupt };
+    chunks.interrupt = interrupt;
+    signal?.addEventListener('abort', interrupt, { once: true });
+    try {
+      const report = await this.#backend.generate(prompt, sampling, (text) => chunks.push(text), () => stopped, stopFlag);
+      if (stopped) report.finish_reason = 'cancelled';
+      return report;
+    } finally {
+      signal?.removeEventListener('abort', interrupt);
+      this.#current = null;
+      chunks.close();
+    }
+  }
+}
+
+/** Text deltas from the engine, consumed by the stream iterator. */
+class ChunkQueue {
+  items = [];
+  closed = false;
+  wake = null;
+
+  push(text) {
+    if (this.closed) return;
+    this.items.push(text);
+    this.wake?.();
+  }
+
+  close() {
+    this.closed = true;
+    this.wake?.();
+  }
+
+  async next() {
+    while (this.items.length === 0 && !this.closed) await new Promise((resolve) => (this.wake = resolve));
+    this.wake = null;
+    return this.items.length ? this.items.shift() : null;
+  }
+}
+
+const FINISH = { stop: 'stop', length: 'length', context_full: 'length', cancelled: 'abort' };
+
+function usage(report) {
+  return {
+    prompt_tokens: report.prompt_tokens,
+    completion_tokens: report.completion_tokens,
+    total_tokens: report.prompt_tokens + report.completion_tokens,
+    ttft_ms: report.ttft_ms,
+    prefill_tok_s: report.prefill_tok_s,
+    decode_tok_s: report.decode_tok_s,
+  };
+}
+
+/** Non-standard details (token ids for tests and debugging), kept out of the OpenAI fields. */
+function details(report) {
+  return { prompt_token_ids: report.prompt_token_ids, token_ids: report.token_ids, prompt_cached: report.prompt_tokens - report.prompt_evaluated, seed: report.seed };
+}
+
+function chunkObject(shape, choice, extra = {}) {
+  const object = shape.kind === 'chat' ? 'chat.completion.chunk' : 'text_completion';
+  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: null, ...choice }], ...extra };
+}
+
+async function* streamChunks(chunks, done, shape) {
+  let first = true;
+  let finished = false;
+  const failure = done.then(() => null, (error) => error);
+  try {
+    yield* deltas();
+  } finally {
+    // The consumer left the loop early (break/return): stop generating for nobody.
+    if (!finished) chunks.interrupt?.();
+  }
+
+  async function* deltas() {
+  for (;;) {
+    const text = await chunks.next();
+    if (text === null) break;
+    const choice = shape.kind === 'chat' ? { delta: first ? { role: 'assistant', content: text } : { content: text }, finish_reason: null } : { text, finish_reason: null };
+    first = false;
+    yield chunkObject(shape, choice);
+  }
+  const error = await failure;
+  if (error) throw error;
+  const report = await done;
+  const last = shape.kind === 'chat' ? { delta: {}, finish_reason: FINISH[report.finish_reason] } : { text: '', finish_reason: FINISH[report.finish_reason] };
+  finished = true;
+  yield chunkObject(shape, last, { usage: usage(report), hearth: details(report) });
+  }
+}
+
+function completionObject(report, shape) {
+  const finish_reason = FINISH[report.finish_reason];
+  const choice = shape.kind === 'chat' ? { message: { role: 'assistant', content: report.text }, finish_reason } : { text: report.text, finish_reason };
+  const object = shape.kind === 'chat' ? 'chat.completion' : 'text_completion';
+  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: null, ...choice }], usage: usage(report), hearth: details(report) };
+}
+
+export { samplingOptions };

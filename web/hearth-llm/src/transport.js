@@ -1,0 +1,63 @@
+// Where the engine runs: in a dedicated worker (default) or on the calling thread. Both expose
+// the LocalEngine interface: load · generate · unload · stats.
+
+import { LocalEngine } from './wasm-engine.js';
+
+export class WorkerEngine {
+  #worker;
+  #nextId = 1;
+  #pending = new Map();
+
+  constructor() {
+    this.#worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'hearth-llm' });
+    this.#worker.onmessage = (event) => {
+      const { id, type } = event.data;
+      const request = this.#pending.get(id);
+      if (!request) return;
+      if (type === 'progress') request.onProgress?.(event.data.progress);
+      else if (type === 'chunk') request.onChunk?.(event.data.text);
+      else {
+        this.#pending.delete(id);
+        if (type === 'done') request.resolve(event.data.result);
+        else request.reject(Object.assign(new Error(event.data.message), { name: event.data.name }));
+      }
+    };
+    this.#worker.onerror = (event) => {
+      const error = new Error(`hearth-llm worker failed: ${event.message ?? 'could not start (is worker.js served next to index.js?)'}`);
+      for (const request of this.#pending.values()) request.reject(error);
+      this.#pending.clear();
+    };
+  }
+
+  #call(message, handlers = {}, transfer = []) {
+    const id = this.#nextId++;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject, ...handlers });
+      this.#worker.postMessage({ id, ...message }, transfer);
+    });
+  }
+
+  /** `owned`: the bytes were fetched or read by us, so their buffer moves to the worker uncopied. */
+  load(bytes, options, onProgress, owned = false) {
+    const transfer = owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
+    return this.#call({ type: 'load', bytes, options }, { onProgress }, transfer);
+  }
+
+  generate(prompt, options, onChunk, _shouldStop, stopFlag) {
+    return this.#call({ type: 'generate', prompt, options, stopFlag }, { onChunk });
+  }
+
+  unload() {
+    return this.#call({ type: 'unload' });
+  }
+
+  stats() {
+    return this.#call({ type: 'stats' });
+  }
+
+  terminate() {
+    this.#worker.terminate();
+  }
+}
+
+export { LocalEngine };

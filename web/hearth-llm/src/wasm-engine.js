@@ -1,0 +1,47 @@
+// The wasm engine behind a small async interface shared by the same-thread mode and worker.js:
+//   load(bytes, options, onProgress) · generate(prompt, options, onChunk, shouldStop) → report
+//   unload() · stats()
+// `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
+// names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
+
+import init, { WasmEngine } from './hearth_wasm.js';
+
+let ready = null;
+
+function initialize() {
+  ready ??= init({ module_or_path: new URL('./hearth_wasm_bg.wasm', import.meta.url) });
+  return ready;
+}
+
+export class LocalEngine {
+  #engine = null;
+
+  async load(bytes, options, onProgress) {
+    await initialize();
+    this.#engine ??= new WasmEngine();
+    this.#engine.load(bytes, JSON.stringify(options ?? {}), (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+  }
+
+  async generate(prompt, options, onChunk, shouldStop) {
+    if (!this.#engine) throw new Error('no model is loaded; call load() first');
+    const report = this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => {
+      onChunk(text);
+      return !shouldStop();
+    });
+    return JSON.parse(report);
+  }
+
+  async unload() {
+    if (this.#engine) {
+      this.#engine.unload();
+      this.#engine.free();
+      this.#engine = null;
+    }
+  }
+
+  async stats() {
+    await initialize();
+    if (!this.#engine) return { backend: 'cpu-wasm', model: null };
+    return JSON.parse(this.#engine.runtime_stats());
+  }
+}
