@@ -61,6 +61,7 @@ test('worker mode: greedy tokens equal the native CPU backend', { timeout: 600_0
   assert.deepEqual(last.hearth.token_ids, expected.tokens);
   assert.equal(result.chunks.map((c) => c.choices[0].text).join(''), expected.text);
   assert.equal(last.choices[0].finish_reason, 'length');
+  assert.ok(result.chunks.every((c) => c.object === 'text_completion' && c.id === last.id));
   assert.equal(last.usage.completion_tokens, 16);
   assert.equal(last.usage.prompt_tokens, expected.prompt_tokens.length);
   assert.ok(last.usage.ttft_ms > 0 && last.usage.decode_tok_s > 0 && last.usage.prefill_tok_s > 0, JSON.stringify(last.usage));
@@ -72,26 +73,21 @@ test('worker mode: greedy tokens equal the native CPU backend', { timeout: 600_0
   process.stderr.write(`wasm CPU: ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s\n`);
 });
 
-test('two concurrent calls are queued, not interleaved; chat streams OpenAI chunks', { timeout: 600_000 }, async () => {
+test('two concurrent calls are queued, not interleaved; chat without a template is a clear error', { timeout: 600_000 }, async () => {
   const result = await page.evaluate(async ({ prompt }) => {
     const request = { prompt, temperature: 0, max_tokens: 6 };
     const [a, b] = await Promise.all([window.engine.completions.create(request), window.engine.completions.create(request)]);
-    const chunks = [];
-    const stream = await window.engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hello.' }], stream: true, temperature: 0, max_tokens: 8 });
-    for await (const chunk of stream) chunks.push(chunk);
-    return { a, b, chunks };
+    // The Gemma 270M GGUF has no chat template: chat requests must fail clearly (streaming too).
+    const chat = await window.engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hello.' }], stream: true, max_tokens: 8 })
+      .then(async (stream) => { for await (const _ of stream); return 'no error'; }, (e) => e.message)
+      .catch((e) => e.message);
+    return { a, b, chat };
   }, { prompt: expected.prompt });
   assert.deepEqual(result.a.hearth.token_ids, expected.tokens.slice(0, 6));
   assert.deepEqual(result.b.hearth.token_ids, expected.tokens.slice(0, 6));
   assert.equal(result.a.object, 'text_completion');
   assert.equal(result.a.choices[0].finish_reason, 'length');
-  const [first, last] = [result.chunks[0], result.chunks.at(-1)];
-  assert.equal(first.object, 'chat.completion.chunk');
-  assert.equal(first.choices[0].delta.role, 'assistant');
-  assert.ok(['stop', 'length'].includes(last.choices[0].finish_reason));
-  assert.equal(last.usage.completion_tokens, last.hearth.token_ids.length);
-  // Gemma's template: <bos><start_of_turn>user\n ... one BOS only.
-  assert.equal(last.hearth.prompt_token_ids.filter((t) => t === 2).length, 1);
+  assert.match(result.chat, /no chat template/);
 });
 
 test('bad arguments and bad models are clear errors', { timeout: 120_000 }, async () => {

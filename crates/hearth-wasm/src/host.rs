@@ -114,6 +114,11 @@ impl EngineHost {
         self.engine.session().backend().memory_bytes()
     }
 
+    /// Token ids → text, special tokens included (tests, debugging).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.engine.tokenizer().decode(ids, false).unwrap_or_default()
+    }
+
     /// Prompt text → token ids. Chat prompts are tokenized with special tokens parsed and without
     /// a second BOS when the template already wrote one (as `hearth run --chat` does).
     pub fn tokenize(&self, input: &PromptInput, now_unix: Option<i64>) -> Result<Vec<u32>> {

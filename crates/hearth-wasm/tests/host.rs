@@ -11,11 +11,15 @@ fn repo_root() -> PathBuf {
 }
 
 fn gemma_bytes() -> Vec<u8> {
+    model_bytes("gemma-3-270m-q4_k_m.gguf")
+}
+
+fn model_bytes(name: &str) -> Vec<u8> {
     let dir = std::env::var("HEARTH_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|_| {
         PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
     });
-    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `hearth models fetch gemma-3-270m` or set HEARTH_MODELS_DIR)", path.display()))
+    let path = dir.join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `hearth models fetch all` or set HEARTH_MODELS_DIR)", path.display()))
 }
 
 fn load(bytes: Vec<u8>, options_json: &str) -> Result<EngineHost, String> {
@@ -55,12 +59,18 @@ fn greedy_text_prompt_matches_the_native_runner_and_streams_the_same_text() {
 
 #[test]
 fn chat_messages_use_the_template_and_the_callback_interrupts() {
-    let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
     let input = PromptInput::parse(r#"[{"role": "user", "content": "Say hi."}]"#).unwrap();
+    // The Gemma 270M GGUF carries no chat template: a clear error, not a guess.
+    let gemma = load(gemma_bytes(), r#"{"n_ctx": 64}"#).unwrap();
+    let no_template = gemma.tokenize(&input, Some(0)).err().unwrap().to_string();
+    assert!(no_template.contains("no chat template"), "{no_template}");
+
+    let mut host = load(model_bytes("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), r#"{"n_ctx": 512}"#).unwrap();
     let prompt = host.tokenize(&input, Some(0)).unwrap();
-    // Gemma's template writes "<bos>" itself: exactly one BOS, then <start_of_turn>.
-    assert_eq!(prompt.iter().filter(|&&t| t == 2).count(), 1);
-    assert_eq!(prompt[0], 2);
+    // Qwen's template starts with <|im_start|>system (its default system prompt); no BOS token.
+    assert_eq!(prompt[0], 151644);
+    let text = host_text(&host, &prompt);
+    assert!(text.contains("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"), "{text}");
     let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 64, "ignore_eos": true}"#).unwrap();
     let mut chunks = 0;
     let report = host
@@ -120,4 +130,8 @@ fn unknown_architecture_and_context_overflow_are_reported() {
     let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
     let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).err().unwrap().to_string();
     assert!(overflow.contains("context overflow"), "{overflow}");
+}
+
+fn host_text(host: &EngineHost, ids: &[u32]) -> String {
+    host.decode(ids)
 }
