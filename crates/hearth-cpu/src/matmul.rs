@@ -34,13 +34,20 @@ pub fn matmul(w: &CpuWeight, x: &[f32], k: usize, bias: Option<&[f32]>, out: &mu
     }
     let ty = w.desc.ty;
     let out_ptr = OutPtr(out.as_mut_ptr());
+    // Activation rows are taken in tiles so one pass over a weight row serves several tokens
+    // (`vec_dot_rows` unpacks each weight block once per `MULTI_ROWS` tokens).
+    const TILE: usize = 64;
     let compute = |j: usize| {
         let wrow = w.row(j);
         let b = bias.map_or(0.0, |b| b[j]);
-        for r in 0..rows {
-            let v = kernels::vec_dot(ty, k, wrow, &act[r * act_row..(r + 1) * act_row]) + b;
-            // SAFETY: r < rows and j < n, and column j is written only by this task.
-            unsafe { *out_ptr.get().add(r * n + j) = v };
+        let mut dots = [0f32; TILE];
+        for r0 in (0..rows).step_by(TILE) {
+            let tile = TILE.min(rows - r0);
+            kernels::vec_dot_rows(ty, k, wrow, &act[r0 * act_row..(r0 + tile) * act_row], &mut dots[..tile]);
+            for (r, &d) in (r0..r0 + tile).zip(&dots[..tile]) {
+                // SAFETY: r < rows and j < n, and column j is written only by this task.
+                unsafe { *out_ptr.get().add(r * n + j) = d + b };
+            }
         }
     };
     #[cfg(not(target_arch = "wasm32"))]

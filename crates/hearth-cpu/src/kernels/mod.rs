@@ -18,6 +18,9 @@ pub enum Isa {
     Scalar,
     /// x86_64 with AVX2, FMA and F16C.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512 F/BW/VL and VNNI: the AVX2 kernels with VNNI dot instructions
+    /// (bit-identical results) for the hottest weight types.
+    Avx512Vnni,
 }
 
 /// The best instruction set of this CPU, detected once.
@@ -27,7 +30,11 @@ pub fn detected_isa() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return Isa::Avx2;
+                let vnni = is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni");
+                return if vnni { Isa::Avx512Vnni } else { Isa::Avx2 };
             }
         }
         Isa::Scalar
@@ -39,9 +46,18 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
     match isa {
         Isa::Scalar => false,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::supports(ty),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::supports(ty),
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 => false,
+        Isa::Avx2 | Isa::Avx512Vnni => false,
+    }
+}
+
+/// Whether this CPU can run kernels of `isa`.
+fn isa_available(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => detected_isa() != Isa::Scalar,
+        Isa::Avx512Vnni => detected_isa() == Isa::Avx512Vnni,
     }
 }
 
@@ -65,12 +81,51 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
         return f32::NAN;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && detected_isa() == Isa::Avx2 && x86::supports(ty) {
-        // SAFETY: AVX2/FMA/F16C are present (detected above) and the row sizes were checked.
-        return unsafe { x86::vec_dot(ty, n, weights.as_ptr(), activation.as_ptr()) };
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports(ty) {
+        // SAFETY: the ISA's features are present (detected) and the row sizes were checked.
+        return unsafe { x86::vec_dot(isa == Isa::Avx512Vnni, ty, n, weights.as_ptr(), activation.as_ptr()) };
     }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
+}
+
+/// Activation rows that [`vec_dot_rows`] dots with one weight row in a single pass.
+pub const MULTI_ROWS: usize = 4;
+
+/// `out[r] = vec_dot(ty, n, weights, activation row r)` for the `out.len()` rows packed in
+/// `activations` (each `ty.vec_dot_type().row_bytes(n)` bytes), bit for bit; weight types with
+/// multi-row kernels unpack each weight block once per [`MULTI_ROWS`] activation rows.
+#[inline]
+pub fn vec_dot_rows(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    vec_dot_rows_with(detected_isa(), ty, n, weights, activations, out)
+}
+
+/// [`vec_dot_rows`] with an explicit instruction set (for tests and benchmarks).
+pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
+    let whole = act_row > 0 && activations.len() == act_row * out.len();
+    if !whole || !sizes_ok(ty, n, weights, &activations[..act_row.min(activations.len())]) {
+        debug_assert!(false, "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows", weights.len(), activations.len(), out.len());
+        out.fill(f32::NAN);
+        return;
+    }
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_multi(ty) {
+        let vnni = isa == Isa::Avx512Vnni;
+        let base = activations.as_ptr();
+        while done + MULTI_ROWS <= out.len() {
+            let rows: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| base.wrapping_add((done + i) * act_row));
+            // SAFETY: the ISA's features are present, the weight row and each activation row
+            // (within `activations`, whose length was checked) are whole rows of `n` elements.
+            let dots = unsafe { x86::vec_dot_multi(vnni, ty, n, weights.as_ptr(), rows) };
+            out[done..done + MULTI_ROWS].copy_from_slice(&dots);
+            done += MULTI_ROWS;
+        }
+    }
+    for (o, a) in out[done..].iter_mut().zip(activations[done * act_row..].chunks_exact(act_row)) {
+        *o = vec_dot_with(isa, ty, n, weights, a);
+    }
 }
 
 /// Converts an f32 activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), bit-identical to

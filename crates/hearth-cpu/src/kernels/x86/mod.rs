@@ -3,6 +3,9 @@
 
 mod kquants;
 mod legacy;
+mod multi;
+
+pub(super) use multi::{supports_multi, vec_dot_multi};
 
 use core::arch::x86_64::*;
 use hearth_core::quant::GgmlType;
@@ -24,22 +27,21 @@ pub(super) fn supports(ty: GgmlType) -> bool {
 }
 
 /// # Safety
-/// AVX2, FMA and F16C must be available; `w` and `a` must point to whole rows of `n` elements of
-/// `ty` and `ty.vec_dot_type()`; `supports(ty)` must hold.
+/// AVX2, FMA and F16C must be available, and AVX-512 F/BW/VL/VNNI too when `vnni`; `w` and `a`
+/// must point to whole rows of `n` elements of `ty` and `ty.vec_dot_type()`; `supports(ty)` must hold.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot(ty: GgmlType, n: usize, w: *const u8, a: *const u8) -> f32 {
+pub(super) unsafe fn vec_dot(vnni: bool, ty: GgmlType, n: usize, w: *const u8, a: *const u8) -> f32 {
+    if supports_multi(ty) {
+        return vec_dot_multi::<1>(vnni, ty, n, w, [a])[0];
+    }
     let nb = n / ty.block_len();
     match ty {
         GgmlType::F32 => dot_f32(n, w as *const f32, a as *const f32),
         GgmlType::F16 => dot_f16(n, w, a),
         GgmlType::Q4_0 => legacy::q4_0_q8_0(nb, w, a),
         GgmlType::Q4_1 => legacy::q4_1_q8_1(nb, w, a),
-        GgmlType::Q5_0 => legacy::q5_0_q8_0(nb, w, a),
         GgmlType::Q5_1 => legacy::q5_1_q8_1(nb, w, a),
-        GgmlType::Q8_0 => legacy::q8_0_q8_0(nb, w, a),
-        GgmlType::Q4_K => kquants::q4_k_q8_k(nb, w, a),
         GgmlType::Q5_K => kquants::q5_k_q8_k(nb, w, a),
-        GgmlType::Q6_K => kquants::q6_k_q8_k(nb, w, a),
         _ => f32::NAN, // unreachable: guarded by `supports`
     }
 }
