@@ -3,7 +3,7 @@
 //! `cargo run --release -p hearth-cpu --example kernel_throughput`
 
 use hearth_core::quant::GgmlType;
-use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_rows_with, vec_dot_with, Isa};
+use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa};
 use std::time::Instant;
 
 fn main() {
@@ -49,6 +49,19 @@ fn main() {
                 }
                 let gw = (rows * k * 500 * 4) as f64 / start.elapsed().as_secs_f64() / 1e9;
                 println!("{ty} hot x4 rows: {gw:.2} G MAC/s");
+                for tokens in [1, 64] {
+                    let acts: Vec<u8> = a.iter().cycle().take(a.len() * tokens).copied().collect();
+                    let mut out = vec![0f32; 16 * tokens];
+                    let reps = 64000 / tokens;
+                    let start = Instant::now();
+                    for _ in 0..reps {
+                        for ws in w.chunks_exact(row * 16) {
+                            vec_dot_tile_with(detected_isa(), ty, k, ws, &acts, &mut out);
+                        }
+                    }
+                    let gw = ((rows / 16 * 16) * k * reps * tokens) as f64 / start.elapsed().as_secs_f64() / 1e9;
+                    println!("{ty} hot tile 16 x {tokens}: {gw:.2} G MAC/s");
+                }
             }
         }
     }

@@ -28,8 +28,6 @@ pub fn attention(
 ) {
     let hd = p.head_dim;
     let q_width = p.n_head * hd;
-    let kv_width = p.n_head_kv * hd;
-    let group = p.n_head / p.n_head_kv;
     let f32_path = n_tokens >= F32_PATH_MIN_QUERIES;
     let head = HeadContext { q, k_cache, v_cache, p, pos0, f32_path };
     let task = |(index, out_head): (usize, &mut [f32])| with_fma!(attend_head(&head, index, out_head));

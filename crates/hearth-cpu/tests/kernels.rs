@@ -3,7 +3,8 @@
 
 use hearth_core::quant::{self, GgmlType};
 use hearth_cpu::kernels::{
-    detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_rows_with, vec_dot_with, Isa, MULTI_ROWS,
+    detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa,
+    MULTI_ROWS, TILE_WEIGHT_ROWS,
 };
 use half::f16;
 
@@ -270,6 +271,37 @@ fn extreme_codes_do_not_saturate() {
             let got = vec_dot_with(isa, ty, n, &w, &a);
             let scale = magnitude(ty, n, &w, &a);
             assert!((got as f64 - reference as f64).abs() <= 2e-5 * scale, "{ty} {isa:?}: {got} vs {reference}");
+        }
+    }
+}
+
+#[test]
+fn tiled_dots_equal_single_row_dots_bit_for_bit() {
+    let mut rng = Rng(4321);
+    for ty in WEIGHT_TYPES {
+        for n in row_lengths(ty).into_iter().take(3) {
+            let w_row = ty.row_bytes(n).expect("row bytes");
+            // Odd counts on both sides: full tiles plus remainders.
+            let n_w = 2 * TILE_WEIGHT_ROWS + 1;
+            let rows = MULTI_ROWS + 3;
+            let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+            let act_ty = ty.vec_dot_type();
+            let act_row = act_ty.row_bytes(n).expect("act bytes");
+            let mut acts = vec![0u8; act_row * rows];
+            for a in acts.chunks_exact_mut(act_row) {
+                quantize_activation(act_ty, &random_activation(n, &mut rng), a);
+            }
+            for isa in available_isas() {
+                let mut out = vec![0f32; n_w * rows];
+                vec_dot_tile_with(isa, ty, n, &weights, &acts, &mut out);
+                for (wi, wr) in weights.chunks_exact(w_row).enumerate() {
+                    for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                        let single = vec_dot_with(isa, ty, n, wr, a);
+                        let got = out[wi * rows + r];
+                        assert_eq!(got.to_bits(), single.to_bits(), "{ty} n={n} {isa:?} w {wi} r {r}: {got} vs {single}");
+                    }
+                }
+            }
         }
     }
 }

@@ -166,3 +166,59 @@ fn quantize_q8_legacy_simd_rounding(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         }
     }
 }
+
+/// Weight rows that [`vec_dot_tile`] handles per pass for types with tile kernels.
+pub const TILE_WEIGHT_ROWS: usize = 2;
+
+/// `out[w * rows + r] = vec_dot(ty, n, weight row w, activation row r)` bit for bit, for the
+/// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
+/// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
+/// each weight block once per [`MULTI_ROWS`] activation rows); other types go row by row.
+pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
+}
+
+/// [`vec_dot_tile`] with an explicit instruction set (for tests and benchmarks).
+pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    let w_row = ty.row_bytes(n).unwrap_or(0);
+    let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
+    let (n_w, rows) = (weights.len() / w_row.max(1), activations.len() / act_row.max(1));
+    if w_row == 0 || act_row == 0 || n_w * w_row != weights.len() || rows * act_row != activations.len() || out.len() != n_w * rows {
+        debug_assert!(false, "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs", weights.len(), activations.len(), out.len());
+        out.fill(f32::NAN);
+        return;
+    }
+    let mut w_done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
+        const W: usize = TILE_WEIGHT_ROWS;
+        let vnni = isa == Isa::Avx512Vnni;
+        let (wbase, abase) = (weights.as_ptr(), activations.as_ptr());
+        while w_done + W <= n_w {
+            let wp: [*const u8; W] = std::array::from_fn(|i| wbase.wrapping_add((w_done + i) * w_row));
+            let mut r = 0;
+            while r < rows {
+                // SAFETY: the ISA's features are present; every pointer is a whole row inside
+                // `weights` or `activations`, whose lengths were checked above.
+                if r + MULTI_ROWS <= rows {
+                    let ap: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| abase.wrapping_add((r + i) * act_row));
+                    let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, ap) };
+                    for (i, d) in dots.iter().enumerate() {
+                        out[(w_done + i) * rows + r..][..MULTI_ROWS].copy_from_slice(d);
+                    }
+                    r += MULTI_ROWS;
+                } else {
+                    let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
+                    for (i, d) in dots.iter().enumerate() {
+                        out[(w_done + i) * rows + r] = d[0];
+                    }
+                    r += 1;
+                }
+            }
+            w_done += W;
+        }
+    }
+    for w in w_done..n_w {
+        vec_dot_rows_with(isa, ty, n, &weights[w * w_row..(w + 1) * w_row], activations, &mut out[w * rows..(w + 1) * rows]);
+    }
+}

@@ -5,7 +5,7 @@ mod kquants;
 mod legacy;
 mod multi;
 
-pub(super) use multi::{supports_multi, vec_dot_multi};
+pub(super) use multi::{supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
 
 use core::arch::x86_64::*;
 use hearth_core::quant::GgmlType;

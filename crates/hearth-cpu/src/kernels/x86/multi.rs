@@ -41,47 +41,86 @@ macro_rules! multi_kernels {
                 }
             }
 
-            /// Signed bytes x and y (|y| ≤ 127): d * (Σ x·y per group of 4) added to `acc`.
+            /// c + Σ of 4 products of unsigned bytes `a` and signed bytes `b`, per i32 lane.
             #[target_feature(enable = $features)]
             #[inline]
-            unsafe fn fma_block(acc: __m256, d: f32, ax: __m256i, x: __m256i, y: __m256i) -> __m256 {
-                let q = _mm256_cvtepi32_ps(dot_us8(ax, _mm256_sign_epi8(y, x)));
-                _mm256_fmadd_ps(_mm256_set1_ps(d), q, acc)
+            unsafe fn dot_us8_acc(c: __m256i, a: __m256i, b: __m256i) -> __m256i {
+                if $vnni {
+                    _mm256_dpbusd_epi32(c, a, b)
+                } else {
+                    _mm256_add_epi32(c, dot_us8(a, b))
+                }
+            }
+
+            /// Q5_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) weights, W rows × R Q8_0 activation rows.
+            /// Per block, the activation side (scale, bytes, Σ of code offset × y) is loaded once for
+            /// the W weight rows and the weight side unpacked once for the R activation rows. Weight
+            /// codes are taken as unsigned (Q5_0: code = value + 16; Q8_0 with VNNI: value + 128)
+            /// and the offset × Σy per group of 4 is subtracted up front: the same i32 lanes as
+            /// ggml's sign trick, and then the same float operations.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn legacy_tile<const Q8: bool, const W: usize, const R: usize>(
+                nb: usize,
+                x: [*const u8; W],
+                y: [*const u8; R],
+            ) -> [[f32; R]; W] {
+                // The AVX2 Q8_0 form keeps the sign trick: maddubs would saturate on codes + 128.
+                let signed = Q8 && !$vnni;
+                let (block_bytes, offset) = if Q8 { (Q8_0_BYTES, 0x80u8 as i8) } else { (22, 16) };
+                let mut acc = [[_mm256_setzero_ps(); R]; W];
+                for ib in 0..nb {
+                    let mut dy = [_mm256_setzero_ps(); R];
+                    let mut yq = [_mm256_setzero_si256(); R];
+                    let mut yoff = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let yb = y[r].add(ib * Q8_0_BYTES);
+                        dy[r] = _mm256_set1_ps(f16_at(yb));
+                        yq[r] = load256(yb.add(2));
+                        if !signed {
+                            yoff[r] = _mm256_sub_epi32(_mm256_setzero_si256(), dot_us8(_mm256_set1_epi8(offset), yq[r]));
+                        }
+                    }
+                    for w in 0..W {
+                        let xb = x[w].add(ib * block_bytes);
+                        let dx = _mm256_set1_ps(f16_at(xb));
+                        let code = if Q8 {
+                            let q = load256(xb.add(2));
+                            if signed { q } else { _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8)) }
+                        } else {
+                            let bit4 = _mm256_and_si256(bytes_from_bits_32(xb.add(2)), _mm256_set1_epi8(0x10));
+                            _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bit4)
+                        };
+                        let abs = _mm256_sign_epi8(code, code);
+                        for r in 0..R {
+                            let sumi = if signed {
+                                dot_us8(abs, _mm256_sign_epi8(yq[r], code))
+                            } else {
+                                dot_us8_acc(yoff[r], code, yq[r])
+                            };
+                            // d = d_x * d_y rounded to f32, as ggml's scalar product.
+                            let d = _mm256_mul_ps(dx, dy[r]);
+                            acc[w][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[w][r]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; R]; W];
+                for w in 0..W {
+                    for r in 0..R {
+                        out[w][r] = hsum_float_8(acc[w][r]);
+                    }
+                }
+                out
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q5_0_q8_0<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
-                let mut acc = [_mm256_setzero_ps(); R];
-                for ib in 0..nb {
-                    let xb = x.add(ib * 22);
-                    let dx = f16_at(xb);
-                    let qx = bytes_from_nibbles_32(xb.add(6));
-                    // A clear 5th bit means code-16 < 0: set the byte's high nibble (two's complement).
-                    let bxhi = _mm256_andnot_si256(bytes_from_bits_32(xb.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-                    let qx = _mm256_or_si256(qx, bxhi);
-                    let ax = _mm256_sign_epi8(qx, qx);
-                    for r in 0..R {
-                        let yb = y[r].add(ib * Q8_0_BYTES);
-                        acc[r] = fma_block(acc[r], dx * f16_at(yb), ax, qx, load256(yb.add(2)));
-                    }
-                }
-                acc.map(|a| hsum_float_8(a))
+            pub(crate) unsafe fn q5_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+                legacy_tile::<false, W, R>(nb, x, y)
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q8_0_q8_0<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
-                let mut acc = [_mm256_setzero_ps(); R];
-                for ib in 0..nb {
-                    let xb = x.add(ib * Q8_0_BYTES);
-                    let dx = f16_at(xb);
-                    let qx = load256(xb.add(2));
-                    let ax = _mm256_sign_epi8(qx, qx);
-                    for r in 0..R {
-                        let yb = y[r].add(ib * Q8_0_BYTES);
-                        acc[r] = fma_block(acc[r], dx * f16_at(yb), ax, qx, load256(yb.add(2)));
-                    }
-                }
-                acc.map(|a| hsum_float_8(a))
+            pub(crate) unsafe fn q8_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+                legacy_tile::<true, W, R>(nb, x, y)
             }
 
             #[target_feature(enable = $features)]
@@ -197,14 +236,41 @@ pub(in crate::kernels) fn supports_multi(ty: GgmlType) -> bool {
 pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: GgmlType, n: usize, w: *const u8, y: [*const u8; R]) -> [f32; R] {
     let nb = n / ty.block_len();
     match (vnni, ty) {
-        (false, GgmlType::Q5_0) => avx2::q5_0_q8_0(nb, w, y),
-        (false, GgmlType::Q8_0) => avx2::q8_0_q8_0(nb, w, y),
+        (false, GgmlType::Q5_0) => avx2::q5_0_tile::<1, R>(nb, [w], y)[0],
+        (false, GgmlType::Q8_0) => avx2::q8_0_tile::<1, R>(nb, [w], y)[0],
         (false, GgmlType::Q4_K) => avx2::q4_k_q8_k(nb, w, y),
         (false, GgmlType::Q6_K) => avx2::q6_k_q8_k(nb, w, y),
-        (true, GgmlType::Q5_0) => vnni::q5_0_q8_0(nb, w, y),
-        (true, GgmlType::Q8_0) => vnni::q8_0_q8_0(nb, w, y),
+        (true, GgmlType::Q5_0) => vnni::q5_0_tile::<1, R>(nb, [w], y)[0],
+        (true, GgmlType::Q8_0) => vnni::q8_0_tile::<1, R>(nb, [w], y)[0],
         (true, GgmlType::Q4_K) => vnni::q4_k_q8_k(nb, w, y),
         (true, GgmlType::Q6_K) => vnni::q6_k_q8_k(nb, w, y),
         _ => [f32::NAN; R], // unreachable: guarded by `supports_multi`
+    }
+}
+
+/// Weight types whose [`vec_dot_tile`] shares work across weight rows too.
+pub(in crate::kernels) fn supports_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
+///
+/// # Safety
+/// As [`vec_dot_multi`], for every weight row; `supports_tile(ty)` must hold.
+#[inline]
+pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    n: usize,
+    w: [*const u8; W],
+    y: [*const u8; R],
+) -> [[f32; R]; W] {
+    let nb = n / ty.block_len();
+    match (vnni, ty) {
+        (false, GgmlType::Q5_0) => avx2::q5_0_tile(nb, w, y),
+        (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
+        (true, GgmlType::Q5_0) => vnni::q5_0_tile(nb, w, y),
+        (true, GgmlType::Q8_0) => vnni::q8_0_tile(nb, w, y),
+        _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
 }
