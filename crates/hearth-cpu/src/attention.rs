@@ -133,26 +133,6 @@ pub(crate) fn round_f16(x: f32) -> f32 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::round_f16;
-
-    #[test]
-    fn fast_rounding_equals_half_conversion() {
-        let mut state = 0x9e3779b97f4a7c15u64;
-        for i in 0..200_000u32 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let x = f32::from_bits(state as u32);
-            let x = if x.is_finite() { x } else { i as f32 * 0.37 - 1000.0 };
-            let want = half::f16::from_f32(x).to_f32();
-            let got = round_f16(x);
-            assert!(got == want || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
-        }
-    }
-}
-
 #[inline(always)]
 fn attend_f16_accumulate(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: &KvHead<'_>, out: &mut [f32]) {
     // Q at f16 precision; on the stack for the usual head sizes (this runs per head per token).
@@ -243,4 +223,24 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_f16;
+
+    #[test]
+    fn fast_rounding_equals_half_conversion() {
+        let mut state = 0x9e3779b97f4a7c15u64;
+        for i in 0..200_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let x = f32::from_bits(state as u32);
+            let x = if x.is_finite() { x } else { i as f32 * 0.37 - 1000.0 };
+            let want = half::f16::from_f32(x).to_f32();
+            let got = round_f16(x);
+            assert!(got == want || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
+        }
+    }
 }

@@ -282,7 +282,7 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
         for n in row_lengths(ty).into_iter().take(3) {
             let w_row = ty.row_bytes(n).expect("row bytes");
             // Odd counts on both sides: full tiles plus remainders.
-            let n_w = 2 * TILE_WEIGHT_ROWS + 1;
+            let n_w = 4 * TILE_WEIGHT_ROWS + 1;
             let rows = MULTI_ROWS + 3;
             let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
             let act_ty = ty.vec_dot_type();
@@ -291,9 +291,11 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
             for a in acts.chunks_exact_mut(act_row) {
                 quantize_activation(act_ty, &random_activation(n, &mut rng), a);
             }
-            for isa in available_isas() {
+            // All rows (token tiles), and a single row (decode, wider weight tiles).
+            for (isa, rows) in available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, 1)]) {
+                let acts = &acts[..rows * act_row];
                 let mut out = vec![0f32; n_w * rows];
-                vec_dot_tile_with(isa, ty, n, &weights, &acts, &mut out);
+                vec_dot_tile_with(isa, ty, n, &weights, acts, &mut out);
                 for (wi, wr) in weights.chunks_exact(w_row).enumerate() {
                     for (r, a) in acts.chunks_exact(act_row).enumerate() {
                         let single = vec_dot_with(isa, ty, n, wr, a);

@@ -191,34 +191,57 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
-        const W: usize = TILE_WEIGHT_ROWS;
         let vnni = isa == Isa::Avx512Vnni;
-        let (wbase, abase) = (weights.as_ptr(), activations.as_ptr());
-        while w_done + W <= n_w {
-            let wp: [*const u8; W] = std::array::from_fn(|i| wbase.wrapping_add((w_done + i) * w_row));
-            let mut r = 0;
-            while r < rows {
-                // SAFETY: the ISA's features are present; every pointer is a whole row inside
-                // `weights` or `activations`, whose lengths were checked above.
-                if r + MULTI_ROWS <= rows {
-                    let ap: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| abase.wrapping_add((r + i) * act_row));
-                    let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, ap) };
-                    for (i, d) in dots.iter().enumerate() {
-                        out[(w_done + i) * rows + r..][..MULTI_ROWS].copy_from_slice(d);
-                    }
-                    r += MULTI_ROWS;
-                } else {
-                    let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
-                    for (i, d) in dots.iter().enumerate() {
-                        out[(w_done + i) * rows + r] = d[0];
-                    }
-                    r += 1;
-                }
-            }
-            w_done += W;
-        }
+        // Decode (fewer rows than a token tile) shares each activation block over more weight rows.
+        w_done = if rows < MULTI_ROWS {
+            tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
+        } else {
+            tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
+        };
     }
     for w in w_done..n_w {
         vec_dot_rows_with(isa, ty, n, &weights[w * w_row..(w + 1) * w_row], activations, &mut out[w * rows..(w + 1) * rows]);
     }
+}
+
+/// The whole groups of W weight rows of [`vec_dot_tile_with`]; returns how many weight rows it did.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn tile_pass<const W: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    n: usize,
+    weights: &[u8],
+    w_row: usize,
+    activations: &[u8],
+    act_row: usize,
+    out: &mut [f32],
+) -> usize {
+    let (n_w, rows) = (weights.len() / w_row, activations.len() / act_row);
+    let (wbase, abase) = (weights.as_ptr(), activations.as_ptr());
+    let mut w_done = 0;
+    while w_done + W <= n_w {
+        let wp: [*const u8; W] = std::array::from_fn(|i| wbase.wrapping_add((w_done + i) * w_row));
+        let mut r = 0;
+        while r < rows {
+            // SAFETY: the caller checked the ISA and the buffer sizes; every pointer is a whole
+            // row inside `weights` or `activations`.
+            if r + MULTI_ROWS <= rows {
+                let ap: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| abase.wrapping_add((r + i) * act_row));
+                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, ap) };
+                for (i, d) in dots.iter().enumerate() {
+                    out[(w_done + i) * rows + r..][..MULTI_ROWS].copy_from_slice(d);
+                }
+                r += MULTI_ROWS;
+            } else {
+                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
+                for (i, d) in dots.iter().enumerate() {
+                    out[(w_done + i) * rows + r] = d[0];
+                }
+                r += 1;
+            }
+        }
+        w_done += W;
+    }
+    w_done
 }

@@ -3,6 +3,7 @@
 
 mod kquants;
 mod legacy;
+mod legacy512;
 mod multi;
 
 pub(super) use multi::{supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};

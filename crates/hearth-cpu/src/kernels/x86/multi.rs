@@ -10,6 +10,7 @@
 //! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
 
 use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::legacy512::legacy_tile_512;
 use super::*;
 
 const Q8_0_BYTES: usize = 34;
@@ -20,6 +21,7 @@ macro_rules! multi_kernels {
             use super::*;
 
             /// Per i32 lane: the sum of 4 products of unsigned bytes `a` and signed bytes `b`.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
             #[inline]
             unsafe fn dot_us8(a: __m256i, b: __m256i) -> __m256i {
@@ -42,6 +44,7 @@ macro_rules! multi_kernels {
             }
 
             /// c + Σ of 4 products of unsigned bytes `a` and signed bytes `b`, per i32 lane.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
             #[inline]
             unsafe fn dot_us8_acc(c: __m256i, a: __m256i, b: __m256i) -> __m256i {
@@ -58,6 +61,7 @@ macro_rules! multi_kernels {
             /// codes are taken as unsigned (Q5_0: code = value + 16; Q8_0 with VNNI: value + 128)
             /// and the offset × Σy per group of 4 is subtracted up front: the same i32 lanes as
             /// ggml's sign trick, and then the same float operations.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
             #[inline]
             unsafe fn legacy_tile<const Q8: bool, const W: usize, const R: usize>(
@@ -113,11 +117,13 @@ macro_rules! multi_kernels {
                 out
             }
 
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q5_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
                 legacy_tile::<false, W, R>(nb, x, y)
             }
 
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q8_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
                 legacy_tile::<true, W, R>(nb, x, y)
@@ -240,8 +246,8 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
         (false, GgmlType::Q8_0) => avx2::q8_0_tile::<1, R>(nb, [w], y)[0],
         (false, GgmlType::Q4_K) => avx2::q4_k_q8_k(nb, w, y),
         (false, GgmlType::Q6_K) => avx2::q6_k_q8_k(nb, w, y),
-        (true, GgmlType::Q5_0) => vnni::q5_0_tile::<1, R>(nb, [w], y)[0],
-        (true, GgmlType::Q8_0) => vnni::q8_0_tile::<1, R>(nb, [w], y)[0],
+        (true, GgmlType::Q5_0) => legacy_tile_512::<false, 1, R>(nb, [w], y)[0],
+        (true, GgmlType::Q8_0) => legacy_tile_512::<true, 1, R>(nb, [w], y)[0],
         (true, GgmlType::Q4_K) => vnni::q4_k_q8_k(nb, w, y),
         (true, GgmlType::Q6_K) => vnni::q6_k_q8_k(nb, w, y),
         _ => [f32::NAN; R], // unreachable: guarded by `supports_multi`
@@ -269,8 +275,8 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
     match (vnni, ty) {
         (false, GgmlType::Q5_0) => avx2::q5_0_tile(nb, w, y),
         (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
-        (true, GgmlType::Q5_0) => vnni::q5_0_tile(nb, w, y),
-        (true, GgmlType::Q8_0) => vnni::q8_0_tile(nb, w, y),
+        (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
+        (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
         _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
 }
