@@ -41,14 +41,16 @@ fn main() {
             if label == "hot" {
                 let acts: Vec<u8> = a.iter().cycle().take(a.len() * 4).copied().collect();
                 let mut out = [0f32; 4];
-                let start = Instant::now();
-                for _ in 0..500 {
-                    for r in w.chunks_exact(row) {
-                        vec_dot_rows_with(detected_isa(), ty, k, r, &acts, &mut out);
+                for isa in [Isa::Avx2, detected_isa()] {
+                    let start = Instant::now();
+                    for _ in 0..500 {
+                        for r in w.chunks_exact(row) {
+                            vec_dot_rows_with(isa, ty, k, r, &acts, &mut out);
+                        }
                     }
+                    let gw = (rows * k * 500 * 4) as f64 / start.elapsed().as_secs_f64() / 1e9;
+                    println!("{ty} hot x4 rows {isa:?}: {gw:.2} G MAC/s");
                 }
-                let gw = (rows * k * 500 * 4) as f64 / start.elapsed().as_secs_f64() / 1e9;
-                println!("{ty} hot x4 rows: {gw:.2} G MAC/s");
                 for tokens in [1, 64] {
                     let acts: Vec<u8> = a.iter().cycle().take(a.len() * tokens).copied().collect();
                     let mut out = vec![0f32; 16 * tokens];

@@ -2,6 +2,7 @@
 //! Every function here requires those features and whole-row buffers (checked by the caller).
 
 mod kquants;
+mod kquants512;
 mod legacy;
 mod legacy512;
 mod multi;
