@@ -133,6 +133,30 @@ pub(crate) fn round_f16(x: f32) -> f32 {
     }
 }
 
+/// out[i] = round_f16(f(i, out[i])) for every i, in a loop the compiler vectorises: the bit
+/// arithmetic of `round_f16` runs on every lane, and only if some value fell outside f16's
+/// normal range (zero aside) does a second pass give those values `half`'s exact conversion.
+/// Rounding is idempotent, so the second pass leaves the already rounded values unchanged.
+#[inline(always)]
+fn map_rounded_f16(out: &mut [f32], f: impl Fn(usize, f32) -> f32) {
+    let mut rare = false;
+    for (i, o) in out.iter_mut().enumerate() {
+        let x = f(i, *o);
+        let bits = x.to_bits();
+        let exponent = (bits >> 23) & 0xff;
+        let normal = (113..142).contains(&exponent);
+        let lsb = (bits >> 13) & 1;
+        let rounded = f32::from_bits((bits.wrapping_add(0x0fff + lsb)) & !0x1fff);
+        rare |= !normal && bits << 1 != 0;
+        *o = if normal { rounded } else { x };
+    }
+    if rare {
+        for o in out.iter_mut() {
+            *o = round_f16(*o);
+        }
+    }
+}
+
 #[inline(always)]
 fn attend_f16_accumulate(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: &KvHead<'_>, out: &mut [f32]) {
     // Q at f16 precision; on the stack for the usual head sizes (this runs per head per token).
@@ -159,15 +183,12 @@ fn attend_f16_accumulate(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: 
         if s > max {
             ms = (max - s).exp();
             max = s;
-            for o in out.iter_mut() {
-                *o = round_f16(*o * ms);
-            }
+            map_rounded_f16(out, |_, o| o * ms);
         } else {
             vs = (s - max).exp();
         }
-        for (o, v) in out.iter_mut().zip(kv.v_row(j)) {
-            *o = round_f16(v.mul_add(vs, *o));
-        }
+        let v = &kv.v_row(j)[..out.len()];
+        map_rounded_f16(out, |i, o| v[i].mul_add(vs, o));
         // ggml's `S = S*ms + vs`, contracted to one FMA by GCC.
         sum = sum.mul_add(ms, vs);
     }
@@ -227,7 +248,39 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::round_f16;
+    use super::{map_rounded_f16, round_f16};
+
+    #[test]
+    fn vectorised_rounding_equals_scalar_rounding() {
+        let mut state = 0x2545f4914f6cdd1du64;
+        for round in 0..2000 {
+            let mut acc = [0f32; 64];
+            let mut v = [0f32; 64];
+            for (a, b) in acc.iter_mut().zip(v.iter_mut()) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                // Mostly ordinary values; every few rounds tiny (subnormal in f16), huge or zero ones.
+                let scale = match round % 5 {
+                    0 => 1e-6,
+                    1 => 7e4,
+                    _ => 3.0,
+                };
+                *a = round_f16(((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale);
+                *b = ((state & 0xffffff) as f32 / (1u64 << 24) as f32 - 0.5) * scale;
+            }
+            if round % 7 == 0 {
+                v[5] = 0.0;
+                acc[5] = 0.0;
+            }
+            let vs = 0.75f32;
+            let want: Vec<f32> = acc.iter().zip(&v).map(|(&o, &x)| round_f16(x.mul_add(vs, o))).collect();
+            map_rounded_f16(&mut acc, |i, o| v[i].mul_add(vs, o));
+            for (i, (g, w)) in acc.iter().zip(&want).enumerate() {
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "round {round} lane {i}: {g:e} vs {w:e}");
+            }
+        }
+    }
 
     #[test]
     fn fast_rounding_equals_half_conversion() {
