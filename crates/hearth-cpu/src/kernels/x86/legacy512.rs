@@ -7,6 +7,7 @@ use super::*;
 
 const Q8_0_BYTES: usize = 34;
 
+
 /// W weight rows × R activation rows, Q5_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) weights.
 ///
 /// # Safety
@@ -42,6 +43,13 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
         for w in 0..W {
             let xb = x[w].add(ib * block_bytes);
             let xb1 = xb.add(block_bytes);
+            if R == 1 {
+                // The same blocks of the next tile's rows (W rows further on): decode streams the
+                // weights from memory once, and this keeps the loads ahead of the page boundaries
+                // where the hardware prefetcher stops. A prefetch never faults.
+                _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes + 64) as *const i8);
+            }
             let dx = [f16_at(xb), f16_at(xb1)];
             let code = if Q8 {
                 let q = _mm512_inserti64x4(_mm512_castsi256_si512(load256(xb.add(2))), load256(xb1.add(2)), 1);

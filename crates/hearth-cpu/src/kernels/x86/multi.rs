@@ -138,6 +138,9 @@ macro_rules! multi_kernels {
                 let mut acc_m = [_mm_setzero_ps(); R];
                 for i in 0..nb {
                     let xb = x.add(i * 144);
+                    if R == 1 {
+                        prefetch_ahead(xb, 4 * nb * 144, 3);
+                    }
                     let (xd, xdmin) = (f16_at(xb), f16_at(xb.add(2)));
                     let ms = mins_and_scales(xb.add(4));
                     let sc128 = _mm256_extracti128_si256(ms, 0);
@@ -184,6 +187,9 @@ macro_rules! multi_kernels {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for i in 0..nb {
                     let xb = x.add(i * 210);
+                    if R == 1 {
+                        prefetch_ahead(xb, 4 * nb * 210, 4);
+                    }
                     let xd = f16_at(xb.add(208));
                     let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
                     let scales16 = _mm256_cvtepi8_epi16(scales);
