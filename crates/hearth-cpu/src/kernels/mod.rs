@@ -1,9 +1,12 @@
-//! CPU compute kernels: the quantized dot products and activation quantizers of the mat-vec hot path.
+//! CPU compute kernels: the quantized dot products and activation quantizers of the mat-mul hot path.
 //!
-//! [`vec_dot`] dispatches once-detected x86_64 AVX2+FMA+F16C implementations (llama.cpp's AVX2 kernel
-//! structure) and falls back to the scalar reference in `hearth_core::quant` for every other type or
-//! CPU. Row sizes are validated by the caller at load time; a mismatch here is a bug, caught by
-//! `debug_assert!` in debug builds and answered with NaN (never UB, never a panic) in release builds.
+//! [`vec_dot`] dispatches once-detected x86_64 kernels — AVX2+FMA+F16C (llama.cpp's AVX2 kernel
+//! structure) or, for the hottest types, the same kernels with AVX-512 BW/VNNI instructions
+//! (bit-identical) — and falls back to the scalar reference in `hearth_core::quant` for every
+//! other type or CPU. [`vec_dot_rows`] and [`vec_dot_tile`] compute several dot products per pass
+//! over a weight row, each equal to [`vec_dot`] bit for bit. Row sizes are validated by the caller
+//! at load time; a mismatch here is a bug, caught by `debug_assert!` in debug builds and answered
+//! with NaN (never UB, never a panic) in release builds.
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
