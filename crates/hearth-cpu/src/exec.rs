@@ -153,7 +153,9 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     let w = |id: WeightId| &ctx.weights[id.0 as usize];
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
     let taps = std::env::var_os("HEARTH_DUMP_TAPS");
+    let mut timer = OpTimer::from_env();
     for (index, op) in graph.ops.iter().enumerate() {
+        timer.start();
         match op {
             Op::Embed { table, out } => {
                 ops::embed(w(*table), ctx.input.tokens, &mut bufs[out.0 as usize])?;
@@ -209,11 +211,56 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 bufs[out.0 as usize].copy_from_slice(&last);
             }
         }
+        timer.stop(op, |id| &ctx.weights[id.0 as usize]);
         if let Some(dir) = &taps {
             dump_tap(graph, bufs, index, op, std::path::Path::new(dir));
         }
     }
+    timer.report(n);
     Ok(())
+}
+
+/// Debug aid (env `HEARTH_OP_TIMES`): wall time per op kind (mat-muls per weight type) of each
+/// step, printed to stderr, to see where a step's time goes.
+struct OpTimer {
+    totals: Option<std::collections::BTreeMap<String, (u32, std::time::Duration)>>,
+    started: std::time::Instant,
+}
+
+impl OpTimer {
+    fn from_env() -> Self {
+        let on = std::env::var_os("HEARTH_OP_TIMES").is_some();
+        OpTimer { totals: on.then(Default::default), started: std::time::Instant::now() }
+    }
+
+    fn start(&mut self) {
+        if self.totals.is_some() {
+            self.started = std::time::Instant::now();
+        }
+    }
+
+    fn stop<'w>(&mut self, op: &Op, weight: impl Fn(WeightId) -> &'w CpuWeight) {
+        let Some(totals) = &mut self.totals else { return };
+        let key = match op {
+            Op::MatMul { w, .. } => {
+                let d = &weight(*w).desc;
+                format!("mat_mul {} {}x{}", d.ty, d.n_rows(), d.row_len())
+            }
+            _ => op_name(op).to_string(),
+        };
+        let entry = totals.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 += self.started.elapsed();
+    }
+
+    fn report(&self, n_tokens: usize) {
+        let Some(totals) = &self.totals else { return };
+        let all: std::time::Duration = totals.values().map(|v| v.1).sum();
+        eprintln!("op times for {n_tokens} tokens: {:.3} ms", all.as_secs_f64() * 1e3);
+        for (name, (count, time)) in totals {
+            eprintln!("  {:>8.3} ms {count:>4}x {name}", time.as_secs_f64() * 1e3);
+        }
+    }
 }
 
 /// The buffer an op writes (for `HEARTH_DUMP_TAPS`); `None` for ops that only write the KV cache.

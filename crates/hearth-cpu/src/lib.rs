@@ -5,6 +5,7 @@
 
 mod attention;
 mod exec;
+mod fma;
 pub mod kernels;
 mod matmul;
 mod ops;

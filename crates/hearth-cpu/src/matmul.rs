@@ -34,21 +34,36 @@ pub fn matmul(w: &CpuWeight, x: &[f32], k: usize, bias: Option<&[f32]>, out: &mu
     }
     let ty = w.desc.ty;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let compute = |j: usize| {
-        let wrow = w.row(j);
-        let b = bias.map_or(0.0, |b| b[j]);
-        for r in 0..rows {
-            let v = kernels::vec_dot(ty, k, wrow, &act[r * act_row..(r + 1) * act_row]) + b;
-            // SAFETY: r < rows and j < n, and column j is written only by this task.
-            unsafe { *out_ptr.get().add(r * n + j) = v };
+    // A task takes CHUNK weight rows; activation rows go in tiles of TILE, so one pass over a
+    // weight block serves several tokens and one activation block several weight rows
+    // (`vec_dot_tile`; results equal the per-row dot product bit for bit).
+    const CHUNK: usize = 16;
+    const TILE: usize = 64;
+    let compute = |chunk: usize| {
+        let j0 = chunk * CHUNK;
+        let j1 = (j0 + CHUNK).min(n);
+        let weights = w.rows(j0, j1);
+        let mut dots = [0f32; CHUNK * TILE];
+        for r0 in (0..rows).step_by(TILE) {
+            let tile = TILE.min(rows - r0);
+            let dots = &mut dots[..(j1 - j0) * tile];
+            kernels::vec_dot_tile(ty, k, weights, &act[r0 * act_row..(r0 + tile) * act_row], dots);
+            for (j, col) in (j0..j1).zip(dots.chunks_exact(tile)) {
+                let b = bias.map_or(0.0, |b| b[j]);
+                for (r, &d) in (r0..r0 + tile).zip(col) {
+                    // SAFETY: r < rows and j < n, and column j is written only by this task.
+                    unsafe { *out_ptr.get().add(r * n + j) = d + b };
+                }
+            }
         }
     };
+    let chunks = n.div_ceil(CHUNK);
     #[cfg(not(target_arch = "wasm32"))]
     {
         let threads = rayon::current_num_threads().max(1);
-        let chunk = (n / (threads * 8)).max(16);
-        (0..n).into_par_iter().with_min_len(chunk).for_each(|j| compute(j));
+        let min_len = (chunks / (threads * 8)).max(1);
+        (0..chunks).into_par_iter().with_min_len(min_len).for_each(compute);
     }
     #[cfg(target_arch = "wasm32")]
-    (0..n).for_each(compute);
+    (0..chunks).for_each(compute);
 }

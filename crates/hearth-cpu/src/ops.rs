@@ -1,6 +1,7 @@
 //! Element-wise and per-row ops. Numerics follow ggml's CPU path where it matters for matching
 //! llama.cpp token for token (f64 sums in RMSNorm, iterated RoPE angles, GELU through f16).
 
+use crate::fma::with_fma;
 use crate::weights::CpuWeight;
 use crate::CpuError;
 use half::f16;
@@ -38,13 +39,18 @@ pub fn rms_norm(x: &mut [f32], group: usize, eps: f32, weight: Option<&[f32]>) {
 /// (a, b) rotated by the angle of (cos c, sin s), with the fused multiply-adds GCC makes of ggml's
 /// `x0*cos - x1*sin` and `x0*sin + x1*cos` (C++ compiled with the default -ffp-contract=fast):
 /// the second product is rounded, the first is fused into the addition.
-#[inline]
+#[inline(always)]
 fn rotate_pair(a: f32, b: f32, c: f32, s: f32) -> (f32, f32) {
     (a.mul_add(c, -(b * s)), a.mul_add(s, b * c))
 }
 
 /// In place over x: [n_tokens, n_heads * head_dim]; token t at position pos0 + t.
 pub fn rope(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, pos0: usize) {
+    with_fma!(rope_body(x, cols, p, freq_factors, pos0))
+}
+
+#[inline(always)]
+fn rope_body(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, pos0: usize) {
     let half_rot = p.n_rot / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
     let mut cos_sin = vec![(0f32, 0f32); half_rot];
@@ -93,6 +99,11 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 /// differences flip roundings in the next layer's 8-bit activations and then grow through the model
 /// (~0.05 nats on Qwen2.5-0.5B's log-probs), so we match it value for value.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    with_fma!(swiglu_body(gate, up))
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
     const LANES: usize = 16;
     let vec_len = gate.len().min(up.len()) / LANES * LANES;
     let (gate_vec, gate_tail) = gate.split_at_mut(vec_len);
@@ -106,6 +117,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 
 /// One lane of ggml's AVX-512 `ggml_v_expf` (adapted from ARM's optimized routines): the same
 /// constants and the same fused multiply-adds, so the result is bit-identical.
+#[inline(always)]
 fn ggml_v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0 = log2(e)
@@ -123,7 +135,10 @@ fn ggml_v_expf(x: f32) -> f32 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     // _mm512_scalef_ps(j, n) = j * 2^n with a single rounding; exact in f64, rounded once to f32.
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // 2^n built from its bits (|n| ≤ 192 is well inside f64's exponent range): the same value
+    // as `powi`, without a libm call per element.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * two_n) as f32
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;

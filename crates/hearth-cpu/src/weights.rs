@@ -65,6 +65,11 @@ impl CpuWeight {
         &b[i * self.row_bytes..(i + 1) * self.row_bytes]
     }
 
+    /// Rows j0..j1, contiguous.
+    pub fn rows(&self, j0: usize, j1: usize) -> &[u8] {
+        &self.bytes()[j0 * self.row_bytes..j1 * self.row_bytes]
+    }
+
     pub fn owned_bytes(&self) -> u64 {
         let own = match &self.bytes {
             Bytes::Lent { .. } => 0,

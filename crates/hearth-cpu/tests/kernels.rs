@@ -2,7 +2,10 @@
 //! `gguf` Python package in hearth-core's tests), on random rows of several lengths.
 
 use hearth_core::quant::{self, GgmlType};
-use hearth_cpu::kernels::{detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_with, Isa};
+use hearth_cpu::kernels::{
+    detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa,
+    MULTI_ROWS, TILE_WEIGHT_ROWS,
+};
 use half::f16;
 
 /// Small deterministic PRNG (PCG-style LCG) so failures reproduce.
@@ -89,7 +92,7 @@ fn simd_vec_dot_matches_reference() {
     let isa = detected_isa();
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-        assert_eq!(isa, Isa::Avx2);
+        assert!(matches!(isa, Isa::Avx2 | Isa::Avx512Vnni), "{isa:?}");
     }
     let mut rng = Rng(42);
     let mut simd_types = 0;
@@ -112,7 +115,7 @@ fn simd_vec_dot_matches_reference() {
             }
         }
     }
-    if isa == Isa::Avx2 {
+    if isa != Isa::Scalar {
         assert!(simd_types >= 10, "expected AVX2 kernels for most weight types");
     }
 }
@@ -187,4 +190,120 @@ fn wrong_sizes_give_nan_in_release_not_ub() {
     let w = vec![0u8; GgmlType::Q4_K.row_bytes(256).expect("bytes")];
     let a = vec![0u8; 10];
     assert!(vec_dot(GgmlType::Q4_K, 256, &w, &a).is_nan());
+}
+
+/// The ISAs this CPU runs, best last.
+fn available_isas() -> Vec<Isa> {
+    match detected_isa() {
+        Isa::Scalar => vec![Isa::Scalar],
+        Isa::Avx2 => vec![Isa::Scalar, Isa::Avx2],
+        Isa::Avx512Vnni => vec![Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni],
+    }
+}
+
+#[test]
+fn multi_row_dots_equal_single_row_dots_bit_for_bit() {
+    let mut rng = Rng(1234);
+    for ty in WEIGHT_TYPES {
+        for n in row_lengths(ty) {
+            let w = random_weights(ty, n, &mut rng);
+            let act_ty = ty.vec_dot_type();
+            let act_row = act_ty.row_bytes(n).expect("act bytes");
+            // 2 tiles of MULTI_ROWS plus a remainder, so both the tiled and the per-row path run.
+            let rows = 2 * MULTI_ROWS + 3;
+            let mut acts = vec![0u8; act_row * rows];
+            for a in acts.chunks_exact_mut(act_row) {
+                quantize_activation(act_ty, &random_activation(n, &mut rng), a);
+            }
+            for isa in available_isas() {
+                let mut out = vec![0f32; rows];
+                vec_dot_rows_with(isa, ty, n, &w, &acts, &mut out);
+                for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                    let single = vec_dot_with(isa, ty, n, &w, a);
+                    assert_eq!(out[r].to_bits(), single.to_bits(), "{ty} n={n} {isa:?} row {r}: {} vs {single}", out[r]);
+                }
+            }
+        }
+    }
+}
+
+/// The VNNI flavour only swaps instructions that produce the same i32 lanes, so it must agree with
+/// the AVX2 kernels exactly (the tolerance test above covers AVX2 against the scalar reference).
+#[test]
+fn vnni_kernels_equal_avx2_kernels_bit_for_bit() {
+    if detected_isa() != Isa::Avx512Vnni {
+        return;
+    }
+    let mut rng = Rng(77);
+    for ty in WEIGHT_TYPES {
+        for n in row_lengths(ty) {
+            for _ in 0..4 {
+                let w = random_weights(ty, n, &mut rng);
+                let act_ty = ty.vec_dot_type();
+                let mut a = vec![0u8; act_ty.row_bytes(n).expect("act bytes")];
+                quantize_activation(act_ty, &random_activation(n, &mut rng), &mut a);
+                let avx2 = vec_dot_with(Isa::Avx2, ty, n, &w, &a);
+                let vnni = vec_dot_with(Isa::Avx512Vnni, ty, n, &w, &a);
+                assert_eq!(avx2.to_bits(), vnni.to_bits(), "{ty} n={n}: {avx2} vs {vnni}");
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_codes_do_not_saturate() {
+    // All-ones weight bytes give the largest codes; activations of ±amax give ±127. The i16 pair
+    // sums of maddubs must stay in range, so SIMD equals the reference up to float rounding.
+    for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let n = 512;
+        let mut w = vec![0xffu8; ty.row_bytes(n).expect("bytes")];
+        for block in w.chunks_exact_mut(ty.block_bytes()) {
+            for &off in f16_fields(ty) {
+                block[off..off + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+        let act_ty = ty.vec_dot_type();
+        let mut a = vec![0u8; act_ty.row_bytes(n).expect("bytes")];
+        let x: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        quantize_activation(act_ty, &x, &mut a);
+        let reference = quant::vec_dot(ty, n, &w, &a).expect("reference");
+        for isa in available_isas() {
+            let got = vec_dot_with(isa, ty, n, &w, &a);
+            let scale = magnitude(ty, n, &w, &a);
+            assert!((got as f64 - reference as f64).abs() <= 2e-5 * scale, "{ty} {isa:?}: {got} vs {reference}");
+        }
+    }
+}
+
+#[test]
+fn tiled_dots_equal_single_row_dots_bit_for_bit() {
+    let mut rng = Rng(4321);
+    for ty in WEIGHT_TYPES {
+        for n in row_lengths(ty).into_iter().take(3) {
+            let w_row = ty.row_bytes(n).expect("row bytes");
+            // Odd counts on both sides: full tiles plus remainders.
+            let n_w = 4 * TILE_WEIGHT_ROWS + 1;
+            let rows = MULTI_ROWS + 3;
+            let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+            let act_ty = ty.vec_dot_type();
+            let act_row = act_ty.row_bytes(n).expect("act bytes");
+            let mut acts = vec![0u8; act_row * rows];
+            for a in acts.chunks_exact_mut(act_row) {
+                quantize_activation(act_ty, &random_activation(n, &mut rng), a);
+            }
+            // All rows (token tiles), and a single row (decode, wider weight tiles).
+            for (isa, rows) in available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, 1)]) {
+                let acts = &acts[..rows * act_row];
+                let mut out = vec![0f32; n_w * rows];
+                vec_dot_tile_with(isa, ty, n, &weights, acts, &mut out);
+                for (wi, wr) in weights.chunks_exact(w_row).enumerate() {
+                    for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                        let single = vec_dot_with(isa, ty, n, wr, a);
+                        let got = out[wi * rows + r];
+                        assert_eq!(got.to_bits(), single.to_bits(), "{ty} n={n} {isa:?} w {wi} r {r}: {got} vs {single}");
+                    }
+                }
+            }
+        }
+    }
 }

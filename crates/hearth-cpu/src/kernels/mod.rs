@@ -1,9 +1,12 @@
-//! CPU compute kernels: the quantized dot products and activation quantizers of the mat-vec hot path.
+//! CPU compute kernels: the quantized dot products and activation quantizers of the mat-mul hot path.
 //!
-//! [`vec_dot`] dispatches once-detected x86_64 AVX2+FMA+F16C implementations (llama.cpp's AVX2 kernel
-//! structure) and falls back to the scalar reference in `hearth_core::quant` for every other type or
-//! CPU. Row sizes are validated by the caller at load time; a mismatch here is a bug, caught by
-//! `debug_assert!` in debug builds and answered with NaN (never UB, never a panic) in release builds.
+//! [`vec_dot`] dispatches once-detected x86_64 kernels — AVX2+FMA+F16C (llama.cpp's AVX2 kernel
+//! structure) or, for the hottest types, the same kernels with AVX-512 BW/VNNI instructions
+//! (bit-identical) — and falls back to the scalar reference in `hearth_core::quant` for every
+//! other type or CPU. [`vec_dot_rows`] and [`vec_dot_tile`] compute several dot products per pass
+//! over a weight row, each equal to [`vec_dot`] bit for bit. Row sizes are validated by the caller
+//! at load time; a mismatch here is a bug, caught by `debug_assert!` in debug builds and answered
+//! with NaN (never UB, never a panic) in release builds.
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -18,6 +21,9 @@ pub enum Isa {
     Scalar,
     /// x86_64 with AVX2, FMA and F16C.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512 F/BW/VL and VNNI: the AVX2 kernels with VNNI dot instructions
+    /// (bit-identical results) for the hottest weight types.
+    Avx512Vnni,
 }
 
 /// The best instruction set of this CPU, detected once.
@@ -27,7 +33,11 @@ pub fn detected_isa() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return Isa::Avx2;
+                let vnni = is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni");
+                return if vnni { Isa::Avx512Vnni } else { Isa::Avx2 };
             }
         }
         Isa::Scalar
@@ -39,12 +49,21 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
     match isa {
         Isa::Scalar => false,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::supports(ty),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::supports(ty),
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 => {
+        Isa::Avx2 | Isa::Avx512Vnni => {
             let _ = ty;
             false
         }
+    }
+}
+
+/// Whether this CPU can run kernels of `isa`.
+fn isa_available(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => detected_isa() != Isa::Scalar,
+        Isa::Avx512Vnni => detected_isa() == Isa::Avx512Vnni,
     }
 }
 
@@ -68,12 +87,51 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
         return f32::NAN;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && detected_isa() == Isa::Avx2 && x86::supports(ty) {
-        // SAFETY: AVX2/FMA/F16C are present (detected above) and the row sizes were checked.
-        return unsafe { x86::vec_dot(ty, n, weights.as_ptr(), activation.as_ptr()) };
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports(ty) {
+        // SAFETY: the ISA's features are present (detected) and the row sizes were checked.
+        return unsafe { x86::vec_dot(isa == Isa::Avx512Vnni, ty, n, weights.as_ptr(), activation.as_ptr()) };
     }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
+}
+
+/// Activation rows that [`vec_dot_rows`] dots with one weight row in a single pass.
+pub const MULTI_ROWS: usize = 4;
+
+/// `out[r] = vec_dot(ty, n, weights, activation row r)` for the `out.len()` rows packed in
+/// `activations` (each `ty.vec_dot_type().row_bytes(n)` bytes), bit for bit; weight types with
+/// multi-row kernels unpack each weight block once per [`MULTI_ROWS`] activation rows.
+#[inline]
+pub fn vec_dot_rows(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    vec_dot_rows_with(detected_isa(), ty, n, weights, activations, out)
+}
+
+/// [`vec_dot_rows`] with an explicit instruction set (for tests and benchmarks).
+pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
+    let whole = act_row > 0 && activations.len() == act_row * out.len();
+    if !whole || !sizes_ok(ty, n, weights, &activations[..act_row.min(activations.len())]) {
+        debug_assert!(false, "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows", weights.len(), activations.len(), out.len());
+        out.fill(f32::NAN);
+        return;
+    }
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_multi(ty) {
+        let vnni = isa == Isa::Avx512Vnni;
+        let base = activations.as_ptr();
+        while done + MULTI_ROWS <= out.len() {
+            let rows: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| base.wrapping_add((done + i) * act_row));
+            // SAFETY: the ISA's features are present, the weight row and each activation row
+            // (within `activations`, whose length was checked) are whole rows of `n` elements.
+            let dots = unsafe { x86::vec_dot_multi(vnni, ty, n, weights.as_ptr(), rows) };
+            out[done..done + MULTI_ROWS].copy_from_slice(&dots);
+            done += MULTI_ROWS;
+        }
+    }
+    for (o, a) in out[done..].iter_mut().zip(activations[done * act_row..].chunks_exact(act_row)) {
+        *o = vec_dot_with(isa, ty, n, weights, a);
+    }
 }
 
 /// Converts an f32 activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), bit-identical to
@@ -113,4 +171,83 @@ fn quantize_q8_legacy_simd_rounding(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
             block[2..4].copy_from_slice(&half::f16::from_f32(sum as f32 * d).to_le_bytes());
         }
     }
+}
+
+/// Weight rows that [`vec_dot_tile`] handles per pass for types with tile kernels.
+pub const TILE_WEIGHT_ROWS: usize = 2;
+
+/// `out[w * rows + r] = vec_dot(ty, n, weight row w, activation row r)` bit for bit, for the
+/// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
+/// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
+/// each weight block once per [`MULTI_ROWS`] activation rows); other types go row by row.
+pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
+}
+
+/// [`vec_dot_tile`] with an explicit instruction set (for tests and benchmarks).
+pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
+    let w_row = ty.row_bytes(n).unwrap_or(0);
+    let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
+    let (n_w, rows) = (weights.len() / w_row.max(1), activations.len() / act_row.max(1));
+    if w_row == 0 || act_row == 0 || n_w * w_row != weights.len() || rows * act_row != activations.len() || out.len() != n_w * rows {
+        debug_assert!(false, "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs", weights.len(), activations.len(), out.len());
+        out.fill(f32::NAN);
+        return;
+    }
+    let mut w_done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
+        let vnni = isa == Isa::Avx512Vnni;
+        // Decode (fewer rows than a token tile) shares each activation block over more weight rows.
+        w_done = if rows < MULTI_ROWS {
+            tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
+        } else {
+            tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
+        };
+    }
+    for w in w_done..n_w {
+        vec_dot_rows_with(isa, ty, n, &weights[w * w_row..(w + 1) * w_row], activations, &mut out[w * rows..(w + 1) * rows]);
+    }
+}
+
+/// The whole groups of W weight rows of [`vec_dot_tile_with`]; returns how many weight rows it did.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn tile_pass<const W: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    n: usize,
+    weights: &[u8],
+    w_row: usize,
+    activations: &[u8],
+    act_row: usize,
+    out: &mut [f32],
+) -> usize {
+    let (n_w, rows) = (weights.len() / w_row, activations.len() / act_row);
+    let (wbase, abase) = (weights.as_ptr(), activations.as_ptr());
+    let mut w_done = 0;
+    while w_done + W <= n_w {
+        let wp: [*const u8; W] = std::array::from_fn(|i| wbase.wrapping_add((w_done + i) * w_row));
+        let mut r = 0;
+        while r < rows {
+            // SAFETY: the caller checked the ISA and the buffer sizes; every pointer is a whole
+            // row inside `weights` or `activations`.
+            if r + MULTI_ROWS <= rows {
+                let ap: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| abase.wrapping_add((r + i) * act_row));
+                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, ap) };
+                for (i, d) in dots.iter().enumerate() {
+                    out[(w_done + i) * rows + r..][..MULTI_ROWS].copy_from_slice(d);
+                }
+                r += MULTI_ROWS;
+            } else {
+                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
+                for (i, d) in dots.iter().enumerate() {
+                    out[(w_done + i) * rows + r] = d[0];
+                }
+                r += 1;
+            }
+        }
+        w_done += W;
+    }
+    w_done
 }

@@ -3,12 +3,12 @@
 
 use super::*;
 
-const Q8K_BYTES: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
+pub(super) const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_QS: usize = 4;
+pub(super) const Q8K_BSUMS: usize = 260;
 
 /// Row `i`: bytes (2i, 2i+1) repeated, so `shuffle_epi8` broadcasts the i-th i16 scale of sub-block i.
-static SCALE_SHUFFLE_K4: [[u8; 32]; 8] = {
+pub(super) static SCALE_SHUFFLE_K4: [[u8; 32]; 8] = {
     let mut t = [[0u8; 32]; 8];
     let mut i = 0;
     while i < 8 {
@@ -41,7 +41,7 @@ static SCALE_SHUFFLE_Q6: [[u8; 16]; 8] = {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q8k_d(yb: *const u8) -> f32 {
+pub(super) unsafe fn q8k_d(yb: *const u8) -> f32 {
     (yb as *const f32).read_unaligned()
 }
 
@@ -49,7 +49,7 @@ unsafe fn q8k_d(yb: *const u8) -> f32 {
 /// zero-extended to 16 × i16 (ggml's `utmp` shuffle).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
+pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
     const KMASK1: u32 = 0x3f3f3f3f;
     const KMASK2: u32 = 0x0f0f0f0f;
     const KMASK3: u32 = 0x03030303;
@@ -65,47 +65,10 @@ unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn mins_dot_bsums(mins_and_scales: __m256i, yb: *const u8) -> __m128i {
+pub(super) unsafe fn mins_dot_bsums(mins_and_scales: __m256i, yb: *const u8) -> __m128i {
     let q8sums = load256(yb.add(Q8K_BSUMS));
     let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
     _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for i in 0..nb {
-        let (xb, yb) = (x.add(i * 144), y.add(i * Q8K_BYTES));
-        let yd = q8k_d(yb);
-        let d = yd * f16_at(xb);
-        let dmin = -yd * f16_at(xb.add(2));
-        let ms = mins_and_scales(xb.add(4));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(ms, yb)), acc_m);
-        let sc128 = _mm256_extracti128_si256(ms, 0);
-        let scales = _mm256_set_m128i(sc128, sc128);
-
-        let mut q4 = xb.add(16);
-        let mut q8 = yb.add(Q8K_QS);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let scale_l = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j].as_ptr()));
-            let scale_h = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr()));
-            let q4bits = load256(q4);
-            q4 = q4.add(32);
-            let q4l = _mm256_and_si256(q4bits, m4);
-            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
-            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8)));
-            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(32))));
-            q8 = q8.add(64);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-    hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -160,63 +123,7 @@ pub(super) unsafe fn q5_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
 /// Q6_K scales 2k (×8) and 2k+1 (×8) as 16 × i16 — the scales of the 32 elements of group k.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q6_scale(scales: __m128i, k: usize) -> __m256i {
+pub(super) unsafe fn q6_scale(scales: __m128i, k: usize) -> __m256i {
     let shuffle = _mm_loadu_si128(SCALE_SHUFFLE_Q6[k].as_ptr() as *const __m128i);
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let m3 = _mm256_set1_epi8(3);
-    let m15 = _mm256_set1_epi8(15);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (xb, yb) = (x.add(i * 210), y.add(i * Q8K_BYTES));
-        let d = q8k_d(yb) * f16_at(xb.add(208));
-        let mut q4 = xb;
-        let mut qh = xb.add(128);
-        let mut q8 = yb.add(Q8K_QS);
-
-        // Codes are stored +32; subtract 32 * Σ scale * bsum once instead of per element.
-        let q8sums = load256(yb.add(Q8K_BSUMS));
-        let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
-        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)), 5);
-
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..2 {
-            let q4bits1 = load256(q4);
-            let q4bits2 = load256(q4.add(32));
-            let q4bits_h = load256(qh);
-            q4 = q4.add(64);
-            qh = qh.add(32);
-
-            let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-            let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-            let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-
-            let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-            let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-            let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-            let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
-
-            let p16_0 = _mm256_maddubs_epi16(q4_0, load256(q8));
-            let p16_1 = _mm256_maddubs_epi16(q4_1, load256(q8.add(32)));
-            let p16_2 = _mm256_maddubs_epi16(q4_2, load256(q8.add(64)));
-            let p16_3 = _mm256_maddubs_epi16(q4_3, load256(q8.add(96)));
-            q8 = q8.add(128);
-
-            let is = 4 * j;
-            let p16_0 = _mm256_madd_epi16(q6_scale(scales, is), p16_0);
-            let p16_1 = _mm256_madd_epi16(q6_scale(scales, is + 1), p16_1);
-            let p16_2 = _mm256_madd_epi16(q6_scale(scales, is + 2), p16_2);
-            let p16_3 = _mm256_madd_epi16(q6_scale(scales, is + 3), p16_3);
-
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
-        }
-        sumi = _mm256_sub_epi32(sumi, q8sclsub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_float_8(acc)
 }

@@ -19,33 +19,6 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
     hsum_float_8(acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for ib in 0..nb {
-        let (xb, yb) = (x.add(ib * 22), y.add(ib * Q8_0_BYTES));
-        let d = _mm256_set1_ps(f16_at(xb) * f16_at(yb));
-        let qx = bytes_from_nibbles_32(xb.add(6));
-        // A clear 5th bit means code-16 < 0: set the byte's high nibble (two's complement).
-        let bxhi = _mm256_andnot_si256(bytes_from_bits_32(xb.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        let q = mul_sum_i8_pairs_float(_mm256_or_si256(qx, bxhi), load256(yb.add(2)));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_float_8(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for ib in 0..nb {
-        let (xb, yb) = (x.add(ib * Q8_0_BYTES), y.add(ib * Q8_0_BYTES));
-        let d = _mm256_set1_ps(f16_at(xb) * f16_at(yb));
-        let q = mul_sum_i8_pairs_float(load256(xb.add(2)), load256(yb.add(2)));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_float_8(acc)
-}
-
 /// Q4_1 (`hi5 == false`) or Q5_1 (`hi5 == true`) × Q8_1: unsigned codes, plus Σ m_x * s_y.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -1,0 +1,293 @@
+//! Q5_0, Q8_0 (× Q8_0), Q4_K and Q6_K (× Q8_K): one weight row against R activation rows at once.
+//! Each weight block is unpacked once and dotted with all R rows, so a prefill mat-mul does the
+//! bit twiddling once per R tokens instead of once per token. For every activation row the
+//! operations, integer lanes and float accumulation order are those of ggml's AVX2 kernels
+//! (quants.c), so R = 1 is the plain dot product and any R gives the same bits per row.
+//!
+//! The kernels are generated twice: for AVX2 and for AVX-512 VNNI (+VL). The VNNI flavour replaces
+//! `madd(1, maddubs(a, b))` by `dpbusd(0, a, b)` and `acc + madd(s, p)` by `dpwssd(acc, s, p)` —
+//! exactly the same i32 lanes (the i16 pair sums never saturate: |u8 code| ≤ 63, |i8| ≤ 127) — and
+//! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
+
+use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
+use super::legacy512::legacy_tile_512;
+use super::*;
+
+const Q8_0_BYTES: usize = 34;
+
+macro_rules! multi_kernels {
+    ($module:ident, $features:literal, $vnni:literal) => {
+        pub(super) mod $module {
+            use super::*;
+
+            /// Per i32 lane: the sum of 4 products of unsigned bytes `a` and signed bytes `b`.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn dot_us8(a: __m256i, b: __m256i) -> __m256i {
+                if $vnni {
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+                } else {
+                    _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(a, b))
+                }
+            }
+
+            /// acc + madd(scales, p16).
+            #[allow(dead_code)] // the VNNI flavour runs kquants512.rs for Q4_K/Q6_K instead
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn add_scaled(acc: __m256i, scales: __m256i, p16: __m256i) -> __m256i {
+                if $vnni {
+                    _mm256_dpwssd_epi32(acc, scales, p16)
+                } else {
+                    _mm256_add_epi32(acc, _mm256_madd_epi16(scales, p16))
+                }
+            }
+
+            /// c + Σ of 4 products of unsigned bytes `a` and signed bytes `b`, per i32 lane.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn dot_us8_acc(c: __m256i, a: __m256i, b: __m256i) -> __m256i {
+                if $vnni {
+                    _mm256_dpbusd_epi32(c, a, b)
+                } else {
+                    _mm256_add_epi32(c, dot_us8(a, b))
+                }
+            }
+
+            /// Q5_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) weights, W rows × R Q8_0 activation rows.
+            /// Per block, the activation side (scale, bytes, Σ of code offset × y) is loaded once for
+            /// the W weight rows and the weight side unpacked once for the R activation rows. Weight
+            /// codes are taken as unsigned (Q5_0: code = value + 16; Q8_0 with VNNI: value + 128)
+            /// and the offset × Σy per group of 4 is subtracted up front: the same i32 lanes as
+            /// ggml's sign trick, and then the same float operations.
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn legacy_tile<const Q8: bool, const W: usize, const R: usize>(
+                nb: usize,
+                x: [*const u8; W],
+                y: [*const u8; R],
+            ) -> [[f32; R]; W] {
+                // The AVX2 Q8_0 form keeps the sign trick: maddubs would saturate on codes + 128.
+                let signed = Q8 && !$vnni;
+                let (block_bytes, offset) = if Q8 { (Q8_0_BYTES, 0x80u8 as i8) } else { (22, 16) };
+                let mut acc = [[_mm256_setzero_ps(); R]; W];
+                for ib in 0..nb {
+                    let mut dy = [_mm256_setzero_ps(); R];
+                    let mut yq = [_mm256_setzero_si256(); R];
+                    let mut yoff = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let yb = y[r].add(ib * Q8_0_BYTES);
+                        dy[r] = _mm256_set1_ps(f16_at(yb));
+                        yq[r] = load256(yb.add(2));
+                        if !signed {
+                            yoff[r] = _mm256_sub_epi32(_mm256_setzero_si256(), dot_us8(_mm256_set1_epi8(offset), yq[r]));
+                        }
+                    }
+                    for w in 0..W {
+                        let xb = x[w].add(ib * block_bytes);
+                        let dx = _mm256_set1_ps(f16_at(xb));
+                        let code = if Q8 {
+                            let q = load256(xb.add(2));
+                            if signed { q } else { _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8)) }
+                        } else {
+                            let bit4 = _mm256_and_si256(bytes_from_bits_32(xb.add(2)), _mm256_set1_epi8(0x10));
+                            _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bit4)
+                        };
+                        let abs = _mm256_sign_epi8(code, code);
+                        for r in 0..R {
+                            let sumi = if signed {
+                                dot_us8(abs, _mm256_sign_epi8(yq[r], code))
+                            } else {
+                                dot_us8_acc(yoff[r], code, yq[r])
+                            };
+                            // d = d_x * d_y rounded to f32, as ggml's scalar product.
+                            let d = _mm256_mul_ps(dx, dy[r]);
+                            acc[w][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[w][r]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; R]; W];
+                for w in 0..W {
+                    for r in 0..R {
+                        out[w][r] = hsum_float_8(acc[w][r]);
+                    }
+                }
+                out
+            }
+
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q5_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+                legacy_tile::<false, W, R>(nb, x, y)
+            }
+
+            #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q8_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+                legacy_tile::<true, W, R>(nb, x, y)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4_k_q8_k<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
+                let m4 = _mm256_set1_epi8(0xF);
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut acc_m = [_mm_setzero_ps(); R];
+                for i in 0..nb {
+                    let xb = x.add(i * 144);
+                    if R == 1 {
+                        prefetch_ahead(xb, 4 * nb * 144, 3);
+                    }
+                    let (xd, xdmin) = (f16_at(xb), f16_at(xb.add(2)));
+                    let ms = mins_and_scales(xb.add(4));
+                    let sc128 = _mm256_extracti128_si256(ms, 0);
+                    let scales = _mm256_set_m128i(sc128, sc128);
+                    let mut sumi = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let yb = y[r].add(i * Q8K_BYTES);
+                        let dmin = -q8k_d(yb) * xdmin;
+                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(ms, yb)), acc_m[r]);
+                    }
+                    for j in 0..4 {
+                        let scale_l = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j].as_ptr()));
+                        let scale_h = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr()));
+                        let q4bits = load256(xb.add(16 + 32 * j));
+                        let q4l = _mm256_and_si256(q4bits, m4);
+                        let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                        for r in 0..R {
+                            let q8 = y[r].add(i * Q8K_BYTES + Q8K_QS + 64 * j);
+                            let p16l = _mm256_maddubs_epi16(q4l, load256(q8));
+                            let p16h = _mm256_maddubs_epi16(q4h, load256(q8.add(32)));
+                            sumi[r] = add_scaled(add_scaled(sumi[r], scale_l, p16l), scale_h, p16h);
+                        }
+                    }
+                    for r in 0..R {
+                        let d = q8k_d(y[r].add(i * Q8K_BYTES)) * xd;
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    let mut m = acc_m[r];
+                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                    out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+                }
+                out
+            }
+
+            #[allow(dead_code)] // the VNNI flavour runs kquants512.rs for Q4_K/Q6_K instead
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q6_k_q8_k<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
+                let m3 = _mm256_set1_epi8(3);
+                let m15 = _mm256_set1_epi8(15);
+                let mut acc = [_mm256_setzero_ps(); R];
+                for i in 0..nb {
+                    let xb = x.add(i * 210);
+                    if R == 1 {
+                        prefetch_ahead(xb, 4 * nb * 210, 4);
+                    }
+                    let xd = f16_at(xb.add(208));
+                    let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                    let scales16 = _mm256_cvtepi8_epi16(scales);
+                    let mut sumi = [_mm256_setzero_si256(); R];
+                    for j in 0..2 {
+                        let q4bits1 = load256(xb.add(64 * j));
+                        let q4bits2 = load256(xb.add(64 * j + 32));
+                        let q4bits_h = load256(xb.add(128 + 32 * j));
+                        let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                        let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                        let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                        let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                        let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                        let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                        let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+                        let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                        let is = 4 * j;
+                        let (s0, s1) = (q6_scale(scales, is), q6_scale(scales, is + 1));
+                        let (s2, s3) = (q6_scale(scales, is + 2), q6_scale(scales, is + 3));
+                        for r in 0..R {
+                            let q8 = y[r].add(i * Q8K_BYTES + Q8K_QS + 128 * j);
+                            let mut s = sumi[r];
+                            s = add_scaled(s, s0, _mm256_maddubs_epi16(q4_0, load256(q8)));
+                            s = add_scaled(s, s1, _mm256_maddubs_epi16(q4_1, load256(q8.add(32))));
+                            s = add_scaled(s, s2, _mm256_maddubs_epi16(q4_2, load256(q8.add(64))));
+                            s = add_scaled(s, s3, _mm256_maddubs_epi16(q4_3, load256(q8.add(96))));
+                            sumi[r] = s;
+                        }
+                    }
+                    for r in 0..R {
+                        let yb = y[r].add(i * Q8K_BYTES);
+                        // Codes are stored +32; subtract 32 * Σ scale * bsum once instead of per element.
+                        let q8sums = load256(yb.add(Q8K_BSUMS));
+                        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16), 5);
+                        let s = _mm256_sub_epi32(sumi[r], q8sclsub);
+                        let d = q8k_d(yb) * xd;
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
+                    }
+                }
+                acc.map(|a| hsum_float_8(a))
+            }
+        }
+    };
+}
+
+multi_kernels!(avx2, "avx2,fma,f16c", false);
+multi_kernels!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", true);
+
+/// Weight types with multi-row kernels.
+pub(in crate::kernels) fn supports_multi(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+}
+
+/// # Safety
+/// The features of the chosen flavour must be available (`vnni`: AVX-512 F/BW/VL/VNNI as well as
+/// AVX2/FMA/F16C); `w` and every `y` must point to whole rows of `n` elements of `ty` and
+/// `ty.vec_dot_type()`; `supports_multi(ty)` must hold.
+#[inline]
+pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: GgmlType, n: usize, w: *const u8, y: [*const u8; R]) -> [f32; R] {
+    let nb = n / ty.block_len();
+    match (vnni, ty) {
+        (false, GgmlType::Q5_0) => avx2::q5_0_tile::<1, R>(nb, [w], y)[0],
+        (false, GgmlType::Q8_0) => avx2::q8_0_tile::<1, R>(nb, [w], y)[0],
+        (false, GgmlType::Q4_K) => avx2::q4_k_q8_k(nb, w, y),
+        (false, GgmlType::Q6_K) => avx2::q6_k_q8_k(nb, w, y),
+        (true, GgmlType::Q5_0) => legacy_tile_512::<false, 1, R>(nb, [w], y)[0],
+        (true, GgmlType::Q8_0) => legacy_tile_512::<true, 1, R>(nb, [w], y)[0],
+        // One row: the 512-bit form measured no faster on Zen 4 (double-pumped 512-bit ops).
+        (true, GgmlType::Q4_K) if R == 1 => vnni::q4_k_q8_k(nb, w, y),
+        (true, GgmlType::Q4_K) => q4_k_q8_k_512(nb, w, y),
+        (true, GgmlType::Q6_K) => q6_k_q8_k_512(nb, w, y),
+        _ => [f32::NAN; R], // unreachable: guarded by `supports_multi`
+    }
+}
+
+/// Weight types whose [`vec_dot_tile`] shares work across weight rows too.
+pub(in crate::kernels) fn supports_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
+///
+/// # Safety
+/// As [`vec_dot_multi`], for every weight row; `supports_tile(ty)` must hold.
+#[inline]
+pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    n: usize,
+    w: [*const u8; W],
+    y: [*const u8; R],
+) -> [[f32; R]; W] {
+    let nb = n / ty.block_len();
+    match (vnni, ty) {
+        (false, GgmlType::Q5_0) => avx2::q5_0_tile(nb, w, y),
+        (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
+        (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
+        (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
+        _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
+    }
+}
