@@ -6,6 +6,7 @@ use crate::weights::{type_define, GpuWeight};
 use crate::{GpuKv, WgpuError};
 use hearth_core::backend::KvId;
 use hearth_core::graph::{BufId, Graph, Op, RopeMode, StepInput, WeightId};
+use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
 
@@ -82,6 +83,8 @@ struct Builder<'a> {
     graph: &'a Graph,
     bufs: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
+    /// [rows, k] f32 scratch shared by every mat-mul: its activations as the CPU rounds them.
+    act_scratch: Option<wgpu::Buffer>,
     dispatches: Vec<Dispatch>,
     index: usize,
 }
@@ -217,13 +220,35 @@ impl Builder<'_> {
                 let row_bytes = wt.row_bytes as u32;
                 let chunks: Vec<(u32, usize, wgpu::Buffer)> = wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
                 let bias = bias.map(|b| self.vector(b, n_out)).transpose()?;
+                // The CPU multiplies with activations rounded to the weight's dot type.
+                let act = match wt.desc.ty.vec_dot_type() {
+                    GgmlType::Q8_0 => Some(("Q8_0", 32)),
+                    GgmlType::Q8_K => Some(("Q8_K", 256)),
+                    GgmlType::F16 => Some(("F16", 1)),
+                    _ => None,
+                };
+                let x_used = match act {
+                    Some((define, block_len)) => {
+                        let scratch = self.act_scratch.clone().ok_or_else(|| self.bad("no activation scratch".into()))?;
+                        let n_blocks = rows * k / block_len;
+                        let (gx, gy) = fold(n_blocks.div_ceil(64));
+                        let entries = vec![(1, self.buf(*x)), (2, Res::Buf(scratch.clone()))];
+                        self.push(ShaderFile::ActQuant, "act_quant", &[define], &[n_blocks as u32, block_len as u32, gx], entries, [gx, gy, 1], None)?;
+                        Res::Buf(scratch)
+                    }
+                    None => self.buf(*x),
+                };
                 let mut defines = vec!["MATMUL", ty];
                 if bias.is_some() {
                     defines.push("BIAS");
                 }
+                let x_buffer = match x_used {
+                    Res::Buf(b) => b,
+                    _ => return Err(self.bad("activation is not a buffer".into())),
+                };
                 for (row0, chunk_rows, buffer) in chunks {
                     let (gx, gy) = fold(chunk_rows);
-                    let mut entries = vec![(1, Res::Buf(buffer)), (2, self.buf(*x)), (3, self.buf(*out))];
+                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_buffer.clone())), (3, self.buf(*out))];
                     if let Some(b) = &bias {
                         entries.push((4, Res::Buf(b.clone())));
                     }
@@ -290,6 +315,8 @@ impl Builder<'_> {
                     p.window.unwrap_or(0) as u32,
                     p.softcap.unwrap_or(0.0).to_bits(),
                     gx,
+                    // The CPU oracle (like ggml) switches to f32 numerics from 64 queries on.
+                    u32::from(rows < 64),
                 ];
                 let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width) };
                 self.push(ShaderFile::Attention, "attention", &["ATTENTION"], &params, entries, [gx, gy, 1], Some(need))?;
@@ -369,7 +396,16 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    let mut b = Builder { gpu, pipelines, weights, graph, bufs, step, dispatches: Vec::new(), index: 0 };
+    let scratch_len = graph
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::MatMul { x, .. } => graph.bufs.get(x.0 as usize).map(|d| d.rows * d.cols),
+            _ => None,
+        })
+        .max();
+    let act_scratch = scratch_len.map(|len| storage("activation scratch", len * 4, wgpu::BufferUsages::empty()));
+    let mut b = Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), index: 0 };
     let mut embed_rows: Option<usize> = None;
     for (index, op) in graph.ops.iter().enumerate() {
         b.index = index;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShaderFile {
     Quant,
+    ActQuant,
     Norm,
     Rope,
     Attention,
@@ -18,6 +19,7 @@ impl ShaderFile {
     pub fn name(self) -> &'static str {
         match self {
             ShaderFile::Quant => "quant.wgsl",
+            ShaderFile::ActQuant => "act_quant.wgsl",
             ShaderFile::Norm => "norm.wgsl",
             ShaderFile::Rope => "rope.wgsl",
             ShaderFile::Attention => "attention.wgsl",
@@ -28,6 +30,7 @@ impl ShaderFile {
     pub fn source(self) -> &'static str {
         match self {
             ShaderFile::Quant => include_str!("../../../shaders/quant.wgsl"),
+            ShaderFile::ActQuant => include_str!("../../../shaders/act_quant.wgsl"),
             ShaderFile::Norm => include_str!("../../../shaders/norm.wgsl"),
             ShaderFile::Rope => include_str!("../../../shaders/rope.wgsl"),
             ShaderFile::Attention => include_str!("../../../shaders/attention.wgsl"),
