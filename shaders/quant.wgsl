@@ -132,7 +132,12 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 const WG: u32 = 64u;
 // Activation rows handled by one workgroup: each weight value is dequantized once for all of them.
+// DECODE (one activation row) avoids the empty tile slots.
+#ifdef DECODE
+const TILE_T: u32 = 1u;
+#else
 const TILE_T: u32 = 8u;
+#endif
 var<workgroup> partial: array<array<f32, TILE_T>, WG>;
 
 // grid: (rows folded into x*y with groups_x columns, ceil(n_tokens / TILE_T)); one weight row

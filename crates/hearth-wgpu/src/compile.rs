@@ -242,6 +242,12 @@ impl Builder<'_> {
                 if bias.is_some() {
                     defines.push("BIAS");
                 }
+                let tile = if rows == 1 {
+                    defines.push("DECODE");
+                    1
+                } else {
+                    8
+                };
                 let x_buffer = match x_used {
                     Res::Buf(b) => b,
                     _ => return Err(self.bad("activation is not a buffer".into())),
@@ -253,7 +259,7 @@ impl Builder<'_> {
                         entries.push((4, Res::Buf(b.clone())));
                     }
                     let params = [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx];
-                    self.push(ShaderFile::Quant, "matmul", &defines, &params, entries, [gx, gy, rows.div_ceil(8) as u32], None)?;
+                    self.push(ShaderFile::Quant, "matmul", &defines, &params, entries, [gx, gy, rows.div_ceil(tile) as u32], None)?;
                 }
             }
             Op::Rope { x, params: p } => {
