@@ -125,17 +125,15 @@ impl Builder<'_> {
 
     fn push(
         &mut self,
-        file: ShaderFile,
-        entry: &'static str,
-        defines: &[&'static str],
+        key: PipelineKey,
         params: &[u32],
         mut entries: Vec<(u32, Res)>,
         groups: [u32; 3],
         kv_need: Option<KvNeed>,
     ) -> Result<(), WgpuError> {
-        let pipeline = self.pipelines.get(&self.gpu.device, &PipelineKey::new(file, entry, defines))?;
+        let pipeline = self.pipelines.get(&self.gpu.device, &key)?;
         let params = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(entry),
+            label: Some(key.entry),
             contents: bytemuck::cast_slice(params),
             usage: wgpu::BufferUsages::STORAGE,
         });
@@ -166,7 +164,7 @@ impl Builder<'_> {
         entries.push((3, self.buf(out)));
         let mut params = vec![len as u32, gx];
         params.extend_from_slice(extra);
-        self.push(ShaderFile::Elementwise, entry, &defines, &params, entries, [gx, gy, 1], None)
+        self.push(PipelineKey::new(ShaderFile::Elementwise, entry, &defines), &params, entries, [gx, gy, 1], None)
     }
 
     fn op(&mut self, op: &Op) -> Result<(), WgpuError> {
@@ -184,7 +182,7 @@ impl Builder<'_> {
                 for (row0, rows, buffer) in chunks {
                     let entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(self.step.clone())), (3, self.buf(*out))];
                     let params = [row0, rows, row_len as u32, row_bytes];
-                    self.push(ShaderFile::Quant, "embed", &["EMBED", ty], &params, entries, [row_len.div_ceil(64) as u32, n as u32, 1], None)?;
+                    self.push(PipelineKey::new(ShaderFile::Quant, "embed", &["EMBED", ty]), &params, entries, [row_len.div_ceil(64) as u32, n as u32, 1], None)?;
                 }
             }
             Op::RmsNorm { x, weight, eps, group, out } => {
@@ -207,7 +205,7 @@ impl Builder<'_> {
                 }
                 entries.push((3, self.buf(*out)));
                 let params = [n_groups as u32, gx, *group as u32, eps.to_bits()];
-                self.push(ShaderFile::Norm, "rms_norm", &defines, &params, entries, [gx, gy, 1], None)?;
+                self.push(PipelineKey::new(ShaderFile::Norm, "rms_norm", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::MatMul { w, x, bias, out } => {
                 let wt = self.weight(*w)?;
@@ -233,7 +231,7 @@ impl Builder<'_> {
                         let n_blocks = rows * k / block_len;
                         let (gx, gy) = fold(n_blocks.div_ceil(64));
                         let entries = vec![(1, self.buf(*x)), (2, Res::Buf(scratch.clone()))];
-                        self.push(ShaderFile::ActQuant, "act_quant", &[define], &[n_blocks as u32, block_len as u32, gx], entries, [gx, gy, 1], None)?;
+                        self.push(PipelineKey::new(ShaderFile::ActQuant, "act_quant", &[define]), &[n_blocks as u32, block_len as u32, gx], entries, [gx, gy, 1], None)?;
                         Res::Buf(scratch)
                     }
                     None => self.buf(*x),
@@ -259,7 +257,7 @@ impl Builder<'_> {
                         entries.push((4, Res::Buf(b.clone())));
                     }
                     let params = [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx];
-                    self.push(ShaderFile::Quant, "matmul", &defines, &params, entries, [gx, gy, rows.div_ceil(tile) as u32], None)?;
+                    self.push(PipelineKey::new(ShaderFile::Quant, "matmul", &defines), &params, entries, [gx, gy, rows.div_ceil(tile) as u32], None)?;
                 }
             }
             Op::Rope { x, params: p } => {
@@ -285,7 +283,7 @@ impl Builder<'_> {
                 }
                 entries.push((3, self.buf(*x)));
                 let params = [rows as u32, n_heads as u32, p.head_dim as u32, p.n_rot as u32, theta_scale.to_bits(), p.freq_scale.to_bits(), cols as u32, gx];
-                self.push(ShaderFile::Rope, "rope", &defines, &params, entries, [gx, gy, 1], None)?;
+                self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::StoreKv { layer, k, v } => {
                 for (src, is_k) in [(*k, true), (*v, false)] {
@@ -298,7 +296,7 @@ impl Builder<'_> {
                     } else {
                         KvNeed { layer: *layer, k_width: None, v_width: Some(cols) }
                     };
-                    self.push(ShaderFile::Attention, "store_kv", &["STORE_KV"], &[rows as u32, cols as u32, gx], entries, [gx, gy, 1], Some(need))?;
+                    self.push(PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]), &[rows as u32, cols as u32, gx], entries, [gx, gy, 1], Some(need))?;
                 }
             }
             Op::Attention { q, params: p, out } => {
@@ -325,7 +323,7 @@ impl Builder<'_> {
                     u32::from(rows < 64),
                 ];
                 let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width) };
-                self.push(ShaderFile::Attention, "attention", &["ATTENTION"], &params, entries, [gx, gy, 1], Some(need))?;
+                self.push(PipelineKey::new(ShaderFile::Attention, "attention", &["ATTENTION"]), &params, entries, [gx, gy, 1], Some(need))?;
             }
             Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
                 self.same(*a, *b)?;
@@ -352,7 +350,7 @@ impl Builder<'_> {
                 let (gx, gy) = fold(cols.div_ceil(256));
                 let entries = vec![(1, self.buf(*x)), (3, self.buf(*out))];
                 let params = [cols as u32, gx, ((rows - 1) * cols) as u32];
-                self.push(ShaderFile::Elementwise, "last_row", &["LAST_ROW"], &params, entries, [gx, gy, 1], None)?;
+                self.push(PipelineKey::new(ShaderFile::Elementwise, "last_row", &["LAST_ROW"]), &params, entries, [gx, gy, 1], None)?;
             }
         }
         Ok(())

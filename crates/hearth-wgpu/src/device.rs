@@ -75,7 +75,7 @@ pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
     }))
     .map_err(|e| WgpuError::Device(e.to_string()))?;
     let ai = adapter.get_info();
-    let max_storage_binding = u64::from(limits.max_storage_buffer_binding_size);
+    let max_storage_binding = limits.max_storage_buffer_binding_size;
     let max_buffer_size = limits.max_buffer_size;
     let mut max_binding = max_storage_binding.min(max_buffer_size);
     if let Some(cap) = options.max_binding_bytes {

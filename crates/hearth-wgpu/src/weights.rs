@@ -56,7 +56,7 @@ pub(crate) fn upload(
     data: WeightData,
 ) -> Result<GpuWeight, WgpuError> {
     let bad = |reason: String| WgpuError::BadWeight { name: desc.name.clone(), reason };
-    if desc.dims.is_empty() || desc.dims.iter().any(|&d| d == 0) {
+    if desc.dims.is_empty() || desc.dims.contains(&0) {
         return Err(bad(format!("dims {:?}", desc.dims)));
     }
     let row_bytes = desc.ty.row_bytes(desc.row_len()).map_err(|e| bad(e.to_string()))?;
