@@ -72,9 +72,10 @@ pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, 
             if stack.iter().all(|(cond, _)| *cond) {
                 out.push_str(line);
             }
-            // Keep line numbers of compiler messages equal to the file's.
-            out.push('\n');
         }
+        // One output line per input line (directives become blank lines), so compiler messages
+        // carry the file's line numbers.
+        out.push('\n');
     }
     if !stack.is_empty() {
         return Err(bad(source.lines().count(), "unterminated #ifdef"));
