@@ -16,11 +16,19 @@ pub struct Loaded {
 }
 
 pub fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
+    let cpu = || -> Result<Box<dyn Backend>> { Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?)) };
+    let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
     match args.backend.as_str() {
-        // No GPU backend is compiled into this build yet, so auto means the CPU.
-        "auto" | "cpu" => Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?)),
-        "wgpu" | "cuda" => bail!("backend '{}' is not available in this build (available: cpu, auto)", args.backend),
-        other => bail!("unknown backend '{other}' (expected auto or cpu)"),
+        "cpu" => cpu(),
+        "wgpu" => Ok(Box::new(open_wgpu()?)),
+        // wgpu when a real GPU adapter opens; a software adapter (lavapipe, WARP) would be slower
+        // than the CPU backend, so then and without any adapter it is the CPU.
+        "auto" => match open_wgpu() {
+            Ok(b) if b.info().device_type != "Cpu" => Ok(Box::new(b)),
+            _ => cpu(),
+        },
+        "cuda" => bail!("backend 'cuda' is not available in this build (available: auto, cpu, wgpu)"),
+        other => bail!("unknown backend '{other}' (expected auto, cpu or wgpu)"),
     }
 }
 

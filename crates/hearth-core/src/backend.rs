@@ -38,6 +38,12 @@ pub struct BackendCounters {
     pub graphs_compiled: u64,
     pub steps_executed: u64,
     pub ops_executed: u64,
+    /// GPU backends: compute pipelines built (should stop growing after warm-up).
+    pub pipelines_created: u64,
+    /// GPU backends: bind groups built (should stop growing after warm-up).
+    pub bind_groups_created: u64,
+    /// GPU backends: command buffer submissions.
+    pub submits: u64,
 }
 
 pub trait Backend: Send {

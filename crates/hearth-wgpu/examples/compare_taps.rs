@@ -1,0 +1,82 @@
+//! Debug aid: prefill a prompt on the CPU and wgpu backends and print, for every graph buffer,
+//! the normalised MSE of the wgpu values against the CPU's (first divergence = suspect op).
+//! Usage: cargo run --release -p hearth-wgpu --example compare_taps -- <model.gguf> "<prompt>"
+
+use hearth_core::backend::Backend;
+use hearth_core::gguf::GgufFile;
+use hearth_core::graph::{LogitsMode, Op, StepInput};
+use hearth_core::model::Model;
+use hearth_core::tokenizer::Tokenizer;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).ok_or("model path")?;
+    let prompt = args.get(2).map(String::as_str).unwrap_or("The capital of France is");
+    let file = GgufFile::open(std::path::Path::new(path))?;
+    let tokens = Tokenizer::from_gguf(&file.metadata)?.encode(prompt, true, false)?;
+    let mut cpu = hearth_cpu::CpuBackend::new(None)?;
+    let mut gpu = hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env())?;
+    if let Some(steps) = std::env::var("DECODE_STEPS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return decode(&file, &tokens, steps, cpu, gpu);
+    }
+    let model_c = Model::load(&file, &mut cpu, &mut |_, _| {})?;
+    let model_g = Model::load(&file, &mut gpu, &mut |_, _| {})?;
+    let kv_c = cpu.alloc_kv(model_c.kv_layout(64))?;
+    let kv_g = gpu.alloc_kv(model_g.kv_layout(64))?;
+    let full = model_c.build_graph(tokens.len(), LogitsMode::Last);
+    let limit: usize = std::env::var("CUT_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(full.ops.len());
+    // Graphs cut after op `cut`, returning that op's output: the first op whose error jumps is
+    // the suspect.
+    let from: usize = std::env::var("CUT_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let stride: usize = std::env::var("CUT_STRIDE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    for cut in (from.max(1)..=limit.min(full.ops.len())).step_by(stride.max(1)) {
+        let mut g = full.clone();
+        g.ops.truncate(cut);
+        let out = match &g.ops[cut - 1] {
+            Op::Embed { out, .. } | Op::RmsNorm { out, .. } | Op::MatMul { out, .. } | Op::Attention { out, .. }
+            | Op::Add { out, .. } | Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } | Op::LastRow { out, .. } => *out,
+            Op::Rope { x, .. } | Op::Scale { x, .. } => *x,
+            Op::StoreKv { .. } => continue,
+        };
+        g.logits = out;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let gc = cpu.compile(&g)?;
+        cpu.execute(gc, kv_c, StepInput { tokens: &tokens, pos0: 0 }, &mut a)?;
+        let gg = gpu.compile(&g)?;
+        gpu.execute(gg, kv_g, StepInput { tokens: &tokens, pos0: 0 }, &mut b)?;
+        let err: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let norm: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+        println!("{cut:>4} {:<50} {:<16} nmse {:.3e}", format!("{:?}", g.ops[cut - 1]).chars().take(50).collect::<String>(), g.bufs[out.0 as usize].name, err / norm.max(1e-30));
+    }
+    Ok(())
+}
+
+/// Prefill, then `steps` decode steps fed with the CPU's greedy tokens: logits error per step and
+/// both backends' top-3.
+fn decode(
+    file: &GgufFile,
+    tokens: &[u32],
+    steps: usize,
+    cpu: hearth_cpu::CpuBackend,
+    gpu: hearth_wgpu::WgpuBackend,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use hearth_core::engine::{EngineOptions, Session};
+    let options = EngineOptions { n_ctx: 96, ..EngineOptions::default() };
+    let mut sc = Session::load(file, Box::new(cpu), &options, &mut |_, _| {})?;
+    let mut sg = Session::load(file, Box::new(gpu), &options, &mut |_, _| {})?;
+    let top = |l: &[f32]| {
+        let mut idx: Vec<usize> = (0..l.len()).collect();
+        idx.sort_by(|&i, &j| l[j].total_cmp(&l[i]));
+        idx[..3].iter().map(|&i| (i, l[i])).collect::<Vec<_>>()
+    };
+    let mut input = tokens.to_vec();
+    for step in 0..=steps {
+        let a = sc.eval(&input, LogitsMode::Last)?.to_vec();
+        let b = sg.eval(&input, LogitsMode::Last)?.to_vec();
+        let err: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let norm: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+        println!("step {step}: nmse {:.3e}\n  cpu {:?}\n  gpu {:?}", err / norm, top(&a), top(&b));
+        input = vec![top(&a)[0].0 as u32];
+    }
+    Ok(())
+}

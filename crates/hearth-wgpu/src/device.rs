@@ -1,0 +1,94 @@
+//! Adapter and device setup.
+
+use crate::WgpuError;
+
+/// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1`.
+#[derive(Clone, Debug, Default)]
+pub struct WgpuOptions {
+    /// Do not request `shader-f16` even when the adapter has it (f16 scales are always read
+    /// with `unpack2x16float`, so kernels never need it).
+    pub no_f16: bool,
+    /// Do not request subgroup operations even when the adapter has them.
+    pub no_subgroups: bool,
+    /// Caps the bytes bound per weight buffer below the device limit, so tests can exercise the
+    /// row-range split of large tensors with small ones.
+    pub max_binding_bytes: Option<u64>,
+}
+
+impl WgpuOptions {
+    pub fn from_env() -> Self {
+        let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        WgpuOptions { no_f16: on("HEARTH_WGPU_NO_F16"), no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"), max_binding_bytes: None }
+    }
+}
+
+/// What was opened and which optional features are in use.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub adapter_name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub max_storage_binding: u64,
+    pub max_buffer_size: u64,
+}
+
+pub(crate) struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: DeviceInfo,
+    /// Largest weight chunk bound at once (bytes, multiple of 4).
+    pub max_binding: u64,
+}
+
+pub(crate) fn request_adapter() -> Result<wgpu::Adapter, WgpuError> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        force_fallback_adapter: false,
+        compatible_surface: None,
+        ..Default::default()
+    }))
+    .map_err(|e| WgpuError::NoAdapter(e.to_string()))
+}
+
+pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
+    let adapter = request_adapter()?;
+    let features = adapter.features();
+    let shader_f16 = !options.no_f16 && features.contains(wgpu::Features::SHADER_F16);
+    let subgroups = !options.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
+    let mut required_features = wgpu::Features::empty();
+    if shader_f16 {
+        required_features |= wgpu::Features::SHADER_F16;
+    }
+    if subgroups {
+        required_features |= wgpu::Features::SUBGROUP;
+    }
+    // All the adapter offers: the defaults cap storage bindings at 128 MiB and buffers at 256 MiB.
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("hearth"),
+        required_features,
+        required_limits: limits.clone(),
+        ..Default::default()
+    }))
+    .map_err(|e| WgpuError::Device(e.to_string()))?;
+    let ai = adapter.get_info();
+    let max_storage_binding = limits.max_storage_buffer_binding_size;
+    let max_buffer_size = limits.max_buffer_size;
+    let mut max_binding = max_storage_binding.min(max_buffer_size);
+    if let Some(cap) = options.max_binding_bytes {
+        max_binding = max_binding.min(cap);
+    }
+    let info = DeviceInfo {
+        adapter_name: ai.name,
+        backend: format!("{:?}", ai.backend),
+        device_type: format!("{:?}", ai.device_type),
+        shader_f16,
+        subgroups,
+        max_storage_binding,
+        max_buffer_size,
+    };
+    Ok(Gpu { device, queue, info, max_binding: max_binding / 4 * 4 })
+}

@@ -1,0 +1,106 @@
+//! Weights on the device: the raw GGUF bytes of each tensor in storage buffers, split into row
+//! ranges when the tensor is larger than one storage binding may be.
+
+use crate::WgpuError;
+use hearth_core::backend::WeightData;
+use hearth_core::graph::WeightDesc;
+use hearth_core::quant::GgmlType;
+
+/// Rows `row0 .. row0 + rows` of a weight, in their own buffer (bytes padded to 4).
+pub(crate) struct WeightChunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub buffer: wgpu::Buffer,
+}
+
+pub(crate) struct GpuWeight {
+    pub desc: WeightDesc,
+    pub row_bytes: usize,
+    pub chunks: Vec<WeightChunk>,
+}
+
+impl GpuWeight {
+    pub fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buffer.size()).sum()
+    }
+
+    /// Weights read as plain `array<f32>` (norm weights, biases, RoPE factors) must be F32 and
+    /// in one chunk.
+    pub fn as_f32_vector(&self) -> Result<&wgpu::Buffer, WgpuError> {
+        match (self.desc.ty, self.chunks.as_slice()) {
+            (GgmlType::F32, [chunk]) => Ok(&chunk.buffer),
+            _ => Err(WgpuError::Unsupported(format!("weight '{}' ({}) used as an f32 vector", self.desc.name, self.desc.ty.name()))),
+        }
+    }
+}
+
+/// Types the kernels in `shaders/quant.wgsl` decode, with their define.
+pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => "F32",
+        GgmlType::F16 => "F16",
+        GgmlType::Q4_0 => "Q4_0",
+        GgmlType::Q5_0 => "Q5_0",
+        GgmlType::Q8_0 => "Q8_0",
+        GgmlType::Q4_K => "Q4_K",
+        GgmlType::Q6_K => "Q6_K",
+        _ => return None,
+    })
+}
+
+pub(crate) fn upload(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    max_binding: u64,
+    desc: WeightDesc,
+    data: WeightData,
+) -> Result<GpuWeight, WgpuError> {
+    let bad = |reason: String| WgpuError::BadWeight { name: desc.name.clone(), reason };
+    if desc.dims.is_empty() || desc.dims.contains(&0) {
+        return Err(bad(format!("dims {:?}", desc.dims)));
+    }
+    let row_bytes = desc.ty.row_bytes(desc.row_len()).map_err(|e| bad(e.to_string()))?;
+    let n_rows = desc.n_rows();
+    let expected = row_bytes.checked_mul(n_rows).ok_or_else(|| bad("size overflows".into()))?;
+    if data.len != expected {
+        return Err(bad(format!("{} bytes given, {:?} {} needs {expected}", data.len, desc.dims, desc.ty.name())));
+    }
+    let rows_per_chunk = (max_binding as usize / row_bytes.max(1)).min(n_rows);
+    if rows_per_chunk == 0 {
+        return Err(bad(format!("one row of {row_bytes} bytes exceeds the binding limit {max_binding}")));
+    }
+    let mut chunks = Vec::new();
+    let mut owned = Vec::new();
+    let mut row0 = 0;
+    while row0 < n_rows {
+        let rows = rows_per_chunk.min(n_rows - row0);
+        let offset = data.offset + (row0 * row_bytes) as u64;
+        let len = rows * row_bytes;
+        let padded = len.div_ceil(4) * 4;
+        let bytes: &[u8] = match data.source.slice(offset, len) {
+            Some(s) if s.len() == padded => s,
+            Some(s) => {
+                owned.clear();
+                owned.extend_from_slice(s);
+                owned.resize(padded, 0);
+                &owned
+            }
+            None => {
+                owned.clear();
+                owned.resize(padded, 0);
+                data.source.read_at(offset, &mut owned[..len]).map_err(|e| bad(e.to_string()))?;
+                &owned
+            }
+        };
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&desc.name),
+            size: padded as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&buffer, 0, bytes);
+        chunks.push(WeightChunk { row0, rows, buffer });
+        row0 += rows;
+    }
+    Ok(GpuWeight { desc, row_bytes, chunks })
+}

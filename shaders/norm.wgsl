@@ -1,0 +1,61 @@
+// RMS normalisation of each `group` consecutive values, optionally times a weight of length
+// `group`. One 256-thread workgroup per group (grid folded into 2-D past 65535 groups).
+// INPLACE: out aliases x, so X is not bound and values are read from OUT.
+
+// [n_groups, groups_x, group, eps (f32 bits)] u32
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+#ifdef INPLACE
+#else
+// [rows, cols] f32
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+#endif
+#ifdef WEIGHT
+// [group] f32 (GGUF F32 bytes)
+@group(0) @binding(2) var<storage, read> NW: array<f32>;
+#endif
+// [rows, cols] f32
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+
+var<workgroup> partial: array<f32, 256>;
+
+fn load(i: u32) -> f32 {
+#ifdef INPLACE
+    return OUT[i];
+#else
+    return X[i];
+#endif
+}
+
+@compute @workgroup_size(256)
+fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.y * P[1] + wg.x;
+    let valid = g < P[0];
+    let group = P[2];
+    let base = g * group;
+    var s = 0.0;
+    if (valid) {
+        for (var i = lid.x; i < group; i += 256u) {
+            let v = load(base + i);
+            s += v * v;
+        }
+    }
+    partial[lid.x] = s;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride /= 2u) {
+        if (lid.x < stride) {
+            partial[lid.x] += partial[lid.x + stride];
+        }
+        workgroupBarrier();
+    }
+    if (!valid) {
+        return;
+    }
+    let scale = 1.0 / sqrt(partial[0] / f32(group) + bitcast<f32>(P[3]));
+    for (var i = lid.x; i < group; i += 256u) {
+        var v = load(base + i) * scale;
+#ifdef WEIGHT
+        v = v * NW[i];
+#endif
+        OUT[base + i] = v;
+    }
+}

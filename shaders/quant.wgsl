@@ -1,0 +1,193 @@
+// Quantized weights: embedding lookup and matrix products over raw GGUF bytes.
+//
+// Weights are bound as array<u32> holding the tensor's GGUF bytes unchanged (rows of
+// row_bytes each; a tensor too large for one binding is split into row ranges, each its own
+// buffer starting at row `row0`). GGUF blocks are 18/22/34/144/210 bytes, not 4-byte aligned,
+// so values are extracted byte by byte. Exactly one weight-type define is set:
+// F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K. Scales are f16 read with unpack2x16float (no
+// shader-f16 needed). Activations are f32.
+
+// Per-op parameters, see each entry point.
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+// [rows_in_chunk * row_bytes] GGUF bytes, padded to 4 bytes
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+
+fn byte_at(i: u32) -> u32 {
+    return (W[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
+}
+
+fn u16_at(i: u32) -> u32 {
+    return byte_at(i) | (byte_at(i + 1u) << 8u);
+}
+
+fn f16_at(i: u32) -> f32 {
+    return unpack2x16float(u16_at(i)).x;
+}
+
+// Sign-extends a byte.
+fn i8_of(b: u32) -> i32 {
+    return (i32(b << 24u)) >> 24u;
+}
+
+// Value `i` of the row starting at byte `base`.
+fn dequant(base: u32, i: u32) -> f32 {
+#ifdef F32
+    return bitcast<f32>(byte_at(base + 4u * i) | (byte_at(base + 4u * i + 1u) << 8u)
+        | (byte_at(base + 4u * i + 2u) << 16u) | (byte_at(base + 4u * i + 3u) << 24u));
+#endif
+#ifdef F16
+    return f16_at(base + 2u * i);
+#endif
+#ifdef Q8_0
+    // block: d f16, qs[32] i8
+    let b = base + (i / 32u) * 34u;
+    return f16_at(b) * f32(i8_of(byte_at(b + 2u + i % 32u)));
+#endif
+#ifdef Q4_0
+    // block: d f16, qs[16]: value j<16 is the low nibble of qs[j], j>=16 the high nibble of qs[j-16]
+    let b = base + (i / 32u) * 18u;
+    let j = i % 32u;
+    let q = (byte_at(b + 2u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
+    return f16_at(b) * f32(i32(q) - 8);
+#endif
+#ifdef Q5_0
+    // block: d f16, qh u32 (bit j = 5th bit of value j), qs[16] nibbles as Q4_0
+    let b = base + (i / 32u) * 22u;
+    let j = i % 32u;
+    let qh = byte_at(b + 2u + j / 8u);
+    let hi = ((qh >> (j % 8u)) & 1u) << 4u;
+    let q = ((byte_at(b + 6u + j % 16u) >> (4u * (j / 16u))) & 0xfu) | hi;
+    return f16_at(b) * f32(i32(q) - 16);
+#endif
+#ifdef Q4_K
+    // super-block of 256: d f16, dmin f16, scales[12] (8 pairs of 6-bit scale/min), qs[128]
+    let b = base + (i / 256u) * 144u;
+    let j = i % 256u;
+    let chunk = j / 64u;
+    let half = (j % 64u) / 32u;
+    let l = j % 32u;
+    let sub = 2u * chunk + half;
+    var sc: u32;
+    var m: u32;
+    let s = b + 4u;
+    if (sub < 4u) {
+        sc = byte_at(s + sub) & 63u;
+        m = byte_at(s + sub + 4u) & 63u;
+    } else {
+        sc = (byte_at(s + sub + 4u) & 0xfu) | ((byte_at(s + sub - 4u) >> 6u) << 4u);
+        m = (byte_at(s + sub + 4u) >> 4u) | ((byte_at(s + sub) >> 6u) << 4u);
+    }
+    let q = (byte_at(b + 16u + 32u * chunk + l) >> (4u * half)) & 0xfu;
+    return f16_at(b) * f32(sc) * f32(q) - f16_at(b + 2u) * f32(m);
+#endif
+#ifdef Q6_K
+    // super-block of 256: ql[128] low nibbles, qh[64] 2-bit highs, scales[16] i8, d f16 at 208
+    let b = base + (i / 256u) * 210u;
+    let j = i % 256u;
+    let n = j / 128u;
+    let g = (j % 128u) / 32u;
+    let l = j % 32u;
+    let ql = (byte_at(b + 64u * n + l + (g & 1u) * 32u) >> (4u * (g / 2u))) & 0xfu;
+    let qh = (byte_at(b + 128u + 32u * n + l) >> (2u * g)) & 3u;
+    let q = i32(ql | (qh << 4u)) - 32;
+    let sc = i8_of(byte_at(b + 192u + 8u * n + l / 16u + 2u * g));
+    return f16_at(b + 208u) * f32(sc) * f32(q);
+#endif
+}
+
+#ifdef EMBED
+// P: [row0, rows_in_chunk, row_len, row_bytes]
+// [2 + n_tokens] u32: pos0, n_tokens, token ids
+@group(0) @binding(2) var<storage, read> STEP: array<u32>;
+// [n_tokens, row_len] f32
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+
+// grid: (ceil(row_len / 64), n_tokens)
+@compute @workgroup_size(64)
+fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = gid.y;
+    let c = gid.x;
+    let row_len = P[2];
+    if (c >= row_len) {
+        return;
+    }
+    let tok = STEP[2u + t];
+    if (tok < P[0] || tok >= P[0] + P[1]) {
+        return;
+    }
+    OUT[t * row_len + c] = dequant((tok - P[0]) * P[3], c);
+}
+#endif
+
+#ifdef MATMUL
+// P: [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x]
+// [n_tokens, k] f32
+@group(0) @binding(2) var<storage, read> X: array<f32>;
+// [n_tokens, n] f32
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+#ifdef BIAS
+// [n] f32 (stored as the GGUF F32 bytes)
+@group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
+#endif
+
+const WG: u32 = 64u;
+// Activation rows handled by one workgroup: each weight value is dequantized once for all of them.
+// DECODE (one activation row) avoids the empty tile slots.
+#ifdef DECODE
+const TILE_T: u32 = 1u;
+#else
+const TILE_T: u32 = 8u;
+#endif
+var<workgroup> partial: array<array<f32, TILE_T>, WG>;
+
+// grid: (rows folded into x*y with groups_x columns, ceil(n_tokens / TILE_T)); one weight row
+// per workgroup, threads stride along k, shared-memory tree reduction at the end.
+@compute @workgroup_size(64)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let local_row = wg.y * P[6] + wg.x;
+    let rows = P[1];
+    let k = P[2];
+    let n = P[4];
+    let n_tokens = P[5];
+    let t0 = wg.z * TILE_T;
+    let tid = lid.x;
+    let valid = local_row < rows;
+    var acc: array<f32, TILE_T>;
+    for (var u = 0u; u < TILE_T; u++) {
+        acc[u] = 0.0;
+    }
+    if (valid) {
+        let base = local_row * P[3];
+        for (var i = tid; i < k; i += WG) {
+            let w = dequant(base, i);
+            for (var u = 0u; u < TILE_T; u++) {
+                if (t0 + u < n_tokens) {
+                    acc[u] += w * X[(t0 + u) * k + i];
+                }
+            }
+        }
+    }
+    partial[tid] = acc;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            for (var u = 0u; u < TILE_T; u++) {
+                partial[tid][u] += partial[tid + stride][u];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (tid == 0u && valid) {
+        let row = P[0] + local_row;
+        var b = 0.0;
+#ifdef BIAS
+        b = BIAS_W[row];
+#endif
+        for (var u = 0u; u < TILE_T; u++) {
+            if (t0 + u < n_tokens) {
+                OUT[(t0 + u) * n + row] = partial[0][u] + b;
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,52 @@
+// Rotary position embedding, in place, one thread per (token, head, rotated pair).
+// NEOX rotates (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1). FREQ_FACTORS divides each
+// pair's angle by a per-pair factor (llama 3).
+
+// [n_tokens, n_heads, head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits), cols, groups_x]
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+// [2 + n_tokens] u32: pos0, n_tokens, token ids
+@group(0) @binding(1) var<storage, read> STEP: array<u32>;
+#ifdef FREQ_FACTORS
+// [n_rot / 2] f32 (GGUF F32 bytes)
+@group(0) @binding(2) var<storage, read> FF: array<f32>;
+#endif
+// [n_tokens, n_heads * head_dim] f32
+@group(0) @binding(3) var<storage, read_write> X: array<f32>;
+
+@compute @workgroup_size(64)
+fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let half_rot = P[3] / 2u;
+    let id = (wg.y * P[7] + wg.x) * 64u + lid.x;
+    let per_token = P[1] * half_rot;
+    if (id >= P[0] * per_token) {
+        return;
+    }
+    let t = id / per_token;
+    let h = (id % per_token) / half_rot;
+    let i = id % half_rot;
+    // theta_i = pos * theta_scale^i by repeated multiplication, as ggml computes it.
+    let theta_scale = bitcast<f32>(P[4]);
+    var theta = f32(STEP[0] + t);
+    for (var j = 0u; j < i; j++) {
+        theta = theta * theta_scale;
+    }
+    var ff = 1.0;
+#ifdef FREQ_FACTORS
+    ff = FF[i];
+#endif
+    let angle = bitcast<f32>(P[5]) * (theta / ff);
+    let c = cos(angle);
+    let s = sin(angle);
+    let base = t * P[6] + h * P[2];
+#ifdef NEOX
+    let i0 = base + i;
+    let i1 = base + i + half_rot;
+#else
+    let i0 = base + 2u * i;
+    let i1 = base + 2u * i + 1u;
+#endif
+    let a = X[i0];
+    let b = X[i1];
+    X[i0] = fma(a, c, -(b * s));
+    X[i1] = fma(a, s, b * c);
+}
