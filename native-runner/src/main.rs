@@ -47,7 +47,7 @@ pub struct ModelArgs {
     /// A .gguf path, a built-in model name (see `hearth models list`) or an http(s) URL.
     #[arg(short = 'm', long = "model", default_value = "qwen2.5-coder-0.5b")]
     pub model: String,
-    /// auto (GPU when available, else CPU) or cpu.
+    /// auto (a real GPU through wgpu when one is available, else the CPU), cpu or wgpu.
     #[arg(long, default_value = "auto")]
     pub backend: String,
     /// CPU threads (default: all cores).
