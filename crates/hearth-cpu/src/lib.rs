@@ -54,7 +54,30 @@ pub struct CpuBackend {
     graphs: Vec<CompiledGraph>,
     counters: BackendCounters,
     #[cfg(not(target_arch = "wasm32"))]
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
+}
+
+/// One rayon pool per thread count for the whole process: a draft model and its target (or several
+/// engines) then share the cores instead of two pools of spinning workers fighting over them.
+#[cfg(not(target_arch = "wasm32"))]
+fn shared_pool(threads: Option<usize>) -> std::result::Result<std::sync::Arc<rayon::ThreadPool>, CpuError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+    static POOLS: OnceLock<Mutex<HashMap<usize, Weak<rayon::ThreadPool>>>> = OnceLock::new();
+    let n = threads.filter(|&n| n > 0).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pool) = pools.get(&n).and_then(Weak::upgrade) {
+        return Ok(pool);
+    }
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("hearth-cpu-{i}"))
+            .build()
+            .map_err(|e| CpuError::ThreadPool(e.to_string()))?,
+    );
+    pools.insert(n, Arc::downgrade(&pool));
+    Ok(pool)
 }
 
 impl CpuBackend {
@@ -69,11 +92,7 @@ impl CpuBackend {
             graphs: Vec::new(),
             counters: BackendCounters::default(),
             #[cfg(not(target_arch = "wasm32"))]
-            pool: rayon::ThreadPoolBuilder::new()
-                .num_threads(threads.unwrap_or(0))
-                .thread_name(|i| format!("hearth-cpu-{i}"))
-                .build()
-                .map_err(|e| CpuError::ThreadPool(e.to_string()))?,
+            pool: shared_pool(threads)?,
         })
     }
 
