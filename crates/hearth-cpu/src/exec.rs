@@ -222,20 +222,21 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
 
 /// Debug aid (env `HEARTH_OP_TIMES`): wall time per op kind (mat-muls per weight type) of each
 /// step, printed to stderr, to see where a step's time goes.
+/// The clock is only read when enabled: `Instant::now` panics on wasm32-unknown-unknown.
 struct OpTimer {
     totals: Option<std::collections::BTreeMap<String, (u32, std::time::Duration)>>,
-    started: std::time::Instant,
+    started: Option<std::time::Instant>,
 }
 
 impl OpTimer {
     fn from_env() -> Self {
         let on = std::env::var_os("HEARTH_OP_TIMES").is_some();
-        OpTimer { totals: on.then(Default::default), started: std::time::Instant::now() }
+        OpTimer { totals: on.then(Default::default), started: None }
     }
 
     fn start(&mut self) {
         if self.totals.is_some() {
-            self.started = std::time::Instant::now();
+            self.started = Some(std::time::Instant::now());
         }
     }
 
@@ -250,7 +251,7 @@ impl OpTimer {
         };
         let entry = totals.entry(key).or_default();
         entry.0 += 1;
-        entry.1 += self.started.elapsed();
+        entry.1 += self.started.map_or(std::time::Duration::ZERO, |t| t.elapsed());
     }
 
     fn report(&self, n_tokens: usize) {
