@@ -16,6 +16,11 @@ pub struct Loaded {
 }
 
 pub fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
+    // Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid" on every probe of a headless
+    // machine without a session dir; give them one so `--backend auto` stays quiet.
+    if args.backend != "cpu" && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let cpu = || -> Result<Box<dyn Backend>> { Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?)) };
     let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
     match args.backend.as_str() {
