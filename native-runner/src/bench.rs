@@ -76,6 +76,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let prompt: Vec<u32> = (0..args.prompt_tokens).map(|i| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32).collect();
 
     let (mut pp, mut tg, mut ttft, mut itl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Backend counters over the decode steps of the last repetition (after warm-up): what one
+    // token costs in dispatched ops, submits and (should be zero) pipeline/bind-group creations.
+    let mut decode_counters = (session.backend().counters(), session.backend().counters());
     // One untimed warm-up round pages the weights in and builds the graphs.
     for rep in 0..=args.reps {
         session.reset();
@@ -83,11 +86,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let mut next = argmax(session.eval(&prompt, LogitsMode::Last)?);
         let prefill_s = start.elapsed().as_secs_f64();
         let mut steps = Vec::with_capacity(args.gen_tokens);
+        decode_counters.0 = session.backend().counters();
         for _ in 0..args.gen_tokens {
             let t = Instant::now();
             next = argmax(session.eval(&[next], LogitsMode::Last)?);
             steps.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        decode_counters.1 = session.backend().counters();
         if rep == 0 {
             continue;
         }
@@ -100,6 +105,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     itl.sort_by(|a, b| a.total_cmp(b));
     let counters = session.backend().counters();
+    let (before, after) = &decode_counters;
+    let per_token = |a: u64, b: u64| (b - a) as f64 / args.gen_tokens.max(1) as f64;
     let report = serde_json::json!({
         "model": path.display().to_string(),
         "backend": session.backend().name(),
@@ -117,6 +124,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "backend_memory_bytes": session.backend().memory_bytes(),
         "kv_bytes_per_token": session.kv_bytes_per_token(),
         "graphs_compiled": counters.graphs_compiled,
+        "per_decode_token": {
+            "ops_dispatched": per_token(before.ops_executed, after.ops_executed),
+            "submits": per_token(before.submits, after.submits),
+            "pipelines_created": per_token(before.pipelines_created, after.pipelines_created),
+            "bind_groups_created": per_token(before.bind_groups_created, after.bind_groups_created),
+        },
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -135,6 +148,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         );
         println!("peak rss   {:.0} MiB (after load {:.0} MiB)", peak_rss_bytes() as f64 / 1048576.0, load_peak_rss as f64 / 1048576.0);
         println!("load       {load_ms:.0} ms");
+        println!(
+            "per token  {:.0} ops dispatched, {:.1} submits, {:.1} pipelines and {:.1} bind groups created",
+            per_token(before.ops_executed, after.ops_executed),
+            per_token(before.submits, after.submits),
+            per_token(before.pipelines_created, after.pipelines_created),
+            per_token(before.bind_groups_created, after.bind_groups_created)
+        );
     }
     Ok(())
 }
