@@ -5,6 +5,7 @@ mod chat;
 mod fetch;
 mod load;
 mod run;
+mod serve;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -21,6 +22,8 @@ enum Command {
     Run(run::RunArgs),
     /// Interactive multi-turn chat (the KV cache is kept between turns).
     Chat(chat::ChatArgs),
+    /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
+    Serve(serve::ServeArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
     /// List or fetch the built-in models.
@@ -66,6 +69,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Bench(args) => bench::bench(args),
         Command::Models { action } => models(action),
     };

@@ -1,0 +1,184 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: submit the job, then answer with one JSON
+//! body or stream server-sent events (`data: {...}\n\n` ... `data: [DONE]\n\n`).
+
+use super::api::{self, Endpoint};
+use super::error::ApiError;
+use super::worker::{Event, Job};
+use super::{respond_error, respond_json, State};
+use hearth_core::engine::{FinishReason, Generation};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Instant;
+
+/// Handles one request; returns the HTTP status sent (for the metrics).
+pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint, received: Instant) -> u16 {
+    let body = match super::read_body(&mut request) {
+        Ok(body) => body,
+        Err(e) => return respond_error(request, &e),
+    };
+    let parsed = match api::parse(endpoint, &body) {
+        Ok(parsed) => parsed,
+        Err(e) => return respond_error(request, &e),
+    };
+    if let Some(model) = &parsed.model {
+        if !state.model_names.contains(model) {
+            let e = ApiError::not_found(format!("The model '{model}' does not exist; this server has '{}'.", state.model_id), Some("model"), "model_not_found");
+            return respond_error(request, &e);
+        }
+    }
+    let (stream, include_usage) = (parsed.stream, parsed.include_usage);
+    let (sender, events) = mpsc::channel();
+    if let Err(e) = state.queue.submit(Job { request: parsed, events: sender, received }) {
+        return respond_error(request, &e);
+    }
+    // Nothing is sent before the worker accepts the prompt, so its errors keep their status.
+    let prompt_tokens = match events.recv() {
+        Ok(Event::Started { prompt_tokens }) => prompt_tokens,
+        Ok(Event::Failed(e)) => return respond_error(request, &e),
+        _ => return respond_error(request, &ApiError::internal("The engine stopped before answering.")),
+    };
+    let reply = Reply { id: next_id(endpoint), endpoint, model: state.model_id.clone(), created: unix_now() };
+    if stream {
+        stream_events(request, &reply, &events, prompt_tokens, include_usage)
+    } else {
+        let mut generation = None;
+        for event in events.iter() {
+            match event {
+                Event::Done(g) => generation = Some(g),
+                Event::Failed(e) => return respond_error(request, &e),
+                Event::Started { .. } | Event::Delta(_) => {}
+            }
+        }
+        match generation {
+            Some(g) => respond_json(request, 200, &reply.full(&g)),
+            None => respond_error(request, &ApiError::internal("The engine stopped before finishing.")),
+        }
+    }
+}
+
+/// What every response object of one request shares.
+struct Reply {
+    id: String,
+    endpoint: Endpoint,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// The non-streaming answer.
+    fn full(&self, g: &Generation) -> Value {
+        let finish = finish_reason(g.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": finish}),
+        };
+        let mut body = self.envelope(false, json!([choice]));
+        body["usage"] = usage(g.prompt_tokens.len(), g.tokens.len());
+        body
+    }
+
+    /// One streamed chunk carrying `text` (and `finish_reason` on the last).
+    fn chunk(&self, text: &str, role: bool, finish: Option<&str>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat if role => json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Chat if finish.is_some() => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+        };
+        self.envelope(true, json!([choice]))
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::ContextFull | FinishReason::Cancelled => "length",
+    }
+}
+
+/// Server-sent events over a chunked HTTP/1.1 response written by hand: tiny_http buffers response
+/// bodies, and every token must reach the client at once. A failed write means the client went
+/// away: returning drops `events`, so the worker's next send fails and the generation is cancelled.
+fn stream_events(request: tiny_http::Request, reply: &Reply, events: &Receiver<Event>, prompt_tokens: usize, include_usage: bool) -> u16 {
+    let mut out = SseWriter { inner: request.into_writer() };
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    if out.raw(head.as_bytes()).is_err() {
+        return 200;
+    }
+    let first = match reply.endpoint {
+        Endpoint::Chat => Some(reply.chunk("", true, None)),
+        Endpoint::Completions => None,
+    };
+    if first.is_some_and(|c| out.event(&c.to_string()).is_err()) {
+        return 200;
+    }
+    // The worker drops its sender after the final event, which ends this loop.
+    for event in events.iter() {
+        let sent = match event {
+            Event::Delta(text) => out.event(&reply.chunk(&text, false, None).to_string()),
+            Event::Done(g) => {
+                let mut last = out.event(&reply.chunk("", false, Some(finish_reason(g.finish_reason))).to_string());
+                if include_usage && last.is_ok() {
+                    let mut chunk = reply.envelope(true, json!([]));
+                    chunk["usage"] = usage(prompt_tokens, g.tokens.len());
+                    last = out.event(&chunk.to_string());
+                }
+                last
+            }
+            Event::Failed(e) => out.event(&e.body().to_string()),
+            Event::Started { .. } => Ok(()),
+        };
+        if sent.is_err() {
+            return 200;
+        }
+    }
+    let _ = out.event("[DONE]").and_then(|_| out.raw(b"0\r\n\r\n"));
+    200
+}
+
+struct SseWriter {
+    inner: Box<dyn Write + Send>,
+}
+
+impl SseWriter {
+    fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.inner.flush()
+    }
+
+    /// `data: {payload}\n\n` as one HTTP chunk.
+    fn event(&mut self, payload: &str) -> std::io::Result<()> {
+        let data = format!("data: {payload}\n\n");
+        self.raw(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())
+    }
+}
+
+fn next_id(endpoint: Endpoint) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    format!("{prefix}-{:x}{:04x}", unix_now(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

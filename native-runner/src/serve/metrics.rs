@@ -1,0 +1,120 @@
+//! Prometheus counters, gauges and histograms for `GET /metrics` (text exposition format 0.0.4).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Cumulative histogram with fixed upper bounds in seconds.
+struct Histogram {
+    bounds: &'static [f64],
+    /// counts[i] = observations <= bounds[i]; the last slot is +Inf.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0 }
+    }
+
+    fn observe(&mut self, seconds: f64) {
+        let slot = self.bounds.iter().position(|&b| seconds <= b).unwrap_or(self.bounds.len());
+        self.counts[slot] += 1;
+        self.sum += seconds;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.counts[self.bounds.len()];
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {}\n{name}_count {cumulative}", self.sum);
+    }
+}
+
+const TTFT_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const ITL_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+pub struct Metrics {
+    /// (endpoint, status) → count.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub queue_depth: AtomicI64,
+    pub running: AtomicI64,
+    ttft: Mutex<Histogram>,
+    itl: Mutex<Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::default(),
+            cancelled: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            queue_depth: AtomicI64::new(0),
+            running: AtomicI64::new(0),
+            ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
+            itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        if let Ok(mut map) = self.requests.lock() {
+            *map.entry((endpoint.to_string(), status)).or_default() += 1;
+        }
+    }
+
+    /// One finished generation: token counts, time to first token (queue wait included) and the
+    /// inter-token latencies of its decode steps.
+    pub fn record_generation(&self, prompt_tokens: usize, generated: usize, ttft_s: Option<f64>, itl_ms: &[f64]) {
+        self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        if let (Some(t), Ok(mut h)) = (ttft_s, self.ttft.lock()) {
+            h.observe(t);
+        }
+        if let Ok(mut h) = self.itl.lock() {
+            itl_ms.iter().for_each(|ms| h.observe(ms / 1e3));
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP hearth_requests_total HTTP requests by endpoint and status code.\n# TYPE hearth_requests_total counter\n");
+        if let Ok(map) = self.requests.lock() {
+            for ((endpoint, status), n) in map.iter() {
+                let _ = writeln!(out, "hearth_requests_total{{endpoint=\"{endpoint}\",code=\"{status}\"}} {n}");
+            }
+        }
+        let counters = [
+            ("hearth_requests_cancelled_total", "Generations cancelled because the client went away.", &self.cancelled),
+            ("hearth_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens),
+            ("hearth_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
+        }
+        let gauges = [
+            ("hearth_queue_depth", "Requests waiting for the engine.", &self.queue_depth),
+            ("hearth_requests_running", "Requests being generated.", &self.running),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", value.load(Ordering::Relaxed));
+        }
+        if let Ok(h) = self.ttft.lock() {
+            h.render(&mut out, "hearth_time_to_first_token_seconds", "Time from request arrival to the first token.");
+        }
+        if let Ok(h) = self.itl.lock() {
+            h.render(&mut out, "hearth_inter_token_latency_seconds", "Time between consecutive generated tokens.");
+        }
+        out
+    }
+}

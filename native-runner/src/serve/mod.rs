@@ -1,0 +1,172 @@
+//! `hearth serve`: an OpenAI-compatible HTTP server. One engine serves requests one at a time from
+//! a bounded queue (continuous batching needs the paged KV cache, which does not exist yet).
+//!
+//! Threads: the accept loop spawns one thread per request (parsing, waiting, streaming); one worker
+//! thread owns the [`Engine`](hearth_core::engine::Engine) and runs the queued jobs.
+
+mod api;
+mod completion;
+mod error;
+mod metrics;
+mod worker;
+
+use crate::load;
+use crate::ModelArgs;
+use anyhow::{anyhow, Context, Result};
+use api::Endpoint;
+use clap::Args;
+use error::ApiError;
+use metrics::Metrics;
+use serde_json::json;
+use std::io::Read;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 picks a free one; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/ endpoints.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Requests that may wait for the engine; more are refused with 429.
+    #[arg(long = "max-queue", default_value_t = 16)]
+    pub max_queue: usize,
+}
+
+/// What every request thread shares.
+pub struct State {
+    queue: worker::Queue,
+    metrics: Arc<Metrics>,
+    /// The id reported by /v1/models.
+    model_id: String,
+    /// Names a request may use for the model: the id, the `-m` argument and the file name.
+    model_names: Vec<String>,
+    api_key: Option<String>,
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let (sender, jobs) = mpsc::sync_channel(args.max_queue);
+    let (model_id, model_names) = spawn_worker(&args.model, jobs, metrics.clone())?;
+    let server = tiny_http::Server::http((args.host.as_str(), args.port))
+        .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+    let address = server.server_addr().to_ip().context("the server has no IP address")?;
+    eprintln!("hearth serve: {model_id} listening on http://{address}");
+    let state = Arc::new(State {
+        queue: worker::Queue::new(sender, args.max_queue, metrics.clone()),
+        metrics,
+        model_id,
+        model_names,
+        api_key: args.api_key,
+    });
+    for request in server.incoming_requests() {
+        let state = state.clone();
+        std::thread::spawn(move || route(&state, request));
+    }
+    Ok(())
+}
+
+/// Loads the model on the worker thread (which then owns it) and waits until it is ready.
+fn spawn_worker(args: &ModelArgs, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<(String, Vec<String>)> {
+    let (ready, loaded) = mpsc::channel();
+    let args = args.clone();
+    std::thread::Builder::new().name("engine".into()).spawn(move || match load::load(&args) {
+        Ok(l) => {
+            let file = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem])));
+            worker::run(l.engine, jobs, metrics);
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+        }
+    })?;
+    loaded.recv().context("the engine thread stopped while loading")?
+}
+
+fn route(state: &State, request: tiny_http::Request) {
+    let received = Instant::now();
+    let method = request.method().as_str().to_ascii_uppercase();
+    let path = request.url().split('?').next().unwrap_or("").to_string();
+    let protected = path.starts_with("/v1/");
+    let status = if protected && !authorized(state, &request) {
+        respond_error(request, &ApiError::unauthorized())
+    } else {
+        match (method.as_str(), path.as_str()) {
+            ("POST", "/v1/chat/completions") => completion::handle(state, request, Endpoint::Chat, received),
+            ("POST", "/v1/completions") => completion::handle(state, request, Endpoint::Completions, received),
+            ("GET", "/v1/models") => respond_json(request, 200, &models(state)),
+            ("GET", "/health") => respond_json(request, 200, &json!({"status": "ok"})),
+            ("GET", "/metrics") => respond_text(request, 200, &state.metrics.render(), "text/plain; version=0.0.4"),
+            (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+                respond_error(request, &ApiError::method_not_allowed(&method, &path))
+            }
+            _ => respond_error(request, &ApiError::not_found(format!("No route {method} {path}."), None, "unknown_url")),
+        }
+    };
+    state.metrics.count_request(&path_label(&path), status);
+}
+
+/// Unknown paths share one label so that scanners cannot grow the metrics without bound.
+fn path_label(path: &str) -> String {
+    match path {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => path.to_string(),
+        _ => "other".to_string(),
+    }
+}
+
+fn authorized(state: &State, request: &tiny_http::Request) -> bool {
+    let Some(key) = &state.api_key else { return true };
+    request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
+        .is_some_and(|given| given.trim() == key)
+}
+
+fn models(state: &State) -> serde_json::Value {
+    json!({"object": "list", "data": [{"id": state.model_id, "object": "model", "created": completion::unix_now(), "owned_by": "hearth"}]})
+}
+
+/// Request bodies above this are refused (a prompt filling any supported context is far smaller).
+const MAX_BODY_BYTES: u64 = 32 << 20;
+
+fn read_body(request: &mut tiny_http::Request) -> Result<Vec<u8>, ApiError> {
+    let mut body = Vec::new();
+    request
+        .as_reader()
+        .take(MAX_BODY_BYTES + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| ApiError::bad_request(format!("Cannot read the request body: {e}"), None, None))?;
+    if body.len() as u64 > MAX_BODY_BYTES {
+        return Err(ApiError { status: 413, ..ApiError::bad_request("The request body is too large.", None, None) });
+    }
+    Ok(body)
+}
+
+fn respond_text(request: tiny_http::Request, status: u16, body: &str, content_type: &str) -> u16 {
+    let header = tiny_http::Header::from_bytes("Content-Type", content_type).ok();
+    let mut response = tiny_http::Response::from_string(body).with_status_code(status);
+    if let Some(h) = header {
+        response = response.with_header(h);
+    }
+    // The client may have gone; there is no one left to tell.
+    let _ = request.respond(response);
+    status
+}
+
+fn respond_json(request: tiny_http::Request, status: u16, body: &serde_json::Value) -> u16 {
+    respond_text(request, status, &body.to_string(), "application/json")
+}
+
+fn respond_error(request: tiny_http::Request, error: &ApiError) -> u16 {
+    respond_json(request, error.status, &error.body())
+}

@@ -1,0 +1,251 @@
+//! `hearth serve` end to end over real HTTP: OpenAI-shaped errors for bad input, outputs equal to
+//! `hearth run` (requests are served one at a time from an empty cache, so greedy and seeded
+//! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
+//! /v1/models, /health, /metrics, and the official `openai` Python client.
+
+mod serve_support;
+
+use serde_json::{json, Value};
+use serve_support::*;
+use std::io::BufReader;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const SYSTEM: &str = "You are a helpful assistant.";
+const QUESTION: &str = "Write a Python function that reverses a string.";
+
+fn server() -> &'static str {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    &SERVER.get_or_init(|| Server::start(&[])).addr
+}
+
+fn chat_body(max_tokens: usize, extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}
+
+/// The streamed text of a chat or completions SSE response, and its finish reason.
+fn streamed(r: &Response) -> (String, String, Vec<Value>) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("Content-Type"), Some("text/event-stream"));
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "stream must end with [DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect();
+    let mut text = String::new();
+    let mut finish = String::new();
+    for c in &chunks {
+        if let Some(choice) = c["choices"].get(0) {
+            text += choice["delta"]["content"].as_str().or(choice["text"].as_str()).unwrap_or("");
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+    }
+    (text, finish, chunks)
+}
+
+#[test]
+fn bad_input_gets_openai_errors() {
+    let addr = server();
+    let chat = "/v1/chat/completions";
+    let raw = |body: &str| request(addr, "POST", chat, Some(API_KEY), body);
+    assert_error(&raw("{\"messages\": [ "), 400, None, None);
+    assert_error(&raw("not json"), 400, None, None);
+    assert_error(&post(addr, chat, &json!({"model": MODEL})), 400, None, Some("messages"));
+    assert_error(&post(addr, chat, &json!({"messages": []})), 400, None, Some("messages"));
+    assert_error(&post(addr, chat, &chat_body(4, json!({"model": "gpt-4o"}))), 404, Some("model_not_found"), Some("model"));
+    let long = "word ".repeat(2000);
+    let r = post(addr, chat, &json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}));
+    assert_error(&r, 400, Some("context_length_exceeded"), None);
+    assert_error(&post(addr, chat, &chat_body(0, json!({}))), 400, None, Some("max_tokens"));
+    assert_error(&post(addr, chat, &chat_body(4, json!({"max_tokens": -3}))), 400, None, Some("max_tokens"));
+    assert_error(&post(addr, chat, &chat_body(100_000, json!({}))), 400, Some("context_length_exceeded"), Some("max_tokens"));
+    assert_error(&post(addr, chat, &chat_body(4, json!({"temperature": 3.5}))), 400, None, Some("temperature"));
+    assert_error(&post(addr, chat, &chat_body(4, json!({"logit_bias": {"abc": 1}}))), 400, None, Some("logit_bias"));
+    assert_error(&post(addr, "/v1/completions", &json!({"max_tokens": 4})), 400, None, Some("prompt"));
+    let body = chat_body(4, json!({})).to_string();
+    assert_error(&request(addr, "POST", chat, None, &body), 401, Some("invalid_api_key"), None);
+    assert_error(&request(addr, "POST", chat, Some("wrong"), &body), 401, Some("invalid_api_key"), None);
+    assert_error(&request(addr, "GET", "/v1/models", None, ""), 401, Some("invalid_api_key"), None);
+    assert_error(&get(addr, "/v1/nothing"), 404, None, None);
+    assert_error(&request(addr, "GET", chat, Some(API_KEY), ""), 405, None, None);
+    // Still serving after all that.
+    assert_eq!(get(addr, "/health").status, 200);
+}
+
+#[test]
+fn chat_equals_hearth_run_streaming_and_not() {
+    let addr = server();
+    let run = hearth_run(&["--chat", "--system", SYSTEM, "-p", QUESTION, "-n", "24", "--temperature", "0"]);
+    let expected = run["text"].as_str().expect("text");
+    let n_prompt = run["prompt_tokens"].as_array().expect("prompt").len();
+    let n_generated = run["tokens"].as_array().expect("tokens").len();
+
+    let r = post(addr, "/v1/chat/completions", &chat_body(24, json!({})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], MODEL);
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["message"]["content"], expected);
+    assert_eq!(body["choices"][0]["finish_reason"], if run["finish_reason"] == "length" { "length" } else { "stop" });
+    assert_eq!(body["usage"]["prompt_tokens"], n_prompt);
+    assert_eq!(body["usage"]["completion_tokens"], n_generated);
+    assert_eq!(body["usage"]["total_tokens"], n_prompt + n_generated);
+
+    let r = post(addr, "/v1/chat/completions", &chat_body(24, json!({"stream": true, "stream_options": {"include_usage": true}})));
+    let (text, finish, chunks) = streamed(&r);
+    assert_eq!(text, expected);
+    assert_eq!(finish, body["choices"][0]["finish_reason"].as_str().expect("finish"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let last = chunks.last().expect("usage chunk");
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], body["usage"]);
+    // Without include_usage no chunk carries usage.
+    let (_, _, chunks) = streamed(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"stream": true}))));
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+}
+
+#[test]
+fn completions_equal_hearth_run() {
+    let addr = server();
+    let prompt = "def fibonacci(n):";
+    let run = hearth_run(&["-p", prompt, "-n", "20", "--temperature", "0"]);
+    let expected = run["text"].as_str().expect("text");
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 20, "temperature": 0});
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], expected);
+    assert_eq!(v["usage"]["prompt_tokens"], run["prompt_tokens"].as_array().expect("prompt").len());
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let (text, _, chunks) = streamed(&post(addr, "/v1/completions", &stream_body));
+    assert_eq!(text, expected);
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+}
+
+#[test]
+fn stop_sequences_cut_the_text() {
+    let addr = server();
+    let full = post(addr, "/v1/chat/completions", &chat_body(32, json!({}))).json();
+    let full = full["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+    let words: Vec<&str> = full.split_whitespace().collect();
+    assert!(words.len() >= 6, "too short to test stops: {full:?}");
+    // A word from the middle; the answer is everything before its first occurrence.
+    let stop = words[4];
+    let expected = &full[..full.find(stop).expect("stop in text")];
+    for stop_field in [json!(stop), json!(["never-generated-xyz", stop])] {
+        let r = post(addr, "/v1/chat/completions", &chat_body(32, json!({"stop": stop_field}))).json();
+        assert_eq!(r["choices"][0]["message"]["content"], expected, "stop {stop_field}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+        let (text, finish, _) = streamed(&post(addr, "/v1/chat/completions", &chat_body(32, json!({"stop": stop_field, "stream": true}))));
+        assert_eq!(text, expected);
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[test]
+fn seeded_sampling_is_deterministic_and_matches_hearth_run() {
+    let addr = server();
+    let body = |seed: u64| json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": seed});
+    let text = |seed: u64| post(addr, "/v1/completions", &body(seed)).json()["choices"][0]["text"].as_str().expect("text").to_string();
+    let first = text(42);
+    assert_eq!(text(42), first, "same seed, same text");
+    assert!([7, 8, 9].iter().any(|&s| text(s) != first), "different seeds all gave the same text");
+    // The server's defaults are plain temperature sampling (no top-k/top-p/min-p).
+    let run = hearth_run(&["-p", "Once upon a time", "-n", "16", "--temperature", "1", "--seed", "42", "--top-k", "0", "--top-p", "1", "--min-p", "0"]);
+    assert_eq!(run["text"].as_str(), Some(first.as_str()));
+}
+
+#[test]
+fn models_health_and_metrics() {
+    let addr = server();
+    let models = get(addr, "/v1/models").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["object"], "model");
+    let health = request(addr, "GET", "/health", None, "");
+    assert_eq!((health.status, health.json()["status"].clone()), (200, json!("ok")));
+
+    let r = post(addr, "/v1/completions", &json!({"prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0}));
+    assert_eq!(r.status, 200);
+    let metrics = request(addr, "GET", "/metrics", None, "").text();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value")
+    };
+    assert!(value("hearth_requests_total{endpoint=\"/v1/completions\",code=\"200\"}") >= 1.0);
+    assert!(value("hearth_generation_tokens_total") >= 5.0);
+    assert!(value("hearth_prompt_tokens_total") >= r.json()["usage"]["prompt_tokens"].as_f64().expect("usage"));
+    assert!(value("hearth_time_to_first_token_seconds_count") >= 1.0);
+    assert!(value("hearth_inter_token_latency_seconds_count") >= 4.0);
+    assert!(metrics.contains("hearth_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
+    assert!(metrics.contains("# TYPE hearth_queue_depth gauge"));
+    assert!(metrics.contains("hearth_requests_cancelled_total"));
+}
+
+/// Polls /metrics until `name` has `value`.
+fn wait_for_metric(addr: &str, name: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let metrics = request(addr, "GET", "/metrics", None, "").text();
+        if metrics.lines().any(|l| l == format!("{name} {value}")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{name} never reached {value}");
+}
+
+#[test]
+fn full_queue_refuses_and_disconnect_cancels() {
+    let server = Server::start(&["--max-queue", "1"]);
+    let addr = server.addr.as_str();
+    // Long generations: end-of-text tokens banned so each runs for its full max_tokens.
+    let long = chat_body(400, json!({"stream": true, "logit_bias": {"151643": -100, "151645": -100}})).to_string();
+    let path = "/v1/chat/completions";
+    let mut running = BufReader::new(send(addr, "POST", path, Some(API_KEY), &long));
+    assert_eq!(read_head(&mut running).0, 200);
+    read_chunk(&mut running).expect("first event");
+    let mut waiting = BufReader::new(send(addr, "POST", path, Some(API_KEY), &long));
+    wait_for_metric(addr, "hearth_queue_depth", "1");
+    assert_error(&post(addr, path, &chat_body(4, json!({}))), 429, Some("queue_full"), None);
+    // Hanging up cancels the running request; the waiting one starts.
+    let started = Instant::now();
+    drop(running);
+    wait_for_metric(addr, "hearth_requests_cancelled_total", "1");
+    assert_eq!(read_head(&mut waiting).0, 200);
+    read_chunk(&mut waiting).expect("first event of the waiting request");
+    drop(waiting);
+    wait_for_metric(addr, "hearth_requests_cancelled_total", "2");
+    wait_for_metric(addr, "hearth_requests_running", "0");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(post(addr, path, &chat_body(2, json!({}))).status, 200);
+}
+
+#[test]
+fn official_openai_python_client() {
+    let addr = server();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/server/openai_client_test.py");
+    let out = std::process::Command::new("python3")
+        .args([script, "--base-url", &format!("http://{addr}/v1"), "--api-key", API_KEY, "--model", MODEL])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "openai client test failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,89 @@
+"""Drives `hearth serve` with the official `openai` Python client (pip install openai).
+
+Run by native-runner/tests/serve.rs against a running server; exits non-zero on any failure.
+"""
+
+import argparse
+
+import openai
+from openai import OpenAI
+
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write a Python function that reverses a string."},
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--api-key", required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args()
+    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=300)
+
+    models = [m.id for m in client.models.list()]
+    assert models == [args.model], models
+
+    # Non-streaming and streaming greedy chat give the same text.
+    chat = client.chat.completions.create(model=args.model, messages=MESSAGES, max_tokens=24, temperature=0)
+    text = chat.choices[0].message.content
+    assert chat.choices[0].message.role == "assistant"
+    assert text, "empty answer"
+    assert chat.usage.completion_tokens > 0 and chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+    stream = client.chat.completions.create(
+        model=args.model, messages=MESSAGES, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == text, ("".join(pieces), text)
+    assert finish == chat.choices[0].finish_reason, (finish, chat.choices[0].finish_reason)
+    assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage
+
+    # Completions, streamed and not.
+    comp = client.completions.create(model=args.model, prompt="def fibonacci(n):", max_tokens=16, temperature=0)
+    comp_text = comp.choices[0].text
+    assert comp_text and comp.object == "text_completion"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=args.model, prompt="def fibonacci(n):", max_tokens=16, temperature=0, stream=True)
+        if c.choices
+    )
+    assert streamed == comp_text, (streamed, comp_text)
+
+    # Stop: the text ends before the first occurrence of a word from the middle of the answer.
+    words = text.split()
+    assert len(words) >= 6, text
+    stop = words[4]
+    stopped = client.chat.completions.create(model=args.model, messages=MESSAGES, max_tokens=24, temperature=0, stop=[stop])
+    assert stopped.choices[0].message.content == text[: text.index(stop)], (stopped.choices[0].message.content, stop)
+    assert stopped.choices[0].finish_reason == "stop"
+
+    # Seed: the same seed gives the same sampled text.
+    def sample(seed: int) -> str:
+        r = client.completions.create(model=args.model, prompt="Once upon a time", max_tokens=16, temperature=1.0, seed=seed)
+        return r.choices[0].text
+
+    assert sample(42) == sample(42)
+
+    # Errors arrive as the client's typed exceptions.
+    try:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=4)
+        raise AssertionError("unknown model accepted")
+    except openai.NotFoundError:
+        pass
+    try:
+        OpenAI(base_url=args.base_url, api_key="wrong", max_retries=0).models.list()
+        raise AssertionError("wrong key accepted")
+    except openai.AuthenticationError:
+        pass
+    print("openai client: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
