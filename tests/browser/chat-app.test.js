@@ -117,6 +117,28 @@ test('load Qwen through the URL field, then chat: a streamed answer with stats',
   await page.screenshot({ path: join(artifacts, 'chat-app.png') });
 });
 
+test('regenerate replaces the last answer; stop ends it early', { timeout: 600_000 }, async () => {
+  const before = await page.locator('.message.assistant .body').textContent();
+  await page.fill('#max-tokens', '200');
+  await page.evaluate(() => delete document.body.dataset.lastAnswer);
+  await page.click('#regenerate');
+  assert.equal(await page.locator('#stop').isDisabled(), false);
+  await page.waitForFunction(() => document.querySelector('.message.assistant.streaming .body')?.textContent.length > 0, null, { timeout: 300_000, polling: 100 });
+  await page.click('#stop');
+  await page.waitForFunction(() => document.body.dataset.lastAnswer, null, { timeout: 60_000, polling: 100 });
+  assert.equal(await page.locator('.message').count(), 2);
+  const meta = await page.locator('.message.assistant .meta').textContent();
+  assert.match(meta, /stopped/, meta);
+  const tokens = Number(/(\d+) tokens/.exec(meta)?.[1]);
+  assert.ok(tokens >= 1 && tokens < 200, meta);
+  assert.ok((await page.locator('.message.assistant .body').textContent()).length > 0, `was: ${before}`);
+
+  // New chat: an empty conversation; the old one stays in the list.
+  await page.click('#new-chat');
+  assert.equal(await page.locator('.message').count(), 0);
+  assert.equal(await page.locator('.chat-item').count(), 2);
+});
+
 test('no request left the page origin and the page raised no errors', () => {
   assert.ok(requests.some((url) => url.endsWith(`/models/${modelFile}`)), 'the model was not fetched from the app server');
   const foreign = requests.filter((url) => !url.startsWith(`${origin}/`));
