@@ -45,11 +45,6 @@ export function inlineSpans(text) {
   return spans;
 }
 
-/** Escapes text for the few places that build HTML strings (none in the app today; kept for callers). */
-export function escapeHtml(text) {
-  return String(text).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]);
-}
-
 /** Replaces `container`'s children with the rendered markdown of `source`. */
 export function renderMarkdown(container, source) {
   const doc = container.ownerDocument;
