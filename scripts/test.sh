@@ -12,3 +12,5 @@ cargo build --release -p hearth
 cargo test --release --workspace
 scripts/build-web.sh
 node --test tests/browser/
+# A minimal Vite app that imports the built hearth-llm package must build.
+(cd tests/vite-app && npm ci --no-audit --no-fund && npm run build)

@@ -67,6 +67,22 @@ pub struct Timings {
     pub itl_ms: Vec<f64>,
 }
 
+impl Timings {
+    /// Rates from the raw measurements: prefill over the evaluated prompt tokens, decode over the
+    /// inter-token gaps (the first token's time is TTFT, not decode).
+    pub fn new(prompt_evaluated: usize, prompt_ms: f64, ttft_ms: f64, decode_ms: f64, itl_ms: Vec<f64>) -> Self {
+        Timings {
+            prompt_evaluated,
+            prompt_ms,
+            ttft_ms,
+            decode_ms,
+            prefill_tok_s: per_second(prompt_evaluated, prompt_ms),
+            decode_tok_s: per_second(itl_ms.len(), itl_ms.iter().sum()),
+            itl_ms,
+        }
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Generation {
     pub prompt_tokens: Vec<u32>,
@@ -287,25 +303,8 @@ impl Engine {
             logits = self.session.eval(&[token], LogitsMode::Last)?.to_vec();
         };
         let (tokens, text) = output.finish();
-        let decode_ms = ms(decode_start);
-        let n_eval = prompt.len() - common;
-        let n_decoded = itl_ms.len();
-        Ok(Generation {
-            prompt_tokens: prompt.to_vec(),
-            tokens,
-            text,
-            finish_reason: finish,
-            timings: Timings {
-                prompt_evaluated: n_eval,
-                prompt_ms,
-                ttft_ms,
-                decode_ms,
-                prefill_tok_s: per_second(n_eval, prompt_ms),
-                decode_tok_s: per_second(n_decoded, itl_ms.iter().sum()),
-                itl_ms,
-            },
-            speculative: None,
-        })
+        let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);
+        Ok(Generation { prompt_tokens: prompt.to_vec(), tokens, text, finish_reason: finish, timings, speculative: None })
     }
 }
 
@@ -380,7 +379,7 @@ pub(crate) fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-pub(crate) fn per_second(n: usize, ms: f64) -> f64 {
+fn per_second(n: usize, ms: f64) -> f64 {
     if ms <= 0.0 {
         0.0
     } else {

@@ -108,6 +108,25 @@ pub enum Op {
     LastRow { x: BufId, out: BufId },
 }
 
+impl Op {
+    /// Short name for errors, logs and per-op timings.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::MatMul { .. } => "mat_mul",
+            Op::Rope { .. } => "rope",
+            Op::StoreKv { .. } => "store_kv",
+            Op::Attention { .. } => "attention",
+            Op::Add { .. } => "add",
+            Op::Scale { .. } => "scale",
+            Op::SwiGlu { .. } => "swiglu",
+            Op::GeGlu { .. } => "geglu",
+            Op::LastRow { .. } => "last_row",
+        }
+    }
+}
+
 /// What a graph returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LogitsMode {

@@ -1,7 +1,7 @@
 //! Runs a validated graph op by op.
 
 use crate::weights::CpuWeight;
-use crate::{attention, matmul, op_name, ops, CompiledGraph, CpuError};
+use crate::{attention, matmul, ops, CompiledGraph, CpuError};
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::Result;
@@ -37,7 +37,7 @@ pub(crate) fn validate_op<'w>(
     index: usize,
     weight: impl Fn(WeightId) -> std::result::Result<&'w WeightDesc, CpuError>,
 ) -> std::result::Result<(), CpuError> {
-    let bad = |reason: String| CpuError::BadGraph { index, op: op_name(op), reason };
+    let bad = |reason: String| CpuError::BadGraph { index, op: op.name(), reason };
     let shape = |b: BufId| -> std::result::Result<(usize, usize), CpuError> {
         graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| bad(format!("unknown buffer {}", b.0)))
     };
@@ -247,7 +247,7 @@ impl OpTimer {
                 let d = &weight(*w).desc;
                 format!("mat_mul {} {}x{}", d.ty, d.n_rows(), d.row_len())
             }
-            _ => op_name(op).to_string(),
+            _ => op.name().to_string(),
         };
         let entry = totals.entry(key).or_default();
         entry.0 += 1;
@@ -288,7 +288,7 @@ fn dump_tap(graph: &Graph, bufs: &[Vec<f32>], index: usize, op: &Op, dir: &std::
     let Some(b) = written_buffer(op) else { return };
     let desc = &graph.bufs[b.0 as usize];
     let data = &bufs[b.0 as usize];
-    eprintln!("tap {index} {} -> {} [{}, {}]", op_name(op), desc.name, desc.rows, desc.cols);
+    eprintln!("tap {index} {} -> {} [{}, {}]", op.name(), desc.name, desc.rows, desc.cols);
     for row in data.chunks(desc.cols.max(1)) {
         let c = row.len();
         let head: Vec<String> = row.iter().take(3).map(|v| format!("{v:10.4}")).collect();

@@ -12,7 +12,7 @@ mod ops;
 mod weights;
 
 use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
-use hearth_core::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
 
@@ -178,19 +178,3 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Ops are matched exhaustively in `exec`; this keeps the op name for error messages.
-pub(crate) fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Embed { .. } => "embed",
-        Op::RmsNorm { .. } => "rms_norm",
-        Op::MatMul { .. } => "mat_mul",
-        Op::Rope { .. } => "rope",
-        Op::StoreKv { .. } => "store_kv",
-        Op::Attention { .. } => "attention",
-        Op::Add { .. } => "add",
-        Op::Scale { .. } => "scale",
-        Op::SwiGlu { .. } => "swiglu",
-        Op::GeGlu { .. } => "geglu",
-        Op::LastRow { .. } => "last_row",
-    }
-}

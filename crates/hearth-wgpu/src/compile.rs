@@ -60,21 +60,6 @@ pub(crate) struct CompiledGraph {
     embed_rows: Option<usize>,
 }
 
-fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Embed { .. } => "embed",
-        Op::RmsNorm { .. } => "rms_norm",
-        Op::MatMul { .. } => "mat_mul",
-        Op::Rope { .. } => "rope",
-        Op::StoreKv { .. } => "store_kv",
-        Op::Attention { .. } => "attention",
-        Op::Add { .. } => "add",
-        Op::Scale { .. } => "scale",
-        Op::SwiGlu { .. } => "swiglu",
-        Op::GeGlu { .. } => "geglu",
-        Op::LastRow { .. } => "last_row",
-    }
-}
 
 struct Builder<'a> {
     gpu: &'a Gpu,
@@ -91,7 +76,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn bad(&self, reason: String) -> WgpuError {
-        WgpuError::BadGraph { index: self.index, op: op_name(&self.graph.ops[self.index]), reason }
+        WgpuError::BadGraph { index: self.index, op: self.graph.ops[self.index].name(), reason }
     }
 
     fn shape(&self, b: BufId) -> Result<(usize, usize), WgpuError> {

@@ -6,7 +6,7 @@
 
 use super::verify::{verify_proposal, Distribution};
 use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
-use crate::engine::{ms, per_second, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
+use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
@@ -113,23 +113,13 @@ impl Engine {
         let keep = session.history().len().min(prompt.len() + output.tokens.len());
         session.rollback(keep)?;
         let (tokens, text) = output.finish();
-        let decode_ms = ms(decode_start);
-        let n_eval = prompt.len() - common;
-        let n_decoded = itl_ms.len();
+        let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);
         Ok(Generation {
             prompt_tokens: prompt.to_vec(),
             tokens,
             text,
             finish_reason: finish,
-            timings: Timings {
-                prompt_evaluated: n_eval,
-                prompt_ms,
-                ttft_ms,
-                decode_ms,
-                prefill_tok_s: per_second(n_eval, prompt_ms),
-                decode_tok_s: per_second(n_decoded, itl_ms.iter().sum()),
-                itl_ms,
-            },
+            timings,
             speculative: Some(metrics),
         })
     }
