@@ -13,4 +13,6 @@ cargo test --release --workspace
 scripts/build-web.sh
 node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.
-(cd tests/vite-app && npm ci --no-audit --no-fund && npm run build)
+# `npm install`, not `npm ci`: npm 11 leaves vite 8's Windows-only optional dependency out of the
+# lock file on Linux and `npm ci` then refuses it; versions are still pinned by the lock file.
+(cd tests/vite-app && npm install --no-audit --no-fund && npm run build)
