@@ -29,6 +29,25 @@ impl KvStore {
 pub(crate) struct ExecContext<'a> {
     pub weights: &'a [CpuWeight],
     pub input: StepInput<'a>,
+    pub debug: &'a DebugOptions,
+}
+
+/// Debug aids, read from the environment once when the backend is created (not per step):
+/// `HEARTH_DUMP_TAPS` (print every op's output; a directory path also writes them as raw f32) and
+/// `HEARTH_OP_TIMES` (wall time per op kind, per step).
+#[derive(Clone, Debug, Default)]
+pub struct DebugOptions {
+    pub dump_taps: Option<std::ffi::OsString>,
+    pub op_times: bool,
+}
+
+impl DebugOptions {
+    pub fn from_env() -> Self {
+        DebugOptions {
+            dump_taps: std::env::var_os("HEARTH_DUMP_TAPS"),
+            op_times: std::env::var_os("HEARTH_OP_TIMES").is_some(),
+        }
+    }
 }
 
 pub(crate) fn validate_op<'w>(
@@ -152,8 +171,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     }
     let w = |id: WeightId| &ctx.weights[id.0 as usize];
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
-    let taps = std::env::var_os("HEARTH_DUMP_TAPS");
-    let mut timer = OpTimer::from_env();
+    let taps = ctx.debug.dump_taps.as_ref();
+    let mut timer = OpTimer::new(ctx.debug.op_times);
     for (index, op) in graph.ops.iter().enumerate() {
         timer.start();
         match op {
@@ -229,8 +248,7 @@ struct OpTimer {
 }
 
 impl OpTimer {
-    fn from_env() -> Self {
-        let on = std::env::var_os("HEARTH_OP_TIMES").is_some();
+    fn new(on: bool) -> Self {
         OpTimer { totals: on.then(Default::default), started: None }
     }
 

@@ -53,6 +53,7 @@ pub struct CpuBackend {
     kvs: Vec<KvStore>,
     graphs: Vec<CompiledGraph>,
     counters: BackendCounters,
+    debug: exec::DebugOptions,
     #[cfg(not(target_arch = "wasm32"))]
     pool: std::sync::Arc<rayon::ThreadPool>,
 }
@@ -91,6 +92,7 @@ impl CpuBackend {
             kvs: Vec::new(),
             graphs: Vec::new(),
             counters: BackendCounters::default(),
+            debug: exec::DebugOptions::from_env(),
             #[cfg(not(target_arch = "wasm32"))]
             pool: shared_pool(threads)?,
         })
@@ -147,7 +149,7 @@ impl Backend for CpuBackend {
             .ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
         let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         let n_ops = compiled.graph.ops.len() as u64;
-        let ctx = exec::ExecContext { weights: &self.weights, input };
+        let ctx = exec::ExecContext { weights: &self.weights, input, debug: &self.debug };
         #[cfg(not(target_arch = "wasm32"))]
         self.pool.install(|| exec::run(compiled, kv, &ctx))?;
         #[cfg(target_arch = "wasm32")]
