@@ -5,6 +5,7 @@
 use crate::error::Result;
 use crate::gguf::ByteSource;
 use crate::graph::{Graph, StepInput, WeightDesc, WeightId};
+use crate::kv::{BlockCopy, KvGroup, KvType};
 use std::sync::Arc;
 
 /// Where a weight's bytes are: a range of the model's source, so a backend can read it in place
@@ -16,14 +17,41 @@ pub struct WeightData {
     pub len: usize,
 }
 
-/// Shape of the KV cache a backend allocates: per layer, `capacity` positions of
-/// `n_head_kv * head_dim` values for K and for V.
+/// Shape of the paged KV storage a backend allocates: for each block group, `n_blocks` blocks of
+/// `block_size` positions, each holding, for every layer of the group, K rows of `k_width` and V
+/// rows of `v_width` values stored as `kv_type`. Which block holds which positions is decided by
+/// [`crate::kv::KvManager`] and passed per step as block tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
     pub n_layers: usize,
-    pub capacity: usize,
     pub k_width: usize,
     pub v_width: usize,
+    pub kv_type: KvType,
+    pub block_size: usize,
+    pub groups: Vec<KvGroup>,
+}
+
+impl KvLayout {
+    /// The block group holding `layer`'s K/V.
+    pub fn group_of(&self, layer: usize) -> Option<usize> {
+        self.groups.iter().position(|g| g.layers.contains(&layer))
+    }
+
+    /// Bytes of one block of group `g` over all its layers (K and V).
+    pub fn block_bytes(&self, g: usize) -> usize {
+        let row = self.kv_type.row_bytes(self.k_width).unwrap_or(0) + self.kv_type.row_bytes(self.v_width).unwrap_or(0);
+        self.groups[g].layers.len() * self.block_size * row
+    }
+
+    /// Bytes of the whole pool.
+    pub fn total_bytes(&self) -> u64 {
+        (0..self.groups.len()).map(|g| (self.block_bytes(g) * self.groups[g].n_blocks) as u64).sum()
+    }
+
+    /// Bytes one position of context takes in every layer (windowed layers included).
+    pub fn bytes_per_token(&self) -> usize {
+        (0..self.groups.len()).map(|g| self.block_bytes(g) / self.block_size).sum()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,14 +81,20 @@ pub trait Backend: Send {
     /// Makes a weight available to graphs. Called once per tensor at load time.
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId>;
 
-    /// Allocates KV storage; the bookkeeping (length, rollback) lives in [`crate::kv_cache::KvCache`].
+    /// Allocates the paged KV pool; the bookkeeping (block tables, rollback, prefix cache) lives in
+    /// [`crate::kv::KvManager`].
     fn alloc_kv(&mut self, layout: KvLayout) -> Result<KvId>;
+
+    /// Copies the first positions of blocks (copy-on-write of a shared partial block) before the
+    /// next step writes into the copies.
+    fn copy_kv_blocks(&mut self, kv: KvId, copies: &[BlockCopy]) -> Result<()>;
 
     /// Prepares a graph for repeated execution.
     fn compile(&mut self, graph: &Graph) -> Result<GraphId>;
 
     /// Runs a compiled graph for one step against `kv`, writing the logits ([n_out, n_vocab],
-    /// row-major) into `logits`.
+    /// row-major; n_out = the number of sequences for `LogitsMode::Last`, of tokens for `All`)
+    /// into `logits`. Backends check `input` with [`StepInput::validate`] first.
     fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()>;
 
     /// Copies a buffer of the last execution of `graph` by name (debug taps, op conformance tests).

@@ -1,17 +1,17 @@
 //! The generation loop: prompt → prefill (in chunks) → sample → decode, with the KV cache kept
 //! between calls so a chat turn only evaluates what is new.
 
-use crate::backend::{Backend, GraphId};
+use crate::backend::Backend;
 use crate::chat::ChatTemplate;
 use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
-use crate::graph::{LogitsMode, StepInput};
-use crate::kv_cache::KvCache;
-use crate::model::{Model, ModelConfig};
+use crate::graph::LogitsMode;
+use crate::kv::{KvType, SeqId};
+use crate::runner::{BatchEntry, Runner};
+use crate::model::ModelConfig;
 use crate::sampling::{Sampler, SamplingParams, StopStrings};
 use crate::speculative::SpeculativeMetrics;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-use std::collections::HashMap;
 // std's Instant panics on wasm32-unknown-unknown (no clock); web-time reads performance.now() there.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) use std::time::Instant;
@@ -24,11 +24,19 @@ pub struct EngineOptions {
     pub n_ctx: usize,
     /// Prompt tokens evaluated per forward pass.
     pub prefill_chunk: usize,
+    /// How K/V values are stored.
+    pub kv_type: KvType,
+    /// Positions per KV block.
+    pub kv_block_size: usize,
+    /// Bytes for the KV pool; `None`: room for `max_sequences` full contexts.
+    pub kv_memory: Option<u64>,
+    /// Sequences expected at once (1 for a session; the batch size of a server).
+    pub max_sequences: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, prefill_chunk: 256 }
+        EngineOptions { n_ctx: 0, prefill_chunk: 256, kv_type: KvType::F16, kv_block_size: 16, kv_memory: None, max_sequences: 1 }
     }
 }
 
@@ -95,92 +103,85 @@ pub struct Generation {
     pub speculative: Option<SpeculativeMetrics>,
 }
 
-/// A model loaded on a backend with its KV cache: evaluates tokens, keeps them in context, rolls
-/// back. No tokenizer: speculative decoding and perplexity drive this directly.
+/// A model loaded on a backend with one sequence in its KV pool: evaluates tokens, keeps them in
+/// context, rolls back. No tokenizer: speculative decoding and perplexity drive this directly.
 pub struct Session {
-    backend: Box<dyn Backend>,
-    model: Model,
-    kv: KvCache,
-    /// Tokens whose K/V are in the cache, in order.
-    history: Vec<u32>,
-    graphs: HashMap<(usize, LogitsMode), GraphId>,
-    logits: Vec<f32>,
+    runner: Runner,
+    seq: SeqId,
     prefill_chunk: usize,
+    /// [n_out, n_vocab] of the last eval.
+    logits: Vec<f32>,
 }
 
 impl Session {
     /// Loads the weights of `file` onto `backend`. `on_progress(done_bytes, total_bytes)`.
     pub fn load(
         file: &GgufFile,
-        mut backend: Box<dyn Backend>,
+        backend: Box<dyn Backend>,
         options: &EngineOptions,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
-        let model = Model::load(file, backend.as_mut(), on_progress)?;
-        let n_ctx = match options.n_ctx {
-            0 => model.config.n_ctx_train.min(4096),
-            n => n,
-        };
-        let kv = KvCache::new(backend.as_mut(), model.kv_layout(n_ctx))?;
-        Ok(Session {
-            backend,
-            model,
-            kv,
-            history: Vec::new(),
-            graphs: HashMap::new(),
-            logits: Vec::new(),
-            prefill_chunk: options.prefill_chunk.max(1),
-        })
+        let mut runner = Runner::load(file, backend, options, on_progress)?;
+        let seq = runner.kv_mut().add_sequence();
+        Ok(Session { runner, seq, prefill_chunk: options.prefill_chunk.max(1), logits: Vec::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.model.config
+        self.runner.config()
     }
 
     pub fn backend(&self) -> &dyn Backend {
-        self.backend.as_ref()
+        self.runner.backend()
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
     }
 
     pub fn n_ctx(&self) -> usize {
-        self.kv.capacity()
+        self.runner.n_ctx()
     }
 
     /// Positions still free in the context.
     pub fn remaining(&self) -> usize {
-        self.kv.remaining()
+        self.n_ctx().saturating_sub(self.history().len())
     }
 
     /// Tokens currently held in the KV cache.
     pub fn history(&self) -> &[u32] {
-        &self.history
+        self.runner.kv().tokens(self.seq)
     }
 
     /// Bytes of KV memory per token of context.
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.kv.bytes_per_token(4)
+        self.runner.kv_layout().bytes_per_token()
     }
 
     /// Forgets everything after the first `len` tokens (rollback for speculative decoding,
     /// regenerate, editing a chat).
     pub fn rollback(&mut self, len: usize) -> Result<()> {
-        self.kv.truncate(len)?;
-        self.history.truncate(len);
-        Ok(())
+        self.runner.kv_mut().truncate(self.seq, len)
     }
 
     pub fn reset(&mut self) {
-        self.kv.clear();
-        self.history.clear();
+        // Truncating to 0 always succeeds; full blocks stay in the prefix cache.
+        let _ = self.runner.kv_mut().truncate(self.seq, 0);
     }
 
-    fn graph(&mut self, n_tokens: usize, mode: LogitsMode) -> Result<GraphId> {
-        if let Some(&id) = self.graphs.get(&(n_tokens, mode)) {
-            return Ok(id);
+    /// Keeps the longest part of `prompt` whose K/V are already stored — from this session's
+    /// history, then from the prefix cache — leaving at least one token to evaluate. Returns the
+    /// number of prompt tokens kept.
+    pub fn prepare_prompt(&mut self, prompt: &[u32]) -> Result<usize> {
+        if prompt.is_empty() {
+            return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
-        let graph = self.model.build_graph(n_tokens, mode);
-        let id = self.backend.compile(&graph)?;
-        self.graphs.insert((n_tokens, mode), id);
-        Ok(id)
+        let mut common = self.history().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        if !self.runner.kv().can_truncate(self.seq, common) {
+            common = 0;
+        }
+        self.rollback(common)?;
+        let gained = self.runner.kv_mut().reuse_cached_prefix(self.seq, prompt)?;
+        Ok(common + gained)
     }
 
     /// Appends `tokens` to the context and returns logits: `[n_vocab]` for the last token
@@ -189,24 +190,20 @@ impl Session {
         if tokens.is_empty() {
             return Err(CoreError::InvalidArgument("eval needs at least one token".into()));
         }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(CoreError::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
+        let needed = self.history().len() + tokens.len();
+        if needed > self.n_ctx() {
+            return Err(CoreError::ContextOverflow { needed, capacity: self.n_ctx() });
         }
-        self.kv.reserve(tokens.len())?;
-        let mut all = Vec::new();
-        let mut step_logits = std::mem::take(&mut self.logits);
+        self.logits.clear();
         for chunk in tokens.chunks(self.prefill_chunk) {
-            let graph = self.graph(chunk.len(), mode)?;
-            let pos0 = self.kv.len();
-            self.backend.execute(graph, self.kv.id(), StepInput { tokens: chunk, pos0 }, &mut step_logits)?;
-            self.kv.advance(chunk.len())?;
-            self.history.extend_from_slice(chunk);
+            let logits = self.runner.step(&[BatchEntry { seq: self.seq, tokens: chunk }], mode)?;
             if mode == LogitsMode::All {
-                all.extend_from_slice(&step_logits);
+                self.logits.extend_from_slice(logits);
+            } else {
+                self.logits.clear();
+                self.logits.extend_from_slice(logits);
             }
         }
-        self.logits = if mode == LogitsMode::All { all } else { step_logits };
         Ok(&self.logits)
     }
 }
@@ -261,16 +258,11 @@ impl Engine {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        if prompt.is_empty() {
-            return Err(CoreError::InvalidArgument("the prompt is empty".into()));
-        }
         if prompt.len() >= self.session.n_ctx() {
             return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: self.session.n_ctx() });
         }
         let start = Instant::now();
-        // Keep the longest cached prefix, but always evaluate at least one token to get logits.
-        let common = self.session.history.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-        self.session.rollback(common)?;
+        let common = self.session.prepare_prompt(prompt)?;
         let mut logits = self.session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
         let prompt_ms = ms(start);
 
@@ -284,7 +276,7 @@ impl Engine {
             if output.tokens.len() >= options.max_tokens {
                 break FinishReason::Length;
             }
-            let token = sampler.sample(&mut logits, &self.session.history);
+            let token = sampler.sample(&mut logits, self.session.history());
             if output.tokens.is_empty() {
                 ttft_ms = ms(start);
             } else {

@@ -51,6 +51,10 @@ pub enum CoreError {
     ChatTemplate(String),
     #[error("context overflow: {needed} tokens needed, but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
+    #[error(
+        "KV memory exhausted: {needed_blocks} more blocks of {block_size} tokens needed, {available_blocks} of {total_blocks} available (raise --kv-memory or shorten the request)"
+    )]
+    KvExhausted { needed_blocks: usize, available_blocks: usize, total_blocks: usize, block_size: usize },
     #[error("the draft model's vocabulary does not match the target's: {0}")]
     VocabMismatch(String),
     #[error("invalid argument: {0}")]

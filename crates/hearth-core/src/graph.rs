@@ -7,6 +7,7 @@
 //! replay it every token. Buffers carry names ("attn_norm.3") so any intermediate can be dumped and
 //! compared with another backend or with llama.cpp.
 
+use crate::backend::KvLayout;
 use crate::quant::GgmlType;
 
 /// A model weight uploaded to a backend.
@@ -90,11 +91,12 @@ pub enum Op {
     /// In-place rotary embedding of every head of x: [n_tokens, n_heads * head_dim], token t at
     /// position `pos0 + t`.
     Rope { x: BufId, params: RopeParams },
-    /// Writes k, v: [n_tokens, n_head_kv * head_dim] into the KV cache of `layer` at positions
-    /// pos0..pos0+n_tokens.
+    /// Writes k, v: [n_tokens, n_head_kv * head_dim] into the KV cache of `layer`: each
+    /// sequence's tokens at its positions pos0.., through its block table.
     StoreKv { layer: usize, k: BufId, v: BufId },
-    /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`
-    /// (positions 0..=pos0+t for token t, limited by the window). out: same shape as q.
+    /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`:
+    /// a token at position p of a sequence sees that sequence's positions 0..=p (limited by the
+    /// window). out: same shape as q.
     Attention { q: BufId, params: AttentionParams, out: BufId },
     /// out = a + b, all [rows, cols]; `out` may be `a` (the residual stream is updated in place).
     Add { a: BufId, b: BufId, out: BufId },
@@ -104,8 +106,9 @@ pub enum Op {
     SwiGlu { gate: BufId, up: BufId, out: BufId },
     /// out = gelu_tanh(gate) * up; `out` may be `gate`.
     GeGlu { gate: BufId, up: BufId, out: BufId },
-    /// out: [1, cols] = x[rows - 1] — only the last token goes through the output head.
-    LastRow { x: BufId, out: BufId },
+    /// out: [n_seqs, cols], row s = x's row of the last token of sequence s — only those go
+    /// through the output head.
+    LastRows { x: BufId, out: BufId },
 }
 
 impl Op {
@@ -122,7 +125,7 @@ impl Op {
             Op::Scale { .. } => "scale",
             Op::SwiGlu { .. } => "swiglu",
             Op::GeGlu { .. } => "geglu",
-            Op::LastRow { .. } => "last_row",
+            Op::LastRows { .. } => "last_rows",
         }
     }
 }
@@ -130,7 +133,7 @@ impl Op {
 /// What a graph returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LogitsMode {
-    /// Logits for the last token only (generation).
+    /// Logits for the last token of each sequence only (generation).
     Last,
     /// Logits for every token (perplexity, teacher forcing, speculative verification).
     All,
@@ -138,16 +141,19 @@ pub enum LogitsMode {
 
 #[derive(Clone, Debug)]
 pub struct Graph {
+    /// Tokens per step, over all sequences.
     pub n_tokens: usize,
+    /// Sequences per step (a batch of decodes, or chunks of several prompts).
+    pub n_seqs: usize,
     pub bufs: Vec<BufDesc>,
     pub ops: Vec<Op>,
-    /// [n_out, n_vocab] where n_out is 1 (Last) or n_tokens (All).
+    /// [n_out, n_vocab] where n_out is n_seqs (Last) or n_tokens (All).
     pub logits: BufId,
 }
 
 impl Graph {
-    pub fn new(n_tokens: usize) -> Self {
-        Graph { n_tokens, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX) }
+    pub fn new(n_tokens: usize, n_seqs: usize) -> Self {
+        Graph { n_tokens, n_seqs, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX) }
     }
 
     pub fn buf(&mut self, name: impl Into<String>, rows: usize, cols: usize) -> BufId {
@@ -164,11 +170,63 @@ impl Graph {
     }
 }
 
+/// One sequence's part of a step: its tokens are the next `n_tokens` of [`StepInput::tokens`].
+#[derive(Clone, Copy, Debug)]
+pub struct SeqStep<'a> {
+    pub n_tokens: usize,
+    /// Position of the sequence's first token in this step.
+    pub pos0: usize,
+    /// Per KV block group: the block holding positions `i * block_size..` at index i; covers at
+    /// least `pos0 + n_tokens` positions. `NO_BLOCK` for blocks a sliding window released.
+    pub block_tables: &'a [Vec<u32>],
+}
+
 /// Per-step inputs: the only things that differ between replays of a graph.
 #[derive(Clone, Copy, Debug)]
 pub struct StepInput<'a> {
-    /// [n_tokens] token ids.
+    /// [n_tokens] token ids, sequence after sequence.
     pub tokens: &'a [u32],
-    /// Position of tokens[0]; token t sits at pos0 + t.
-    pub pos0: usize,
+    pub seqs: &'a [SeqStep<'a>],
+}
+
+impl<'a> StepInput<'a> {
+    /// Checks the input against a graph and the KV layout, so backends can index without panics:
+    /// token and sequence counts, and every block a step reads or writes exists.
+    pub fn validate(&self, graph: &Graph, layout: &KvLayout, n_vocab: usize) -> std::result::Result<(), String> {
+        if self.tokens.len() != graph.n_tokens {
+            return Err(format!("the graph takes {} tokens, the step has {}", graph.n_tokens, self.tokens.len()));
+        }
+        if self.seqs.len() != graph.n_seqs {
+            return Err(format!("the graph takes {} sequences, the step has {}", graph.n_seqs, self.seqs.len()));
+        }
+        if self.seqs.iter().map(|s| s.n_tokens).sum::<usize>() != self.tokens.len() || self.seqs.iter().any(|s| s.n_tokens == 0) {
+            return Err("every sequence needs at least one token, and their counts must add up to the step's".into());
+        }
+        if let Some(bad) = self.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(format!("token id {bad} is outside the vocabulary of {n_vocab}"));
+        }
+        let bs = layout.block_size;
+        for (i, s) in self.seqs.iter().enumerate() {
+            if s.block_tables.len() != layout.groups.len() {
+                return Err(format!("sequence {i} has {} block tables for {} KV groups", s.block_tables.len(), layout.groups.len()));
+            }
+            let end = s.pos0 + s.n_tokens;
+            for (g, (table, group)) in s.block_tables.iter().zip(&layout.groups).enumerate() {
+                if table.len() * bs < end {
+                    return Err(format!("sequence {i}: the block table of group {g} covers {} positions, the step needs {end}", table.len() * bs));
+                }
+                // Blocks read: from the first position any query of the step sees.
+                let lo = group.window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w)) / bs;
+                if let Some(b) = table[lo..end.div_ceil(bs)].iter().find(|&&b| b as usize >= group.n_blocks) {
+                    return Err(format!("sequence {i}: block {b} of group {g} is not in the pool of {}", group.n_blocks));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// (sequence index, position) of every token, in order.
+    pub fn token_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.seqs.iter().enumerate().flat_map(|(i, s)| (0..s.n_tokens).map(move |t| (i, s.pos0 + t)))
+    }
 }

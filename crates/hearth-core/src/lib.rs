@@ -6,7 +6,8 @@
 //! - [`chat`]: chat templates rendered with `minijinja`.
 //! - [`model`]: architectures (llama, qwen2, qwen3, gemma3) written once as a [`graph::Graph`].
 //! - [`backend`]: the coarse seam every backend implements (upload weights, compile a graph, run a step).
-//! - [`kv_cache`]: KV bookkeeping owned outside the model, with truncate/rollback.
+//! - [`kv`]: paged KV cache owned outside the model: block pools, prefix cache, rollback.
+//! - [`runner`]: a model + backend + KV pool running steps over batches of sequences.
 //! - [`sampling`]: logits processors and samplers.
 //! - [`engine`]: prompt → tokens loop tying the above together.
 //! - [`speculative`]: speculative decoding (draft model or prompt lookup) over any backend.
@@ -17,9 +18,10 @@ pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod graph;
-pub mod kv_cache;
+pub mod kv;
 pub mod model;
 pub mod quant;
+pub mod runner;
 pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;

@@ -15,21 +15,22 @@ use rayon::prelude::*;
 /// Batches at least this large take the f32 path (ggml's GGML_FA_TILE_Q).
 const F32_PATH_MIN_QUERIES: usize = 64;
 
-/// q, out: [n_tokens, n_head * head_dim]; k_cache, v_cache: [capacity, n_head_kv * head_dim].
-/// Token t sits at position pos0 + t and sees positions max(0, p - window + 1)..=p.
-pub fn attention(
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    p: &AttentionParams,
-    pos0: usize,
-    n_tokens: usize,
-    out: &mut [f32],
-) {
+/// A sequence's keys and values from position `first_pos` on: k, v: [n, n_head_kv * head_dim].
+#[derive(Clone, Copy)]
+pub struct KvSpan<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub first_pos: usize,
+}
+
+/// One sequence's queries: q, out: [n_tokens, n_head * head_dim]. Token t sits at position
+/// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` holds.
+pub fn attention(q: &[f32], kv: KvSpan<'_>, p: &AttentionParams, pos0: usize, n_tokens: usize, out: &mut [f32]) {
     let hd = p.head_dim;
     let q_width = p.n_head * hd;
+    // The path depends on this sequence's query count only, so batching does not change results.
     let f32_path = n_tokens >= F32_PATH_MIN_QUERIES;
-    let head = HeadContext { q, k_cache, v_cache, p, pos0, f32_path };
+    let head = HeadContext { q, k_cache: kv.k, v_cache: kv.v, first_pos: kv.first_pos, p, pos0, f32_path };
     let task = |(index, out_head): (usize, &mut [f32])| with_fma!(attend_head(&head, index, out_head));
     #[cfg(not(target_arch = "wasm32"))]
     out[..n_tokens * q_width].par_chunks_exact_mut(hd).enumerate().for_each(task);
@@ -41,6 +42,8 @@ struct HeadContext<'a> {
     q: &'a [f32],
     k_cache: &'a [f32],
     v_cache: &'a [f32],
+    /// Position of the first row of k_cache/v_cache.
+    first_pos: usize,
     p: &'a AttentionParams,
     pos0: usize,
     f32_path: bool,
@@ -78,13 +81,13 @@ struct KvHead<'a> {
 impl<'a> KvHead<'a> {
     #[inline(always)]
     fn k_row(&self, j: usize) -> &'a [f32] {
-        let start = j * self.kv_width + self.offset;
+        let start = (j - self.c.first_pos) * self.kv_width + self.offset;
         &self.c.k_cache[start..start + self.c.p.head_dim]
     }
 
     #[inline(always)]
     fn v_row(&self, j: usize) -> &'a [f32] {
-        let start = j * self.kv_width + self.offset;
+        let start = (j - self.c.first_pos) * self.kv_width + self.offset;
         &self.c.v_cache[start..start + self.c.p.head_dim]
     }
 

@@ -1,30 +1,10 @@
 //! Runs a validated graph op by op.
 
 use crate::weights::CpuWeight;
+use crate::kv_store::KvStore;
 use crate::{attention, matmul, ops, CompiledGraph, CpuError};
-use hearth_core::backend::KvLayout;
 use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::Result;
-
-/// K and V of every layer, `[capacity, width]` each. Values are stored as f32 rounded to f16
-/// precision: the same numbers llama.cpp's default f16 cache holds, at the CPU's native width.
-pub struct KvStore {
-    pub layout: KvLayout,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
-}
-
-impl KvStore {
-    pub fn new(layout: KvLayout) -> Result<Self> {
-        let k = (0..layout.n_layers).map(|_| vec![0f32; layout.capacity * layout.k_width]).collect();
-        let v = (0..layout.n_layers).map(|_| vec![0f32; layout.capacity * layout.v_width]).collect();
-        Ok(KvStore { layout, k, v })
-    }
-
-    pub fn bytes(&self) -> u64 {
-        (self.layout.n_layers * self.layout.capacity * (self.layout.k_width + self.layout.v_width) * 4) as u64
-    }
-}
 
 pub(crate) struct ExecContext<'a> {
     pub weights: &'a [CpuWeight],
@@ -139,11 +119,27 @@ pub(crate) fn validate_op<'w>(
                 return Err(bad("out may alias gate, not up".into()));
             }
         }
-        Op::LastRow { x, out } => {
+        Op::LastRows { x, out } => {
             let (_, cols) = shape(*x)?;
-            if shape(*out)? != (1, cols) {
-                return Err(bad("output must be one row".into()));
+            if shape(*out)? != (graph.n_seqs, cols) {
+                return Err(bad("output must have one row per sequence".into()));
             }
+        }
+    }
+    Ok(())
+}
+
+/// KV ops must fit the pool: the layer exists and K/V rows have the pool's widths.
+fn check_kv_ops(graph: &Graph, kv: &KvStore) -> std::result::Result<(), CpuError> {
+    let l = &kv.layout;
+    for op in &graph.ops {
+        let (layer, widths) = match op {
+            Op::StoreKv { layer, k, v } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
+            Op::Attention { params, .. } => (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0))),
+            _ => continue,
+        };
+        if kv.group_of(layer).is_none() || widths.is_some_and(|w| w != (l.k_width, l.v_width)) {
+            return Err(CpuError::BadKv(format!("op {} on layer {layer} does not fit the KV pool ({} layers, widths {}/{})", op.name(), l.n_layers, l.k_width, l.v_width)));
         }
     }
     Ok(())
@@ -162,13 +158,10 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     let graph = &compiled.graph;
     let bufs = &mut compiled.bufs;
     let n = graph.n_tokens;
-    if ctx.input.tokens.len() != n {
-        return Err(CpuError::TokenCount { expected: n, got: ctx.input.tokens.len() }.into());
-    }
-    let end = ctx.input.pos0 + n;
-    if end > kv.layout.capacity {
-        return Err(CpuError::KvOverflow { start: ctx.input.pos0, end, capacity: kv.layout.capacity }.into());
-    }
+    check_kv_ops(graph, kv)?;
+    let seqs = ctx.input.seqs;
+    // [n_tokens] position of each token in its sequence.
+    let positions: Vec<usize> = ctx.input.token_positions().map(|(_, p)| p).collect();
     let w = |id: WeightId| &ctx.weights[id.0 as usize];
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
     let taps = ctx.debug.dump_taps.as_ref();
@@ -192,17 +185,27 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::Rope { x, params } => {
                 let factors = params.freq_factors.map(|f| w(f).f32.as_deref().unwrap_or(&[]));
-                ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, ctx.input.pos0);
+                ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, &positions);
             }
             Op::StoreKv { layer, k, v } => {
-                let (kw, vw) = (kv.layout.k_width, kv.layout.v_width);
-                let pos0 = ctx.input.pos0;
-                ops::store_f16_rounded(&bufs[k.0 as usize], &mut kv.k[*layer][pos0 * kw..(pos0 + n) * kw]);
-                ops::store_f16_rounded(&bufs[v.0 as usize], &mut kv.v[*layer][pos0 * vw..(pos0 + n) * vw]);
+                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize])?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                attention::attention(&bufs[q.0 as usize], &kv.k[params.layer], &kv.v[params.layer], params, ctx.input.pos0, n, &mut o);
+                let q_width = cols(*q);
+                let (mut k_rows, mut v_rows) = (std::mem::take(&mut compiled.k_scratch), std::mem::take(&mut compiled.v_scratch));
+                let mut t0 = 0;
+                for seq in seqs {
+                    // The positions this sequence's queries see, gathered as f32 rows.
+                    let hi = seq.pos0 + seq.n_tokens - 1;
+                    let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
+                    kv.gather(params.layer, seq, lo, hi, &mut k_rows, &mut v_rows)?;
+                    let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
+                    let span = attention::KvSpan { k: &k_rows, v: &v_rows, first_pos: lo };
+                    attention::attention(&bufs[q.0 as usize][rows.clone()], span, params, seq.pos0, seq.n_tokens, &mut o[rows]);
+                    t0 += seq.n_tokens;
+                }
+                (compiled.k_scratch, compiled.v_scratch) = (k_rows, v_rows);
                 bufs[out.0 as usize] = o;
             }
             Op::Add { a, b, out } => {
@@ -223,11 +226,15 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 ops::geglu(&mut o, &bufs[up.0 as usize]);
                 bufs[out.0 as usize] = o;
             }
-            Op::LastRow { x, out } => {
+            Op::LastRows { x, out } => {
                 let c = cols(*x);
-                let src = &bufs[x.0 as usize];
-                let last = src[src.len() - c..].to_vec();
-                bufs[out.0 as usize].copy_from_slice(&last);
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                let mut end = 0;
+                for (s, seq) in seqs.iter().enumerate() {
+                    end += seq.n_tokens;
+                    o[s * c..(s + 1) * c].copy_from_slice(&bufs[x.0 as usize][(end - 1) * c..end * c]);
+                }
+                bufs[out.0 as usize] = o;
             }
         }
         timer.stop(op, |id| &ctx.weights[id.0 as usize]);
@@ -292,7 +299,7 @@ fn written_buffer(op: &Op) -> Option<BufId> {
         | Op::Add { out, .. }
         | Op::SwiGlu { out, .. }
         | Op::GeGlu { out, .. }
-        | Op::LastRow { out, .. } => Some(*out),
+        | Op::LastRows { out, .. } => Some(*out),
         Op::Rope { x, .. } | Op::Scale { x, .. } => Some(*x),
         Op::StoreKv { .. } => None,
     }

@@ -6,6 +6,7 @@
 mod attention;
 mod exec;
 mod fma;
+mod kv_store;
 pub mod kernels;
 mod matmul;
 mod ops;
@@ -13,10 +14,11 @@ mod weights;
 
 use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
 
-pub use exec::KvStore;
+pub use kv_store::KvStore;
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
@@ -25,10 +27,10 @@ pub enum CpuError {
     UnknownId { what: &'static str, id: u32 },
     #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
     BadGraph { index: usize, op: &'static str, reason: String },
-    #[error("step has {got} tokens, the graph was built for {expected}")]
-    TokenCount { expected: usize, got: usize },
-    #[error("positions {start}..{end} exceed the KV capacity {capacity}")]
-    KvOverflow { start: usize, end: usize, capacity: usize },
+    #[error("bad step input: {0}")]
+    BadStep(String),
+    #[error("KV pool: {0}")]
+    BadKv(String),
     #[error("token id {token} is outside the embedding table of {rows} rows")]
     TokenOutOfRange { token: u32, rows: usize },
     #[error("weight '{name}': {reason}")]
@@ -46,6 +48,9 @@ impl From<CpuError> for CoreError {
 pub(crate) struct CompiledGraph {
     graph: Graph,
     bufs: Vec<Vec<f32>>,
+    /// Gathered K and V rows of the sequence being attended (reused between steps).
+    k_scratch: Vec<f32>,
+    v_scratch: Vec<f32>,
 }
 
 pub struct CpuBackend {
@@ -134,10 +139,15 @@ impl Backend for CpuBackend {
         Ok(KvId(self.kvs.len() as u32 - 1))
     }
 
+    fn copy_kv_blocks(&mut self, kv: KvId, copies: &[BlockCopy]) -> Result<()> {
+        let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
+        Ok(kv.copy_blocks(copies)?)
+    }
+
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         self.validate(graph)?;
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
-        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs });
+        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new() });
         self.counters.graphs_compiled += 1;
         Ok(GraphId(self.graphs.len() as u32 - 1))
     }
@@ -149,6 +159,8 @@ impl Backend for CpuBackend {
             .ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
         let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         let n_ops = compiled.graph.ops.len() as u64;
+        // Token ids are checked against the embedding table by the embed op.
+        input.validate(&compiled.graph, &kv.layout, usize::MAX).map_err(CpuError::BadStep)?;
         let ctx = exec::ExecContext { weights: &self.weights, input, debug: &self.debug };
         #[cfg(not(target_arch = "wasm32"))]
         self.pool.install(|| exec::run(compiled, kv, &ctx))?;

@@ -45,18 +45,19 @@ fn rotate_pair(a: f32, b: f32, c: f32, s: f32) -> (f32, f32) {
 }
 
 /// In place over x: [n_tokens, n_heads * head_dim]; token t at position pos0 + t.
-pub fn rope(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, pos0: usize) {
-    with_fma!(rope_body(x, cols, p, freq_factors, pos0))
+/// x: [n_tokens, cols], token t at position positions[t].
+pub fn rope(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, positions: &[usize]) {
+    with_fma!(rope_body(x, cols, p, freq_factors, positions))
 }
 
 #[inline(always)]
-fn rope_body(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, pos0: usize) {
+fn rope_body(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[f32]>, positions: &[usize]) {
     let half_rot = p.n_rot / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
     let mut cos_sin = vec![(0f32, 0f32); half_rot];
     for (t, row) in x.chunks_exact_mut(cols).enumerate() {
         // Angles as ggml computes them: theta_i = pos * theta_scale^i by repeated multiplication.
-        let mut theta = (pos0 + t) as f32;
+        let mut theta = positions[t] as f32;
         for (i, cs) in cos_sin.iter_mut().enumerate() {
             let ff = freq_factors.map_or(1.0, |f| f[i]);
             let angle = p.freq_scale * (theta / ff);
@@ -79,13 +80,6 @@ fn rope_body(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[
                 }
             }
         }
-    }
-}
-
-/// Copies values rounded to f16 precision (the precision of llama.cpp's KV cache).
-pub fn store_f16_rounded(src: &[f32], dst: &mut [f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = crate::attention::round_f16(s);
     }
 }
 

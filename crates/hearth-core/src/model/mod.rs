@@ -13,6 +13,7 @@ use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::graph::{AttentionParams, Graph, LogitsMode, Op, RopeParams};
+use crate::kv::{KvGroup, KvType};
 
 pub struct Model {
     pub config: ModelConfig,
@@ -27,20 +28,37 @@ impl Model {
         Ok(Model { config, weights })
     }
 
-    pub fn kv_layout(&self, capacity: usize) -> KvLayout {
-        let width = self.config.n_head_kv * self.config.head_dim;
-        KvLayout { n_layers: self.config.n_layer, capacity, k_width: width, v_width: width }
+    /// Layers grouped by attention span: global layers in one KV block group, and the layers of
+    /// each sliding-window size in another (their old blocks can be released). Block counts are
+    /// left at 0 for the engine to size.
+    pub fn kv_groups(&self) -> Vec<KvGroup> {
+        let mut groups: Vec<KvGroup> = Vec::new();
+        for (layer, la) in self.config.layers.iter().enumerate() {
+            match groups.iter_mut().find(|g| g.window == la.window) {
+                Some(g) => g.layers.push(layer),
+                None => groups.push(KvGroup { layers: vec![layer], window: la.window, n_blocks: 0 }),
+            }
+        }
+        groups
     }
 
-    /// The forward pass for `n_tokens` consecutive tokens. Activation buffers are shared by all
-    /// layers (the residual stream is updated in place), so memory does not grow with depth.
-    pub fn build_graph(&self, n_tokens: usize, logits: LogitsMode) -> Graph {
+    /// The KV layout with `groups` (sized by the engine), stored as `kv_type` in blocks of
+    /// `block_size` positions.
+    pub fn kv_layout(&self, kv_type: KvType, block_size: usize, groups: Vec<KvGroup>) -> KvLayout {
+        let width = self.config.n_head_kv * self.config.head_dim;
+        KvLayout { n_layers: self.config.n_layer, k_width: width, v_width: width, kv_type, block_size, groups }
+    }
+
+    /// The forward pass for `n_tokens` tokens of `n_seqs` sequences (each sequence's tokens
+    /// consecutive). Activation buffers are shared by all layers (the residual stream is updated
+    /// in place), so memory does not grow with depth.
+    pub fn build_graph(&self, n_tokens: usize, n_seqs: usize, logits: LogitsMode) -> Graph {
         let c = &self.config;
         let w = &self.weights;
         let n = n_tokens;
         let q_width = c.n_head * c.head_dim;
         let kv_width = c.n_head_kv * c.head_dim;
-        let mut g = Graph::new(n);
+        let mut g = Graph::new(n, n_seqs);
 
         let x = g.buf("residual", n, c.n_embd); // [n, n_embd]
         let h = g.buf("normed", n, c.n_embd); // [n, n_embd]
@@ -109,14 +127,14 @@ impl Model {
         }
 
         let n_out = match logits {
-            LogitsMode::Last => 1,
+            LogitsMode::Last => n_seqs,
             LogitsMode::All => n,
         };
-        let last = if n_out == n {
+        let last = if logits == LogitsMode::All || n_seqs == n {
             x
         } else {
-            let last = g.buf("last_residual", 1, c.n_embd);
-            g.push(Op::LastRow { x, out: last });
+            let last = g.buf("last_residual", n_seqs, c.n_embd); // [n_seqs, n_embd]
+            g.push(Op::LastRows { x, out: last });
             last
         };
         let out_norm = g.buf("output_norm", n_out, c.n_embd);

@@ -34,8 +34,7 @@ impl Engine {
         // The prompt is evaluated exactly as `generate` does it (same batches, so the same
         // numerics: the CPU backend's attention path depends on the batch size), and the first
         // token is sampled from it; drafting starts after it.
-        let common = session.history().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-        session.rollback(common)?;
+        let common = session.prepare_prompt(prompt)?;
         let mut logits = session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
         let prompt_ms = ms(start);
 

@@ -31,6 +31,9 @@ impl Backend for RecordingBackend {
         self.kv.push(layout);
         Ok(KvId(0))
     }
+    fn copy_kv_blocks(&mut self, _: KvId, _: &[hearth_core::kv::BlockCopy]) -> Result<()> {
+        Err(CoreError::InvalidArgument("recording backend holds no KV".into()))
+    }
     fn compile(&mut self, _graph: &Graph) -> Result<GraphId> {
         Err(CoreError::InvalidArgument("recording backend cannot compile".into()))
     }

@@ -1,0 +1,135 @@
+use super::*;
+use crate::CoreError;
+
+const BS: usize = 4;
+
+fn global(n_blocks: usize) -> KvManager {
+    KvManager::new(BS, vec![KvGroup { layers: vec![0, 1], window: None, n_blocks }], 0).expect("manager")
+}
+
+/// Reserve + commit, as a step does.
+fn append(kv: &mut KvManager, seq: SeqId, tokens: &[u32]) -> KvPlan {
+    let plan = kv.reserve(seq, tokens.len()).expect("reserve");
+    kv.commit(seq, tokens).expect("commit");
+    plan
+}
+
+fn idle(kv: &KvManager) -> bool {
+    kv.pool_stats().iter().all(|s| s.used == 0 && s.free + s.cached == s.total)
+}
+
+#[test]
+fn blocks_follow_the_sequence_and_return_to_the_pool() {
+    let mut kv = global(8);
+    let s = kv.add_sequence();
+    append(&mut kv, s, &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(kv.block_tables(s)[0].len(), 2);
+    assert_eq!(kv.pool_stats()[0].used, 2);
+    kv.truncate(s, 3).expect("truncate");
+    assert_eq!(kv.block_tables(s)[0].len(), 1);
+    assert_eq!(kv.tokens(s), &[1, 2, 3]);
+    kv.remove_sequence(s);
+    assert!(idle(&kv));
+}
+
+#[test]
+fn a_second_sequence_reuses_full_prefix_blocks() {
+    let mut kv = global(8);
+    let a = kv.add_sequence();
+    let prompt: Vec<u32> = (0..10).collect();
+    assert_eq!(kv.reuse_cached_prefix(a, &prompt).expect("reuse"), 0);
+    append(&mut kv, a, &prompt);
+    let b = kv.add_sequence();
+    // Two full blocks (8 tokens) match; at least one token is always left to evaluate.
+    assert_eq!(kv.reuse_cached_prefix(b, &prompt).expect("reuse"), 8);
+    assert_eq!(kv.block_tables(b)[0][..], kv.block_tables(a)[0][..2]);
+    assert_eq!(kv.pool_stats()[0].used, 3);
+    // A different second block stops the match after the first.
+    let c = kv.add_sequence();
+    let other: Vec<u32> = [0, 1, 2, 3, 9, 9, 9, 9, 9].to_vec();
+    assert_eq!(kv.reuse_cached_prefix(c, &other).expect("reuse"), 4);
+    let (cached, seen) = kv.prefix_counts();
+    assert_eq!((cached, seen), (12, 29));
+    for s in [a, b, c] {
+        kv.remove_sequence(s);
+    }
+    assert!(idle(&kv));
+    // After every sequence ended the blocks stay cached and still serve a new request.
+    let d = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(d, &prompt).expect("reuse"), 8);
+}
+
+#[test]
+fn writing_into_a_shared_partial_block_copies_it_first() {
+    let mut kv = global(8);
+    let a = kv.add_sequence();
+    append(&mut kv, a, &[1, 2, 3, 4, 5]);
+    let b = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(b, &[1, 2, 3, 4, 5]).expect("reuse"), 4);
+    let shared = kv.block_tables(a)[0][0];
+    // b rolls back into the shared (cached) first block and writes there: copy-on-write.
+    kv.truncate(b, 2).expect("truncate");
+    let plan = append(&mut kv, b, &[7, 7]);
+    assert_eq!(plan.copies.len(), 1);
+    let copy = plan.copies[0];
+    assert_eq!((copy.src, copy.n_positions), (shared, 2));
+    assert_ne!(kv.block_tables(b)[0][0], shared);
+    assert_eq!(kv.block_tables(a)[0][0], shared, "the other sequence keeps its block");
+    kv.remove_sequence(a);
+    kv.remove_sequence(b);
+    assert!(idle(&kv));
+}
+
+#[test]
+fn cached_blocks_are_evicted_least_recently_released_first() {
+    let mut kv = global(3);
+    for first in [10u32, 20, 30] {
+        let s = kv.add_sequence();
+        append(&mut kv, s, &[first, 1, 2, 3]);
+        kv.remove_sequence(s);
+    }
+    assert_eq!(kv.pool_stats()[0].cached, 3);
+    let s = kv.add_sequence();
+    append(&mut kv, s, &[40, 1, 2, 3]); // evicts the block of 10
+    kv.remove_sequence(s);
+    let probe = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(probe, &[10, 1, 2, 3, 0]).expect("reuse"), 0);
+    assert_eq!(kv.reuse_cached_prefix(probe, &[20, 1, 2, 3, 0]).expect("reuse"), 4);
+}
+
+#[test]
+fn exhaustion_is_a_typed_error_that_changes_nothing() {
+    let mut kv = global(2);
+    let s = kv.add_sequence();
+    append(&mut kv, s, &[1, 2, 3]);
+    let before = kv.pool_stats();
+    match kv.reserve(s, 10) {
+        Err(CoreError::KvExhausted { needed_blocks: 3, available_blocks: 1, total_blocks: 2, block_size: BS }) => {}
+        other => panic!("expected KvExhausted, got {other:?}"),
+    }
+    assert_eq!(kv.pool_stats(), before);
+    assert_eq!(kv.block_tables(s)[0].len(), 1);
+}
+
+#[test]
+fn sliding_window_blocks_are_released_and_limit_rollback() {
+    let groups = vec![
+        KvGroup { layers: vec![0], window: None, n_blocks: 16 },
+        KvGroup { layers: vec![1], window: Some(4), n_blocks: 16 },
+    ];
+    let mut kv = KvManager::new(BS, groups, 0).expect("manager");
+    let s = kv.add_sequence();
+    let tokens: Vec<u32> = (0..20).collect();
+    append(&mut kv, s, &tokens);
+    // A query at position 20 sees 17..=20: blocks 0..4 (positions 0..16) are released.
+    let local = &kv.block_tables(s)[1];
+    assert_eq!(local.iter().filter(|&&b| b == NO_BLOCK).count(), 4);
+    assert!(kv.block_tables(s)[0].iter().all(|&b| b != NO_BLOCK));
+    assert_eq!(kv.pool_stats()[1].used, 1);
+    // Rolling back to 19 keeps the window (16..=19); to 18 it would need the released 15.
+    assert!(kv.can_truncate(s, 19));
+    assert!(!kv.can_truncate(s, 18));
+    assert!(kv.truncate(s, 10).is_err());
+    kv.truncate(s, 0).expect("truncate to empty");
+    assert!(idle(&kv));
+}

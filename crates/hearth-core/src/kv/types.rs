@@ -1,0 +1,65 @@
+//! Storage types and group descriptions of the paged KV cache.
+
+use crate::error::{CoreError, Result};
+use crate::quant::GgmlType;
+
+/// Block-table entry of a block released by the sliding window (never read again).
+pub const NO_BLOCK: u32 = u32::MAX;
+
+/// How K/V values are stored. f16 is llama.cpp's default; q8_0 halves it again at a small
+/// quality cost; q4_0 quarters it (measured in docs/BENCHMARKS.md before recommending it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvType {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            "q4_0" | "q4" => Ok(KvType::Q4_0),
+            other => Err(CoreError::InvalidArgument(format!("unknown KV type '{other}' (expected f32, f16, q8_0 or q4_0)"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The GGML block format of one stored row.
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            KvType::F32 => GgmlType::F32,
+            KvType::F16 => GgmlType::F16,
+            KvType::Q8_0 => GgmlType::Q8_0,
+            KvType::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+
+    /// Bytes of one stored row of `width` values; `None` if a quantized type does not divide it.
+    pub fn row_bytes(self, width: usize) -> Option<usize> {
+        self.ggml_type().row_bytes(width).ok()
+    }
+}
+
+/// One block group: the layers that share block tables, and its pool size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvGroup {
+    /// Layers whose K/V live in this group's blocks.
+    pub layers: Vec<usize>,
+    /// Sliding window of these layers (None: they see the whole context).
+    pub window: Option<usize>,
+    pub n_blocks: usize,
+}

@@ -1,0 +1,207 @@
+//! A model on a backend with its paged KV pool: runs steps over any number of sequences. The
+//! single-sequence [`crate::engine::Session`] and the batching scheduler both drive this.
+
+use crate::backend::{Backend, GraphId, KvId, KvLayout};
+use crate::engine::EngineOptions;
+use crate::error::{CoreError, Result};
+use crate::gguf::GgufFile;
+use crate::graph::{LogitsMode, SeqStep, StepInput};
+use crate::kv::{KvGroup, KvManager, SeqId};
+use crate::model::{Model, ModelConfig};
+use std::collections::HashMap;
+
+/// One sequence's tokens in a step.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEntry<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+}
+
+pub struct Runner {
+    backend: Box<dyn Backend>,
+    model: Model,
+    kv_id: KvId,
+    layout: KvLayout,
+    kv: KvManager,
+    graphs: HashMap<(usize, usize, LogitsMode), GraphId>,
+    logits: Vec<f32>,
+    /// Positions one sequence may hold (RoPE range the model was trained on, or less).
+    n_ctx: usize,
+    tokens_scratch: Vec<u32>,
+}
+
+impl Runner {
+    /// Loads the weights of `file` onto `backend` and allocates the KV pool the options ask for.
+    pub fn load(
+        file: &GgufFile,
+        mut backend: Box<dyn Backend>,
+        options: &EngineOptions,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
+        let model = Model::load(file, backend.as_mut(), on_progress)?;
+        let n_ctx = match options.n_ctx {
+            0 => model.config.n_ctx_train.min(4096),
+            n => n,
+        };
+        let block_size = options.kv_block_size.max(1);
+        let groups = size_groups(&model, options, n_ctx, block_size)?;
+        let layout = model.kv_layout(options.kv_type, block_size, groups.clone());
+        if options.kv_type.row_bytes(layout.k_width).is_none() {
+            return Err(CoreError::InvalidArgument(format!(
+                "KV type {} needs rows that are a multiple of 32 values; this model's are {}",
+                options.kv_type.name(),
+                layout.k_width
+            )));
+        }
+        let kv_id = backend.alloc_kv(layout.clone())?;
+        let kv = KvManager::new(block_size, groups, ROLLBACK_MARGIN)?;
+        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), logits: Vec::new(), n_ctx, tokens_scratch: Vec::new() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    pub fn kv_mut(&mut self) -> &mut KvManager {
+        &mut self.kv
+    }
+
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    fn graph(&mut self, n_tokens: usize, n_seqs: usize, mode: LogitsMode) -> Result<GraphId> {
+        if let Some(&id) = self.graphs.get(&(n_tokens, n_seqs, mode)) {
+            return Ok(id);
+        }
+        let graph = self.model.build_graph(n_tokens, n_seqs, mode);
+        let id = self.backend.compile(&graph)?;
+        self.graphs.insert((n_tokens, n_seqs, mode), id);
+        Ok(id)
+    }
+
+    /// Appends each entry's tokens to its sequence in one forward pass and returns the logits:
+    /// `[batch.len(), n_vocab]` (the last token of each entry) or `[total tokens, n_vocab]`.
+    /// On error no sequence changes.
+    pub fn step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<&[f32]> {
+        let n_vocab = self.model.config.n_vocab;
+        for (i, e) in batch.iter().enumerate() {
+            if e.tokens.is_empty() {
+                return Err(CoreError::InvalidArgument("a step needs at least one token per sequence".into()));
+            }
+            if let Some(&bad) = e.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(CoreError::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
+            }
+            if batch[..i].iter().any(|o| o.seq == e.seq) {
+                return Err(CoreError::InvalidArgument("a sequence appears twice in one step".into()));
+            }
+            let needed = self.kv.len(e.seq) + e.tokens.len();
+            if needed > self.n_ctx {
+                return Err(CoreError::ContextOverflow { needed, capacity: self.n_ctx });
+            }
+        }
+        if batch.is_empty() {
+            return Err(CoreError::InvalidArgument("a step needs at least one sequence".into()));
+        }
+        let lens: Vec<usize> = batch.iter().map(|e| self.kv.len(e.seq)).collect();
+        let mut copies = Vec::new();
+        let mut failed = None;
+        for (i, e) in batch.iter().enumerate() {
+            match self.kv.reserve(e.seq, e.tokens.len()) {
+                Ok(plan) => copies.extend(plan.copies),
+                Err(err) => {
+                    failed = Some((i, err));
+                    break;
+                }
+            }
+        }
+        // Copy-on-write blocks already replaced in the tables must be filled even if we stop.
+        if !copies.is_empty() {
+            self.backend.copy_kv_blocks(self.kv_id, &copies)?;
+        }
+        if let Some((i, err)) = failed {
+            // Give back what earlier entries reserved.
+            for (e, &len) in batch[..i].iter().zip(&lens) {
+                self.kv.truncate(e.seq, len)?;
+            }
+            return Err(err);
+        }
+        let n_tokens: usize = batch.iter().map(|e| e.tokens.len()).sum();
+        let graph = self.graph(n_tokens, batch.len(), mode)?;
+        self.tokens_scratch.clear();
+        batch.iter().for_each(|e| self.tokens_scratch.extend_from_slice(e.tokens));
+        let seqs: Vec<SeqStep<'_>> = batch
+            .iter()
+            .zip(&lens)
+            .map(|(e, &pos0)| SeqStep { n_tokens: e.tokens.len(), pos0, block_tables: self.kv.block_tables(e.seq) })
+            .collect();
+        let input = StepInput { tokens: &self.tokens_scratch, seqs: &seqs };
+        let result = self.backend.execute(graph, self.kv_id, input, &mut self.logits);
+        drop(seqs);
+        if let Err(err) = result {
+            for (e, &len) in batch.iter().zip(&lens) {
+                self.kv.truncate(e.seq, len)?;
+            }
+            return Err(err);
+        }
+        for e in batch {
+            self.kv.commit(e.seq, e.tokens)?;
+        }
+        Ok(&self.logits)
+    }
+}
+
+/// Positions kept past a sliding window so that rolling back a rejected draft still finds keys.
+const ROLLBACK_MARGIN: usize = 64;
+
+/// Block counts per group: from `kv_memory` when given, else room for `max_sequences` full
+/// contexts. Windowed groups only ever hold about a window per sequence.
+fn size_groups(model: &Model, options: &EngineOptions, n_ctx: usize, block_size: usize) -> Result<Vec<KvGroup>> {
+    let mut groups = model.kv_groups();
+    let seqs = options.max_sequences.max(1);
+    let ctx_blocks = n_ctx.div_ceil(block_size);
+    let per_seq = |g: &KvGroup| match g.window {
+        // +2: a partially filled block at each end of the window.
+        Some(w) => ctx_blocks.min((w + ROLLBACK_MARGIN).div_ceil(block_size) + 2),
+        None => ctx_blocks,
+    };
+    let probe = model.kv_layout(options.kv_type, block_size, groups.iter().map(|g| KvGroup { n_blocks: 1, ..g.clone() }).collect());
+    match options.kv_memory {
+        None => groups.iter_mut().for_each(|g| g.n_blocks = seqs * per_seq(g)),
+        Some(budget) => {
+            // Windowed groups first (small, fixed per sequence), the rest of the budget to the
+            // global groups.
+            let mut left = budget as i128;
+            for (i, g) in groups.iter_mut().enumerate() {
+                if g.window.is_some() {
+                    g.n_blocks = seqs * per_seq(g);
+                    left -= (g.n_blocks * probe.block_bytes(i)) as i128;
+                }
+            }
+            let global_bytes: usize = (0..groups.len()).filter(|&i| groups[i].window.is_none()).map(|i| probe.block_bytes(i)).sum();
+            let global_blocks = if global_bytes == 0 { 0 } else { (left.max(0) as usize) / global_bytes };
+            for g in groups.iter_mut().filter(|g| g.window.is_none()) {
+                g.n_blocks = global_blocks;
+            }
+            if left <= 0 || groups.iter().any(|g| g.n_blocks == 0) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "a KV memory budget of {budget} bytes holds less than one block of {block_size} tokens ({} bytes per token)",
+                    probe.bytes_per_token()
+                )));
+            }
+        }
+    }
+    Ok(groups)
+}

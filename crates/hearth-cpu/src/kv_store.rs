@@ -1,0 +1,106 @@
+//! The paged KV pool in host memory: per layer, K and V as `[n_blocks, block_size, row]` in the
+//! pool's storage type (f32, f16, q8_0 or q4_0 rows). Attention gathers a sequence's visible
+//! positions into contiguous f32 rows once per layer and step, so the attention kernels (and
+//! their numerics) do not depend on the storage type or the paging.
+
+use crate::CpuError;
+use hearth_core::backend::KvLayout;
+use hearth_core::graph::SeqStep;
+use hearth_core::kv::BlockCopy;
+use hearth_core::quant::{dequantize_row, quantize_row, GgmlType};
+
+struct LayerKv {
+    group: usize,
+    k: Vec<u8>,
+    v: Vec<u8>,
+}
+
+pub struct KvStore {
+    pub layout: KvLayout,
+    ty: GgmlType,
+    k_row: usize,
+    v_row: usize,
+    layers: Vec<LayerKv>,
+}
+
+impl KvStore {
+    pub fn new(layout: KvLayout) -> Result<Self, CpuError> {
+        let ty = layout.kv_type.ggml_type();
+        let row = |w: usize| {
+            layout.kv_type.row_bytes(w).ok_or_else(|| CpuError::BadKv(format!("KV type {} cannot store rows of {w} values", layout.kv_type.name())))
+        };
+        let (k_row, v_row) = (row(layout.k_width)?, row(layout.v_width)?);
+        let mut layers = Vec::with_capacity(layout.n_layers);
+        for layer in 0..layout.n_layers {
+            let group = layout.group_of(layer).ok_or_else(|| CpuError::BadKv(format!("layer {layer} is in no KV block group")))?;
+            let positions = layout.groups[group].n_blocks * layout.block_size;
+            layers.push(LayerKv { group, k: vec![0u8; positions * k_row], v: vec![0u8; positions * v_row] });
+        }
+        Ok(KvStore { layout, ty, k_row, v_row, layers })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().map(|l| (l.k.len() + l.v.len()) as u64).sum()
+    }
+
+    pub fn group_of(&self, layer: usize) -> Option<usize> {
+        self.layers.get(layer).map(|l| l.group)
+    }
+
+    /// Slot (block * block_size + offset) of position `pos` of a sequence in group `g`.
+    fn slot(&self, seq: &SeqStep<'_>, g: usize, pos: usize) -> usize {
+        let bs = self.layout.block_size;
+        seq.block_tables[g][pos / bs] as usize * bs + pos % bs
+    }
+
+    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position.
+    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32]) -> Result<(), CpuError> {
+        let (kw, vw) = (self.layout.k_width, self.layout.v_width);
+        let g = self.layers[layer].group;
+        let mut t = 0;
+        for seq in seqs {
+            for pos in seq.pos0..seq.pos0 + seq.n_tokens {
+                let slot = self.slot(seq, g, pos);
+                let l = &mut self.layers[layer];
+                quantize_row(self.ty, &k[t * kw..(t + 1) * kw], &mut l.k[slot * self.k_row..(slot + 1) * self.k_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+                quantize_row(self.ty, &v[t * vw..(t + 1) * vw], &mut l.v[slot * self.v_row..(slot + 1) * self.v_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+                t += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Positions `lo..=hi` of a sequence in `layer` as contiguous f32 rows: k_out: [n, k_width],
+    /// v_out: [n, v_width].
+    pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>) -> Result<(), CpuError> {
+        let (kw, vw) = (self.layout.k_width, self.layout.v_width);
+        let g = self.layers[layer].group;
+        let n = hi + 1 - lo;
+        k_out.resize(n * kw, 0.0);
+        v_out.resize(n * vw, 0.0);
+        let l = &self.layers[layer];
+        for (i, pos) in (lo..=hi).enumerate() {
+            let slot = self.slot(seq, g, pos);
+            dequantize_row(self.ty, &l.k[slot * self.k_row..(slot + 1) * self.k_row], &mut k_out[i * kw..(i + 1) * kw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+            dequantize_row(self.ty, &l.v[slot * self.v_row..(slot + 1) * self.v_row], &mut v_out[i * vw..(i + 1) * vw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    pub fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), CpuError> {
+        let bs = self.layout.block_size;
+        for c in copies {
+            let n_blocks = self.layout.groups.get(c.group).map_or(0, |g| g.n_blocks);
+            if c.src as usize >= n_blocks || c.dst as usize >= n_blocks || c.n_positions > bs {
+                return Err(CpuError::BadKv(format!("block copy {c:?} outside the pool")));
+            }
+            for l in self.layers.iter_mut().filter(|l| l.group == c.group) {
+                for (data, row) in [(&mut l.k, self.k_row), (&mut l.v, self.v_row)] {
+                    let (src, dst) = (c.src as usize * bs * row, c.dst as usize * bs * row);
+                    data.copy_within(src..src + c.n_positions * row, dst);
+                }
+            }
+        }
+        Ok(())
+    }
+}
