@@ -12,7 +12,11 @@
 //   aborted            an AbortSignal passed to createEngine or a request fired
 //   network            downloading the model failed (HTTP error, offline, CORS)
 //   not-loaded         the engine was unloaded
+//   busy               the wasm engine was re-entered while generating (a bug in the caller's callbacks)
 //   internal           a bug in hearth-llm (please report it with the message)
+
+/** Every code above (index.d.ts declares the same union; tests/browser/types.test.js checks). */
+export const ERROR_CODES = ['bad-argument', 'no-webgpu', 'invalid-model', 'unsupported-model', 'context-overflow', 'quota-exceeded', 'out-of-memory', 'device-lost', 'aborted', 'network', 'not-loaded', 'busy', 'internal'];
 
 const HINTS = {
   'invalid-model': 'The file is not a valid GGUF model: it may be corrupt or incompletely downloaded. Download it again (deleteCachedModel(url) drops a cached copy).',
