@@ -25,6 +25,7 @@ const modelPath = `/models/${expected.model_file}`;
 
 let server, origin, profile, context, page;
 let modelRequests = 0;
+const modelMethods = [];
 
 async function openBrowser() {
   context = await chromium.launchPersistentContext(profile, {
@@ -34,6 +35,7 @@ async function openBrowser() {
   // Interception: every request for a .gguf is counted, then let through.
   await context.route('**/*.gguf', (route) => {
     modelRequests++;
+    modelMethods.push(route.request().method());
     return route.continue();
   });
   page = context.pages()[0] ?? (await context.newPage());
@@ -144,5 +146,11 @@ test('Cache Storage fallback (no OPFS): the second load makes no request either'
   assert.equal(second.fromCache, true);
   assert.deepEqual(second.phases, ['cache', 'load', 'ready']);
   assert.deepEqual(second.tokens, expected.tokens);
+
+  // cache: 'revalidate' asks the server with a HEAD (same Content-Length: the cached copy is used).
+  modelMethods.length = 0;
+  const revalidated = await loadAndGenerate({ cache: 'revalidate' });
+  assert.deepEqual(modelMethods, ['HEAD']);
+  assert.equal(revalidated.fromCache, true);
   assert.equal(await page.evaluate(async (url) => (await import('/dist/index.js')).deleteCachedModel(url), modelPath), true);
 });

@@ -20,12 +20,10 @@ async function keyOf(url) {
 async function opfsDirectory() {
   try {
     if (!globalThis.navigator?.storage?.getDirectory) return null;
-    const root = await navigator.storage.getDirectory();
-    const directory = await root.getDirectoryHandle(DIRECTORY, { create: true });
     // createWritable on OPFS files is what the streaming write needs (not in every browser's window scope).
-    const probe = await directory.getFileHandle('.probe', { create: true });
-    if (typeof probe.createWritable !== 'function') return null;
-    return directory;
+    if (typeof globalThis.FileSystemFileHandle?.prototype?.createWritable !== 'function') return null;
+    const root = await navigator.storage.getDirectory();
+    return await root.getDirectoryHandle(DIRECTORY, { create: true });
   } catch {
     return null; // opaque origins, disabled storage, private modes without OPFS
   }
