@@ -11,6 +11,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { homedir } from 'node:os';
 import { fileURLToPath } from 'node:url';
+import { createServer } from 'node:http';
 import { chromium } from 'playwright-core';
 import { serve } from './server.js';
 
@@ -20,31 +21,40 @@ const dist = join(root, 'web/hearth-llm/dist');
 const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
 const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/gemma_fibonacci_greedy.json'), 'utf8'));
 
-let server, browser, page;
+let server, browser, page, hugeServer, hugeOrigin;
+const pageErrors = [];
 
 before(async () => {
   assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
   ({ server } = await serve({ '/dist/': dist, '/models/': modelsDir, '/fixtures/': join(root, 'tests/fixtures'), '/': here }));
   const { origin } = { origin: `http://127.0.0.1:${server.address().port}` };
+  // Announces a 5 GB model and never sends it: more than a wasm32 engine can hold.
+  hugeServer = createServer((request, response) => {
+    response.writeHead(200, { 'content-length': '5000000000', 'access-control-allow-origin': '*', 'cross-origin-resource-policy': 'cross-origin' });
+    response.flushHeaders();
+  });
+  await new Promise((resolve) => hugeServer.listen(0, '127.0.0.1', resolve));
+  hugeOrigin = `http://127.0.0.1:${hugeServer.address().port}`;
   browser = await chromium.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new'], // no --enable-unsafe-webgpu
   });
   page = await browser.newPage();
-  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
+  page.on('pageerror', (error) => pageErrors.push(String(error)));
   await page.goto(`${origin}/page.html`);
-  await page.evaluate(() => {
-    // { instance, name, code, message } of what `promise` rejects with.
-    window.describe = async (promise) => {
-      const { HearthError } = await import('/dist/index.js');
-      return promise.then(() => ({ code: 'no error' }), (e) => ({ instance: e instanceof HearthError, name: e.name, code: e.code, message: e.message, kind: e.kind }));
-    };
+  await page.evaluate(async () => {
+    const { HearthError } = await import('/dist/index.js');
+    // { instance, name, code, message, kind } of what `promise` rejects with (handled at once, so
+    // the page never sees an unhandled rejection).
+    window.describe = (promise) => promise.then(() => ({ code: 'no error' }), (e) => ({ instance: e instanceof HearthError, name: e.name, code: e.code, message: e.message, kind: e.kind }));
   });
 });
 
 after(async () => {
   await browser?.close();
   server?.close();
+  hugeServer?.closeAllConnections();
+  hugeServer?.close();
 });
 
 function assertError(actual, code, pattern) {
@@ -138,4 +148,13 @@ test('a missing URL is a network error; aborts are aborted', { timeout: 120_000 
   assertError(result.notFound, 'network', /HTTP 404/);
   assertError(result.abortedLoad, 'aborted');
   assertError(result.abortedRequest, 'aborted');
+});
+
+test('a model larger than the wasm engine can hold is out-of-memory, before it downloads', { timeout: 120_000 }, async () => {
+  const result = await page.evaluate(async (url) => describe((await import('/dist/index.js')).createEngine({ model: url })), `${hugeOrigin}/huge.gguf`);
+  assertError(result, 'out-of-memory', /the model is 4\.66 GiB, but the WebAssembly engine can hold at most 3\.94 GiB.*smaller model/);
+});
+
+test('no unhandled errors in the page', () => {
+  assert.deepEqual(pageErrors, []);
 });

@@ -62,7 +62,17 @@ impl WasmEngine {
         let options = LoadOptions::parse(options_json).map_err(js_error)?;
         let mut slot = self.host.try_borrow_mut().map_err(|_| busy())?;
         *slot = None; // free the previous model before the new one is copied in
-        let mut model = vec![0u8; bytes.length() as usize];
+        // try_reserve: a model larger than the wasm heap can grow to is an `out-of-memory` error, not
+        // an allocation abort (which would trap and poison the module).
+        let length = bytes.length() as usize;
+        let mut model = Vec::new();
+        model.try_reserve_exact(length).map_err(|_| {
+            coded_error(
+                "out-of-memory",
+                &format!("cannot allocate {} MiB of WebAssembly memory for the model (the wasm32 engine addresses at most 4 GiB in all)", length >> 20),
+            )
+        })?;
+        model.resize(length, 0);
         bytes.copy_to(&mut model);
         let backend: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
         let mut report = |done: u64, total: u64| {

@@ -62,3 +62,12 @@ export function fromWorkerMessage({ code, message, name }) {
   if (code) return new HearthError(code, message);
   return toHearthError(Object.assign(new Error(message), { name }));
 }
+
+/** The wasm32 engine copies the model into its memory, which cannot exceed 4 GiB. */
+export const MAX_MODEL_BYTES = 2 ** 32 - 2 ** 26;
+
+export function checkModelSize(bytes) {
+  if (bytes > MAX_MODEL_BYTES) {
+    throw hearthError('out-of-memory', `the model is ${(bytes / 2 ** 30).toFixed(2)} GiB, but the WebAssembly engine can hold at most ${(MAX_MODEL_BYTES / 2 ** 30).toFixed(2)} GiB (a wasm32 memory)`);
+  }
+}

@@ -6,7 +6,7 @@
 import { readModel } from './model-source.js';
 import { LocalEngine, WorkerEngine } from './transport.js';
 import { checkRequest, samplingOptions } from './request.js';
-import { HearthError, hearthError, toHearthError } from './errors.js';
+import { HearthError, hearthError, toHearthError, checkModelSize } from './errors.js';
 import { listCachedModels, deleteCachedModel } from './cache.js';
 
 export { checkRequest, HearthError, listCachedModels, deleteCachedModel };
@@ -45,6 +45,7 @@ export async function createEngine(options) {
   });
   if (warning) console.warn(warning.message);
   if (signal?.aborted) throw hearthError('aborted', 'createEngine was aborted', signal.reason);
+  checkModelSize(bytes.byteLength);
   const engineBackend = useWorker ? new WorkerEngine() : new LocalEngine();
   const size = bytes.byteLength;
   try {

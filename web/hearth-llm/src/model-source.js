@@ -6,7 +6,7 @@
 // Progress events: { phase: 'download' | 'cache' | 'read', loaded, total, fromCache, warning? }.
 
 import { absoluteUrl, openCache } from './cache.js';
-import { HearthError, hearthError, toHearthError } from './errors.js';
+import { HearthError, hearthError, toHearthError, checkModelSize } from './errors.js';
 
 /** `cache`: true (default) · false (no cache read or write) · 'revalidate' (HEAD: ETag/length must match). */
 export async function readModel(model, { onProgress, cache = true, signal } = {}) {
@@ -27,6 +27,7 @@ function checkAborted(signal) {
 /** Reads a Blob (a File, or a cached model on disk) into one buffer, with progress. */
 async function readBlob(blob, phase, fromCache, onProgress, signal) {
   const total = blob.size;
+  checkModelSize(total);
   let bytes;
   try {
     bytes = new Uint8Array(total);
@@ -82,6 +83,12 @@ async function download(url, store, onProgress, signal) {
   }
   if (!response.ok) throw hearthError('network', `fetching the model from ${url} failed: HTTP ${response.status} ${response.statusText}`);
   const total = Number(response.headers.get('content-length')) || 0;
+  try {
+    checkModelSize(total); // before downloading gigabytes that cannot be loaded
+  } catch (error) {
+    response.body?.cancel().catch(() => {});
+    throw error;
+  }
   const meta = { size: total, etag: response.headers.get('etag'), lastModified: response.headers.get('last-modified'), storedAt: Date.now() };
 
   let warning;
