@@ -54,6 +54,7 @@ test('the page is cross-origin isolated and starts with an empty chat and no mod
   assert.equal(await page.evaluate(() => crossOriginIsolated), true);
   assert.equal(await page.locator('#send').isDisabled(), true);
   assert.equal(await page.locator('#model-url').inputValue(), `/models/${modelFile}`);
+  await page.waitForFunction(() => document.querySelector('#cache-summary').textContent === '(none)', null, { timeout: 10_000 });
 });
 
 test('markdown rendering never turns model text into markup', async () => {
@@ -137,6 +138,17 @@ test('regenerate replaces the last answer; stop ends it early', { timeout: 600_0
   await page.click('#new-chat');
   assert.equal(await page.locator('.message').count(), 0);
   assert.equal(await page.locator('.chat-item').count(), 2);
+});
+
+test('the loaded model is listed as cached; Delete removes it', { timeout: 60_000 }, async () => {
+  await page.locator('#cache-panel summary').click();
+  await page.waitForFunction(() => document.querySelectorAll('#cached-models li').length === 1, null, { timeout: 10_000 });
+  assert.match(await page.locator('#cached-models li .name').textContent(), /^qwen2\.5-coder-0\.5b-instruct-q4_k_m\.gguf · \d+ MiB$/);
+  assert.match(await page.locator('#cache-summary').textContent(), /^\(1, \d+ MiB\)$/);
+  await page.click('#cached-models li .delete');
+  await page.waitForFunction(() => document.querySelectorAll('#cached-models li').length === 0, null, { timeout: 10_000 });
+  assert.equal(await page.locator('#cache-summary').textContent(), '(none)');
+  assert.deepEqual(await page.evaluate(async () => (await import('/hearth-llm/dist/index.js')).listCachedModels()), []);
 });
 
 test('no request left the page origin and the page raised no errors', () => {

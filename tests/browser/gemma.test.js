@@ -103,12 +103,12 @@ test('bad arguments and bad models are clear errors', { timeout: 120_000 }, asyn
       notFound: await describe(createEngine({ model: '/models/missing.gguf' })),
     };
   });
-  assert.match(errors.messages, /^TypeError: .*messages/);
-  assert.match(errors.temperature, /^RangeError: .*temperature/);
-  assert.match(errors.unknown, /^TypeError: .*temprature/);
-  assert.match(errors.noModel, /^TypeError: .*model/);
-  assert.match(errors.notGguf, /not a GGUF file/);
-  assert.match(errors.notFound, /HTTP 404/);
+  assert.match(errors.messages, /^HearthError: .*messages/);
+  assert.match(errors.temperature, /^HearthError: .*temperature/);
+  assert.match(errors.unknown, /^HearthError: .*temprature/);
+  assert.match(errors.noModel, /^HearthError: .*model/);
+  assert.match(errors.notGguf, /^HearthError: .*not a GGUF file/);
+  assert.match(errors.notFound, /^HearthError: .*HTTP 404/);
 });
 
 test('no request left the page origin', () => {

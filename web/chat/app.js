@@ -2,7 +2,7 @@
 // answers with live TTFT and tok/s, keeps conversations in localStorage. Nothing leaves the page
 // except the model download from the URL you choose.
 
-import { createEngine } from '../hearth-llm/dist/index.js';
+import { createEngine, listCachedModels, deleteCachedModel } from '../hearth-llm/dist/index.js';
 import { renderMarkdown } from './markdown.js';
 import { loadState, saveState, newChat, titleFor } from './store.js';
 
@@ -13,7 +13,7 @@ const ui = {
   mode: $('mode'), maxTokens: $('max-tokens'), temperature: $('temperature'), systemPrompt: $('system-prompt'),
   chatList: $('chat-list'), newChat: $('new-chat'), messages: $('messages'), stats: $('stats'),
   sendForm: $('send-form'), prompt: $('prompt'), send: $('send'), stop: $('stop'), regenerate: $('regenerate'),
-  dropOverlay: $('drop-overlay'),
+  dropOverlay: $('drop-overlay'), cachedModels: $('cached-models'), cacheSummary: $('cache-summary'),
 };
 
 let engine = null;
@@ -42,7 +42,7 @@ function showProgress({ phase, loaded, total }) {
     ui.progressText.textContent = 'ready';
     return;
   }
-  const verb = phase === 'read' ? 'reading' : 'downloading';
+  const verb = phase === 'read' ? 'reading' : phase === 'cache' ? 'reading from the cache' : 'downloading';
   if (total) {
     ui.progress.value = loaded / total;
     ui.progressText.textContent = `${verb} ${(loaded / MiB).toFixed(0)} / ${(total / MiB).toFixed(0)} MiB (${((100 * loaded) / total).toFixed(0)}%)`;
@@ -67,7 +67,9 @@ async function loadModel(source, name) {
     const stats = await engine.runtimeStats();
     const model = stats.model ?? {};
     const details = [model.architecture, model.n_params ? `${(model.n_params / 1e6).toFixed(0)}M params` : null, stats.backend, stats.simd128 ? 'SIMD' : null].filter(Boolean);
-    setStatus(`Loaded ${name}${details.length ? ` (${details.join(', ')})` : ''}.`);
+    if (engine.fromCache) details.push('from the cache');
+    const warning = engine.warnings[0] ? ` Not cached: ${engine.warnings[0].message}` : '';
+    setStatus(`Loaded ${name}${details.length ? ` (${details.join(', ')})` : ''}.${warning}`);
     document.body.dataset.model = 'ready';
   } catch (error) {
     engine = null;
@@ -76,7 +78,48 @@ async function loadModel(source, name) {
   } finally {
     loading = false;
     updateButtons();
+    renderCachedModels();
   }
+}
+
+// ---- model cache ---------------------------------------------------------------------------
+
+async function renderCachedModels() {
+  let models = [];
+  try {
+    models = await listCachedModels();
+  } catch (error) {
+    ui.cacheSummary.textContent = `(unavailable: ${error.message})`;
+    return;
+  }
+  const total = models.reduce((sum, m) => sum + m.size, 0);
+  ui.cacheSummary.textContent = models.length ? `(${models.length}, ${(total / MiB).toFixed(0)} MiB)` : '(none)';
+  ui.cachedModels.replaceChildren(...models.map((model) => {
+    const item = document.createElement('li');
+    const name = document.createElement('span');
+    name.className = 'name';
+    name.textContent = `${decodeURIComponent(model.url.split('/').pop() || model.url)} · ${(model.size / MiB).toFixed(0)} MiB`;
+    name.title = model.url;
+    const load = document.createElement('button');
+    load.type = 'button';
+    load.className = 'load';
+    load.textContent = 'Load';
+    load.addEventListener('click', () => {
+      ui.modelUrl.value = model.url;
+      loadModel(model.url, model.url.split('/').pop() || model.url);
+    });
+    const remove = document.createElement('button');
+    remove.type = 'button';
+    remove.className = 'delete';
+    remove.textContent = 'Delete';
+    remove.title = 'Delete the cached copy (the next load downloads it again)';
+    remove.addEventListener('click', async () => {
+      await deleteCachedModel(model.url);
+      renderCachedModels();
+    });
+    item.append(name, load, remove);
+    return item;
+  }));
 }
 
 function setStatus(text, isError = false) {
@@ -330,3 +373,4 @@ ui.regenerate.addEventListener('click', () => {
 ui.newChat.addEventListener('click', startNewChat);
 
 renderAll();
+renderCachedModels();

@@ -18,6 +18,39 @@ pub enum WasmError {
 }
 
 impl WasmError {
+    /// The stable machine-readable code JS sees as `HearthError.code` (see web/hearth-llm/src/errors.js):
+    /// `invalid-model` (corrupt or truncated file), `unsupported-model` (a valid GGUF that hearth cannot
+    /// run: architecture, tensor type, GGUF version, chat template), `context-overflow`, `bad-argument`,
+    /// `not-loaded`, `internal` (anything else: a bug or a backend failure).
+    pub fn code(&self) -> &'static str {
+        use CoreError as C;
+        match self {
+            WasmError::BadRequest { .. } => "bad-argument",
+            WasmError::NotLoaded => "not-loaded",
+            WasmError::Core(core) => match core {
+                C::BadMagic { .. }
+                | C::Truncated { .. }
+                | C::LimitExceeded { .. }
+                | C::BadValueType { .. }
+                | C::BadUtf8 { .. }
+                | C::Duplicate { .. }
+                | C::BadTensor { .. }
+                | C::MissingKey(_)
+                | C::WrongType { .. }
+                | C::MissingTensor(_)
+                | C::ShapeMismatch { .. }
+                | C::BadHyperParameter(_)
+                | C::Tokenizer(_) => "invalid-model",
+                C::UnsupportedVersion(_) | C::UnknownTensorType { .. } | C::UnknownArchitecture(_) | C::UnsupportedTensorType { .. } | C::ChatTemplate(_) => {
+                    "unsupported-model"
+                }
+                C::ContextOverflow { .. } => "context-overflow",
+                C::InvalidArgument(_) => "bad-argument",
+                _ => "internal",
+            },
+        }
+    }
+
     pub fn bad_request(what: &'static str, message: impl Into<String>) -> Self {
         WasmError::BadRequest { what, message: message.into() }
     }

@@ -135,3 +135,30 @@ fn unknown_architecture_and_context_overflow_are_reported() {
 fn host_text(host: &EngineHost, ids: &[u32]) -> String {
     host.decode(ids)
 }
+
+/// `WasmError::code` is what JS sees as `HearthError.code`: corrupt files, unsupported models,
+/// bad options and context overflow each get their stable code.
+#[test]
+fn errors_carry_stable_codes_for_js() {
+    let code_of_load = |bytes: Vec<u8>, options_json: &str| {
+        let options = LoadOptions::parse(options_json)?;
+        EngineHost::load(bytes, &options, Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).map(|_| ())
+    };
+    assert_eq!(code_of_load(b"not a model".to_vec(), "").unwrap_err().code(), "invalid-model");
+    assert_eq!(code_of_load(gemma_bytes()[..100_000].to_vec(), "").unwrap_err().code(), "invalid-model");
+    assert_eq!(code_of_load(Vec::new(), r#"{"n_ctxx": 5}"#).unwrap_err().code(), "bad-argument");
+
+    let mut bytes = std::fs::read(repo_root().join("tests/fixtures/synthetic/llama-gqa-q8_0.gguf")).unwrap();
+    let key = b"general.architecture";
+    let value = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4 + 8;
+    bytes[value] = b'x';
+    assert_eq!(code_of_load(bytes, "").unwrap_err().code(), "unsupported-model");
+
+    let options = RequestOptions::parse(r#"{"temperature": -1}"#).unwrap();
+    assert_eq!(options.generate_options(10, 0).unwrap_err().code(), "bad-argument");
+
+    let mut host = EngineHost::load(gemma_bytes(), &LoadOptions::parse(r#"{"n_ctx": 8}"#).unwrap(), Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).unwrap();
+    let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
+    let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).unwrap_err();
+    assert_eq!(overflow.code(), "context-overflow");
+}

@@ -2,12 +2,43 @@
 
 export type ModelSource = string | URL | Blob | File | Uint8Array | ArrayBuffer;
 
+export type HearthErrorCode =
+  | 'bad-argument'
+  | 'no-webgpu'
+  | 'invalid-model'
+  | 'unsupported-model'
+  | 'context-overflow'
+  | 'quota-exceeded'
+  | 'out-of-memory'
+  | 'device-lost'
+  | 'aborted'
+  | 'network'
+  | 'not-loaded'
+  | 'busy'
+  | 'internal';
+
+/** Every failure of the package: `code` is stable, `message` says what to do. */
+export class HearthError extends Error {
+  constructor(code: HearthErrorCode, message: string, options?: { cause?: unknown });
+  readonly name: 'HearthError';
+  readonly code: HearthErrorCode;
+  /** For 'bad-argument' from request validation: the kind of mistake. */
+  readonly kind?: 'TypeError' | 'RangeError';
+}
+
 export interface Progress {
-  /** download: fetching a URL · read: reading a File/Blob · load: weights into the engine · ready. */
-  phase: 'download' | 'read' | 'load' | 'ready';
+  /** download: fetching a URL · cache: reading the cached copy · read: reading a File/Blob ·
+   * load: weights into the engine · ready. */
+  phase: 'download' | 'cache' | 'read' | 'load' | 'ready';
   loaded: number;
   /** 0 when unknown (no Content-Length). */
   total: number;
+  /** The model bytes come from the model cache (no network request). */
+  fromCache?: boolean;
+  /** download phase: the bytes are being written to the cache. */
+  cached?: boolean;
+  /** Set when caching failed (e.g. code 'quota-exceeded'): the load goes on, uncached. */
+  warning?: HearthError;
 }
 
 export interface CreateEngineOptions {
@@ -17,7 +48,30 @@ export interface CreateEngineOptions {
   worker?: boolean;
   /** Context size in tokens (default: min(training context, 4096)). */
   nCtx?: number;
+  /** URL models: keep them in OPFS (Cache Storage fallback) and reuse without a request (default true);
+   * false: neither read nor write the cache; 'revalidate': reuse only if a HEAD's ETag/Content-Length match. */
+  cache?: boolean | 'revalidate';
+  /** 'auto' (default) and 'cpu': the WebAssembly CPU engine. 'webgpu' rejects with code 'no-webgpu'
+   * when the browser has no adapter (this build has no WebGPU engine yet). */
+  backend?: 'auto' | 'cpu' | 'webgpu';
+  /** Aborts the download / cache read (rejects with code 'aborted'). */
+  signal?: AbortSignal;
 }
+
+export interface CachedModel {
+  /** Absolute URL the model was downloaded from (the cache key). */
+  url: string;
+  size: number;
+  etag: string | null;
+  /** ms since the epoch. */
+  storedAt: number;
+  storage: 'opfs' | 'cache-storage';
+}
+
+/** Complete cached models of this origin. */
+export function listCachedModels(): Promise<CachedModel[]>;
+/** Removes the cached copy of `url` (relative URLs resolve against the page); resolves to whether one existed. */
+export function deleteCachedModel(url: string | URL): Promise<boolean>;
 
 export interface SamplingRequest {
   temperature?: number;
@@ -113,6 +167,10 @@ export interface RuntimeStats {
 }
 
 export interface Engine {
+  /** The model bytes came from the model cache. */
+  readonly fromCache: boolean;
+  /** Non-fatal problems while loading (e.g. 'quota-exceeded': the model was not cached). */
+  readonly warnings: HearthError[];
   chat: {
     completions: {
       create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
@@ -129,4 +187,10 @@ export interface Engine {
   runtimeStats(): Promise<RuntimeStats>;
 }
 
+/** Rejects with a HearthError. */
 export function createEngine(options: CreateEngineOptions): Promise<Engine>;
+
+/** OpenAI request → the engine's sampling options (snake_case). */
+export function samplingOptions(request: SamplingRequest): Record<string, unknown>;
+
+export function checkRequest(request: unknown, kind: 'chat' | 'text'): { prompt: string | ChatMessage[]; options: Record<string, unknown>; stream: boolean; signal?: AbortSignal };

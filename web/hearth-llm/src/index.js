@@ -6,31 +6,73 @@
 import { readModel } from './model-source.js';
 import { LocalEngine, WorkerEngine } from './transport.js';
 import { checkRequest, samplingOptions } from './request.js';
+import { HearthError, hearthError, toHearthError, checkModelSize } from './errors.js';
+import { listCachedModels, deleteCachedModel } from './cache.js';
 
-export { checkRequest };
+export { checkRequest, HearthError, listCachedModels, deleteCachedModel };
+
+const BACKENDS = ['auto', 'cpu', 'webgpu'];
 
 /**
  * Loads a model and returns an engine. Options: `model` (URL, File/Blob, Uint8Array, ArrayBuffer),
- * `onProgress({ phase: 'download'|'read'|'load'|'ready', loaded, total })`, `worker` (default true),
- * `nCtx` (context tokens; default min(training context, 4096)).
+ * `onProgress({ phase: 'download'|'cache'|'read'|'load'|'ready', loaded, total, fromCache, warning? })`,
+ * `worker` (default true), `nCtx` (context tokens; default min(training context, 4096)),
+ * `cache` (true | false | 'revalidate'; URL models are kept in OPFS), `backend` ('auto' | 'cpu' |
+ * 'webgpu'), `signal` (AbortSignal). Failures reject with a HearthError (see errors.js for codes).
  */
 export async function createEngine(options) {
-  if (options === null || typeof options !== 'object') throw new TypeError('createEngine: expected an options object like { model: url }');
-  const { model, onProgress, worker = true, nCtx = 0 } = options;
-  if (model === undefined || model === null) throw new TypeError('createEngine: `model` is required');
-  if (onProgress !== undefined && typeof onProgress !== 'function') throw new TypeError('createEngine: `onProgress` must be a function');
-  if (!Number.isInteger(nCtx) || nCtx < 0) throw new TypeError('createEngine: `nCtx` must be a non-negative integer');
+  if (options === null || typeof options !== 'object') throw hearthError('bad-argument', 'createEngine: expected an options object like { model: url }');
+  const { model, onProgress, worker = true, nCtx = 0, cache = true, backend = 'auto', signal } = options;
+  if (model === undefined || model === null) throw hearthError('bad-argument', 'createEngine: `model` is required (a URL, File/Blob, Uint8Array or ArrayBuffer)');
+  if (onProgress !== undefined && typeof onProgress !== 'function') throw hearthError('bad-argument', 'createEngine: `onProgress` must be a function');
+  if (!Number.isInteger(nCtx) || nCtx < 0) throw hearthError('bad-argument', `createEngine: \`nCtx\` must be a non-negative integer, got ${JSON.stringify(nCtx)}`);
+  if (cache !== true && cache !== false && cache !== 'revalidate') throw hearthError('bad-argument', 'createEngine: `cache` must be true, false or \'revalidate\'');
+  if (!BACKENDS.includes(backend)) throw hearthError('bad-argument', `createEngine: \`backend\` must be one of ${BACKENDS.map((b) => `'${b}'`).join(', ')}, got ${JSON.stringify(backend)}`);
+  if (signal !== undefined && !(typeof AbortSignal !== 'undefined' && signal instanceof AbortSignal)) throw hearthError('bad-argument', 'createEngine: `signal` must be an AbortSignal');
+  if (backend === 'webgpu') await requireWebGpu();
+  if (signal?.aborted) throw hearthError('aborted', 'createEngine was aborted', signal.reason);
   const useWorker = Boolean(worker) && typeof Worker !== 'undefined';
-  const { bytes, owned } = await readModel(model, onProgress);
-  const backend = useWorker ? new WorkerEngine() : new LocalEngine();
+  // A throwing progress callback is the caller's bug, but must not break the load.
+  const report = onProgress && ((progress) => {
+    try {
+      onProgress(progress);
+    } catch (error) {
+      console.error('hearth-llm: onProgress threw', error);
+    }
+  });
+  const { bytes, owned, fromCache, warning } = await readModel(model, { onProgress: report, cache, signal }).catch((error) => {
+    throw toHearthError(error);
+  });
+  if (warning) console.warn(warning.message);
+  if (signal?.aborted) throw hearthError('aborted', 'createEngine was aborted', signal.reason);
+  checkModelSize(bytes.byteLength);
+  const engineBackend = useWorker ? new WorkerEngine() : new LocalEngine();
+  const size = bytes.byteLength;
   try {
-    await backend.load(bytes, { n_ctx: nCtx }, onProgress, owned);
+    await engineBackend.load(bytes, { n_ctx: nCtx }, report && ((p) => report({ ...p, fromCache })), owned);
   } catch (error) {
-    backend.terminate?.();
-    throw error;
+    engineBackend.terminate?.();
+    throw toHearthError(error);
   }
-  onProgress?.({ phase: 'ready', loaded: bytes.byteLength, total: bytes.byteLength });
-  return new Engine(backend, useWorker, typeof model === 'string' ? model : (model?.name ?? 'local-model'));
+  report?.({ phase: 'ready', loaded: size, total: size, fromCache, ...(warning ? { warning } : {}) });
+  const engine = new Engine(engineBackend, useWorker, typeof model === 'string' ? model : (model?.name ?? 'local-model'));
+  engine.fromCache = fromCache;
+  engine.warnings = warning ? [warning] : [];
+  return engine;
+}
+
+/** backend: 'webgpu' needs an adapter; this build's engine is the wasm CPU one. */
+async function requireWebGpu() {
+  let adapter = null;
+  try {
+    adapter = globalThis.navigator?.gpu ? await navigator.gpu.requestAdapter() : null;
+  } catch {
+    adapter = null;
+  }
+  if (!adapter) {
+    throw hearthError('no-webgpu', `backend 'webgpu' was requested, but this browser has no WebGPU adapter (${globalThis.navigator?.gpu ? 'navigator.gpu.requestAdapter() returned none: no supported GPU or driver, or WebGPU is blocklisted' : 'navigator.gpu is missing: WebGPU is off or unsupported, or the page is not a secure context'}). Use backend: 'cpu' (or 'auto') to run on the CPU in WebAssembly`);
+  }
+  throw hearthError('bad-argument', "backend 'webgpu': this build of hearth-llm has no WebGPU engine yet; use backend: 'cpu' or 'auto'");
 }
 
 let serial = 0;
@@ -74,7 +116,7 @@ export class Engine {
   }
 
   #checkLoaded() {
-    if (this.#unloaded) throw new Error('hearth-llm: the engine was unloaded');
+    if (this.#unloaded) throw hearthError('not-loaded', 'the engine was unloaded; create a new one with createEngine()');
   }
 
   /** Runs `task` after every earlier request: two calls on one engine never interleave. */
@@ -87,14 +129,16 @@ export class Engine {
   async #create(request, kind) {
     this.#checkLoaded();
     const { prompt, options, stream, signal } = checkRequest(request, kind);
-    if (signal?.aborted) throw signal.reason ?? new DOMException('The request was aborted', 'AbortError');
+    if (signal?.aborted) throw hearthError('aborted', 'the request was aborted before it started', signal.reason);
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-hearth-${++serial}`;
     const created = Math.floor(Date.now() / 1000);
     const chunks = new ChunkQueue();
     const done = this.#enqueue(() => this.#run(prompt, options, signal, chunks));
     const shape = { id, created, model: this.#modelName, kind };
     if (stream) return streamChunks(chunks, done, shape);
-    const report = await done;
+    const report = await done.catch((error) => {
+      throw toHearthError(error);
+    });
     return completionObject(report, shape);
   }
 
@@ -190,7 +234,7 @@ async function* streamChunks(chunks, done, shape) {
     yield chunkObject(shape, choice);
   }
   const error = await failure;
-  if (error) throw error;
+  if (error) throw toHearthError(error);
   const report = await done;
   const last = shape.kind === 'chat' ? { delta: {}, finish_reason: FINISH[report.finish_reason] } : { text: '', finish_reason: FINISH[report.finish_reason] };
   finished = true;

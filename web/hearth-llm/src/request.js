@@ -1,12 +1,17 @@
 // Checks OpenAI-shaped requests and maps them to the engine's option names. Bad arguments throw
-// TypeError/RangeError naming the field, before anything reaches the engine.
+// HearthError 'bad-argument' naming the field (with `kind` TypeError/RangeError), before anything
+// reaches the engine.
+
+import { HearthError } from './errors.js';
 
 // Accepted for compatibility and ignored (one local model, one choice, no tools yet).
 const IGNORED = new Set(['model', 'stream_options', 'user', 'n', 'logprobs', 'top_logprobs', 'response_format']);
 const SAMPLING = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'stop', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'ignore_eos'];
 
 function fail(Kind, message) {
-  throw new Kind(`hearth-llm: ${message}`);
+  const error = new HearthError('bad-argument', `hearth-llm: ${message}`);
+  error.kind = Kind.name; // 'TypeError' (wrong type) or 'RangeError' (out of range)
+  throw error;
 }
 
 function number(request, name, { min = -Infinity, max = Infinity, integer = false } = {}) {

@@ -2,6 +2,7 @@
 // the LocalEngine interface: load · generate · unload · stats.
 
 import { LocalEngine } from './wasm-engine.js';
+import { fromWorkerMessage, hearthError } from './errors.js';
 
 export class WorkerEngine {
   #worker;
@@ -19,11 +20,11 @@ export class WorkerEngine {
       else {
         this.#pending.delete(id);
         if (type === 'done') request.resolve(event.data.result);
-        else request.reject(Object.assign(new Error(event.data.message), { name: event.data.name }));
+        else request.reject(fromWorkerMessage(event.data));
       }
     };
     this.#worker.onerror = (event) => {
-      const error = new Error(`hearth-llm worker failed: ${event.message ?? 'could not start (is worker.js served next to index.js?)'}`);
+      const error = hearthError('internal', `the worker failed: ${event.message ?? 'could not start (is worker.js served next to index.js?)'}`);
       for (const request of this.#pending.values()) request.reject(error);
       this.#pending.clear();
     };

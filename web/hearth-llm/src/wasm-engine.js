@@ -5,6 +5,7 @@
 // names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
 
 import init, { WasmEngine } from './hearth_wasm.js';
+import { hearthError } from './errors.js';
 
 let ready = null;
 
@@ -23,7 +24,7 @@ export class LocalEngine {
   }
 
   async generate(prompt, options, onChunk, shouldStop) {
-    if (!this.#engine) throw new Error('no model is loaded; call load() first');
+    if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
     const report = this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => {
       onChunk(text);
       return !shouldStop();

@@ -3,11 +3,12 @@
 //   page → worker: { id, type: 'load', bytes, options } | { id, type: 'generate', prompt, options, stopFlag? }
 //                  | { id, type: 'unload' } | { id, type: 'stats' }
 //   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text }
-//                  | { id, type: 'done', result } | { id, type: 'error', name, message }
+//                  | { id, type: 'done', result } | { id, type: 'error', name, code, message } (a HearthError)
 // `stopFlag` is an Int32Array on a SharedArrayBuffer (cross-origin isolated pages only): the page
 // sets it to 1 to interrupt a running generation, which this synchronous loop cannot otherwise hear.
 
 import { LocalEngine } from './wasm-engine.js';
+import { toHearthError } from './errors.js';
 
 const engine = new LocalEngine();
 
@@ -35,6 +36,7 @@ self.onmessage = async (event) => {
     }
     reply({ type: 'done', result });
   } catch (error) {
-    reply({ type: 'error', name: error?.name ?? 'Error', message: String(error?.message ?? error) });
+    const { code, message } = toHearthError(error);
+    reply({ type: 'error', name: 'HearthError', code, message });
   }
 };

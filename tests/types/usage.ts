@@ -1,0 +1,30 @@
+// Compiled (never run) by tests/browser/types.test.js with `tsc --noEmit`: the public API as a user
+// writes it must type-check against web/hearth-llm/dist/index.d.ts.
+import { createEngine, deleteCachedModel, listCachedModels, HearthError, type HearthErrorCode, type Progress, type CachedModel } from '../../web/hearth-llm/dist/index.js';
+
+async function usage(): Promise<void> {
+  const controller = new AbortController();
+  const engine = await createEngine({
+    model: '/models/gemma-3-270m-q4_k_m.gguf',
+    cache: 'revalidate',
+    backend: 'cpu',
+    signal: controller.signal,
+    onProgress: (p: Progress) => {
+      const phase: 'download' | 'cache' | 'read' | 'load' | 'ready' = p.phase;
+      if (p.warning) console.warn(p.warning.code, phase, p.fromCache, p.cached);
+    },
+  });
+  const fromCache: boolean = engine.fromCache;
+  const warningCodes: HearthErrorCode[] = engine.warnings.map((w) => w.code);
+  const cached: CachedModel[] = await listCachedModels();
+  const removed: boolean = await deleteCachedModel(cached[0].url);
+  try {
+    await engine.completions.create({ prompt: 'x', temperature: 0 });
+  } catch (error) {
+    if (error instanceof HearthError && error.code === 'bad-argument') console.log(error.kind, error.message);
+  }
+  const made = new HearthError('no-webgpu', 'x');
+  console.log(fromCache, warningCodes, removed, made.name);
+}
+
+void usage;
