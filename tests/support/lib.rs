@@ -3,6 +3,7 @@
 
 pub mod golden;
 
+use hearth_core::runner::Runner;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_cpu::CpuBackend;
@@ -58,6 +59,24 @@ pub fn cpu_session_at(path: &std::path::Path, n_ctx: usize) -> (GgufFile, Sessio
     let options = EngineOptions { n_ctx, ..EngineOptions::default() };
     let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
     (file, session)
+}
+
+/// Opens a model on the CPU backend as a session with the given options.
+pub fn cpu_session_with(stem: &str, options: &EngineOptions) -> (GgufFile, Session) {
+    let path = model_path(stem);
+    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
+    let backend = CpuBackend::new(None).expect("cpu backend");
+    let session = Session::load(&file, Box::new(backend), options, &mut |_, _| {}).expect("load model");
+    (file, session)
+}
+
+/// Opens a model on the CPU backend as a multi-sequence [`Runner`] with the given options.
+pub fn cpu_runner(stem: &str, options: &EngineOptions) -> (GgufFile, Runner) {
+    let path = model_path(stem);
+    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
+    let backend = CpuBackend::new(None).expect("cpu backend");
+    let runner = Runner::load(&file, Box::new(backend), options, &mut |_, _| {}).expect("load model");
+    (file, runner)
 }
 
 pub fn argmax(v: &[f32]) -> usize {

@@ -92,6 +92,12 @@ pub trait Backend: Send {
     /// Prepares a graph for repeated execution.
     fn compile(&mut self, graph: &Graph) -> Result<GraphId>;
 
+    /// Frees what `compile` made for a graph (a batching scheduler sees many step shapes and
+    /// keeps only the recent ones). The id is invalid afterwards.
+    fn release_graph(&mut self, graph: GraphId) {
+        let _ = graph;
+    }
+
     /// Runs a compiled graph for one step against `kv`, writing the logits ([n_out, n_vocab],
     /// row-major; n_out = the number of sequences for `LogitsMode::Last`, of tokens for `All`)
     /// into `logits`. Backends check `input` with [`StepInput::validate`] first.

@@ -14,9 +14,9 @@ use crate::speculative::SpeculativeMetrics;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 // std's Instant panics on wasm32-unknown-unknown (no clock); web-time reads performance.now() there.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) use std::time::Instant;
+pub use std::time::Instant;
 #[cfg(target_arch = "wasm32")]
-pub(crate) use web_time::Instant;
+pub use web_time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -273,11 +273,11 @@ impl Engine {
         let mut last = Instant::now();
         let decode_start = Instant::now();
         let finish = loop {
-            if output.tokens.len() >= options.max_tokens {
+            if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
             }
             let token = sampler.sample(&mut logits, self.session.history());
-            if output.tokens.is_empty() {
+            if output.tokens().is_empty() {
                 ttft_ms = ms(start);
             } else {
                 itl_ms.push(ms(last));
@@ -286,7 +286,7 @@ impl Engine {
             if let Some(reason) = output.push(token) {
                 break reason;
             }
-            if output.tokens.len() >= options.max_tokens {
+            if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
             }
             if self.session.remaining() == 0 {
@@ -300,18 +300,65 @@ impl Engine {
     }
 }
 
-/// Turns chosen tokens into streamed text: end-of-generation tokens, stop strings (held-back text
-/// never reaches the caller), cancellation by the callback.
-pub(crate) struct TextOutput<'a> {
-    tokenizer: &'a Tokenizer,
+/// Turns chosen tokens into text to stream: end-of-generation tokens, stop strings (held-back text
+/// is never emitted). Owns its state, so a scheduler can keep one per running request.
+pub struct TextStream {
     decoder: StreamDecoder,
     stops: StopStrings,
     ignore_eos: bool,
-    on_text: &'a mut dyn FnMut(&str) -> bool,
     stop_string_hit: bool,
     /// Tokens kept in the output (an end-of-generation token is not).
     pub tokens: Vec<u32>,
     text: String,
+}
+
+impl TextStream {
+    pub fn new(stop: &[String], ignore_eos: bool) -> Self {
+        TextStream {
+            decoder: StreamDecoder::default(),
+            stops: StopStrings::new(stop.to_vec()),
+            ignore_eos,
+            stop_string_hit: false,
+            tokens: Vec::new(),
+            text: String::new(),
+        }
+    }
+
+    /// Adds the next token: the text it releases, and `Some(reason)` when generation ends here.
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> (String, Option<FinishReason>) {
+        if !self.ignore_eos && tokenizer.is_end_of_generation(token) {
+            return (String::new(), Some(FinishReason::Stop));
+        }
+        self.tokens.push(token);
+        let piece = self.decoder.push(tokenizer, token);
+        let outcome = self.stops.push(&piece);
+        self.text.push_str(&outcome.emit);
+        if outcome.stopped {
+            self.stop_string_hit = true;
+            return (outcome.emit, Some(FinishReason::Stop));
+        }
+        (outcome.emit, None)
+    }
+
+    /// Releases held-back text (a partial UTF-8 character, a possible stop-string prefix) unless
+    /// a stop string matched, in which case it belongs to the stop string. Returns (tail, tokens,
+    /// full text).
+    pub fn finish(mut self) -> (String, Vec<u32>, String) {
+        let mut tail = String::new();
+        if !self.stop_string_hit {
+            let rest = self.stops.push(&self.decoder.flush());
+            tail = rest.emit + &self.stops.finish();
+            self.text.push_str(&tail);
+        }
+        (tail, self.tokens, self.text)
+    }
+}
+
+/// A [`TextStream`] delivering its text to a callback; the callback returning false cancels.
+pub(crate) struct TextOutput<'a> {
+    tokenizer: &'a Tokenizer,
+    stream: TextStream,
+    on_text: &'a mut dyn FnMut(&str) -> bool,
 }
 
 impl<'a> TextOutput<'a> {
@@ -321,49 +368,30 @@ impl<'a> TextOutput<'a> {
         ignore_eos: bool,
         on_text: &'a mut dyn FnMut(&str) -> bool,
     ) -> Self {
-        TextOutput {
-            tokenizer,
-            decoder: StreamDecoder::default(),
-            stops: StopStrings::new(stop.to_vec()),
-            ignore_eos,
-            on_text,
-            stop_string_hit: false,
-            tokens: Vec::new(),
-            text: String::new(),
-        }
+        TextOutput { tokenizer, stream: TextStream::new(stop, ignore_eos), on_text }
     }
 
     /// Adds the next token; `Some(reason)` when generation has to end here.
     pub fn push(&mut self, token: u32) -> Option<FinishReason> {
-        if !self.ignore_eos && self.tokenizer.is_end_of_generation(token) {
-            return Some(FinishReason::Stop);
-        }
-        self.tokens.push(token);
-        let piece = self.decoder.push(self.tokenizer, token);
-        let outcome = self.stops.push(&piece);
-        self.text.push_str(&outcome.emit);
-        if !outcome.emit.is_empty() && !(self.on_text)(&outcome.emit) {
+        let (emit, finish) = self.stream.push(self.tokenizer, token);
+        if !emit.is_empty() && !(self.on_text)(&emit) {
             return Some(FinishReason::Cancelled);
         }
-        if outcome.stopped {
-            self.stop_string_hit = true;
-            return Some(FinishReason::Stop);
-        }
-        None
+        finish
     }
 
-    /// Releases held-back text (a partial UTF-8 character, a possible stop-string prefix) unless
-    /// a stop string matched, in which case it belongs to the stop string. Returns (tokens, text).
-    pub fn finish(mut self) -> (Vec<u32>, String) {
-        if !self.stop_string_hit {
-            let rest = self.stops.push(&self.decoder.flush());
-            let tail = rest.emit + &self.stops.finish();
-            if !tail.is_empty() {
-                self.text.push_str(&tail);
-                (self.on_text)(&tail);
-            }
+    /// Tokens kept in the output (an end-of-generation token is not).
+    pub fn tokens(&self) -> &[u32] {
+        &self.stream.tokens
+    }
+
+    /// Releases held-back text; returns (tokens, text).
+    pub fn finish(self) -> (Vec<u32>, String) {
+        let (tail, tokens, text) = self.stream.finish();
+        if !tail.is_empty() {
+            (self.on_text)(&tail);
         }
-        (self.tokens, self.text)
+        (tokens, text)
     }
 }
 

@@ -9,6 +9,7 @@
 //! - [`kv`]: paged KV cache owned outside the model: block pools, prefix cache, rollback.
 //! - [`runner`]: a model + backend + KV pool running steps over batches of sequences.
 //! - [`sampling`]: logits processors and samplers.
+//! - [`scheduler`]: continuous batching of many requests over one runner (the server).
 //! - [`engine`]: prompt → tokens loop tying the above together.
 //! - [`speculative`]: speculative decoding (draft model or prompt lookup) over any backend.
 
@@ -23,6 +24,7 @@ pub mod model;
 pub mod quant;
 pub mod runner;
 pub mod sampling;
+pub mod scheduler;
 pub mod speculative;
 pub mod tokenizer;
 

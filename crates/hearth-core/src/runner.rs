@@ -23,7 +23,9 @@ pub struct Runner {
     kv_id: KvId,
     layout: KvLayout,
     kv: KvManager,
-    graphs: HashMap<(usize, usize, LogitsMode), GraphId>,
+    /// Compiled graphs by (tokens, sequences, logits) with the step that last used them.
+    graphs: HashMap<(usize, usize, LogitsMode), (GraphId, u64)>,
+    steps: u64,
     logits: Vec<f32>,
     /// Positions one sequence may hold (RoPE range the model was trained on, or less).
     n_ctx: usize,
@@ -55,7 +57,7 @@ impl Runner {
         }
         let kv_id = backend.alloc_kv(layout.clone())?;
         let kv = KvManager::new(block_size, groups, ROLLBACK_MARGIN)?;
-        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), logits: Vec::new(), n_ctx, tokens_scratch: Vec::new() })
+        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), steps: 0, logits: Vec::new(), n_ctx, tokens_scratch: Vec::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -82,13 +84,27 @@ impl Runner {
         &self.layout
     }
 
+    /// Logits of the last successful step.
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
     fn graph(&mut self, n_tokens: usize, n_seqs: usize, mode: LogitsMode) -> Result<GraphId> {
-        if let Some(&id) = self.graphs.get(&(n_tokens, n_seqs, mode)) {
-            return Ok(id);
+        self.steps += 1;
+        if let Some((id, used)) = self.graphs.get_mut(&(n_tokens, n_seqs, mode)) {
+            *used = self.steps;
+            return Ok(*id);
+        }
+        if self.graphs.len() >= MAX_GRAPHS {
+            // Batches of changing shapes: drop the least recently used graph.
+            if let Some((&key, &(old, _))) = self.graphs.iter().min_by_key(|(_, (_, used))| *used) {
+                self.backend.release_graph(old);
+                self.graphs.remove(&key);
+            }
         }
         let graph = self.model.build_graph(n_tokens, n_seqs, mode);
         let id = self.backend.compile(&graph)?;
-        self.graphs.insert((n_tokens, n_seqs, mode), id);
+        self.graphs.insert((n_tokens, n_seqs, mode), (id, self.steps));
         Ok(id)
     }
 
@@ -163,6 +179,9 @@ impl Runner {
     }
 }
 
+/// Compiled graphs kept at once (each holds activation buffers sized for its step).
+const MAX_GRAPHS: usize = 24;
+
 /// Positions kept past a sliding window so that rolling back a rejected draft still finds keys.
 const ROLLBACK_MARGIN: usize = 64;
 
@@ -173,8 +192,9 @@ fn size_groups(model: &Model, options: &EngineOptions, n_ctx: usize, block_size:
     let seqs = options.max_sequences.max(1);
     let ctx_blocks = n_ctx.div_ceil(block_size);
     let per_seq = |g: &KvGroup| match g.window {
-        // +2: a partially filled block at each end of the window.
-        Some(w) => ctx_blocks.min((w + ROLLBACK_MARGIN).div_ceil(block_size) + 2),
+        // During a step a sequence holds its window, the rollback margin and the step's new
+        // tokens (a prompt chunk) before old blocks are released; +2 for partial blocks at the ends.
+        Some(w) => ctx_blocks.min((w + ROLLBACK_MARGIN + options.prefill_chunk.max(1)).div_ceil(block_size) + 2),
         None => ctx_blocks,
     };
     let probe = model.kv_layout(options.kv_type, block_size, groups.iter().map(|g| KvGroup { n_blocks: 1, ..g.clone() }).collect());

@@ -1,9 +1,11 @@
 //! Causal attention over the KV cache, with GQA (query heads share KV heads) and sliding windows.
 //!
-//! Two paths, chosen by batch size exactly as ggml's CPU flash attention chooses them, so this
-//! oracle reproduces llama.cpp's numbers: small batches (decode, short prompts) use the one-pass
-//! online softmax with Q rounded to f16 and an f16 accumulator for V; batches of 64+ queries use
-//! f32 throughout.
+//! One path for every query, ggml's CPU flash-attention numerics for decode (the one-pass online
+//! softmax with Q rounded to f16 and an f16 accumulator for V), so decode reproduces llama.cpp's
+//! numbers. ggml switches to f32 for batches of 64+ queries; we do not: a query's result then
+//! depends only on its sequence and position, never on how many other queries share the step —
+//! continuous batching, chunked prefill and speculative verification cannot change outputs.
+//! (Goldens and perplexity stay within their tolerances; see tests/.)
 
 use crate::fma::with_fma;
 use half::f16;
@@ -11,9 +13,6 @@ use hearth_core::graph::AttentionParams;
 
 #[cfg(not(target_arch = "wasm32"))]
 use rayon::prelude::*;
-
-/// Batches at least this large take the f32 path (ggml's GGML_FA_TILE_Q).
-const F32_PATH_MIN_QUERIES: usize = 64;
 
 /// A sequence's keys and values from position `first_pos` on: k, v: [n, n_head_kv * head_dim].
 #[derive(Clone, Copy)]
@@ -28,9 +27,7 @@ pub struct KvSpan<'a> {
 pub fn attention(q: &[f32], kv: KvSpan<'_>, p: &AttentionParams, pos0: usize, n_tokens: usize, out: &mut [f32]) {
     let hd = p.head_dim;
     let q_width = p.n_head * hd;
-    // The path depends on this sequence's query count only, so batching does not change results.
-    let f32_path = n_tokens >= F32_PATH_MIN_QUERIES;
-    let head = HeadContext { q, k_cache: kv.k, v_cache: kv.v, first_pos: kv.first_pos, p, pos0, f32_path };
+    let head = HeadContext { q, k_cache: kv.k, v_cache: kv.v, first_pos: kv.first_pos, p, pos0 };
     let task = |(index, out_head): (usize, &mut [f32])| with_fma!(attend_head(&head, index, out_head));
     #[cfg(not(target_arch = "wasm32"))]
     out[..n_tokens * q_width].par_chunks_exact_mut(hd).enumerate().for_each(task);
@@ -46,7 +43,6 @@ struct HeadContext<'a> {
     first_pos: usize,
     p: &'a AttentionParams,
     pos0: usize,
-    f32_path: bool,
 }
 
 /// One query head of one token: `index` = token * n_head + head; out_head: [head_dim].
@@ -63,11 +59,7 @@ fn attend_head(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
     let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let q_head = &c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
     let kv = KvHead { c, offset: kvh * hd, kv_width };
-    if c.f32_path {
-        attend_f32(q_head, lo..=pos, &kv, out_head);
-    } else {
-        attend_f16_accumulate(q_head, lo..=pos, &kv, out_head);
-    }
+    attend_f16_accumulate(q_head, lo..=pos, &kv, out_head);
 }
 
 /// The K and V rows of one KV head (methods rather than closures so that everything inlines
@@ -95,27 +87,13 @@ impl<'a> KvHead<'a> {
     #[inline(always)]
     fn score(&self, q: &[f32], j: usize) -> f32 {
         let p = self.c.p;
-        let d = if self.c.f32_path { dot(q, self.k_row(j)) } else { dot_f16_ggml(q, self.k_row(j)) };
+        let d = dot_f16_ggml(q, self.k_row(j));
         let s = d * p.scale;
         match p.softcap {
             Some(cap) => cap * (s / cap).tanh(),
             None => s,
         }
     }
-}
-
-#[inline(always)]
-fn attend_f32(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: &KvHead<'_>, out: &mut [f32]) {
-    let scores: Vec<f32> = range.clone().map(|j| kv.score(q, j)).collect();
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f32 = weights.iter().sum();
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (j, &w) in range.zip(&weights) {
-        out.iter_mut().zip(kv.v_row(j)).for_each(|(o, v)| *o += w * v);
-    }
-    let inv = 1.0 / sum;
-    out.iter_mut().for_each(|o| *o *= inv);
 }
 
 /// x rounded to the nearest f16 value (ties to even), kept as f32. Values in f16's normal range —
@@ -230,23 +208,6 @@ fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
         sum += (a[k] * b[k]) as f64;
     }
     sum as f32
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without reassociation flags.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ pub(crate) struct CompiledGraph {
     /// Gathered K and V rows of the sequence being attended (reused between steps).
     k_scratch: Vec<f32>,
     v_scratch: Vec<f32>,
+    released: bool,
 }
 
 pub struct CpuBackend {
@@ -139,6 +140,16 @@ impl Backend for CpuBackend {
         Ok(KvId(self.kvs.len() as u32 - 1))
     }
 
+    fn release_graph(&mut self, graph: GraphId) {
+        // Ids index the list, so the slot stays; its buffers go.
+        if let Some(g) = self.graphs.get_mut(graph.0 as usize) {
+            g.bufs = Vec::new();
+            g.graph.ops.clear();
+            g.graph.bufs.clear();
+            g.released = true;
+        }
+    }
+
     fn copy_kv_blocks(&mut self, kv: KvId, copies: &[BlockCopy]) -> Result<()> {
         let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         Ok(kv.copy_blocks(copies)?)
@@ -147,7 +158,7 @@ impl Backend for CpuBackend {
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         self.validate(graph)?;
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
-        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new() });
+        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new(), released: false });
         self.counters.graphs_compiled += 1;
         Ok(GraphId(self.graphs.len() as u32 - 1))
     }
@@ -156,6 +167,7 @@ impl Backend for CpuBackend {
         let compiled = self
             .graphs
             .get_mut(graph.0 as usize)
+            .filter(|g| !g.released)
             .ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
         let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         let n_ops = compiled.graph.ops.len() as u64;

@@ -3,6 +3,7 @@
 
 use crate::error::{Result, WasmError};
 use hearth_core::engine::{EngineOptions, GenerateOptions};
+use hearth_core::kv::KvType;
 use hearth_core::sampling::SamplingParams;
 use serde::Deserialize;
 
@@ -15,6 +16,12 @@ pub struct LoadOptions {
     /// Prompt tokens per forward pass.
     #[serde(default)]
     pub prefill_chunk: Option<usize>,
+    /// KV storage type: "f16" (default), "q8_0", "q4_0" or "f32".
+    #[serde(default)]
+    pub kv_type: Option<String>,
+    /// Bytes for the KV cache (default: one full context).
+    #[serde(default)]
+    pub kv_memory: Option<u64>,
 }
 
 impl LoadOptions {
@@ -31,7 +38,11 @@ impl LoadOptions {
         if prefill_chunk == 0 {
             return Err(WasmError::bad_request("load options", "prefill_chunk must be at least 1"));
         }
-        Ok(EngineOptions { n_ctx: self.n_ctx, prefill_chunk })
+        let kv_type = match &self.kv_type {
+            Some(name) => KvType::parse(name).map_err(|e| WasmError::bad_request("load options", e.to_string()))?,
+            None => defaults.kv_type,
+        };
+        Ok(EngineOptions { n_ctx: self.n_ctx, prefill_chunk, kv_type, kv_memory: self.kv_memory, ..defaults })
     }
 }
 

@@ -54,11 +54,11 @@ impl Engine {
         let mut new_tokens =
             if options.max_tokens == 0 { Vec::new() } else { vec![sampler.sample(&mut logits, session.history())] };
         let finish = 'steps: loop {
-            if output.tokens.len() >= options.max_tokens {
+            if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
             }
             for token in new_tokens.drain(..) {
-                if output.tokens.is_empty() {
+                if output.tokens().is_empty() {
                     ttft_ms = ms(start);
                 } else {
                     itl_ms.push(ms(last));
@@ -68,7 +68,7 @@ impl Engine {
                 if let Some(reason) = output.push(token) {
                     break 'steps reason;
                 }
-                if output.tokens.len() >= options.max_tokens {
+                if output.tokens().len() >= options.max_tokens {
                     break 'steps FinishReason::Length;
                 }
             }
@@ -76,7 +76,7 @@ impl Engine {
                 break FinishReason::ContextFull;
             }
             // Each step yields accepted + 1 tokens and evaluates 1 + proposed.
-            let budget = length.current().min(options.max_tokens - output.tokens.len() - 1).min(session.remaining() - 1);
+            let budget = length.current().min(options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
             let mut proposal =
                 if budget > 0 { drafter.propose(&context, budget, &options.sampling)? } else { Proposal::default() };
             proposal.tokens.truncate(budget);
@@ -109,7 +109,7 @@ impl Engine {
         };
         // A stop inside a step leaves accepted drafts beyond the output in the cache: drop them,
         // so the cache is always a prefix of prompt + output.
-        let keep = session.history().len().min(prompt.len() + output.tokens.len());
+        let keep = session.history().len().min(prompt.len() + output.tokens().len());
         session.rollback(keep)?;
         let (tokens, text) = output.finish();
         let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);

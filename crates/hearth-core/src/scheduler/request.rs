@@ -1,0 +1,100 @@
+//! One request's life inside the scheduler: the tokens it must hold in KV (prompt + sampled),
+//! its sampler, streamed text and timings.
+
+use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
+use crate::engine::Instant;
+use crate::kv::SeqId;
+use crate::sampling::Sampler;
+use crate::tokenizer::Tokenizer;
+
+pub type RequestId = u64;
+
+pub(super) struct Active {
+    pub id: RequestId,
+    pub seq: Option<SeqId>,
+    pub prompt_len: usize,
+    /// Prompt then sampled tokens: everything that belongs in the KV cache, in order.
+    pub tokens: Vec<u32>,
+    pub options: GenerateOptions,
+    pub sampler: Sampler,
+    pub stream: TextStream,
+    pub submitted: Instant,
+    pub admitted: Option<Instant>,
+    /// Prompt tokens found in the KV/prefix cache at (first) admission.
+    pub cached_tokens: Option<usize>,
+    pub prompt_ms: f64,
+    pub ttft_ms: f64,
+    pub last_token: Option<Instant>,
+    pub itl_ms: Vec<f64>,
+    pub decode_started: Option<Instant>,
+    /// Times it was preempted (its KV dropped, to be recomputed).
+    pub preemptions: usize,
+}
+
+impl Active {
+    pub fn new(id: RequestId, prompt: Vec<u32>, options: GenerateOptions) -> Self {
+        let sampler = Sampler::new(options.sampling.clone());
+        let stream = TextStream::new(&options.stop, options.ignore_eos);
+        Active {
+            id,
+            seq: None,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            options,
+            sampler,
+            stream,
+            submitted: Instant::now(),
+            admitted: None,
+            cached_tokens: None,
+            prompt_ms: 0.0,
+            ttft_ms: 0.0,
+            last_token: None,
+            itl_ms: Vec::new(),
+            decode_started: None,
+            preemptions: 0,
+        }
+    }
+
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Records a sampled token; the text it releases and whether the request ends.
+    pub fn accept(&mut self, tokenizer: &Tokenizer, token: u32, n_ctx: usize) -> (String, Option<FinishReason>) {
+        let now = Instant::now();
+        match self.last_token {
+            None => {
+                self.ttft_ms = ms_between(self.submitted, now);
+                self.decode_started = Some(now);
+            }
+            Some(last) => self.itl_ms.push(ms_between(last, now)),
+        }
+        self.last_token = Some(now);
+        let (emit, finish) = self.stream.push(tokenizer, token);
+        if finish.is_some() {
+            return (emit, finish);
+        }
+        self.tokens.push(token);
+        if self.generated() >= self.options.max_tokens {
+            return (emit, Some(FinishReason::Length));
+        }
+        if self.tokens.len() >= n_ctx {
+            return (emit, Some(FinishReason::ContextFull));
+        }
+        (emit, None)
+    }
+
+    /// The final result; the tail of held-back text is returned separately for streaming.
+    pub fn finish(self, reason: FinishReason) -> (String, Generation) {
+        let decode_ms = self.decode_started.map_or(0.0, |t| ms_between(t, Instant::now()));
+        let evaluated = self.prompt_len - self.cached_tokens.unwrap_or(0).min(self.prompt_len);
+        let timings = Timings::new(evaluated, self.prompt_ms, self.ttft_ms, decode_ms, self.itl_ms);
+        let prompt_tokens = self.tokens[..self.prompt_len].to_vec();
+        let (tail, tokens, text) = self.stream.finish();
+        (tail, Generation { prompt_tokens, tokens, text, finish_reason: reason, timings, speculative: None })
+    }
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1e3
+}
