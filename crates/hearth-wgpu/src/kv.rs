@@ -12,9 +12,9 @@ pub(crate) fn kv_format(ty: KvType, width: usize) -> Result<(&'static str, usize
     let unsupported = || WgpuError::Unsupported(format!("KV type {} with rows of {width} values", ty.name()));
     match ty {
         KvType::F32 => Ok(("KV_F32", width)),
-        KvType::F16 if width % 2 == 0 => Ok(("KV_F16", width / 2)),
+        KvType::F16 if width.is_multiple_of(2) => Ok(("KV_F16", width / 2)),
         // Quants (4 a word), then width/32 f16 scales (2 a word).
-        KvType::Q8_0 if width % 32 == 0 => Ok(("KV_Q8_0", width / 4 + (width / 32).div_ceil(2))),
+        KvType::Q8_0 if width.is_multiple_of(32) => Ok(("KV_Q8_0", width / 4 + (width / 32).div_ceil(2))),
         _ => Err(unsupported()),
     }
 }
