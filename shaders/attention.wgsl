@@ -1,48 +1,203 @@
-// KV-cache write and causal attention (GQA, sliding window, optional soft-cap).
-// The cache of a layer is two f32 buffers [capacity, n_head_kv * head_dim]; values are stored
-// rounded to f16 precision, the precision of llama.cpp's default cache (and of the CPU oracle).
+// Paged KV cache: store (with conversion to the cache's storage type) and causal attention
+// (GQA, sliding window, optional soft-cap) through per-sequence block tables.
+//
+// Storage of one layer: [n_blocks, block_size, row_words] u32, a row holding `width` values as
+//   KV_F32:  width f32;
+//   KV_F16:  width f16, two per u32 (pack of element 2i in the low half, 2i+1 in the high half);
+//   KV_Q8_0: width int8 quants, four per u32, then width/32 f16 scales, two per u32 — ggml's
+//            q8_0 blocks (d = amax/127 as f16, q = round(x / d)) with scales and quants apart,
+//            so that every row stays 4-byte aligned.
+// Values are dequantized to f32 on read, so the attention numerics are those of the CPU oracle,
+// which gathers dequantized rows the same way.
+//
+// STEP (written once per step), u32:
+//   [0] n_tokens, [1] n_seqs, [2 ..] tokens [n_tokens], token_seq [n_tokens], token_pos [n_tokens],
+//   then per sequence [pos0, n_tokens, first_token].
+// TABLES (written once per step), u32:
+//   [0] block_size, then per layer [table_base, table_cap], then at each table_base, per sequence
+//   s at table_base + s * (table_cap + 1): [first_index, blocks [table_cap]] where blocks[i] holds
+//   the sequence's positions (first_index + i) * block_size ...
+
+fn step_token_seq(t: u32) -> u32 {
+    return STEP[2u + STEP[0] + t];
+}
+
+fn step_token_pos(t: u32) -> u32 {
+    return STEP[2u + 2u * STEP[0] + t];
+}
+
+// Slot (block * block_size + offset) of position `pos` of sequence `s` in `layer`'s group.
+fn slot_of(layer: u32, s: u32, pos: u32) -> u32 {
+    let bs = TABLES[0];
+    let base = TABLES[1u + 2u * layer] + s * (TABLES[2u + 2u * layer] + 1u);
+    let first = TABLES[base];
+    let block = TABLES[base + 1u + pos / bs - first];
+    return block * bs + pos % bs;
+}
+
+// u32 words of one stored row of `width` values.
+fn row_words(width: u32) -> u32 {
+#ifdef KV_F32
+    return width;
+#endif
+#ifdef KV_F16
+    return width / 2u;
+#endif
+#ifdef KV_Q8_0
+    return width / 4u + (width / 32u + 1u) / 2u;
+#endif
+}
+
+// f16 bits of x, rounded to nearest even (exact bit arithmetic in f16's normal range).
+fn f16_bits(x: f32) -> u32 {
+    let bits = bitcast<u32>(x);
+    let exponent = (bits >> 23u) & 0xffu;
+    if (exponent >= 113u && exponent < 142u) {
+        let lsb = (bits >> 13u) & 1u;
+        let r = bits + 0x0fffu + lsb;
+        return ((r >> 16u) & 0x8000u) | (((r & 0x7fffffffu) >> 13u) - (112u << 10u));
+    }
+    return pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
+}
 
 #ifdef STORE_KV
-// [n_tokens, width, groups_x]
+// [n_tokens, width, groups_x, layer]
 @group(0) @binding(0) var<storage, read> P: array<u32>;
-// [2 + n_tokens] u32: pos0, n_tokens, token ids
+// see STEP above
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
+// see TABLES above
+@group(0) @binding(2) var<storage, read> TABLES: array<u32>;
 // [n_tokens, width] f32
-@group(0) @binding(2) var<storage, read> SRC: array<f32>;
-// [capacity, width] f32
-@group(0) @binding(3) var<storage, read_write> CACHE: array<f32>;
+@group(0) @binding(3) var<storage, read> SRC: array<f32>;
+#ifdef KV_Q8_0
+// [n_blocks, block_size, row_words] u32 (atomic: neighbouring blocks share a word of scales)
+@group(0) @binding(4) var<storage, read_write> CACHE: array<atomic<u32>>;
+#else
+// [n_blocks, block_size, row_words] u32
+@group(0) @binding(4) var<storage, read_write> CACHE: array<u32>;
+#endif
 
+// Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0: one block).
+fn unit_len() -> u32 {
+#ifdef KV_F32
+    return 1u;
+#endif
+#ifdef KV_F16
+    return 2u;
+#endif
+#ifdef KV_Q8_0
+    return 32u;
+#endif
+}
+
+// Round half away from zero, as C's roundf (ggml's quantize_row_q8_0_ref).
+fn round_away(x: f32) -> f32 {
+    let t = trunc(x);
+    if (abs(x - t) >= 0.5) {
+        return t + sign(x);
+    }
+    return t;
+}
+
+// One invocation per (token, unit).
 @compute @workgroup_size(256)
 fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = (wg.y * P[2] + wg.x) * 256u + lid.x;
-    if (i >= P[0] * P[1]) {
+    let width = P[1];
+    let units = width / unit_len();
+    if (i >= P[0] * units) {
         return;
     }
-    let v = SRC[i];
-    CACHE[STEP[0] * P[1] + i] = unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+    let t = i / units;
+    let u = i % units;
+    let src = t * width + u * unit_len();
+    let row = slot_of(P[3], step_token_seq(t), step_token_pos(t)) * row_words(width);
+#ifdef KV_F32
+    CACHE[row + u] = bitcast<u32>(SRC[src]);
+#endif
+#ifdef KV_F16
+    CACHE[row + u] = f16_bits(SRC[src]) | (f16_bits(SRC[src + 1u]) << 16u);
+#endif
+#ifdef KV_Q8_0
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        amax = max(amax, abs(SRC[src + j]));
+    }
+    let d = amax / 127.0;
+    var id = 0.0;
+    if (d != 0.0) {
+        id = 1.0 / d;
+    }
+    for (var w = 0u; w < 8u; w++) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            let q = i32(clamp(round_away(SRC[src + w * 4u + b] * id), -128.0, 127.0));
+            word = word | ((bitcast<u32>(q) & 0xffu) << (8u * b));
+        }
+        atomicStore(&CACHE[row + u * 8u + w], word);
+    }
+    // Each half of a scale word belongs to one block: clear ours, then set it.
+    let scale_word = row + width / 4u + u / 2u;
+    let shift = 16u * (u & 1u);
+    atomicAnd(&CACHE[scale_word], ~(0xffffu << shift));
+    atomicOr(&CACHE[scale_word], f16_bits(d) << shift);
+#endif
 }
 #endif
 
 #ifdef ATTENTION
 // [n_tokens, n_head, n_head_kv, head_dim, scale (f32 bits), window (0 = none),
-//  softcap (f32 bits, 0 = none), groups_x, f16_path (1: the small-batch numerics below)]
+//  softcap (f32 bits, 0 = none), groups_x, layer]
 @group(0) @binding(0) var<storage, read> P: array<u32>;
-// [2 + n_tokens] u32: pos0, n_tokens, token ids
+// see STEP above
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
+// see TABLES above
+@group(0) @binding(2) var<storage, read> TABLES: array<u32>;
 // [n_tokens, n_head * head_dim] f32
-@group(0) @binding(2) var<storage, read> Q: array<f32>;
-// [capacity, n_head_kv * head_dim] f32
-@group(0) @binding(3) var<storage, read> K: array<f32>;
-// [capacity, n_head_kv * head_dim] f32
-@group(0) @binding(4) var<storage, read> V: array<f32>;
+@group(0) @binding(3) var<storage, read> Q: array<f32>;
+// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+@group(0) @binding(4) var<storage, read> K: array<u32>;
+// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+@group(0) @binding(5) var<storage, read> V: array<u32>;
 // [n_tokens, n_head * head_dim] f32
-@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;
+@group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 
 const WG: u32 = 128u;
 // head_dim <= WG * DIMS_PER_THREAD
 const DIMS_PER_THREAD: u32 = 4u;
 var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> scores: array<f32, WG>;
+// First word of each key's row in the tile.
+var<workgroup> rows: array<u32, WG>;
+
+// Value `d` (column of the whole row) of the row starting at word `row`; `width` values a row.
+fn k_at(row: u32, d: u32, width: u32) -> f32 {
+#ifdef KV_F32
+    return bitcast<f32>(K[row + d]);
+#endif
+#ifdef KV_F16
+    return unpack2x16float(K[row + d / 2u])[d & 1u];
+#endif
+#ifdef KV_Q8_0
+    let q = extractBits(bitcast<i32>(K[row + d / 4u]), 8u * (d & 3u), 8u);
+    let scale = unpack2x16float(K[row + width / 4u + d / 64u])[(d / 32u) & 1u];
+    return f32(q) * scale;
+#endif
+}
+
+fn v_at(row: u32, d: u32, width: u32) -> f32 {
+#ifdef KV_F32
+    return bitcast<f32>(V[row + d]);
+#endif
+#ifdef KV_F16
+    return unpack2x16float(V[row + d / 2u])[d & 1u];
+#endif
+#ifdef KV_Q8_0
+    let q = extractBits(bitcast<i32>(V[row + d / 4u]), 8u * (d & 3u), 8u);
+    let scale = unpack2x16float(V[row + width / 4u + d / 64u])[(d / 32u) & 1u];
+    return f32(q) * scale;
+#endif
+}
 
 // Round to nearest-even f16, exactly (bit arithmetic in f16's normal range).
 fn round_f16(x: f32) -> f32 {
@@ -57,8 +212,9 @@ fn round_f16(x: f32) -> f32 {
 
 // q · k in the order of ggml's AVX-512 `ggml_vec_dot_f16` (the CPU oracle's small-batch path):
 // per 64 values, 4 accumulators of 16 lanes by FMA; accumulators added (0+2)+(1+3); lanes halved
-// 8, 4, then (0+2)+(1+3); the tail past the last 64 added afterwards.
-fn dot_ggml_f16(kb: u32, hd: u32) -> f32 {
+// 8, 4, then (0+2)+(1+3); the tail past the last 64 added afterwards. `col` is the head's first
+// column in the row.
+fn dot_ggml_f16(row: u32, col: u32, hd: u32, width: u32) -> f32 {
     var acc: array<f32, 64>;
     for (var i = 0u; i < 64u; i++) {
         acc[i] = 0.0;
@@ -66,7 +222,7 @@ fn dot_ggml_f16(kb: u32, hd: u32) -> f32 {
     let blocks = hd / 64u * 64u;
     for (var i = 0u; i < blocks; i += 64u) {
         for (var j = 0u; j < 64u; j++) {
-            acc[j] = fma(q_sh[i + j], K[kb + i + j], acc[j]);
+            acc[j] = fma(q_sh[i + j], k_at(row, col + i + j, width), acc[j]);
         }
     }
     var x: array<f32, 16>;
@@ -81,7 +237,7 @@ fn dot_ggml_f16(kb: u32, hd: u32) -> f32 {
     }
     var sum = (x[0] + x[2]) + (x[1] + x[3]);
     for (var i = blocks; i < hd; i++) {
-        sum += q_sh[i] * K[kb + i];
+        sum += q_sh[i] * k_at(row, col + i, width);
     }
     return sum;
 }
@@ -96,21 +252,25 @@ fn softcapped(s: f32) -> f32 {
     return c * sign(x) * (1.0 - t) / (1.0 + t);
 }
 
-// One workgroup per (token, query head). Keys are processed in tiles of WG: each thread scores
-// one key of the tile, then every thread folds the tile into its own output dimensions with an
-// online softmax (running max m, running sum l).
+// One workgroup per (token, query head). Keys of the token's own sequence are processed in tiles
+// of WG: each thread looks up one key's slot through the block table and scores it, then every
+// thread folds the tile into its own output dimensions with an online softmax (running max m,
+// running sum l).
 @compute @workgroup_size(128)
 fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let id = wg.y * P[7] + wg.x;
     let n_head = P[1];
     let valid = id < P[0] * n_head;
-    let t = id / n_head;
+    let t = min(id / n_head, P[0] - 1u);
     let h = id % n_head;
     let hd = P[3];
     let kvh = h / (n_head / P[2]);
     let q_width = n_head * hd;
     let kv_width = P[2] * hd;
-    let pos = STEP[0] + t;
+    let words = row_words(kv_width);
+    let layer = P[8];
+    let seq = step_token_seq(t);
+    let pos = step_token_pos(t);
     var lo = 0u;
     let window = P[5];
     if (window != 0u && pos + 1u > window) {
@@ -118,7 +278,9 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     }
     let scale = bitcast<f32>(P[4]);
     let tid = lid.x;
-    let f16_path = P[8] == 1u;
+    // The CPU oracle (like ggml) takes f32 numerics for sequences of 64+ queries in the step.
+    let f16_path = STEP[2u + 3u * STEP[0] + 3u * seq + 1u] < 64u;
+    let col = kvh * hd;
     if (valid) {
         for (var d = tid; d < hd; d += WG) {
             let qv = Q[t * q_width + h * hd + d];
@@ -145,13 +307,14 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         let j = tile + tid;
         var s = -3.0e38;
         if (j < end) {
+            let row = slot_of(layer, seq, j) * words;
+            rows[tid] = row;
             var dot = 0.0;
-            let kb = j * kv_width + kvh * hd;
             if (f16_path) {
-                dot = dot_ggml_f16(kb, hd);
+                dot = dot_ggml_f16(row, col, hd, kv_width);
             } else {
                 for (var d = 0u; d < hd; d++) {
-                    dot += q_sh[d] * K[kb + d];
+                    dot += q_sh[d] * k_at(row, col + d, kv_width);
                 }
             }
             s = softcapped(dot * scale);
@@ -175,11 +338,11 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
                 } else {
                     vs = exp(s - m);
                 }
-                let vb = (tile + r) * kv_width + kvh * hd;
+                let vrow = rows[r];
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                     let d = tid + u * WG;
                     if (d < hd) {
-                        acc[u] = round_f16(fma(V[vb + d], vs, acc[u]));
+                        acc[u] = round_f16(fma(v_at(vrow, col + d, kv_width), vs, acc[u]));
                     }
                 }
                 l = fma(l, ms, vs);
@@ -199,11 +362,11 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         for (var r = 0u; r < count; r++) {
             let w = exp(scores[r] - tile_max);
             l += w;
-            let vb = (tile + r) * kv_width + kvh * hd;
+            let vrow = rows[r];
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                 let d = tid + u * WG;
                 if (d < hd) {
-                    acc[u] += w * V[vb + d];
+                    acc[u] += w * v_at(vrow, col + d, kv_width);
                 }
             }
         }

@@ -1,4 +1,4 @@
-// Element-wise ops over f32 activations: add, scale, swiglu, geglu, last_row.
+// Element-wise ops over f32 activations: add, scale, swiglu, geglu, last_rows.
 // Every entry point uses a 1-D grid of 256-thread workgroups folded into 2-D (x * y) when wider
 // than 65535 workgroups; P[1] holds the folded grid's x width.
 // INPLACE: the output is also the first operand (`out` may alias `a` / `gate`), so the first
@@ -96,13 +96,22 @@ fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
 }
 #endif
 
-#ifdef LAST_ROW
-// P: [cols, groups_x, src_offset]; A: [rows, cols] f32, OUT: [1, cols] f32
+#ifdef LAST_ROWS
+// [2 + 3 * n_tokens + 3 * n_seqs] u32: n_tokens, n_seqs, token ids, token sequences, token
+// positions, then per sequence [pos0, n_tokens, first_token] (see attention.wgsl)
+@group(0) @binding(4) var<storage, read> STEP: array<u32>;
+
+// P: [n_seqs * cols, groups_x, cols]; A: [n_tokens, cols] f32, OUT: [n_seqs, cols] f32: row s is
+// A's row of the last token of sequence s.
 @compute @workgroup_size(256)
-fn last_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn last_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
     if (i < P[0]) {
-        OUT[i] = A[P[2] + i];
+        let cols = P[2];
+        let s = i / cols;
+        let info = 2u + 3u * STEP[0] + 3u * s;
+        let row = STEP[info + 2u] + STEP[info + 1u] - 1u;
+        OUT[i] = A[row * cols + i % cols];
     }
 }
 #endif

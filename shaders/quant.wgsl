@@ -97,7 +97,7 @@ fn dequant(base: u32, i: u32) -> f32 {
 
 #ifdef EMBED
 // P: [row0, rows_in_chunk, row_len, row_bytes]
-// [2 + n_tokens] u32: pos0, n_tokens, token ids
+// [2 + 3 * n_tokens + 3 * n_seqs] u32: n_tokens, n_seqs, token ids, ... (see attention.wgsl)
 @group(0) @binding(2) var<storage, read> STEP: array<u32>;
 // [n_tokens, row_len] f32
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;

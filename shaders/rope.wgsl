@@ -4,7 +4,8 @@
 
 // [n_tokens, n_heads, head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits), cols, groups_x]
 @group(0) @binding(0) var<storage, read> P: array<u32>;
-// [2 + n_tokens] u32: pos0, n_tokens, token ids
+// [2 + 3 * n_tokens + 3 * n_seqs] u32: n_tokens, n_seqs, token ids, token sequences,
+// token positions, per-sequence info (see attention.wgsl)
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
 #ifdef FREQ_FACTORS
 // [n_rot / 2] f32 (GGUF F32 bytes)
@@ -26,7 +27,7 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let i = id % half_rot;
     // theta_i = pos * theta_scale^i by repeated multiplication, as ggml computes it.
     let theta_scale = bitcast<f32>(P[4]);
-    var theta = f32(STEP[0] + t);
+    var theta = f32(STEP[2u + 2u * STEP[0] + t]);
     for (var j = 0u; j < i; j++) {
         theta = theta * theta_scale;
     }

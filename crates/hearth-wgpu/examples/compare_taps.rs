@@ -4,7 +4,8 @@
 
 use hearth_core::backend::Backend;
 use hearth_core::gguf::GgufFile;
-use hearth_core::graph::{LogitsMode, Op, StepInput};
+use hearth_core::graph::{LogitsMode, Op, SeqStep, StepInput};
+use hearth_core::kv::{KvGroup, KvType};
 use hearth_core::model::Model;
 use hearth_core::tokenizer::Tokenizer;
 
@@ -21,9 +22,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let model_c = Model::load(&file, &mut cpu, &mut |_, _| {})?;
     let model_g = Model::load(&file, &mut gpu, &mut |_, _| {})?;
-    let kv_c = cpu.alloc_kv(model_c.kv_layout(64))?;
-    let kv_g = gpu.alloc_kv(model_g.kv_layout(64))?;
-    let full = model_c.build_graph(tokens.len(), LogitsMode::Last);
+    // One sequence in blocks 0, 1, 2, ... of every group; KV type from HEARTH_KV_TYPE (f16).
+    let kv_type = KvType::parse(&std::env::var("HEARTH_KV_TYPE").unwrap_or_else(|_| "f16".into()))?;
+    let block_size = 16;
+    let n_blocks = tokens.len().div_ceil(block_size);
+    let groups: Vec<KvGroup> = model_c.kv_groups().into_iter().map(|g| KvGroup { n_blocks, ..g }).collect();
+    let tables: Vec<Vec<u32>> = groups.iter().map(|_| (0..n_blocks as u32).collect()).collect();
+    let kv_c = cpu.alloc_kv(model_c.kv_layout(kv_type, block_size, groups.clone()))?;
+    let kv_g = gpu.alloc_kv(model_g.kv_layout(kv_type, block_size, groups))?;
+    let seqs = [SeqStep { n_tokens: tokens.len(), pos0: 0, block_tables: &tables }];
+    let input = StepInput { tokens: &tokens, seqs: &seqs };
+    let full = model_c.build_graph(tokens.len(), 1, LogitsMode::Last);
     let limit: usize = std::env::var("CUT_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(full.ops.len());
     // Graphs cut after op `cut`, returning that op's output: the first op whose error jumps is
     // the suspect.
@@ -34,16 +43,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         g.ops.truncate(cut);
         let out = match &g.ops[cut - 1] {
             Op::Embed { out, .. } | Op::RmsNorm { out, .. } | Op::MatMul { out, .. } | Op::Attention { out, .. }
-            | Op::Add { out, .. } | Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } | Op::LastRow { out, .. } => *out,
+            | Op::Add { out, .. } | Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } | Op::LastRows { out, .. } => *out,
             Op::Rope { x, .. } | Op::Scale { x, .. } => *x,
             Op::StoreKv { .. } => continue,
         };
         g.logits = out;
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let gc = cpu.compile(&g)?;
-        cpu.execute(gc, kv_c, StepInput { tokens: &tokens, pos0: 0 }, &mut a)?;
+        cpu.execute(gc, kv_c, input, &mut a)?;
         let gg = gpu.compile(&g)?;
-        gpu.execute(gg, kv_g, StepInput { tokens: &tokens, pos0: 0 }, &mut b)?;
+        gpu.execute(gg, kv_g, input, &mut b)?;
         let err: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
         let norm: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
         println!("{cut:>4} {:<50} {:<16} nmse {:.3e}", format!("{:?}", g.ops[cut - 1]).chars().take(50).collect::<String>(), g.bufs[out.0 as usize].name, err / norm.max(1e-30));

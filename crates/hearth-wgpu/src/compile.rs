@@ -1,11 +1,11 @@
-//! Graph → dispatch list (at compile time) and replay (per step).
+//! Graph → dispatch list, at compile time (replay per step is in `replay.rs`).
 
 use crate::device::Gpu;
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::weights::{type_define, GpuWeight};
-use crate::{GpuKv, WgpuError};
-use hearth_core::backend::KvId;
-use hearth_core::graph::{BufId, Graph, Op, RopeMode, StepInput, WeightId};
+use crate::replay::{make_bind_group, KvBinding};
+use crate::WgpuError;
+use hearth_core::graph::{BufId, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
@@ -23,41 +23,53 @@ fn fold(n: usize) -> (u32, u32) {
     }
 }
 
-/// A bound resource; the KV cache is known only at execute time.
-enum Res {
+/// A bound resource; the KV pool (its layer buffers and the block tables of this graph for it)
+/// is known only at execute time.
+pub(crate) enum Res {
     Buf(wgpu::Buffer),
+    Tables,
     KvK(usize),
     KvV(usize),
 }
 
-/// What a KV-reading dispatch requires of the cache it runs against.
-struct KvNeed {
-    layer: usize,
-    k_width: Option<usize>,
-    v_width: Option<usize>,
+/// What a KV-touching dispatch requires of the pool it runs against.
+pub(crate) struct KvNeed {
+    pub layer: usize,
+    pub k_width: Option<usize>,
+    pub v_width: Option<usize>,
+    /// Attention only: its window (None = whole context).
+    pub window: Option<Option<usize>>,
 }
 
-struct Dispatch {
-    pipeline: wgpu::ComputePipeline,
-    entries: Vec<(u32, Res)>,
-    kv_need: Option<KvNeed>,
-    bind_group: Option<wgpu::BindGroup>,
-    groups: [u32; 3],
+pub(crate) struct Dispatch {
+    /// Without the KV storage-type define, which KV-touching dispatches get per pool.
+    pub key: PipelineKey,
+    /// Built at compile time unless the dispatch touches the KV pool.
+    pub pipeline: Option<wgpu::ComputePipeline>,
+    pub entries: Vec<(u32, Res)>,
+    pub kv_need: Option<KvNeed>,
+    pub bind_group: Option<wgpu::BindGroup>,
+    pub groups: [u32; 3],
 }
 
 pub(crate) struct CompiledGraph {
     pub graph: Graph,
     /// One storage buffer per graph buffer, `[rows, cols]` f32.
     pub bufs: Vec<wgpu::Buffer>,
-    /// [2 + n_tokens] u32: pos0, n_tokens, token ids; written once per step.
-    step: wgpu::Buffer,
-    staging: wgpu::Buffer,
-    logits_len: usize,
-    dispatches: Vec<Dispatch>,
-    /// Bind groups of KV-reading dispatches, per KV cache (index = dispatch index).
-    kv_groups: HashMap<u32, Vec<Option<wgpu::BindGroup>>>,
+    /// [2 + 3 * n_tokens + 3 * n_seqs] u32 (layout in shaders/attention.wgsl): token ids, each
+    /// token's sequence and position, each sequence's pos0 / token count / first token; written
+    /// once per step.
+    pub step: wgpu::Buffer,
+    pub staging: wgpu::Buffer,
+    pub logits_len: usize,
+    pub dispatches: Vec<Dispatch>,
+    /// Per KV pool id: block-table buffer, pipelines and bind groups of the KV-touching dispatches.
+    pub kv_bindings: HashMap<u32, KvBinding>,
     /// Rows of the smallest embedding table (token ids are checked on the host).
-    embed_rows: Option<usize>,
+    pub embed_rows: Option<usize>,
+    /// Host copies of the step and table words (reused, so a step allocates nothing).
+    pub step_words: Vec<u32>,
+    pub table_words: Vec<u32>,
 }
 
 
@@ -116,18 +128,21 @@ impl Builder<'_> {
         groups: [u32; 3],
         kv_need: Option<KvNeed>,
     ) -> Result<(), WgpuError> {
-        let pipeline = self.pipelines.get(&self.gpu.device, &key)?;
         let params = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(key.entry),
             contents: bytemuck::cast_slice(params),
             usage: wgpu::BufferUsages::STORAGE,
         });
         entries.insert(0, (0, Res::Buf(params)));
-        let bind_group = match kv_need {
-            Some(_) => None,
-            None => Some(make_bind_group(&self.gpu.device, &pipeline, &entries, None)?),
+        let (pipeline, bind_group) = match kv_need {
+            Some(_) => (None, None),
+            None => {
+                let pipeline = self.pipelines.get(&self.gpu.device, &key)?;
+                let group = make_bind_group(&self.gpu.device, &pipeline, &entries, None)?;
+                (Some(pipeline), Some(group))
+            }
         };
-        self.dispatches.push(Dispatch { pipeline, entries, kv_need, bind_group, groups });
+        self.dispatches.push(Dispatch { key, pipeline, entries, kv_need, bind_group, groups });
         Ok(())
     }
 
@@ -250,6 +265,9 @@ impl Builder<'_> {
                 if p.head_dim == 0 || cols % p.head_dim != 0 || p.n_rot > p.head_dim || p.n_rot % 2 != 0 {
                     return Err(self.bad(format!("{cols} columns with head_dim {} n_rot {}", p.head_dim, p.n_rot)));
                 }
+                if rows != n {
+                    return Err(self.bad(format!("{rows} rows for {n} tokens")));
+                }
                 if p.n_rot == 0 {
                     return Ok(());
                 }
@@ -273,15 +291,21 @@ impl Builder<'_> {
             Op::StoreKv { layer, k, v } => {
                 for (src, is_k) in [(*k, true), (*v, false)] {
                     let (rows, cols) = self.shape(src)?;
+                    if rows != n {
+                        return Err(self.bad(format!("{rows} rows for {n} tokens")));
+                    }
+                    // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
+                    // for the smallest, extra invocations return at once.
                     let (gx, gy) = fold((rows * cols).div_ceil(256));
                     let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
-                    let entries = vec![(1, Res::Buf(self.step.clone())), (2, self.buf(src)), (3, cache)];
+                    let entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
                     let need = if is_k {
-                        KvNeed { layer: *layer, k_width: Some(cols), v_width: None }
+                        KvNeed { layer: *layer, k_width: Some(cols), v_width: None, window: None }
                     } else {
-                        KvNeed { layer: *layer, k_width: None, v_width: Some(cols) }
+                        KvNeed { layer: *layer, k_width: None, v_width: Some(cols), window: None }
                     };
-                    self.push(PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]), &[rows as u32, cols as u32, gx], entries, [gx, gy, 1], Some(need))?;
+                    let params = [rows as u32, cols as u32, gx, *layer as u32];
+                    self.push(PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]), &params, entries, [gx, gy, 1], Some(need))?;
                 }
             }
             Op::Attention { q, params: p, out } => {
@@ -294,7 +318,14 @@ impl Builder<'_> {
                 }
                 let (gx, gy) = fold(rows * p.n_head);
                 let kv_width = p.n_head_kv * p.head_dim;
-                let entries = vec![(1, Res::Buf(self.step.clone())), (2, self.buf(*q)), (3, Res::KvK(p.layer)), (4, Res::KvV(p.layer)), (5, self.buf(*out))];
+                let entries = vec![
+                    (1, Res::Buf(self.step.clone())),
+                    (2, Res::Tables),
+                    (3, self.buf(*q)),
+                    (4, Res::KvK(p.layer)),
+                    (5, Res::KvV(p.layer)),
+                    (6, self.buf(*out)),
+                ];
                 let params = [
                     rows as u32,
                     p.n_head as u32,
@@ -304,10 +335,9 @@ impl Builder<'_> {
                     p.window.unwrap_or(0) as u32,
                     p.softcap.unwrap_or(0.0).to_bits(),
                     gx,
-                    // The CPU oracle (like ggml) switches to f32 numerics from 64 queries on.
-                    u32::from(rows < 64),
+                    p.layer as u32,
                 ];
-                let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width) };
+                let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width), window: Some(p.window) };
                 self.push(PipelineKey::new(ShaderFile::Attention, "attention", &["ATTENTION"]), &params, entries, [gx, gy, 1], Some(need))?;
             }
             Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
@@ -327,43 +357,20 @@ impl Builder<'_> {
                 self.shape(*x)?;
                 self.elementwise("scale", "SCALE", *x, None, *x, &[factor.to_bits()])?;
             }
-            Op::LastRow { x, out } => {
+            Op::LastRows { x, out } => {
                 let (rows, cols) = self.shape(*x)?;
-                if self.shape(*out)? != (1, cols) || rows == 0 || x == out {
-                    return Err(self.bad("output must be one row of the input's width".into()));
+                let n_seqs = self.graph.n_seqs;
+                if self.shape(*out)? != (n_seqs, cols) || rows != n || x == out {
+                    return Err(self.bad("output must have one row per sequence, of the input's width".into()));
                 }
-                let (gx, gy) = fold(cols.div_ceil(256));
-                let entries = vec![(1, self.buf(*x)), (3, self.buf(*out))];
-                let params = [cols as u32, gx, ((rows - 1) * cols) as u32];
-                self.push(PipelineKey::new(ShaderFile::Elementwise, "last_row", &["LAST_ROW"]), &params, entries, [gx, gy, 1], None)?;
+                let (gx, gy) = fold((n_seqs * cols).div_ceil(256));
+                let entries = vec![(1, self.buf(*x)), (3, self.buf(*out)), (4, Res::Buf(self.step.clone()))];
+                let params = [(n_seqs * cols) as u32, gx, cols as u32];
+                self.push(PipelineKey::new(ShaderFile::Elementwise, "last_rows", &["LAST_ROWS"]), &params, entries, [gx, gy, 1], None)?;
             }
         }
         Ok(())
     }
-}
-
-fn make_bind_group(
-    device: &wgpu::Device,
-    pipeline: &wgpu::ComputePipeline,
-    entries: &[(u32, Res)],
-    kv: Option<&GpuKv>,
-) -> Result<wgpu::BindGroup, WgpuError> {
-    let mut resolved = Vec::with_capacity(entries.len());
-    for (binding, res) in entries {
-        let buffer = match (res, kv) {
-            (Res::Buf(b), _) => b,
-            (Res::KvK(layer), Some(kv)) => kv.k.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
-            (Res::KvV(layer), Some(kv)) => kv.v.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
-            _ => return Err(WgpuError::Execution("KV binding without a KV cache".into())),
-        };
-        resolved.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
-    }
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let group = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &resolved });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(WgpuError::Execution(format!("bind group: {e}")));
-    }
-    Ok(group)
 }
 
 pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWeight], graph: &Graph) -> Result<CompiledGraph, WgpuError> {
@@ -376,7 +383,11 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         })
     };
     let bufs: Vec<wgpu::Buffer> = graph.bufs.iter().map(|b| storage(&b.name, b.rows * b.cols * 4, wgpu::BufferUsages::COPY_SRC)).collect();
-    let step = storage("step", (2 + graph.n_tokens) * 4, wgpu::BufferUsages::COPY_DST);
+    if graph.n_seqs == 0 || graph.n_seqs > graph.n_tokens {
+        return Err(WgpuError::BadGraph { index: 0, op: "graph", reason: format!("{} sequences for {} tokens", graph.n_seqs, graph.n_tokens) });
+    }
+    let step_len = 2 + 3 * graph.n_tokens + 3 * graph.n_seqs;
+    let step = storage("step", step_len * 4, wgpu::BufferUsages::COPY_DST);
     let logits = graph.bufs.get(graph.logits.0 as usize).ok_or(WgpuError::BadGraph { index: 0, op: "logits", reason: "unknown logits buffer".into() })?;
     let logits_len = logits.rows * logits.cols;
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -411,116 +422,9 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         staging,
         logits_len,
         dispatches: b.dispatches,
-        kv_groups: HashMap::new(),
+        kv_bindings: HashMap::new(),
         embed_rows,
+        step_words: Vec::with_capacity(step_len),
+        table_words: Vec::new(),
     })
-}
-
-impl CompiledGraph {
-    pub fn bind_groups_created(&self) -> u64 {
-        self.dispatches.iter().filter(|d| d.bind_group.is_some()).count() as u64
-    }
-
-    /// Creates (once per KV cache) the bind groups of the dispatches that read or write it.
-    pub fn ensure_kv_bind_groups(&mut self, device: &wgpu::Device, kv_id: KvId, kv: &GpuKv) -> Result<u64, WgpuError> {
-        if self.kv_groups.contains_key(&kv_id.0) {
-            return Ok(0);
-        }
-        let mut groups = Vec::with_capacity(self.dispatches.len());
-        let mut made = 0;
-        for d in &self.dispatches {
-            let Some(need) = &d.kv_need else {
-                groups.push(None);
-                continue;
-            };
-            let l = &kv.layout;
-            if need.layer >= l.n_layers || need.k_width.is_some_and(|w| w != l.k_width) || need.v_width.is_some_and(|w| w != l.v_width) {
-                return Err(WgpuError::Unsupported(format!("graph does not fit KV cache {:?} (layer {})", l, need.layer)));
-            }
-            groups.push(Some(make_bind_group(device, &d.pipeline, &d.entries, Some(kv))?));
-            made += 1;
-        }
-        self.kv_groups.insert(kv_id.0, groups);
-        Ok(made)
-    }
-
-    pub fn execute(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<(), WgpuError> {
-        let n = self.graph.n_tokens;
-        if input.tokens.len() != n {
-            return Err(WgpuError::TokenCount { expected: n, got: input.tokens.len() });
-        }
-        let end = input.pos0 + n;
-        if end > kv.layout.capacity {
-            return Err(WgpuError::KvOverflow { start: input.pos0, end, capacity: kv.layout.capacity });
-        }
-        if let Some(rows) = self.embed_rows {
-            if let Some(&token) = input.tokens.iter().find(|&&t| t as usize >= rows) {
-                return Err(WgpuError::TokenOutOfRange { token, rows });
-            }
-        }
-        let mut step = Vec::with_capacity(2 + n);
-        step.push(input.pos0 as u32);
-        step.push(n as u32);
-        step.extend_from_slice(input.tokens);
-        gpu.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&step));
-        let kv_groups = self.kv_groups.get(&kv_id.0).ok_or(WgpuError::Execution("KV bind groups missing".into()))?;
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
-            for (d, kv_group) in self.dispatches.iter().zip(kv_groups) {
-                let Some(group) = d.bind_group.as_ref().or(kv_group.as_ref()) else {
-                    return Err(WgpuError::Execution("dispatch without a bind group".into()));
-                };
-                if d.groups.contains(&0) {
-                    continue;
-                }
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, group, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-            }
-        }
-        let logits_buf = &self.bufs[self.graph.logits.0 as usize];
-        encoder.copy_buffer_to_buffer(logits_buf, 0, &self.staging, 0, (self.logits_len * 4) as u64);
-        gpu.queue.submit([encoder.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(WgpuError::Execution(e.to_string()));
-        }
-        map_read(gpu, &self.staging, self.logits_len, logits)
-    }
-}
-
-/// Maps `staging` (MAP_READ), copies `len` f32 out and unmaps.
-fn map_read(gpu: &Gpu, staging: &wgpu::Buffer, len: usize, out: &mut Vec<f32>) -> Result<(), WgpuError> {
-    let slice = staging.slice(0..(len * 4) as u64);
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        // The receiver lives until recv below returns.
-        let _ = tx.send(r);
-    });
-    gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::ReadBack(e.to_string()))?;
-    rx.recv().map_err(|e| WgpuError::ReadBack(e.to_string()))?.map_err(|e| WgpuError::ReadBack(e.to_string()))?;
-    {
-        let view = slice.get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
-        out.clear();
-        out.extend_from_slice(bytemuck::cast_slice(&view[..]));
-    }
-    staging.unmap();
-    Ok(())
-}
-
-/// Copies `len` f32 of a storage buffer to the host (debug taps, tests).
-pub(crate) fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, WgpuError> {
-    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("read_back"),
-        size: (len.max(1) * 4) as u64,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read_back") });
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, (len * 4) as u64);
-    gpu.queue.submit([encoder.finish()]);
-    let mut out = Vec::new();
-    map_read(gpu, &staging, len, &mut out)?;
-    Ok(out)
 }

@@ -2,11 +2,15 @@
 //!
 //! Weights stay in their GGUF encoding on the device (`array<u32>` storage buffers, decoded in
 //! the shaders); `compile` turns a [`Graph`] into a list of dispatches with their pipelines and
-//! bind groups, so `execute` only writes the step buffer (pos0, token ids), records one compute
-//! pass, submits once and reads the logits back. Kernels live in the top-level `shaders/`.
+//! bind groups, so `execute` only writes the step words (token ids, per-token sequence and
+//! position, per-sequence block tables), records one compute pass, submits once and reads the
+//! logits back. The KV pool is paged (`kv.rs`): per layer `[n_blocks, block_size, row]` in f32,
+//! f16 or q8_0, read through block tables. Kernels live in the top-level `shaders/`.
 
 mod compile;
 mod device;
+mod kv;
+mod replay;
 mod shader;
 mod weights;
 
@@ -14,7 +18,9 @@ use compile::CompiledGraph;
 use device::Gpu;
 use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
+use kv::GpuKv;
 use shader::PipelineCache;
 use weights::GpuWeight;
 
@@ -37,10 +43,8 @@ pub enum WgpuError {
     Unsupported(String),
     #[error("weight '{name}': {reason}")]
     BadWeight { name: String, reason: String },
-    #[error("step has {got} tokens, the graph was built for {expected}")]
-    TokenCount { expected: usize, got: usize },
-    #[error("positions {start}..{end} exceed the KV capacity {capacity}")]
-    KvOverflow { start: usize, end: usize, capacity: usize },
+    #[error("bad step input: {0}")]
+    BadStep(String),
     #[error("token id {token} is outside the embedding table of {rows} rows")]
     TokenOutOfRange { token: u32, rows: usize },
     #[error("device error while running a step: {0}")]
@@ -53,13 +57,6 @@ impl From<WgpuError> for CoreError {
     fn from(e: WgpuError) -> Self {
         CoreError::Backend { backend: "wgpu".into(), message: e.to_string() }
     }
-}
-
-/// KV storage: per layer, K and V as f32 `[capacity, width]` buffers.
-pub(crate) struct GpuKv {
-    pub layout: KvLayout,
-    pub k: Vec<wgpu::Buffer>,
-    pub v: Vec<wgpu::Buffer>,
 }
 
 pub struct WgpuBackend {
@@ -92,15 +89,6 @@ impl WgpuBackend {
         &self.gpu.info
     }
 
-    fn storage_buffer(&self, label: &str, bytes: u64, extra: wgpu::BufferUsages) -> wgpu::Buffer {
-        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes.max(4).div_ceil(4) * 4,
-            usage: wgpu::BufferUsages::STORAGE | extra,
-            mapped_at_creation: false,
-        })
-    }
-
     fn counters_now(&self) -> BackendCounters {
         let mut c = self.counters.clone();
         c.pipelines_created = self.pipelines.created;
@@ -120,19 +108,21 @@ impl Backend for WgpuBackend {
     }
 
     fn alloc_kv(&mut self, layout: KvLayout) -> Result<KvId> {
-        let mut k = Vec::with_capacity(layout.n_layers);
-        let mut v = Vec::with_capacity(layout.n_layers);
-        for layer in 0..layout.n_layers {
-            let kb = (layout.capacity * layout.k_width * 4) as u64;
-            let vb = (layout.capacity * layout.v_width * 4) as u64;
-            if kb.max(vb) > self.gpu.info.max_storage_binding {
-                return Err(WgpuError::Unsupported(format!("KV layer of {} bytes exceeds the binding limit", kb.max(vb))).into());
-            }
-            k.push(self.storage_buffer(&format!("k_cache.{layer}"), kb, wgpu::BufferUsages::empty()));
-            v.push(self.storage_buffer(&format!("v_cache.{layer}"), vb, wgpu::BufferUsages::empty()));
-        }
-        self.kvs.push(GpuKv { layout, k, v });
+        let max_binding = self.gpu.info.max_storage_binding.min(self.gpu.info.max_buffer_size);
+        self.kvs.push(GpuKv::new(&self.gpu.device, max_binding, layout)?);
         Ok(KvId(self.kvs.len() as u32 - 1))
+    }
+
+    fn copy_kv_blocks(&mut self, kv: KvId, copies: &[BlockCopy]) -> Result<()> {
+        let kv = self.kvs.get(kv.0 as usize).ok_or(WgpuError::UnknownId { what: "kv cache", id: kv.0 })?;
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let mut encoder = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv block copies") });
+        kv.encode_copies(&mut encoder, copies)?;
+        self.gpu.queue.submit([encoder.finish()]);
+        self.counters.submits += 1;
+        Ok(())
     }
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
@@ -150,7 +140,7 @@ impl Backend for WgpuBackend {
         }
         let kv_store = self.kvs.get(kv.0 as usize).ok_or(WgpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         let compiled = &mut self.graphs[gi];
-        let made = compiled.ensure_kv_bind_groups(&self.gpu.device, kv, kv_store)?;
+        let made = compiled.ensure_kv_binding(&self.gpu, &mut self.pipelines, kv, kv_store)?;
         self.counters.bind_groups_created += made;
         let n_ops = compiled.graph.ops.len() as u64;
         compiled.execute(&self.gpu, kv_store, kv, input, logits)?;
@@ -163,7 +153,7 @@ impl Backend for WgpuBackend {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
         let compiled = self.graphs.get(graph.0 as usize)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
-        compile::read_back(&self.gpu, &compiled.bufs[index], compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols).ok()
+        replay::read_back(&self.gpu, &compiled.bufs[index], compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols).ok()
     }
 
     fn counters(&self) -> BackendCounters {
@@ -172,7 +162,7 @@ impl Backend for WgpuBackend {
 
     fn memory_bytes(&self) -> u64 {
         let w: u64 = self.weights.iter().map(|w| w.bytes()).sum();
-        let kv: u64 = self.kvs.iter().flat_map(|k| k.k.iter().chain(&k.v)).map(|b| b.size()).sum();
+        let kv: u64 = self.kvs.iter().map(GpuKv::bytes).sum();
         let acts: u64 = self.graphs.iter().flat_map(|g| g.bufs.iter()).map(|b| b.size()).sum();
         w + kv + acts
     }

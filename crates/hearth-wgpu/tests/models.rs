@@ -1,11 +1,14 @@
 //! Whole models on wgpu against the CPU backend over 16 greedy steps (teacher-forced, decisive
-//! steps must agree), and a warmed-up decode step must not build pipelines or bind groups.
+//! steps must agree), and a warmed-up decode step must not build pipelines or bind groups; then
+//! batched steps of several sequences, with a copy-on-write block copy.
 
 mod common;
 
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
+use hearth_core::kv::SeqId;
+use hearth_core::runner::{BatchEntry, Runner};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::{argmax, cpu_session, model_path, GEMMA_270M, QWEN_05B};
 use hearth_wgpu::{WgpuBackend, WgpuOptions};
@@ -95,4 +98,80 @@ fn gemma_270m_greedy_matches_cpu() {
 #[test]
 fn qwen_05b_greedy_matches_cpu() {
     same_greedy_tokens(QWEN_05B, "def fibonacci(n):", 0.25, 0.6, 0.08);
+}
+
+/// Loads `stem` on `backend` as a runner with room for `max_sequences` sequences of N_CTX.
+fn runner_on(stem: &str, backend: Box<dyn hearth_core::backend::Backend>, max_sequences: usize) -> (Runner, Tokenizer) {
+    let file = GgufFile::open(&model_path(stem)).expect("open model");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let options = EngineOptions { n_ctx: N_CTX, max_sequences, ..EngineOptions::default() };
+    (Runner::load(&file, backend, &options, &mut |_, _| {}).expect("load"), tokenizer)
+}
+
+/// Batched steps on both backends: three prompts of different lengths in one step, batched
+/// decodes, then a rollback into a full (cached) block so the next step copies it
+/// (copy-on-write through `copy_kv_blocks`). Every sequence's logits row must agree with the
+/// CPU's as in `same_greedy_tokens`.
+#[test]
+fn gemma_270m_batched_steps_match_cpu() {
+    let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
+    let (mut gpu, tokenizer) = runner_on(GEMMA_270M, Box::new(gpu), 3);
+    let (mut cpu, _) = runner_on(GEMMA_270M, Box::new(hearth_cpu::CpuBackend::new(None).expect("cpu")), 3);
+    let prompts = ["The capital of France is Paris, and the capital of Italy is", "Once upon", "The capital of France is Paris, and the capital of Spain is"];
+    let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| tokenizer.encode(p, true, false).expect("encode")).collect();
+    let seqs: Vec<SeqId> = (0..3).map(|_| cpu.kv_mut().add_sequence()).collect();
+    let gpu_seqs: Vec<SeqId> = (0..3).map(|_| gpu.kv_mut().add_sequence()).collect();
+    assert_eq!(seqs, gpu_seqs);
+    let n_vocab = cpu.config().n_vocab;
+    let (mut max_delta, mut sum_delta, mut n_delta, mut decisive) = (0f32, 0f64, 0, 0);
+    let mut compare = |step: usize, want: &[f32], got: &[f32]| -> Vec<u32> {
+        assert_eq!(want.len(), got.len());
+        want.chunks(n_vocab)
+            .zip(got.chunks(n_vocab))
+            .enumerate()
+            .map(|(s, (w, g))| {
+                let (w, g) = (log_probs(w), log_probs(g));
+                let want_top = top(&w, 5);
+                for &i in &want_top {
+                    let d = (w[i] - g[i]).abs();
+                    max_delta = max_delta.max(d);
+                    sum_delta += d as f64;
+                    n_delta += 1;
+                }
+                if w[want_top[0]] - w[want_top[1]] >= 0.5 {
+                    decisive += 1;
+                    assert_eq!(argmax(&g), want_top[0], "step {step} sequence {s}: wgpu and CPU pick different tokens");
+                }
+                want_top[0] as u32
+            })
+            .collect()
+    };
+    let batch: Vec<BatchEntry<'_>> = seqs.iter().zip(&prompts).map(|(&seq, p)| BatchEntry { seq, tokens: p }).collect();
+    let want = cpu.step(&batch, LogitsMode::Last).expect("cpu step").to_vec();
+    let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
+    let mut next = compare(0, &want, &got);
+    for step in 1..5 {
+        let batch: Vec<BatchEntry<'_>> = seqs.iter().zip(&next).map(|(&seq, t)| BatchEntry { seq, tokens: std::slice::from_ref(t) }).collect();
+        let want = cpu.step(&batch, LogitsMode::Last).expect("cpu step").to_vec();
+        let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
+        next = compare(step, &want, &got);
+    }
+    // Back into the middle of the first block (full, hence in the prefix cache): the next step
+    // writes into a copy of it.
+    for runner in [&mut cpu, &mut gpu] {
+        runner.kv_mut().truncate(seqs[0], 10).expect("truncate");
+    }
+    let tail = &prompts[2][10..14];
+    let batch = [BatchEntry { seq: seqs[0], tokens: tail }, BatchEntry { seq: seqs[1], tokens: &next[1..2] }];
+    let copies_before = gpu.backend().counters().submits;
+    let want = cpu.step(&batch, LogitsMode::Last).expect("cpu step").to_vec();
+    let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
+    assert_eq!(gpu.backend().counters().submits, copies_before + 2, "the step after the rollback copies a block (one submit) and runs (one)");
+    compare(5, &want, &got);
+    let mean = sum_delta / n_delta as f64;
+    eprintln!("batched: {decisive} decisive rows, |Δ log-prob| mean {mean:.4} max {max_delta:.4}");
+    assert!(decisive >= 10, "only {decisive} decisive rows");
+    // Tolerances as in gemma_270m_greedy_matches_cpu.
+    assert!(max_delta <= 1.2, "max |Δ log-prob| {max_delta} > 1.2");
+    assert!(mean <= 0.15, "mean |Δ log-prob| {mean} > 0.15");
 }

@@ -1,110 +1,18 @@
 //! Op conformance against the CPU backend (in the spirit of ggml's test-backend-ops): single-op
-//! graphs with random inputs, many shapes including odd ones, compared by normalised MSE.
-//! Inputs enter the graphs through `Embed` of random F32 tables (embed itself is tested first).
+//! graphs with random inputs, many shapes including odd ones, compared by normalised MSE
+//! (`common::case`). Attention and the paged KV pool are in `paged_kv.rs`.
 
 mod common;
 
-use common::{nmse, open, Rng};
-use hearth_core::backend::{Backend, KvLayout, WeightData};
+use common::case::{run_step, single, small_layout, tokens, Case, SeqSpec};
+use common::{open, Rng};
+use hearth_core::backend::{Backend, WeightData};
 use hearth_core::gguf::MemorySource;
-use hearth_core::graph::{AttentionParams, BufId, Graph, Op, RopeMode, RopeParams, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{Op, RopeMode, RopeParams, WeightDesc};
+use hearth_core::kv::BlockCopy;
 use hearth_core::quant::GgmlType;
-use hearth_cpu::CpuBackend;
 use hearth_wgpu::WgpuOptions;
 use std::sync::Arc;
-
-/// Random GGUF bytes for `rows` rows of `row_len` values of `ty`: random quants, with every f16
-/// scale replaced by a small finite value so outputs stay in a sane range.
-fn random_weight(ty: GgmlType, row_len: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
-    let n = row_len * rows;
-    match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.f32().to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(rng.f32()).to_le_bytes()).collect(),
-        _ => {
-            let (block_bytes, scale_offsets): (usize, &[usize]) = match ty {
-                GgmlType::Q8_0 => (34, &[0]),
-                GgmlType::Q4_0 => (18, &[0]),
-                GgmlType::Q5_0 => (22, &[0]),
-                GgmlType::Q4_K => (144, &[0, 2]),
-                GgmlType::Q6_K => (210, &[208]),
-                other => panic!("no generator for {other:?}"),
-            };
-            let blocks = n / ty.block_len();
-            let mut bytes: Vec<u8> = (0..blocks * block_bytes).map(|_| rng.next_u64() as u8).collect();
-            for b in 0..blocks {
-                for &off in scale_offsets {
-                    let d = half::f16::from_f32(0.002 + 0.02 * rng.f32().abs());
-                    bytes[b * block_bytes + off..b * block_bytes + off + 2].copy_from_slice(&d.to_le_bytes());
-                }
-            }
-            bytes
-        }
-    }
-}
-
-/// A graph and the weights it uses, run on both backends.
-struct Case {
-    graph: Graph,
-    weights: Vec<(WeightDesc, Vec<u8>)>,
-    kv: Option<KvLayout>,
-}
-
-impl Case {
-    fn new(n_tokens: usize) -> Self {
-        Case { graph: Graph::new(n_tokens), weights: Vec::new(), kv: None }
-    }
-
-    fn weight(&mut self, ty: GgmlType, dims: &[u64], rng: &mut Rng) -> WeightId {
-        let bytes = random_weight(ty, dims[0] as usize, dims.iter().skip(1).product::<u64>() as usize, rng);
-        self.weights.push((WeightDesc { name: format!("w{}", self.weights.len()), ty, dims: dims.to_vec() }, bytes));
-        WeightId(self.weights.len() as u32 - 1)
-    }
-
-    /// A buffer [n_tokens, cols] filled with random values (Embed of a random F32 table).
-    fn input(&mut self, name: &str, cols: usize, rng: &mut Rng) -> BufId {
-        let table = self.weight(GgmlType::F32, &[cols as u64, 64], rng);
-        let out = self.graph.buf(name, self.graph.n_tokens, cols);
-        self.graph.push(Op::Embed { table, out });
-        out
-    }
-
-    /// Runs both backends over the given steps; returns (cpu, wgpu) logits per step.
-    fn run(&self, backend: &mut dyn Backend, steps: &[(Vec<u32>, usize)]) -> Vec<Vec<f32>> {
-        let mut ids = Vec::new();
-        for (desc, bytes) in &self.weights {
-            let data = WeightData { source: Arc::new(MemorySource::new(bytes.clone())), offset: 0, len: bytes.len() };
-            ids.push(backend.upload_weight(desc.clone(), data).expect("upload"));
-        }
-        assert_eq!(ids, (0..ids.len() as u32).map(WeightId).collect::<Vec<_>>());
-        let layout = self.kv.clone().unwrap_or(KvLayout { n_layers: 1, capacity: 64, k_width: 4, v_width: 4 });
-        let kv = backend.alloc_kv(layout).expect("kv");
-        let g = backend.compile(&self.graph).expect("compile");
-        steps
-            .iter()
-            .map(|(tokens, pos0)| {
-                let mut logits = Vec::new();
-                backend.execute(g, kv, StepInput { tokens, pos0: *pos0 }, &mut logits).expect("execute");
-                logits
-            })
-            .collect()
-    }
-
-    fn check(&self, what: &str, threshold: f64, steps: &[(Vec<u32>, usize)], options: WgpuOptions) {
-        let Some(mut gpu) = open(options) else { return };
-        let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
-        let want = self.run(&mut cpu, steps);
-        let got = self.run(&mut gpu, steps);
-        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-            let e = nmse(g, w);
-            eprintln!("{what} step {s}: nmse {e:.3e}");
-            assert!(e <= threshold, "{what} step {s}: nmse {e:.3e} > {threshold:.0e}\n got {:?}\nwant {:?}", &g[..g.len().min(8)], &w[..w.len().min(8)]);
-        }
-    }
-}
-
-fn tokens(n: usize, below: u32, rng: &mut Rng) -> Vec<u32> {
-    (0..n).map(|_| rng.below(below)).collect()
-}
 
 const WEIGHT_TYPES: [GgmlType; 7] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
@@ -123,7 +31,7 @@ fn embed_every_type() {
             c.graph.push(Op::Embed { table, out });
             c.graph.logits = out;
             // Dequantization is exact arithmetic on both sides.
-            c.check(&format!("embed {ty:?} {row_len}x{n}"), 1e-12, &[(tokens(n, 13, &mut rng), 0)], WgpuOptions::default());
+            c.check(&format!("embed {ty:?} {row_len}x{n}"), 1e-12, &[single(tokens(n, 13, &mut rng), 0, &small_layout())], WgpuOptions::default());
         }
     }
 }
@@ -143,7 +51,7 @@ fn embed_and_matmul_split_into_row_ranges() {
         c.graph.push(Op::MatMul { w: table, x, bias: None, out });
         c.graph.logits = out;
         let opts = WgpuOptions { max_binding_bytes: Some(1024), ..WgpuOptions::default() };
-        c.check(&format!("split {ty:?}"), 1e-9, &[(tokens(n, 50, &mut rng), 0)], opts);
+        c.check(&format!("split {ty:?}"), 1e-9, &[single(tokens(n, 50, &mut rng), 0, &small_layout())], opts);
     }
 }
 
@@ -163,7 +71,7 @@ fn matmul_every_type_and_shape() {
             let out = c.graph.buf("out", rows, n_out);
             c.graph.push(Op::MatMul { w, x, bias: b, out });
             c.graph.logits = out;
-            c.check(&format!("matmul {ty:?} k{k} n{n_out} rows{rows} bias{bias}"), threshold, &[(tokens(rows, 64, &mut rng), 0)], WgpuOptions::default());
+            c.check(&format!("matmul {ty:?} k{k} n{n_out} rows{rows} bias{bias}"), threshold, &[single(tokens(rows, 64, &mut rng), 0, &small_layout())], WgpuOptions::default());
         }
     }
 }
@@ -178,7 +86,7 @@ fn rms_norm_shapes() {
         let out = if in_place { x } else { c.graph.buf("out", rows, cols) };
         c.graph.push(Op::RmsNorm { x, weight, eps: 1e-6, group, out });
         c.graph.logits = out;
-        c.check(&format!("rms_norm {rows}x{cols}/{group}"), 1e-10, &[(tokens(rows, 64, &mut rng), 0)], WgpuOptions::default());
+        c.check(&format!("rms_norm {rows}x{cols}/{group}"), 1e-10, &[single(tokens(rows, 64, &mut rng), 0, &small_layout())], WgpuOptions::default());
     }
 }
 
@@ -192,37 +100,8 @@ fn rope_modes() {
         let freq_factors = factors.then(|| c.weight(GgmlType::F32, &[(n_rot / 2) as u64], &mut rng));
         c.graph.push(Op::Rope { x, params: RopeParams { mode, head_dim, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors } });
         c.graph.logits = x;
-        let steps = [(tokens(rows, 64, &mut rng), 0), (tokens(rows, 64, &mut rng), 37)];
+        let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout()), single(tokens(rows, 64, &mut rng), 37, &small_layout())];
         c.check(&format!("rope {mode:?} hd{head_dim} rot{n_rot}"), 1e-9, &steps, WgpuOptions::default());
-    }
-}
-
-#[test]
-fn attention_gqa_window_softcap() {
-    let mut rng = Rng(6);
-    // 70 rows take the CPU's f32 path (64+ queries), the others its f16 small-batch path.
-    for (n_head, n_head_kv, head_dim, window, softcap, rows) in
-        [(4, 2, 64, None, None, 5), (2, 2, 256, Some(3), None, 4), (6, 1, 32, None, Some(5.0), 3), (3, 3, 48, Some(200), None, 7), (2, 1, 64, Some(40), None, 70)]
-    {
-        let mut c = Case::new(rows);
-        let q = c.input("q", n_head * head_dim, &mut rng);
-        let k = c.input("k", n_head_kv * head_dim, &mut rng);
-        let v = c.input("v", n_head_kv * head_dim, &mut rng);
-        c.graph.push(Op::StoreKv { layer: 1, k, v });
-        let out = c.graph.buf("out", rows, n_head * head_dim);
-        let params = AttentionParams { layer: 1, n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window, softcap };
-        c.graph.push(Op::Attention { q, params, out });
-        c.graph.logits = out;
-        let width = n_head_kv * head_dim;
-        c.kv = Some(KvLayout { n_layers: 2, capacity: 300, k_width: width, v_width: width });
-        // Several steps so later queries see keys written by earlier steps (and 130+ keys span
-        // more than one key tile).
-        let mut steps = vec![(tokens(rows, 64, &mut rng), 0), (tokens(rows, 64, &mut rng), rows)];
-        steps.push((tokens(rows, 64, &mut rng), 150));
-        // The small-batch path reproduces the CPU's f16 rounding (exp may differ by an ulp);
-        // the f32 path sums in another order.
-        let threshold = if rows < 64 { 1e-8 } else { 1e-9 };
-        c.check(&format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}"), threshold, &steps, WgpuOptions::default());
     }
 }
 
@@ -230,7 +109,7 @@ fn attention_gqa_window_softcap() {
 fn elementwise_ops() {
     let mut rng = Rng(7);
     for (rows, cols) in [(1, 7), (3, 300), (2, 4864)] {
-        let steps = |rng: &mut Rng| vec![(tokens(rows, 64, rng), 0)];
+        let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
         for kind in ["add", "add_in_place", "swiglu", "swiglu_in_place", "geglu", "scale", "last_row"] {
             let mut c = Case::new(rows);
             let a = c.input("a", cols, &mut rng);
@@ -264,7 +143,7 @@ fn elementwise_ops() {
                 }
                 _ => {
                     let last = c.graph.buf("last", 1, cols);
-                    c.graph.push(Op::LastRow { x: a, out: last });
+                    c.graph.push(Op::LastRows { x: a, out: last });
                     last
                 }
             };
@@ -282,15 +161,26 @@ fn bad_input_is_an_error_not_a_panic() {
     let mut c = Case::new(2);
     let x = c.input("x", 32, &mut rng);
     c.graph.logits = x;
-    let bytes = &c.weights[0].1;
-    let data = WeightData { source: Arc::new(MemorySource::new(bytes.clone())), offset: 0, len: bytes.len() };
-    gpu.upload_weight(c.weights[0].0.clone(), data).expect("upload");
-    let kv = gpu.alloc_kv(KvLayout { n_layers: 1, capacity: 4, k_width: 4, v_width: 4 }).expect("kv");
-    let g = gpu.compile(&c.graph).expect("compile");
-    let mut logits = Vec::new();
-    assert!(gpu.execute(g, kv, StepInput { tokens: &[1, 64], pos0: 0 }, &mut logits).is_err(), "token out of range");
-    assert!(gpu.execute(g, kv, StepInput { tokens: &[1], pos0: 0 }, &mut logits).is_err(), "token count");
-    assert!(gpu.execute(g, kv, StepInput { tokens: &[1, 2], pos0: 3 }, &mut logits).is_err(), "KV overflow");
+    let (kv, g) = c.load(&mut gpu);
+    let layout = small_layout();
+    let ok = single(vec![1, 2], 0, &layout);
+    assert!(run_step(&mut gpu, g, kv, &ok).is_ok(), "a valid step");
+    let mut step = ok.clone();
+    step.tokens = vec![1, 64];
+    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "token out of range");
+    assert!(run_step(&mut gpu, g, kv, &single(vec![1], 0, &layout)).is_err(), "token count");
+    let mut step = ok.clone();
+    step.seqs[0].pos0 = 15;
+    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "block table too short");
+    let mut step = ok.clone();
+    step.seqs[0].tables[0][0] = 8;
+    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "block outside the pool");
+    let mut step = ok.clone();
+    step.seqs = vec![SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }, SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }];
+    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "sequence count");
+    let mut step = ok.clone();
+    step.copies = vec![BlockCopy { group: 0, src: 0, dst: 8, n_positions: 1 }];
+    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "copy outside the pool");
     let bad = WeightDesc { name: "short".into(), ty: GgmlType::Q4_K, dims: vec![256, 2] };
     let data = WeightData { source: Arc::new(MemorySource::new(vec![0u8; 100])), offset: 0, len: 100 };
     assert!(gpu.upload_weight(bad, data).is_err(), "wrong byte count");

@@ -49,3 +49,5 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
     err / norm.max(1e-30)
 }
+
+pub mod case;

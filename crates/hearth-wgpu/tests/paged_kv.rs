@@ -1,0 +1,220 @@
+//! Attention and the paged KV pool against the CPU backend: steps of several sequences with
+//! different lengths, shuffled (non-contiguous) block tables, a sliding-window group whose old
+//! blocks are released, every KV storage type, copy-on-write block copies, per-sequence RoPE
+//! positions and last rows, and a steady-state step that builds nothing.
+
+mod common;
+
+use common::case::{single, tokens, Case, SeqSpec, Step};
+use common::{open, Rng};
+use hearth_core::backend::{Backend, KvLayout};
+use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams};
+use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
+use hearth_wgpu::WgpuOptions;
+
+const KV_TYPES: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
+
+/// 0..n in random order.
+fn shuffled(n: usize, rng: &mut Rng) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        v.swap(i, rng.below(i as u32 + 1) as usize);
+    }
+    v
+}
+
+/// Layer 0 in a global group, layer 1 in a group with sliding window `window`.
+fn two_groups(kv_type: KvType, width: usize, block_size: usize, window: usize, n_blocks: usize) -> KvLayout {
+    KvLayout {
+        n_layers: 2,
+        k_width: width,
+        v_width: width,
+        kv_type,
+        block_size,
+        groups: vec![KvGroup { layers: vec![0], window: None, n_blocks }, KvGroup { layers: vec![1], window: Some(window), n_blocks }],
+    }
+}
+
+/// Steps for a schedule of (n_tokens, pos0) per sequence per step: every sequence owns
+/// `per_seq` blocks of each group, drawn from a shuffled pool; table entries a sliding window
+/// has left behind are `NO_BLOCK`, as after a release.
+fn schedule(layout: &KvLayout, per_seq: usize, plan: &[&[(usize, usize)]], rng: &mut Rng) -> Vec<Step> {
+    let n_seqs = plan[0].len();
+    let pools: Vec<Vec<u32>> = layout.groups.iter().map(|g| shuffled(g.n_blocks, rng)).collect();
+    assert!(pools.iter().all(|p| p.len() >= n_seqs * per_seq), "pool too small for the schedule");
+    plan.iter()
+        .map(|seqs| {
+            let specs: Vec<SeqSpec> = seqs
+                .iter()
+                .enumerate()
+                .map(|(s, &(n_tokens, pos0))| {
+                    let tables = layout
+                        .groups
+                        .iter()
+                        .zip(&pools)
+                        .map(|(g, pool)| {
+                            let released = g.window.map_or(0, |w| (pos0 + 1).saturating_sub(w)) / layout.block_size;
+                            let mut t = pool[s * per_seq..(s + 1) * per_seq].to_vec();
+                            t[..released].iter_mut().for_each(|b| *b = NO_BLOCK);
+                            t
+                        })
+                        .collect();
+                    SeqSpec { n_tokens, pos0, tables }
+                })
+                .collect();
+            let n: usize = specs.iter().map(|s| s.n_tokens).sum();
+            Step { copies: Vec::new(), tokens: tokens(n, 64, rng), seqs: specs }
+        })
+        .collect()
+}
+
+/// q, k, v from random tables; K/V stored into `layer`, attention of q over it.
+fn attention_case(n_tokens: usize, n_seqs: usize, params: AttentionParams, layout: KvLayout, rng: &mut Rng) -> Case {
+    let mut c = Case::batched(n_tokens, n_seqs);
+    let width = params.n_head_kv * params.head_dim;
+    let q = c.input("q", params.n_head * params.head_dim, rng);
+    let k = c.input("k", width, rng);
+    let v = c.input("v", width, rng);
+    c.graph.push(Op::StoreKv { layer: params.layer, k, v });
+    let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
+    c.graph.push(Op::Attention { q, params, out });
+    c.graph.logits = out;
+    c.kv = layout;
+    c
+}
+
+fn params(layer: usize, n_head: usize, n_head_kv: usize, head_dim: usize, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
+    AttentionParams { layer, n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window, softcap }
+}
+
+#[test]
+fn attention_one_sequence_gqa_window_softcap() {
+    let mut rng = Rng(6);
+    // 70 rows take the CPU's f32 path (64+ queries), the others its f16 small-batch path.
+    for (n_head, n_head_kv, head_dim, window, softcap, rows) in
+        [(4, 2, 64, None, None, 5), (2, 2, 256, Some(3), None, 4), (6, 1, 32, None, Some(5.0), 3), (3, 3, 48, Some(200), None, 7), (2, 1, 64, Some(40), None, 70)]
+    {
+        let layer = usize::from(window.is_some());
+        let layout = two_groups(KvType::F16, n_head_kv * head_dim, 16, window.unwrap_or(1), 20);
+        let c = attention_case(rows, 1, params(layer, n_head, n_head_kv, head_dim, window, softcap), layout.clone(), &mut rng);
+        // Later steps see keys written by earlier ones; 130+ keys span more than one key tile.
+        let plan: [&[(usize, usize)]; 3] = [&[(rows, 0)], &[(rows, rows)], &[(rows, 150)]];
+        let steps = schedule(&layout, 20, &plan, &mut rng);
+        // The small-batch path reproduces the CPU's f16 rounding (exp may differ by an ulp);
+        // the f32 path sums in another order.
+        c.check(&format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}"), 1e-8, &steps, WgpuOptions::default());
+    }
+}
+
+#[test]
+fn attention_several_sequences_every_kv_type() {
+    let mut rng = Rng(11);
+    // Three sequences of different lengths per step (prompt chunks and decodes mixed), blocks
+    // of 4 positions.
+    let plan: [&[(usize, usize)]; 3] = [&[(5, 0), (1, 0), (9, 0)], &[(2, 5), (12, 1), (1, 9)], &[(7, 7), (3, 13), (5, 10)]];
+    for kv_type in KV_TYPES {
+        for (layer, window) in [(0, None), (1, Some(5))] {
+            let layout = two_groups(kv_type, 64, 4, 5, 20);
+            let c = attention_case(15, 3, params(layer, 4, 2, 32, window, None), layout.clone(), &mut rng);
+            let steps = schedule(&layout, 6, &plan, &mut rng);
+            c.check(&format!("3 sequences, {} KV, layer {layer} window {window:?}", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+        }
+    }
+    // A long sequence (f32 path) next to a short one (f16 path) in the same step.
+    let plan: [&[(usize, usize)]; 2] = [&[(70, 0), (3, 0)], &[(1, 70), (72, 3)]];
+    for kv_type in KV_TYPES {
+        let layout = two_groups(kv_type, 64, 16, 40, 12);
+        let c = attention_case(73, 2, params(1, 2, 1, 64, Some(40), None), layout.clone(), &mut rng);
+        let steps = schedule(&layout, 6, &plan, &mut rng);
+        c.check(&format!("long + short sequences, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+    }
+}
+
+#[test]
+fn copied_blocks_are_seen_by_the_new_owner() {
+    let mut rng = Rng(12);
+    for kv_type in KV_TYPES {
+        let layout = KvLayout {
+            n_layers: 1,
+            k_width: 32,
+            v_width: 32,
+            kv_type,
+            block_size: 4,
+            groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 16 }],
+        };
+        let c = attention_case(8, 2, params(0, 2, 1, 32, None, None), layout.clone(), &mut rng);
+        let pool = shuffled(16, &mut rng);
+        let (a, b, other) = (&pool[0..4], &pool[4..8], &pool[8..12]);
+        // B shares A's first block and gets a copy of the first 2 positions of A's second
+        // block (copy-on-write of a shared partial block); both then write positions 6.. in
+        // their own blocks.
+        let b_table = vec![a[0], b[1], b[2], b[3]];
+        let seq = |n_tokens, pos0, table: &[u32]| SeqSpec { n_tokens, pos0, tables: vec![table.to_vec()] };
+        let steps = vec![
+            Step { copies: vec![], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(6, 0, a), seq(2, 0, other)] },
+            Step { copies: vec![BlockCopy { group: 0, src: a[1], dst: b[1], n_positions: 2 }], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(4, 6, a), seq(4, 6, &b_table)] },
+            Step { copies: vec![], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(1, 10, a), seq(7, 9, &b_table)] },
+        ];
+        c.check(&format!("copy_kv_blocks, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+    }
+}
+
+#[test]
+fn rope_and_last_rows_per_sequence() {
+    let mut rng = Rng(13);
+    let plan = [(3usize, 0usize), (1, 40), (5, 17)];
+    let layout = common::case::small_layout();
+    let step = |rng: &mut Rng| {
+        let mut s = single(tokens(9, 64, rng), 0, &layout);
+        s.seqs = plan.iter().map(|&(n_tokens, pos0)| SeqSpec { n_tokens, pos0, tables: vec![(0..4).collect()] }).collect();
+        s
+    };
+    let mut c = Case::batched(9, 3);
+    let x = c.input("x", 64 * 2, &mut rng);
+    c.graph.push(Op::Rope { x, params: RopeParams { mode: RopeMode::Neox, head_dim: 64, n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None } });
+    c.graph.logits = x;
+    c.check("rope over 3 sequences", 1e-9, &[step(&mut rng)], WgpuOptions::default());
+    let mut c = Case::batched(9, 3);
+    let x = c.input("x", 300, &mut rng);
+    let last = c.graph.buf("last", 3, 300);
+    c.graph.push(Op::LastRows { x, out: last });
+    c.graph.logits = last;
+    c.check("last rows of 3 sequences", 0.0, &[step(&mut rng)], WgpuOptions::default());
+}
+
+#[test]
+fn steady_state_batched_decode_builds_nothing() {
+    let Some(mut gpu) = open(WgpuOptions::default()) else { return };
+    let mut rng = Rng(14);
+    let layout = two_groups(KvType::F16, 64, 4, 5, 20);
+    let c = attention_case(3, 3, params(1, 4, 2, 32, Some(5), None), layout.clone(), &mut rng);
+    let plan: [&[(usize, usize)]; 3] = [&[(1, 0), (1, 4), (1, 9)], &[(1, 1), (1, 5), (1, 10)], &[(1, 2), (1, 6), (1, 11)]];
+    let steps = schedule(&layout, 6, &plan, &mut rng);
+    let (kv, g) = c.load(&mut gpu);
+    common::case::run_step(&mut gpu, g, kv, &steps[0]).expect("warm-up step");
+    for step in &steps[1..] {
+        let before = gpu.counters();
+        common::case::run_step(&mut gpu, g, kv, step).expect("step");
+        let after = gpu.counters();
+        assert_eq!(after.pipelines_created, before.pipelines_created, "a decode step created pipelines");
+        assert_eq!(after.bind_groups_created, before.bind_groups_created, "a decode step created bind groups");
+        assert_eq!(after.submits, before.submits + 1, "a decode step submits once");
+    }
+    assert!(gpu.counters().pipelines_created > 0 && gpu.counters().bind_groups_created > 0, "counters are not kept");
+}
+
+#[test]
+fn kv_memory_follows_the_storage_type() {
+    let Some(mut gpu) = open(WgpuOptions::default()) else { return };
+    let mut last = gpu.memory_bytes();
+    for kv_type in KV_TYPES {
+        // Rows of 64 values: q8_0 rows (2 blocks of 34 bytes) stay 4-byte aligned, so the
+        // device holds exactly the GGML format's bytes.
+        let layout = two_groups(kv_type, 64, 16, 8, 10);
+        gpu.alloc_kv(layout.clone()).expect("kv");
+        let now = gpu.memory_bytes();
+        eprintln!("{} KV: {} bytes", kv_type.name(), now - last);
+        assert_eq!(now - last, layout.total_bytes(), "{} KV pool size", kv_type.name());
+        last = now;
+    }
+}
