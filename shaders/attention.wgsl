@@ -278,17 +278,12 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     }
     let scale = bitcast<f32>(P[4]);
     let tid = lid.x;
-    // The CPU oracle (like ggml) takes f32 numerics for sequences of 64+ queries in the step.
-    let f16_path = STEP[2u + 3u * STEP[0] + 3u * seq + 1u] < 64u;
+    // One numerics path for every query, as on the CPU oracle (ggml's small-batch path): a
+    // query's result never depends on how many others share the step (batch invariance).
     let col = kvh * hd;
     if (valid) {
         for (var d = tid; d < hd; d += WG) {
-            let qv = Q[t * q_width + h * hd + d];
-            if (f16_path) {
-                q_sh[d] = round_f16(qv);
-            } else {
-                q_sh[d] = qv;
-            }
+            q_sh[d] = round_f16(Q[t * q_width + h * hd + d]);
         }
     }
     workgroupBarrier();
@@ -309,68 +304,34 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         if (j < end) {
             let row = slot_of(layer, seq, j) * words;
             rows[tid] = row;
-            var dot = 0.0;
-            if (f16_path) {
-                dot = dot_ggml_f16(row, col, hd, kv_width);
-            } else {
-                for (var d = 0u; d < hd; d++) {
-                    dot += q_sh[d] * k_at(row, col + d, kv_width);
-                }
-            }
-            s = softcapped(dot * scale);
+            s = softcapped(dot_ggml_f16(row, col, hd, kv_width) * scale);
         }
         scores[tid] = s;
         workgroupBarrier();
         let count = min(WG, end - tile);
-        if (f16_path) {
-            // Key by key as the CPU's small-batch path: one-pass online softmax with the output
-            // accumulator kept at f16 precision.
-            for (var r = 0u; r < count; r++) {
-                let s = scores[r];
-                var ms = 1.0;
-                var vs = 1.0;
-                if (s > m) {
-                    ms = exp(m - s);
-                    m = s;
-                    for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-                        acc[u] = round_f16(acc[u] * ms);
-                    }
-                } else {
-                    vs = exp(s - m);
-                }
-                let vrow = rows[r];
+        // Key by key: one-pass online softmax with the output accumulator kept at f16 precision.
+        for (var r = 0u; r < count; r++) {
+            let s = scores[r];
+            var ms = 1.0;
+            var vs = 1.0;
+            if (s > m) {
+                ms = exp(m - s);
+                m = s;
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-                    let d = tid + u * WG;
-                    if (d < hd) {
-                        acc[u] = round_f16(fma(v_at(vrow, col + d, kv_width), vs, acc[u]));
-                    }
+                    acc[u] = round_f16(acc[u] * ms);
                 }
-                l = fma(l, ms, vs);
+            } else {
+                vs = exp(s - m);
             }
-            workgroupBarrier();
-            continue;
-        }
-        var tile_max = m;
-        for (var r = 0u; r < count; r++) {
-            tile_max = max(tile_max, scores[r]);
-        }
-        let correction = exp(m - tile_max);
-        l = l * correction;
-        for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-            acc[u] = acc[u] * correction;
-        }
-        for (var r = 0u; r < count; r++) {
-            let w = exp(scores[r] - tile_max);
-            l += w;
             let vrow = rows[r];
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                 let d = tid + u * WG;
                 if (d < hd) {
-                    acc[u] += w * v_at(vrow, col + d, kv_width);
+                    acc[u] = round_f16(fma(v_at(vrow, col + d, kv_width), vs, acc[u]));
                 }
             }
+            l = fma(l, ms, vs);
         }
-        m = tile_max;
         workgroupBarrier();
     }
     if (!valid) {
