@@ -4,6 +4,7 @@ use crate::{fetch, ModelArgs};
 use anyhow::{bail, Context, Result};
 use hearth_core::backend::Backend;
 use hearth_core::engine::{Engine, EngineOptions};
+use hearth_core::kv::KvType;
 use hearth_core::gguf::GgufFile;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -58,7 +59,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
         bar
     };
-    let options = EngineOptions { n_ctx: args.ctx_size, ..EngineOptions::default() };
+    let options = engine_options(args, 1)?;
     let engine = Engine::load(&file, backend(args)?, &options, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -66,6 +67,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     .with_context(|| format!("loading {}", path.display()))?;
     bar.finish_and_clear();
     Ok(Loaded { engine, path, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// Engine options from the command line, for `max_sequences` concurrent requests.
+pub fn engine_options(args: &ModelArgs, max_sequences: usize) -> Result<EngineOptions> {
+    let kv_type = KvType::parse(&args.kv_type)?;
+    Ok(EngineOptions { n_ctx: args.ctx_size, kv_type, kv_memory: args.kv_memory, max_sequences, ..EngineOptions::default() })
 }
 
 /// Tokenizes text produced by a chat template: the template writes BOS itself when the model

@@ -59,9 +59,32 @@ pub struct ModelArgs {
     /// Context size in tokens (default: min(training context, 4096)).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
+    /// How the KV cache stores keys and values: f16 (default), q8_0 (about half the memory) or
+    /// f32. q8_0 costs quality on some models (see docs/BENCHMARKS.md).
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: String,
+    /// Bytes for the KV cache (suffixes K, M, G); default: room for the whole context (per
+    /// concurrent request when serving). The context that fits is printed at load.
+    #[arg(long = "kv-memory", value_parser = parse_bytes)]
+    pub kv_memory: Option<u64>,
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// "512M", "2G", "1048576" → bytes.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len()));
+    let value: f64 = digits.parse().map_err(|_| format!("'{text}' is not a size (e.g. 512M, 2G)"))?;
+    let scale = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1u64,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        other => return Err(format!("unknown size unit '{other}' (use K, M or G)")),
+    };
+    Ok((value * scale as f64) as u64)
 }
 
 fn main() {

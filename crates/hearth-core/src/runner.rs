@@ -55,6 +55,9 @@ impl Runner {
                 layout.k_width
             )));
         }
+        // A sequence can never hold more positions than the global groups' pools.
+        let pool_positions = groups.iter().filter(|g| g.window.is_none()).map(|g| g.n_blocks * block_size).min().unwrap_or(usize::MAX);
+        let n_ctx = n_ctx.min(pool_positions);
         let kv_id = backend.alloc_kv(layout.clone())?;
         let kv = KvManager::new(block_size, groups, ROLLBACK_MARGIN)?;
         Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), steps: 0, logits: Vec::new(), n_ctx, tokens_scratch: Vec::new() })
