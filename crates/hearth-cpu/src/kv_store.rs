@@ -6,7 +6,7 @@
 use crate::CpuError;
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::SeqStep;
-use hearth_core::kv::BlockCopy;
+use hearth_core::kv::{hadamard32, BlockCopy};
 use hearth_core::quant::{dequantize_row, quantize_row, GgmlType};
 
 struct LayerKv {
@@ -57,13 +57,25 @@ impl KvStore {
     pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32]) -> Result<(), CpuError> {
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
+        let rotate = self.layout.kv_type.rotates();
+        let (mut k_rot, mut v_rot) = (Vec::new(), Vec::new());
         let mut t = 0;
         for seq in seqs {
             for pos in seq.pos0..seq.pos0 + seq.n_tokens {
                 let slot = self.slot(seq, g, pos);
+                let (mut k_src, mut v_src) = (&k[t * kw..(t + 1) * kw], &v[t * vw..(t + 1) * vw]);
+                if rotate {
+                    k_rot.clear();
+                    k_rot.extend_from_slice(k_src);
+                    hadamard32(&mut k_rot);
+                    v_rot.clear();
+                    v_rot.extend_from_slice(v_src);
+                    hadamard32(&mut v_rot);
+                    (k_src, v_src) = (&k_rot, &v_rot);
+                }
                 let l = &mut self.layers[layer];
-                quantize_row(self.ty, &k[t * kw..(t + 1) * kw], &mut l.k[slot * self.k_row..(slot + 1) * self.k_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
-                quantize_row(self.ty, &v[t * vw..(t + 1) * vw], &mut l.v[slot * self.v_row..(slot + 1) * self.v_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+                quantize_row(self.ty, k_src, &mut l.k[slot * self.k_row..(slot + 1) * self.k_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+                quantize_row(self.ty, v_src, &mut l.v[slot * self.v_row..(slot + 1) * self.v_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
                 t += 1;
             }
         }
@@ -83,6 +95,11 @@ impl KvStore {
             let slot = self.slot(seq, g, pos);
             dequantize_row(self.ty, &l.k[slot * self.k_row..(slot + 1) * self.k_row], &mut k_out[i * kw..(i + 1) * kw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
             dequantize_row(self.ty, &l.v[slot * self.v_row..(slot + 1) * self.v_row], &mut v_out[i * vw..(i + 1) * vw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+        }
+        if self.layout.kv_type.rotates() {
+            // The rotation is its own inverse.
+            hadamard32(k_out);
+            hadamard32(v_out);
         }
         Ok(())
     }

@@ -48,6 +48,13 @@ impl KvType {
         }
     }
 
+    /// Quantized types store each 32-value block rotated by [`hadamard32`]: the rotation spreads
+    /// a block's outlier channels (Qwen's keys have a few huge ones) over all 32 values, so the
+    /// block scale no longer drowns the small ones. Dot products are unchanged (orthonormal).
+    pub fn rotates(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
+    }
+
     /// Bytes of one stored row of `width` values; `None` if a quantized type does not divide it.
     pub fn row_bytes(self, width: usize) -> Option<usize> {
         self.ggml_type().row_bytes(width).ok()
@@ -62,4 +69,24 @@ pub struct KvGroup {
     /// Sliding window of these layers (None: they see the whole context).
     pub window: Option<usize>,
     pub n_blocks: usize,
+}
+
+/// In-place orthonormal Walsh-Hadamard transform of each 32-value block of `row` (its own
+/// inverse): butterflies of stride 1, 2, 4, 8, 16, then a 1/sqrt(32) scale.
+pub fn hadamard32(row: &mut [f32]) {
+    const SCALE: f32 = 0.176_776_69; // 1 / sqrt(32)
+    for block in row.chunks_exact_mut(32) {
+        let mut h = 1;
+        while h < 32 {
+            for i in (0..32).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (block[j], block[j + h]);
+                    block[j] = a + b;
+                    block[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        block.iter_mut().for_each(|v| *v *= SCALE);
+    }
 }

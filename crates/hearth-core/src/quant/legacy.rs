@@ -102,6 +102,23 @@ pub(super) fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// ggml's `quantize_row_q4_0_ref`: the value of largest magnitude maps to -8, `d = max / -8`,
+/// `q = min(15, trunc(x / d + 8.5))` (used for the q4_0 KV cache).
+pub(super) fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
+    for (x, block) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(GgmlType::Q4_0.block_bytes())) {
+        let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        for j in 0..QK / 2 {
+            // x * id + 8.5 is at least 0.5, so C's truncating cast is a floor here.
+            let lo = ((x[j] * id + 8.5) as i8).min(15) as u8;
+            let hi = ((x[j + QK / 2] * id + 8.5) as i8).min(15) as u8;
+            block[2 + j] = lo | (hi << 4);
+        }
+    }
+}
+
 /// Integer dot of one 32-element block of codes (already offset) with a Q8 block's `qs`.
 #[inline]
 fn block_isum(codes: &[u8; QK], offset: i32, q8: &[u8]) -> i32 {

@@ -190,13 +190,15 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Converts an f32 row to `ty` (used for activations: Q8_0, Q8_1, Q8_K, F16, BF16, F32;
+/// Converts an f32 row to `ty` (activations: Q8_0, Q8_1, Q8_K, F16, BF16, F32; the KV cache:
+/// also Q4_0;
 /// and for test fixtures of every type that has a quantizer here).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     check_row(ty, src.len(), dst.len(), "quantize_row")?;
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::quantize(ty, src, dst),
         GgmlType::Q8_0 | GgmlType::Q8_1 => legacy::quantize(ty, src, dst),
+        GgmlType::Q4_0 => legacy::quantize_q4_0(src, dst),
         GgmlType::Q8_K => kquants::quantize_q8_k(src, dst),
         other => {
             return Err(CoreError::UnsupportedTensorType {
