@@ -3,13 +3,16 @@
 //! models do not cover — llama (MHA, and GQA with Q8_0), qwen3 (q/k norm, GQA, Q4_K/Q6_K), qwen2
 //! with MQA and biases, gemma3 with an 8-token sliding window that the 45-64-token sequences cross.
 //! Models and references are in the repository, so this runs with no download. Rules:
-//! tests/support/golden.rs. Unquantized models must agree to 0.02 nats; quantized ones carry
-//! llama.cpp's activation-quantization noise and get the real models' bounds.
+//! tests/support/golden.rs. Unquantized models must agree to 0.03 nats at worst (0.005 on
+//! average): llama.cpp's decode attention rounds its V accumulator to f16 at every key, ours
+//! stays in f32 (one batch-invariant path, see crates/hearth-cpu/src/attention.rs), which
+//! moves the worst log-prob by ~0.02. Quantized ones carry llama.cpp's activation-quantization
+//! noise and get the real models' bounds.
 
 use hearth_tests::golden::{compare_with_llama_cpp, Tolerance};
 use hearth_tests::*;
 
-const EXACT: Tolerance = Tolerance { mean_logprob: 0.005, max_logprob: 0.02, decisive_margin: 0.02 };
+const EXACT: Tolerance = Tolerance { mean_logprob: 0.005, max_logprob: 0.03, decisive_margin: 0.02 };
 const QUANTIZED: Tolerance = Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.3 };
 
 fn check(stem: &str, tol: Tolerance) {

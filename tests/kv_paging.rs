@@ -132,15 +132,26 @@ fn a_request_beyond_the_kv_budget_gets_a_typed_error_and_changes_nothing() {
     let probe = cpu_runner(QWEN_05B, &options(1)).1;
     let per_token = probe.kv_layout().bytes_per_token() as u64;
     drop(probe);
-    let (_file, mut runner) = cpu_runner(QWEN_05B, &EngineOptions { kv_memory: Some(64 * per_token), ..options(1) });
+    let (_file, mut runner) = cpu_runner(QWEN_05B, &EngineOptions { kv_memory: Some(64 * per_token), ..options(2) });
     assert_eq!(runner.kv_layout().groups[0].n_blocks, 4);
-    let seq = runner.kv_mut().add_sequence();
+    // One sequence can never exceed the pool: the context is capped to it.
+    assert_eq!(runner.n_ctx(), 64);
+    let first = runner.kv_mut().add_sequence();
     let prompt: Vec<u32> = (0..70).collect();
-    match runner.step(&[BatchEntry { seq, tokens: &prompt }], LogitsMode::Last) {
-        Err(hearth_core::CoreError::KvExhausted { needed_blocks: 5, available_blocks: 4, .. }) => {}
+    match runner.step(&[BatchEntry { seq: first, tokens: &prompt }], LogitsMode::Last) {
+        Err(hearth_core::CoreError::ContextOverflow { needed: 70, capacity: 64 }) => {}
+        other => panic!("expected ContextOverflow, got {:?}", other.map(|l| l.len())),
+    }
+    // Two sequences compete for the pool: the second finds 1 of the 4 blocks left.
+    runner.step(&[BatchEntry { seq: first, tokens: &prompt[..40] }], LogitsMode::Last).expect("fits");
+    let second = runner.kv_mut().add_sequence();
+    let before = runner.kv().pool_stats();
+    match runner.step(&[BatchEntry { seq: second, tokens: &prompt[..20] }], LogitsMode::Last) {
+        Err(hearth_core::CoreError::KvExhausted { needed_blocks: 2, available_blocks: 1, total_blocks: 4, .. }) => {}
         other => panic!("expected KvExhausted, got {:?}", other.map(|l| l.len())),
     }
-    assert_eq!(runner.kv().len(seq), 0);
-    assert_eq!(runner.kv().used_blocks(), 0);
-    runner.step(&[BatchEntry { seq, tokens: &prompt[..60] }], LogitsMode::Last).expect("a prompt that fits");
+    assert_eq!(runner.kv().pool_stats(), before, "a failed step must not change the pool");
+    assert_eq!(runner.kv().len(second), 0);
+    runner.kv_mut().remove_sequence(first);
+    runner.step(&[BatchEntry { seq: second, tokens: &prompt[..20] }], LogitsMode::Last).expect("fits once the first ended");
 }

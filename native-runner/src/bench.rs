@@ -25,15 +25,20 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Measure time to first token with this many prompt tokens already in the prefix cache
+    /// (vs computed from scratch); --prompt-tokens is then the new suffix.
+    #[arg(long = "cached-prefix", default_value_t = 0)]
+    pub cached_prefix: usize,
 }
 
 #[derive(serde::Serialize)]
-struct Stat {
-    mean: f64,
-    sd: f64,
+pub(crate) struct Stat {
+    pub
+mean: f64,
+    pub sd: f64,
 }
 
-fn stat(v: &[f64]) -> Stat {
+pub(crate) fn stat(v: &[f64]) -> Stat {
     let n = v.len().max(1) as f64;
     let mean = v.iter().sum::<f64>() / n;
     let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
@@ -61,6 +66,9 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
+    if args.cached_prefix > 0 {
+        return crate::bench_prefix::bench_cached_prefix(&args);
+    }
     if args.prompt_tokens == 0 || args.reps == 0 {
         bail!("--prompt-tokens and --reps must be at least 1");
     }

@@ -1,6 +1,7 @@
 //! `hearth`: run, chat with, benchmark and fetch GGUF models.
 
 mod bench;
+mod bench_prefix;
 mod chat;
 mod fetch;
 mod load;

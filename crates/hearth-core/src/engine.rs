@@ -168,6 +168,11 @@ impl Session {
         let _ = self.runner.kv_mut().truncate(self.seq, 0);
     }
 
+    /// Forgets every cached block not used by this session (for cold-start measurements).
+    pub fn clear_prefix_cache(&mut self) {
+        self.runner.kv_mut().clear_cache();
+    }
+
     /// Keeps the longest part of `prompt` whose K/V are already stored — from this session's
     /// history, then from the prefix cache — leaving at least one token to evaluate. Returns the
     /// number of prompt tokens kept.
