@@ -189,6 +189,8 @@ fn report(
     seed: u64,
 ) -> serde_json::Value {
     let t = &g.timings;
+    let session = engine.session();
+    let layout = session.runner().kv_layout();
     serde_json::json!({
         "model": path.display().to_string(),
         "backend": engine.session().backend().name(),
@@ -204,5 +206,14 @@ fn report(
         "prompt_ms": t.prompt_ms,
         "decode_ms": t.decode_ms,
         "speculative": g.speculative,
+        // Prompt tokens whose K/V were reused (session history or the prefix cache).
+        "prompt_cached_tokens": g.prompt_tokens.len() - t.prompt_evaluated,
+        "prefix_hit_rate": session.runner().kv().prefix_hit_rate(),
+        "kv": {
+            "type": layout.kv_type,
+            "bytes_per_token": layout.bytes_per_token(),
+            "pool_bytes": layout.total_bytes(),
+            "n_ctx": session.n_ctx(),
+        },
     })
 }
