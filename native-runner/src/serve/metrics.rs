@@ -46,6 +46,8 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Requests accepted and not yet answered (queued, waiting or generating).
+    pub accepted: AtomicI64,
     /// Jobs in the bounded queue, not yet taken by the engine thread.
     pub queue_depth: AtomicI64,
     /// The scheduler's state after its latest step.
@@ -62,6 +64,7 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
+            accepted: AtomicI64::new(0),
             scheduler: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),

@@ -60,15 +60,15 @@ pub struct State {
 
 pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
-    let (sender, jobs) = mpsc::sync_channel(args.max_queue);
     let max_batch = args.max_batch.max(1);
+    let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
     let (model_id, model_names, prompter) = spawn_worker(&args.model, max_batch, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
     eprintln!("hearth serve: {model_id} listening on http://{address}");
     let state = Arc::new(State {
-        queue: worker::Queue::new(sender, args.max_queue, metrics.clone()),
+        queue: worker::Queue::new(sender, max_batch, args.max_queue, metrics.clone()),
         prompter,
         metrics,
         model_id,

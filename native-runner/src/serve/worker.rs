@@ -88,28 +88,38 @@ impl Prompter {
     }
 }
 
-/// The sending side of the queue, shared by the HTTP threads.
+/// The sending side of the queue, shared by the HTTP threads. It admits `max_batch + max_queue`
+/// requests at once (generating, or waiting for a place in the batch) and refuses more with 429;
+/// counting them, rather than the channel's length, keeps a burst that arrives during a long step
+/// from being refused while batch places are free.
 #[derive(Clone)]
 pub struct Queue {
     sender: SyncSender<Job>,
-    capacity: usize,
+    max_queue: usize,
+    limit: usize,
     metrics: Arc<Metrics>,
 }
 
 impl Queue {
-    pub fn new(sender: SyncSender<Job>, capacity: usize, metrics: Arc<Metrics>) -> Self {
-        Queue { sender, capacity, metrics }
+    /// The channel behind `sender` must hold `max_batch + max_queue` jobs.
+    pub fn new(sender: SyncSender<Job>, max_batch: usize, max_queue: usize, metrics: Arc<Metrics>) -> Self {
+        Queue { sender, max_queue, limit: max_batch + max_queue, metrics }
     }
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.metrics.accepted.fetch_add(1, Ordering::SeqCst) >= self.limit as i64 {
+            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::queue_full(self.max_queue));
+        }
         self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
         let result = self.sender.try_send(job);
         if result.is_err() {
             self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
         }
         match result {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(ApiError::queue_full(self.capacity)),
+            Err(TrySendError::Full(_)) => Err(ApiError::queue_full(self.max_queue)),
             Err(TrySendError::Disconnected(_)) => Err(ApiError::internal("The engine has stopped.")),
         }
     }
@@ -152,11 +162,14 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
             // Not expected (the scheduler reports per-request failures as events); fail everyone.
             gone.extend(in_flight.keys().copied());
             for (_, request) in in_flight.drain() {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
                 let _ = request.events.send(Event::Failed(ApiError::internal(format!("Generation failed: {e}"))));
             }
         }
         for id in gone {
-            in_flight.remove(&id);
+            if in_flight.remove(&id).is_some() {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            }
             if scheduler.cancel(id).is_some() {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             }
@@ -174,6 +187,7 @@ fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight
             in_flight.insert(id, InFlight { events: job.events, queued_s, prompt_tokens });
         }
         Err(e) => {
+            metrics.accepted.fetch_sub(1, Ordering::SeqCst);
             let _ = job.events.send(Event::Failed(api_error(&e)));
         }
     }
@@ -196,6 +210,7 @@ fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, me
         }
         SchedulerEvent::Finished { id, generation } => {
             let Some(request) = in_flight.remove(&id) else { return };
+            metrics.accepted.fetch_sub(1, Ordering::SeqCst);
             // The scheduler's TTFT runs from its submit; add the time spent in the queue.
             let ttft = (!generation.tokens.is_empty()).then(|| request.queued_s + generation.timings.ttft_ms / 1e3);
             metrics.record_generation(request.prompt_tokens, generation.tokens.len(), ttft, &generation.timings.itl_ms);
@@ -203,6 +218,7 @@ fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, me
         }
         SchedulerEvent::Failed { id, error } => {
             if let Some(request) = in_flight.remove(&id) {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
                 let _ = request.events.send(Event::Failed(api_error(&error)));
             }
         }
