@@ -1,5 +1,6 @@
 //! `hearth bench`: prefill and decode throughput on synthetic prompts, llama-bench style
-//! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times.
+//! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times. With
+//! `--server URL` it load-tests a running server instead (see [`crate::bench_server`]).
 
 use crate::load::{self, Loaded};
 use crate::ModelArgs;
@@ -25,6 +26,8 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub server: crate::bench_server::ServerBenchArgs,
 }
 
 #[derive(serde::Serialize)]
@@ -61,6 +64,9 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(url) = &args.server.server {
+        return crate::bench_server::run(url, &args.server, args.json);
+    }
     if args.prompt_tokens == 0 || args.reps == 0 {
         bail!("--prompt-tokens and --reps must be at least 1");
     }
