@@ -332,3 +332,46 @@ fn print_report(r: &Value) {
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_across_reads_and_line_endings() {
+        let mut events = SseEvents { pending: String::new() };
+        assert!(events.push("data: {\"a\"").is_empty());
+        assert_eq!(events.push(":1}\r\n\r\ndata: [DONE]\n"), vec!["{\"a\":1}".to_string()]);
+        assert_eq!(events.push("\n"), vec!["[DONE]".to_string()]);
+    }
+
+    #[test]
+    fn percentiles_interpolate_between_ranks() {
+        let v = [10.0, 20.0, 30.0, 40.0, 50.0];
+        assert_eq!(percentile(&v, 50.0), 30.0);
+        assert!((percentile(&v, 99.0) - 49.6).abs() < 1e-9);
+        assert_eq!(percentile(&v, 0.0), 10.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn server_urls_resolve_to_the_v1_paths() {
+        let args = |endpoint: &str| ServerBenchArgs {
+            server: None,
+            concurrency: 1,
+            requests: 1,
+            prompt_len: 4,
+            gen_len: 4,
+            slo_ttft_ms: None,
+            slo_itl_ms: None,
+            endpoint: endpoint.to_string(),
+            api_key: None,
+        };
+        let t = target(&args("chat"), "http://127.0.0.1:8080").expect("target");
+        assert_eq!((t.host_port.as_str(), t.path.as_str()), ("127.0.0.1:8080", "/v1/chat/completions"));
+        let t = target(&args("completions"), "http://localhost:9/v1/").expect("target");
+        assert_eq!((t.host_port.as_str(), t.path.as_str()), ("localhost:9", "/v1/completions"));
+        assert!(target(&args("chat"), "https://x").is_err());
+        assert!(target(&args("embeddings"), "http://x:1").is_err());
+    }
+}
