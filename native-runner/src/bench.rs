@@ -1,5 +1,6 @@
 //! `hearth bench`: prefill and decode throughput on synthetic prompts, llama-bench style
-//! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times.
+//! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times. With
+//! `--server URL` it load-tests a running server instead (see [`crate::bench_server`]).
 
 use crate::load::{self, Loaded};
 use crate::ModelArgs;
@@ -29,6 +30,8 @@ pub struct BenchArgs {
     /// (vs computed from scratch); --prompt-tokens is then the new suffix.
     #[arg(long = "cached-prefix", default_value_t = 0)]
     pub cached_prefix: usize,
+    #[command(flatten)]
+    pub server: crate::bench_server::ServerBenchArgs,
 }
 
 #[derive(serde::Serialize)]
@@ -66,6 +69,9 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(url) = &args.server.server {
+        return crate::bench_server::run(url, &args.server, args.json);
+    }
     if args.cached_prefix > 0 {
         return crate::bench_prefix::bench_cached_prefix(&args);
     }

@@ -5,7 +5,10 @@ use anyhow::{bail, Context, Result};
 use hearth_core::backend::Backend;
 use hearth_core::engine::{Engine, EngineOptions};
 use hearth_core::kv::KvType;
+use hearth_core::chat::ChatTemplate;
 use hearth_core::gguf::GgufFile;
+use hearth_core::runner::Runner;
+use hearth_core::tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -75,10 +78,35 @@ pub fn engine_options(args: &ModelArgs, max_sequences: usize) -> Result<EngineOp
     Ok(EngineOptions { n_ctx: args.ctx_size, kv_type, kv_memory: args.kv_memory, max_sequences, ..EngineOptions::default() })
 }
 
+/// A multi-sequence [`Runner`] (for the batching scheduler) with its tokenizer and chat template.
+pub struct LoadedRunner {
+    pub runner: Runner,
+    pub tokenizer: Tokenizer,
+    /// A second tokenizer for threads other than the runner's (Tokenizer is not Clone).
+    pub tokenizer_copy: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub path: PathBuf,
+    pub options: EngineOptions,
+}
+
+/// Loads the model with a KV pool for `max_sequences` concurrent sequences (no progress bar).
+pub fn load_runner(args: &ModelArgs, max_sequences: usize) -> Result<LoadedRunner> {
+    let (file, path) = open(args)?;
+    let options = engine_options(args, max_sequences)?;
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
+    let tokenizer_copy = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
+    let chat_template = ChatTemplate::from_gguf(&file.metadata).context("reading the chat template")?;
+    let runner = Runner::load(&file, backend(args)?, &options, &mut |_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    Ok(LoadedRunner { runner, tokenizer, tokenizer_copy, chat_template, path, options })
+}
+
 /// Tokenizes text produced by a chat template: the template writes BOS itself when the model
 /// wants it, so the tokenizer must not add a second one.
 pub fn tokenize_prompt(engine: &Engine, text: &str, templated: bool) -> Result<Vec<u32>> {
-    let tok = engine.tokenizer();
+    tokenize_with(engine.tokenizer(), text, templated)
+}
+
+pub fn tokenize_with(tok: &Tokenizer, text: &str, templated: bool) -> Result<Vec<u32>> {
     let mut add_bos = tok.add_bos_default();
     if templated {
         if let Some(bos) = tok.bos() {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_prefix;
+mod bench_server;
 mod chat;
 mod fetch;
 mod load;
@@ -25,7 +26,7 @@ enum Command {
     Chat(chat::ChatArgs),
     /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
     Serve(serve::ServeArgs),
-    /// Measure prefill and decode speed.
+    /// Measure prefill and decode speed, or load-test a server (--server URL).
     Bench(bench::BenchArgs),
     /// List or fetch the built-in models.
     Models {

@@ -1,5 +1,5 @@
 //! `hearth serve` end to end over real HTTP: OpenAI-shaped errors for bad input, outputs equal to
-//! `hearth run` (requests are served one at a time from an empty cache, so greedy and seeded
+//! `hearth run` (batching and the prefix cache do not change results, so greedy and seeded
 //! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
 //! /v1/models, /health, /metrics, and the official `openai` Python client.
 
@@ -109,7 +109,12 @@ fn chat_equals_hearth_run_streaming_and_not() {
     assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
     let last = chunks.last().expect("usage chunk");
     assert_eq!(last["choices"], json!([]));
-    assert_eq!(last["usage"], body["usage"]);
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][field], body["usage"][field], "{field}");
+    }
+    // The same prompt again: its full blocks are in the prefix cache now.
+    let cached = last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+    assert!(cached > 0 && cached <= n_prompt as u64, "cached_tokens {cached} of {n_prompt}");
     // Without include_usage no chunk carries usage.
     let (_, _, chunks) = streamed(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"stream": true}))));
     assert!(chunks.iter().all(|c| c.get("usage").is_none()));
@@ -193,6 +198,13 @@ fn models_health_and_metrics() {
     assert!(metrics.contains("hearth_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
     assert!(metrics.contains("# TYPE hearth_queue_depth gauge"));
     assert!(metrics.contains("hearth_requests_cancelled_total"));
+    for gauge in ["hearth_requests_running", "hearth_requests_waiting", "hearth_kv_blocks_used", "hearth_kv_blocks_total", "hearth_prefix_cache_hit_rate"] {
+        assert!(metrics.contains(&format!("# TYPE {gauge} gauge")), "{gauge} missing");
+    }
+    assert!(value("hearth_kv_blocks_total") > 0.0);
+    assert!(metrics.contains("# TYPE hearth_preemptions_total counter"));
+    let health = request(addr, "GET", "/health", None, "").json();
+    assert!(health["kv_blocks_used"].is_u64() && health["running"].is_u64() && health["waiting"].is_u64(), "{health}");
 }
 
 /// Polls /metrics until `name` has `value`.
@@ -210,7 +222,8 @@ fn wait_for_metric(addr: &str, name: &str, value: &str) {
 
 #[test]
 fn full_queue_refuses_and_disconnect_cancels() {
-    let server = Server::start(&["--max-queue", "1"]);
+    // One request generates at a time, so the next waits in the queue of one.
+    let server = Server::start(&["--max-queue", "1", "--max-batch", "1"]);
     let addr = server.addr.as_str();
     // Long generations: end-of-text tokens banned so each runs for its full max_tokens.
     let long = chat_body(400, json!({"stream": true, "logit_bias": {"151643": -100, "151645": -100}})).to_string();

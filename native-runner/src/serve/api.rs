@@ -27,7 +27,8 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-/// The fields shared by both endpoints (OpenAI names; `top_k` and `min_p` are extensions).
+/// The fields shared by both endpoints (OpenAI names; `top_k`, `min_p` and `ignore_eos` are
+/// extensions).
 #[derive(Deserialize, Default)]
 struct RequestBody {
     model: Option<String>,
@@ -48,6 +49,9 @@ struct RequestBody {
     stream_options: Option<StreamOptions>,
     n: Option<i64>,
     logprobs: Option<Value>,
+    /// Extension (as in llama-server): keep generating through end-of-generation tokens, so a
+    /// request yields exactly `max_tokens` tokens (for benchmarks).
+    ignore_eos: Option<bool>,
 }
 
 pub enum PromptInput {
@@ -121,7 +125,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         model: body.model,
         prompt,
         max_tokens,
-        options: GenerateOptions { max_tokens: 0, sampling, stop, ignore_eos: false },
+        options: GenerateOptions { max_tokens: 0, sampling, stop, ignore_eos: body.ignore_eos.unwrap_or(false) },
         stream,
         include_usage: stream && body.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     })

@@ -29,19 +29,23 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         }
     }
     let (stream, include_usage) = (parsed.stream, parsed.include_usage);
+    let (prompt, options) = match state.prompter.prepare(&parsed) {
+        Ok(prepared) => prepared,
+        Err(e) => return respond_error(request, &e),
+    };
     let (sender, events) = mpsc::channel();
-    if let Err(e) = state.queue.submit(Job { request: parsed, events: sender, received }) {
+    if let Err(e) = state.queue.submit(Job { prompt, options, events: sender, received }) {
         return respond_error(request, &e);
     }
-    // Nothing is sent before the worker accepts the prompt, so its errors keep their status.
-    let prompt_tokens = match events.recv() {
-        Ok(Event::Started { prompt_tokens }) => prompt_tokens,
+    // Nothing is sent before the scheduler admits the prompt, so its errors keep their status.
+    let tokens = match events.recv() {
+        Ok(Event::Started { prompt_tokens, cached_tokens }) => PromptTokens { total: prompt_tokens, cached: cached_tokens },
         Ok(Event::Failed(e)) => return respond_error(request, &e),
         _ => return respond_error(request, &ApiError::internal("The engine stopped before answering.")),
     };
     let reply = Reply { id: next_id(endpoint), endpoint, model: state.model_id.clone(), created: unix_now() };
     if stream {
-        stream_events(request, &reply, &events, prompt_tokens, include_usage)
+        stream_events(request, &reply, &events, tokens, include_usage)
     } else {
         let mut generation = None;
         for event in events.iter() {
@@ -52,7 +56,7 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
             }
         }
         match generation {
-            Some(g) => respond_json(request, 200, &reply.full(&g)),
+            Some(g) => respond_json(request, 200, &reply.full(&g, tokens)),
             None => respond_error(request, &ApiError::internal("The engine stopped before finishing.")),
         }
     }
@@ -80,7 +84,7 @@ impl Reply {
     }
 
     /// The non-streaming answer.
-    fn full(&self, g: &Generation) -> Value {
+    fn full(&self, g: &Generation, prompt: PromptTokens) -> Value {
         let finish = finish_reason(g.finish_reason);
         let choice = match self.endpoint {
             Endpoint::Chat => {
@@ -89,7 +93,7 @@ impl Reply {
             Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": finish}),
         };
         let mut body = self.envelope(false, json!([choice]));
-        body["usage"] = usage(g.prompt_tokens.len(), g.tokens.len());
+        body["usage"] = usage(prompt, g.tokens.len());
         body
     }
 
@@ -105,8 +109,20 @@ impl Reply {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// A request's prompt length and how much of it the prefix cache already held.
+#[derive(Clone, Copy)]
+struct PromptTokens {
+    total: usize,
+    cached: usize,
+}
+
+fn usage(prompt: PromptTokens, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt.total,
+        "completion_tokens": completion,
+        "total_tokens": prompt.total + completion,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached},
+    })
 }
 
 fn finish_reason(reason: FinishReason) -> &'static str {
@@ -119,7 +135,7 @@ fn finish_reason(reason: FinishReason) -> &'static str {
 /// Server-sent events over a chunked HTTP/1.1 response written by hand: tiny_http buffers response
 /// bodies, and every token must reach the client at once. A failed write means the client went
 /// away: returning drops `events`, so the worker's next send fails and the generation is cancelled.
-fn stream_events(request: tiny_http::Request, reply: &Reply, events: &Receiver<Event>, prompt_tokens: usize, include_usage: bool) -> u16 {
+fn stream_events(request: tiny_http::Request, reply: &Reply, events: &Receiver<Event>, prompt_tokens: PromptTokens, include_usage: bool) -> u16 {
     let mut out = SseWriter { inner: request.into_writer() };
     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
     if out.raw(head.as_bytes()).is_err() {

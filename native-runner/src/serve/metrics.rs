@@ -1,5 +1,6 @@
 //! Prometheus counters, gauges and histograms for `GET /metrics` (text exposition format 0.0.4).
 
+use hearth_core::scheduler::SchedulerStats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -45,8 +46,12 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Requests accepted and not yet answered (queued, waiting or generating).
+    pub accepted: AtomicI64,
+    /// Jobs in the bounded queue, not yet taken by the engine thread.
     pub queue_depth: AtomicI64,
-    pub running: AtomicI64,
+    /// The scheduler's state after its latest step.
+    scheduler: Mutex<SchedulerStats>,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
 }
@@ -59,7 +64,8 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
-            running: AtomicI64::new(0),
+            accepted: AtomicI64::new(0),
+            scheduler: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
         }
@@ -86,6 +92,21 @@ impl Metrics {
         }
     }
 
+    pub fn set_scheduler(&self, stats: SchedulerStats) {
+        if let Ok(mut s) = self.scheduler.lock() {
+            *s = stats;
+        }
+    }
+
+    pub fn scheduler(&self) -> SchedulerStats {
+        self.scheduler.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Requests waiting to run: in the queue, or admitted but waiting for KV blocks.
+    pub fn waiting(&self) -> u64 {
+        self.queue_depth.load(Ordering::SeqCst).max(0) as u64 + self.scheduler().waiting as u64
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str("# HELP hearth_requests_total HTTP requests by endpoint and status code.\n# TYPE hearth_requests_total counter\n");
@@ -102,13 +123,20 @@ impl Metrics {
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
         }
+        let stats = self.scheduler();
         let gauges = [
-            ("hearth_queue_depth", "Requests waiting for the engine.", &self.queue_depth),
-            ("hearth_requests_running", "Requests being generated.", &self.running),
+            ("hearth_queue_depth", "Requests in the queue, not yet taken by the engine.", self.queue_depth.load(Ordering::SeqCst).to_string()),
+            ("hearth_requests_running", "Requests in the running batch.", stats.running.to_string()),
+            ("hearth_requests_waiting", "Requests waiting: queued, or admitted but waiting for KV blocks.", self.waiting().to_string()),
+            ("hearth_kv_blocks_used", "KV cache blocks in use.", stats.kv_blocks_used.to_string()),
+            ("hearth_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total.to_string()),
+            ("hearth_prefix_cache_hit_rate", "Share of looked-up prompt blocks found in the prefix cache.", stats.prefix_hit_rate.to_string()),
         ];
         for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", value.load(Ordering::Relaxed));
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }
+        let name = "hearth_preemptions_total";
+        let _ = writeln!(out, "# HELP {name} Requests preempted (KV dropped, recomputed later) for lack of KV blocks.\n# TYPE {name} counter\n{name} {}", stats.preemptions);
         if let Ok(h) = self.ttft.lock() {
             h.render(&mut out, "hearth_time_to_first_token_seconds", "Time from request arrival to the first token.");
         }

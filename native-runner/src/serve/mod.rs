@@ -1,8 +1,9 @@
-//! `hearth serve`: an OpenAI-compatible HTTP server. One engine serves requests one at a time from
-//! a bounded queue (continuous batching needs the paged KV cache, which does not exist yet).
+//! `hearth serve`: an OpenAI-compatible HTTP server with continuous batching: up to `--max-batch`
+//! requests generate together (a [`Scheduler`](hearth_core::scheduler::Scheduler) over a paged KV
+//! cache whose prefix cache serves repeated prompt prefixes); more wait in a bounded queue.
 //!
-//! Threads: the accept loop spawns one thread per request (parsing, waiting, streaming); one worker
-//! thread owns the [`Engine`](hearth_core::engine::Engine) and runs the queued jobs.
+//! Threads: the accept loop spawns one thread per request (parsing, tokenizing, waiting,
+//! streaming); one worker thread owns the scheduler and runs every step.
 
 mod api;
 mod completion;
@@ -16,6 +17,7 @@ use anyhow::{anyhow, Context, Result};
 use api::Endpoint;
 use clap::Args;
 use error::ApiError;
+use hearth_core::scheduler::{Scheduler, SchedulerOptions};
 use metrics::Metrics;
 use serde_json::json;
 use std::io::Read;
@@ -35,14 +37,19 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/ endpoints.
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
-    /// Requests that may wait for the engine; more are refused with 429.
+    /// Requests that may wait for a place in the batch; more are refused with 429.
     #[arg(long = "max-queue", default_value_t = 16)]
     pub max_queue: usize,
+    /// Requests generated together (continuous batching); the KV pool is sized for this many
+    /// full contexts unless --kv-memory says otherwise.
+    #[arg(long = "max-batch", default_value_t = 8)]
+    pub max_batch: usize,
 }
 
 /// What every request thread shares.
 pub struct State {
     queue: worker::Queue,
+    prompter: worker::Prompter,
     metrics: Arc<Metrics>,
     /// The id reported by /v1/models.
     model_id: String,
@@ -53,14 +60,16 @@ pub struct State {
 
 pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
-    let (sender, jobs) = mpsc::sync_channel(args.max_queue);
-    let (model_id, model_names) = spawn_worker(&args.model, jobs, metrics.clone())?;
+    let max_batch = args.max_batch.max(1);
+    let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
+    let (model_id, model_names, prompter) = spawn_worker(&args.model, max_batch, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
     eprintln!("hearth serve: {model_id} listening on http://{address}");
     let state = Arc::new(State {
-        queue: worker::Queue::new(sender, args.max_queue, metrics.clone()),
+        queue: worker::Queue::new(sender, max_batch, args.max_queue, metrics.clone()),
+        prompter,
         metrics,
         model_id,
         model_names,
@@ -74,15 +83,22 @@ pub fn serve(args: ServeArgs) -> Result<()> {
 }
 
 /// Loads the model on the worker thread (which then owns it) and waits until it is ready.
-fn spawn_worker(args: &ModelArgs, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<(String, Vec<String>)> {
-    let (ready, loaded) = mpsc::channel();
+type Loaded = (String, Vec<String>, worker::Prompter);
+
+fn spawn_worker(args: &ModelArgs, max_batch: usize, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+    let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
-    std::thread::Builder::new().name("engine".into()).spawn(move || match load::load(&args) {
+    std::thread::Builder::new().name("engine".into()).spawn(move || match load::load_runner(&args, max_batch) {
         Ok(l) => {
             let file = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem])));
-            worker::run(l.engine, jobs, metrics);
+            let n_ctx = l.runner.n_ctx();
+            let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
+            let options = SchedulerOptions { max_batch, prefill_chunk: l.options.prefill_chunk };
+            let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
+            metrics.set_scheduler(scheduler.stats());
+            let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem], prompter)));
+            worker::run(scheduler, jobs, metrics, max_batch);
         }
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -103,7 +119,7 @@ fn route(state: &State, request: tiny_http::Request) {
             ("POST", "/v1/chat/completions") => completion::handle(state, request, Endpoint::Chat, received),
             ("POST", "/v1/completions") => completion::handle(state, request, Endpoint::Completions, received),
             ("GET", "/v1/models") => respond_json(request, 200, &models(state)),
-            ("GET", "/health") => respond_json(request, 200, &json!({"status": "ok"})),
+            ("GET", "/health") => respond_json(request, 200, &health(state)),
             ("GET", "/metrics") => respond_text(request, 200, &state.metrics.render(), "text/plain; version=0.0.4"),
             (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
                 respond_error(request, &ApiError::method_not_allowed(&method, &path))
@@ -130,6 +146,17 @@ fn authorized(state: &State, request: &tiny_http::Request) -> bool {
         .find(|h| h.field.equiv("Authorization"))
         .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
         .is_some_and(|given| given.trim() == key)
+}
+
+fn health(state: &State) -> serde_json::Value {
+    let stats = state.metrics.scheduler();
+    json!({
+        "status": "ok",
+        "running": stats.running,
+        "waiting": state.metrics.waiting(),
+        "kv_blocks_used": stats.kv_blocks_used,
+        "kv_blocks_total": stats.kv_blocks_total,
+    })
 }
 
 fn models(state: &State) -> serde_json::Value {

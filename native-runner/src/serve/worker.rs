@@ -1,126 +1,236 @@
-//! The engine worker: one thread owns the [`Engine`] and serves jobs from a bounded queue, one at a
-//! time, streaming events back to the HTTP thread of each request.
+//! The engine worker: one thread owns the continuous-batching [`Scheduler`] and loops: take new
+//! jobs from the bounded queue (blocking only when idle), submit them, run one batched step, and
+//! route each request's events to its HTTP thread. A request whose HTTP thread has gone (the
+//! client disconnected, so its receiver was dropped) is cancelled at the first failed send, which
+//! frees its KV blocks at once.
 
 use super::api::{GenerationRequest, PromptInput};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use crate::load;
-use hearth_core::engine::{Engine, FinishReason, Generation};
+use hearth_core::chat::ChatTemplate;
+use hearth_core::engine::{GenerateOptions, Generation};
+use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent};
+use hearth_core::tokenizer::Tokenizer;
+use hearth_core::CoreError;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
 pub enum Event {
-    /// The prompt was accepted; generation begins.
-    Started { prompt_tokens: usize },
+    /// Admitted into the batch; `cached_tokens` of the prompt came from the prefix cache.
+    Started { prompt_tokens: usize, cached_tokens: usize },
     Delta(String),
     Done(Generation),
     Failed(ApiError),
 }
 
+/// A tokenized request that fits the context, ready for the scheduler.
 pub struct Job {
-    pub request: GenerationRequest,
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
     pub events: Sender<Event>,
     pub received: Instant,
 }
 
-/// The sending side of the queue, shared by the HTTP threads.
+/// Turns requests into prompt tokens on the HTTP threads, so that what can never fit is refused
+/// (400 context_length_exceeded) before it takes a place in the queue.
+pub struct Prompter {
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    /// Positions one sequence may hold (the runner's context, capped by the KV pool).
+    pub n_ctx: usize,
+}
+
+impl Prompter {
+    /// The prompt tokens and the options with `max_tokens` resolved: as asked, or the rest of
+    /// the context.
+    pub fn prepare(&self, request: &GenerationRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
+        let (text, templated) = match &request.prompt {
+            PromptInput::Chat(messages) => {
+                let template = self
+                    .chat_template
+                    .as_ref()
+                    .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions.", None, None))?;
+                let text = template
+                    .render(messages, true)
+                    .map_err(|e| ApiError::bad_request(format!("The chat template rejected the messages: {e}"), Some("messages"), None))?;
+                (text, true)
+            }
+            PromptInput::Text(text) => (text.clone(), false),
+        };
+        let prompt = load::tokenize_with(&self.tokenizer, &text, templated)
+            .map_err(|e| ApiError::bad_request(format!("Cannot tokenize the prompt: {e:#}"), None, None))?;
+        let n_ctx = self.n_ctx;
+        let too_long = |requested: usize| {
+            ApiError::bad_request(
+                format!(
+                    "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({} in the prompt, {requested} for the completion).",
+                    prompt.len() + requested,
+                    prompt.len()
+                ),
+                Some(if requested == 0 { "messages" } else { "max_tokens" }),
+                Some("context_length_exceeded"),
+            )
+        };
+        if prompt.len() >= n_ctx {
+            return Err(too_long(0));
+        }
+        let max_tokens = match request.max_tokens {
+            Some(n) if n > n_ctx - prompt.len() => return Err(too_long(n)),
+            Some(n) => n,
+            None => n_ctx - prompt.len(),
+        };
+        let options = GenerateOptions { max_tokens, ..request.options.clone() };
+        Ok((prompt, options))
+    }
+}
+
+/// The sending side of the queue, shared by the HTTP threads. It admits `max_batch + max_queue`
+/// requests at once (generating, or waiting for a place in the batch) and refuses more with 429;
+/// counting them, rather than the channel's length, keeps a burst that arrives during a long step
+/// from being refused while batch places are free.
 #[derive(Clone)]
 pub struct Queue {
     sender: SyncSender<Job>,
-    capacity: usize,
+    max_queue: usize,
+    limit: usize,
     metrics: Arc<Metrics>,
 }
 
 impl Queue {
-    pub fn new(sender: SyncSender<Job>, capacity: usize, metrics: Arc<Metrics>) -> Self {
-        Queue { sender, capacity, metrics }
+    /// The channel behind `sender` must hold `max_batch + max_queue` jobs.
+    pub fn new(sender: SyncSender<Job>, max_batch: usize, max_queue: usize, metrics: Arc<Metrics>) -> Self {
+        Queue { sender, max_queue, limit: max_batch + max_queue, metrics }
     }
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.metrics.accepted.fetch_add(1, Ordering::SeqCst) >= self.limit as i64 {
+            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::queue_full(self.max_queue));
+        }
         self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
         let result = self.sender.try_send(job);
         if result.is_err() {
             self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
         }
         match result {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(ApiError::queue_full(self.capacity)),
+            Err(TrySendError::Full(_)) => Err(ApiError::queue_full(self.max_queue)),
             Err(TrySendError::Disconnected(_)) => Err(ApiError::internal("The engine has stopped.")),
         }
     }
 }
 
-/// Serves jobs until every sender is gone.
-pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>) {
-    for job in jobs {
-        metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
-        metrics.running.fetch_add(1, Ordering::SeqCst);
-        let event = match generate(&mut engine, &job, &metrics) {
-            Ok(generation) => Event::Done(generation),
-            Err(e) => Event::Failed(e),
-        };
-        metrics.running.fetch_sub(1, Ordering::SeqCst);
-        // The client may be gone; nothing to do then.
-        let _ = job.events.send(event);
+/// A request inside the scheduler.
+struct InFlight {
+    events: Sender<Event>,
+    /// Time spent in the queue before the scheduler got it (TTFT counts it).
+    queued_s: f64,
+    prompt_tokens: usize,
+}
+
+/// Serves jobs until every sender is gone. At most `max_batch` requests are inside the scheduler
+/// (running or waiting for KV blocks); the rest wait in the bounded queue, which refuses with 429
+/// when full.
+pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>, max_batch: usize) {
+    let mut in_flight: HashMap<RequestId, InFlight> = HashMap::new();
+    let mut open = true;
+    loop {
+        if scheduler.is_idle() && in_flight.is_empty() {
+            if !open {
+                return;
+            }
+            match jobs.recv() {
+                Ok(job) => submit(&mut scheduler, &mut in_flight, job, &metrics),
+                Err(_) => return,
+            }
+        }
+        while open && in_flight.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => submit(&mut scheduler, &mut in_flight, job, &metrics),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        let mut gone = Vec::new();
+        let stepped = scheduler.step(&mut |event| route(event, &mut in_flight, &metrics, &mut gone));
+        if let Err(e) = stepped {
+            // Not expected (the scheduler reports per-request failures as events); fail everyone.
+            gone.extend(in_flight.keys().copied());
+            for (_, request) in in_flight.drain() {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+                let _ = request.events.send(Event::Failed(ApiError::internal(format!("Generation failed: {e}"))));
+            }
+        }
+        for id in gone {
+            if in_flight.remove(&id).is_some() {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            }
+            if scheduler.cancel(id).is_some() {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        metrics.set_scheduler(scheduler.stats());
     }
 }
 
-fn generate(engine: &mut Engine, job: &Job, metrics: &Metrics) -> Result<Generation, ApiError> {
-    let request = &job.request;
-    let (text, templated) = match &request.prompt {
-        PromptInput::Chat(messages) => {
-            let template = engine
-                .chat_template()
-                .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions.", None, None))?;
-            let text = template
-                .render(messages, true)
-                .map_err(|e| ApiError::bad_request(format!("The chat template rejected the messages: {e}"), Some("messages"), None))?;
-            (text, true)
+fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight>, job: Job, metrics: &Metrics) {
+    metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+    let prompt_tokens = job.prompt.len();
+    match scheduler.submit(job.prompt, job.options) {
+        Ok(id) => {
+            let queued_s = job.received.elapsed().as_secs_f64();
+            in_flight.insert(id, InFlight { events: job.events, queued_s, prompt_tokens });
         }
-        PromptInput::Text(text) => (text.clone(), false),
-    };
-    let prompt = load::tokenize_prompt(engine, &text, templated)
-        .map_err(|e| ApiError::bad_request(format!("Cannot tokenize the prompt: {e:#}"), None, None))?;
-    let n_ctx = engine.session().n_ctx();
-    let too_long = |requested: usize| {
-        ApiError::bad_request(
-            format!(
-                "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({} in the prompt, {requested} for the completion).",
-                prompt.len() + requested,
-                prompt.len()
-            ),
-            Some(if requested == 0 { "messages" } else { "max_tokens" }),
-            Some("context_length_exceeded"),
-        )
-    };
-    if prompt.len() >= n_ctx {
-        return Err(too_long(0));
+        Err(e) => {
+            metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            let _ = job.events.send(Event::Failed(api_error(&e)));
+        }
     }
-    let max_tokens = match request.max_tokens {
-        Some(n) if n > n_ctx - prompt.len() => return Err(too_long(n)),
-        Some(n) => n,
-        None => n_ctx - prompt.len(),
-    };
-    let options = hearth_core::engine::GenerateOptions { max_tokens, ..request.options.clone() };
-    if job.events.send(Event::Started { prompt_tokens: prompt.len() }).is_err() {
-        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-        return Err(ApiError::internal("The client went away."));
+}
+
+/// Sends one scheduler event to its request's HTTP thread; ids whose receiver is gone go to `gone`.
+fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, metrics: &Metrics, gone: &mut Vec<RequestId>) {
+    match event {
+        SchedulerEvent::Started { id, prompt_tokens, cached_tokens } => {
+            let sent = in_flight.get(&id).is_some_and(|r| r.events.send(Event::Started { prompt_tokens, cached_tokens }).is_ok());
+            if !sent {
+                gone.push(id);
+            }
+        }
+        SchedulerEvent::Text { id, delta } => {
+            let sent = in_flight.get(&id).is_some_and(|r| r.events.send(Event::Delta(delta)).is_ok());
+            if !sent {
+                gone.push(id);
+            }
+        }
+        SchedulerEvent::Finished { id, generation } => {
+            let Some(request) = in_flight.remove(&id) else { return };
+            metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            // The scheduler's TTFT runs from its submit; add the time spent in the queue.
+            let ttft = (!generation.tokens.is_empty()).then(|| request.queued_s + generation.timings.ttft_ms / 1e3);
+            metrics.record_generation(request.prompt_tokens, generation.tokens.len(), ttft, &generation.timings.itl_ms);
+            let _ = request.events.send(Event::Done(generation));
+        }
+        SchedulerEvent::Failed { id, error } => {
+            if let Some(request) = in_flight.remove(&id) {
+                metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+                let _ = request.events.send(Event::Failed(api_error(&error)));
+            }
+        }
     }
-    // Every request starts from an empty cache so that its output does not depend on the
-    // requests before it (prefix reuse comes with the paged KV cache).
-    engine.session_mut().reset();
-    let generation = engine
-        .generate(&prompt, &options, &mut |delta| job.events.send(Event::Delta(delta.to_string())).is_ok())
-        .map_err(|e| ApiError::internal(format!("Generation failed: {e}")))?;
-    if generation.finish_reason == FinishReason::Cancelled {
-        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+}
+
+fn api_error(error: &CoreError) -> ApiError {
+    match error {
+        CoreError::ContextOverflow { .. } | CoreError::KvExhausted { .. } => {
+            ApiError::bad_request(format!("The request does not fit in the KV cache: {error}"), None, Some("context_length_exceeded"))
+        }
+        CoreError::InvalidArgument(message) => ApiError::bad_request(message.clone(), None, None),
+        other => ApiError::internal(format!("Generation failed: {other}")),
     }
-    // Text held back by stop-string matching reaches the callback late; the first sampled token
-    // is what time-to-first-token means, so take the engine's ttft plus the queue wait.
-    let queued_s = job.received.elapsed().as_secs_f64() - (generation.timings.prompt_ms + generation.timings.decode_ms) / 1e3;
-    let ttft = (!generation.tokens.is_empty()).then(|| queued_s.max(0.0) + generation.timings.ttft_ms / 1e3);
-    metrics.record_generation(prompt.len(), generation.tokens.len(), ttft, &generation.timings.itl_ms);
-    Ok(generation)
 }

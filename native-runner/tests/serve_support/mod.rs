@@ -1,3 +1,4 @@
+#![allow(dead_code)]
 //! A `hearth serve` child process on a free loopback port and a raw HTTP/1.1 client over
 //! `std::net::TcpStream` (Content-Length and chunked bodies), for tests/serve.rs.
 
@@ -35,7 +36,8 @@ impl Server {
             }
         };
         // Keep draining stderr so the child never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        // Forward it: a server panic then shows next to the failing test.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("[hearth serve] {l}")));
         Server { child, addr }
     }
 }
