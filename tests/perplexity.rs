@@ -2,46 +2,11 @@
 //! `llama-perplexity -c 512` does (see tests/fixtures/golden/perplexity.json for the method), and
 //! compared with llama.cpp's figure: within 1%.
 
-use hearth_core::engine::EngineOptions;
-use hearth_core::gguf::GgufFile;
 use hearth_core::kv::KvType;
-use hearth_core::graph::LogitsMode;
-use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
-
-const N_CTX: usize = 512;
 
 fn perplexity(stem: &str) -> (f64, usize) {
     perplexity_with(stem, KvType::F16, usize::MAX)
-}
-
-/// Perplexity over the first `max_chunks` chunks with K/V stored as `kv_type`.
-fn perplexity_with(stem: &str, kv_type: KvType, max_chunks: usize) -> (f64, usize) {
-    let text = std::fs::read_to_string(fixtures_dir().join("golden/ppl_gpl3_4k.txt")).expect("text");
-    let file = GgufFile::open(&model_path(stem)).expect("open");
-    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    let add_bos = tokenizer.add_bos_default();
-    let tokens = tokenizer.encode(&text, add_bos, false).expect("tokenize");
-    let options = EngineOptions { n_ctx: N_CTX, kv_type, ..EngineOptions::default() };
-    let (_file, mut session) = cpu_session_with(stem, &options);
-    let n_vocab = session.config().n_vocab;
-    let mut nll = 0f64;
-    let mut count = 0usize;
-    for chunk in tokens.chunks_exact(N_CTX).take(max_chunks) {
-        let mut input = chunk.to_vec();
-        if add_bos {
-            input[0] = tokenizer.bos().expect("bos");
-        }
-        session.reset();
-        let logits = session.eval(&input, LogitsMode::All).expect("eval");
-        // Only the second half of each chunk is scored: positions 256..511 predict 257..512.
-        for pos in N_CTX / 2..N_CTX - 1 {
-            let lp = log_softmax(&logits[pos * n_vocab..(pos + 1) * n_vocab]);
-            nll -= lp[input[pos + 1] as usize] as f64;
-            count += 1;
-        }
-    }
-    ((nll / count as f64).exp(), tokens.len())
 }
 
 fn check(stem: &str) {

@@ -100,3 +100,36 @@ pub fn log_softmax(v: &[f32]) -> Vec<f32> {
 pub fn as_ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array of ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
+
+/// Perplexity on tests/fixtures/golden/ppl_gpl3_4k.txt computed as `llama-perplexity -c 512`
+/// does (chunks of 512, the second half of each scored), over the first `max_chunks` chunks,
+/// with K/V stored as `kv_type`. Returns (perplexity, tokens in the text).
+pub fn perplexity_with(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks: usize) -> (f64, usize) {
+    use hearth_core::graph::LogitsMode;
+    const N_CTX: usize = 512;
+    let text = std::fs::read_to_string(fixtures_dir().join("golden/ppl_gpl3_4k.txt")).expect("text");
+    let file = GgufFile::open(&model_path(stem)).expect("open");
+    let tokenizer = hearth_core::tokenizer::Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let add_bos = tokenizer.add_bos_default();
+    let tokens = tokenizer.encode(&text, add_bos, false).expect("tokenize");
+    let options = EngineOptions { n_ctx: N_CTX, kv_type, ..EngineOptions::default() };
+    let (_file, mut session) = cpu_session_with(stem, &options);
+    let n_vocab = session.config().n_vocab;
+    let mut nll = 0f64;
+    let mut count = 0usize;
+    for chunk in tokens.chunks_exact(N_CTX).take(max_chunks) {
+        let mut input = chunk.to_vec();
+        if add_bos {
+            input[0] = tokenizer.bos().expect("bos");
+        }
+        session.reset();
+        let logits = session.eval(&input, LogitsMode::All).expect("eval");
+        // Only the second half of each chunk is scored: positions 256..511 predict 257..512.
+        for pos in N_CTX / 2..N_CTX - 1 {
+            let lp = log_softmax(&logits[pos * n_vocab..(pos + 1) * n_vocab]);
+            nll -= lp[input[pos + 1] as usize] as f64;
+            count += 1;
+        }
+    }
+    ((nll / count as f64).exp(), tokens.len())
+}
