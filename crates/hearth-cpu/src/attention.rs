@@ -28,11 +28,85 @@ pub fn attention(q: &[f32], kv: KvSpan<'_>, p: &AttentionParams, pos0: usize, n_
     let hd = p.head_dim;
     let q_width = p.n_head * hd;
     let head = HeadContext { q, k_cache: kv.k, v_cache: kv.v, first_pos: kv.first_pos, p, pos0 };
+    let out = &mut out[..n_tokens * q_width];
+    #[cfg(target_arch = "x86_64")]
+    if crate::attention_avx512::available() {
+        // SAFETY: AVX-512F, AVX2 and FMA were detected.
+        let task = |(index, out_head): (usize, &mut [f32])| unsafe { attend_head_avx512(&head, index, out_head) };
+        out.par_chunks_exact_mut(hd).enumerate().for_each(task);
+        return;
+    }
     let task = |(index, out_head): (usize, &mut [f32])| with_fma!(attend_head(&head, index, out_head));
     #[cfg(not(target_arch = "wasm32"))]
-    out[..n_tokens * q_width].par_chunks_exact_mut(hd).enumerate().for_each(task);
+    out.par_chunks_exact_mut(hd).enumerate().for_each(task);
     #[cfg(target_arch = "wasm32")]
-    out[..n_tokens * q_width].chunks_exact_mut(hd).enumerate().for_each(task);
+    out.chunks_exact_mut(hd).enumerate().for_each(task);
+}
+
+/// The inner loops of attention: the f16-precision dot product and the f16-rounded updates of
+/// the V accumulator. Every implementation gives the same bits.
+trait F16Loops {
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// out[i] = round_f16(v[i] * vs + out[i]) (fused).
+    fn accumulate(out: &mut [f32], v: &[f32], vs: f32);
+    /// out[i] = round_f16(out[i] * ms).
+    fn rescale(out: &mut [f32], ms: f32);
+}
+
+/// Plain Rust, compiled with or without FMA (`with_fma!`).
+struct Portable;
+
+impl F16Loops for Portable {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot_f16_ggml(a, b)
+    }
+    #[inline(always)]
+    fn accumulate(out: &mut [f32], v: &[f32], vs: f32) {
+        let v = &v[..out.len()];
+        map_rounded_f16(out, |i, o| v[i].mul_add(vs, o));
+    }
+    #[inline(always)]
+    fn rescale(out: &mut [f32], ms: f32) {
+        map_rounded_f16(out, |_, o| o * ms);
+    }
+}
+
+/// AVX-512F intrinsics; only used where `attention_avx512::available()`.
+#[cfg(target_arch = "x86_64")]
+struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl F16Loops for Avx512 {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: this type is used only after `attention_avx512::available()`.
+        unsafe { crate::attention_avx512::dot_f16_ggml(a, b) }
+    }
+    #[inline(always)]
+    fn accumulate(out: &mut [f32], v: &[f32], vs: f32) {
+        let v = &v[..out.len()];
+        // SAFETY: as above; v holds out.len() values.
+        unsafe { crate::attention_avx512::map_rounded_f16_fma(out, v, vs) }
+    }
+    #[inline(always)]
+    fn rescale(out: &mut [f32], ms: f32) {
+        // SAFETY: as above.
+        unsafe { crate::attention_avx512::map_rounded_f16_scale(out, ms) }
+    }
+}
+
+/// # Safety
+/// AVX-512F, AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_head_avx512(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
+    attend_head_with::<Avx512>(c, index, out_head)
+}
+
+#[inline(always)]
+fn attend_head(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
+    attend_head_with::<Portable>(c, index, out_head)
 }
 
 struct HeadContext<'a> {
@@ -47,7 +121,7 @@ struct HeadContext<'a> {
 
 /// One query head of one token: `index` = token * n_head + head; out_head: [head_dim].
 #[inline(always)]
-fn attend_head(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
+fn attend_head_with<L: F16Loops>(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
     let p = c.p;
     let hd = p.head_dim;
     let q_width = p.n_head * hd;
@@ -59,7 +133,7 @@ fn attend_head(c: &HeadContext<'_>, index: usize, out_head: &mut [f32]) {
     let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let q_head = &c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
     let kv = KvHead { c, offset: kvh * hd, kv_width };
-    attend_f16_accumulate(q_head, lo..=pos, &kv, out_head);
+    attend_f16_accumulate::<L>(q_head, lo..=pos, &kv, out_head);
 }
 
 /// The K and V rows of one KV head (methods rather than closures so that everything inlines
@@ -85,9 +159,9 @@ impl<'a> KvHead<'a> {
 
     /// Scaled (and soft-capped) score of query `q` against position j.
     #[inline(always)]
-    fn score(&self, q: &[f32], j: usize) -> f32 {
+    fn score<L: F16Loops>(&self, q: &[f32], j: usize) -> f32 {
         let p = self.c.p;
-        let d = dot_f16_ggml(q, self.k_row(j));
+        let d = L::dot(q, self.k_row(j));
         let s = d * p.scale;
         match p.softcap {
             Some(cap) => cap * (s / cap).tanh(),
@@ -139,7 +213,7 @@ fn map_rounded_f16(out: &mut [f32], f: impl Fn(usize, f32) -> f32) {
 }
 
 #[inline(always)]
-fn attend_f16_accumulate(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: &KvHead<'_>, out: &mut [f32]) {
+fn attend_f16_accumulate<L: F16Loops>(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: &KvHead<'_>, out: &mut [f32]) {
     // Q at f16 precision; on the stack for the usual head sizes (this runs per head per token).
     const STACK_HEAD: usize = 256;
     let mut stack = [0f32; STACK_HEAD];
@@ -159,17 +233,16 @@ fn attend_f16_accumulate(q: &[f32], range: std::ops::RangeInclusive<usize>, kv: 
     // `out` holds the f16 accumulator (values kept at f16 precision).
     out.iter_mut().for_each(|o| *o = 0.0);
     for j in range {
-        let s = kv.score(q16, j);
+        let s = kv.score::<L>(q16, j);
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > max {
             ms = (max - s).exp();
             max = s;
-            map_rounded_f16(out, |_, o| o * ms);
+            L::rescale(out, ms);
         } else {
             vs = (s - max).exp();
         }
-        let v = &kv.v_row(j)[..out.len()];
-        map_rounded_f16(out, |i, o| v[i].mul_add(vs, o));
+        L::accumulate(out, kv.v_row(j), vs);
         // ggml's `S = S*ms + vs`, contracted to one FMA by GCC.
         sum = sum.mul_add(ms, vs);
     }
@@ -213,6 +286,44 @@ fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::{map_rounded_f16, round_f16};
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_loops_equal_portable_loops() {
+        use super::{Avx512, F16Loops, Portable};
+        if !crate::attention_avx512::available() {
+            return;
+        }
+        let mut state = 0x853c49e6748fea9bu64;
+        let mut next = move |scale: f32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        };
+        for round in 0..3000 {
+            // Head sizes of the models (64, 128, 256) and odd ones with a scalar tail.
+            let n = [64, 128, 256, 80, 70, 5, 200][round % 7];
+            // Ordinary values; some rounds tiny (f16 subnormal), huge, or with zeros.
+            let scale = match round % 5 {
+                0 => 1e-6,
+                1 => 7e4,
+                _ => 3.0,
+            };
+            let a: Vec<f32> = (0..n).map(|_| round_f16(next(scale))).collect();
+            let b: Vec<f32> = (0..n).map(|i| if round % 11 == 0 && i % 3 == 0 { 0.0 } else { next(scale) }).collect();
+            let (d0, d1) = (Portable::dot(&a, &b), Avx512::dot(&a, &b));
+            assert_eq!(d0.to_bits(), d1.to_bits(), "dot, round {round}: {d0:e} vs {d1:e}");
+            let factor = next(2.0);
+            let (mut p, mut q) = (a.clone(), a.clone());
+            Portable::accumulate(&mut p, &b, factor);
+            Avx512::accumulate(&mut q, &b, factor);
+            assert!(p.iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()), "accumulate, round {round}");
+            Portable::rescale(&mut p, factor.abs());
+            Avx512::rescale(&mut q, factor.abs());
+            assert!(p.iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()), "rescale, round {round}");
+        }
+    }
 
     #[test]
     fn vectorised_rounding_equals_scalar_rounding() {

@@ -4,6 +4,8 @@
 //! closely; work is split over a rayon pool natively.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 mod exec;
 mod fma;
 mod kv_store;
