@@ -3,6 +3,7 @@
 
 mod kquants;
 mod kquants512;
+mod kquants_rows;
 mod legacy;
 mod legacy512;
 mod multi;
