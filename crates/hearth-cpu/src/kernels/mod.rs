@@ -200,14 +200,10 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
-        // K-quant token tiles go row by row below (their multi-row kernels measured faster so).
-        let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-        w_done = if rows < MULTI_ROWS || (vnni && !k_quant) {
+        w_done = if rows < MULTI_ROWS || vnni {
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
-        } else if !k_quant {
-            tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {
-            0
+            tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
         };
     }
     for w in w_done..n_w {

@@ -290,25 +290,6 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
         (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
         (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
         (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
-        _ => k_quant_tile(vnni, ty, n, w, y),
-    }
-}
-
-/// The K-quant arm of [`vec_dot_tile`], kept out of line so that the Q5_0/Q8_0 tiles above still
-/// inline into their callers (measured: decode tiles 9% slower otherwise).
-///
-/// # Safety
-/// As [`vec_dot_tile`].
-#[inline(never)]
-unsafe fn k_quant_tile<const W: usize, const R: usize>(
-    vnni: bool,
-    ty: GgmlType,
-    n: usize,
-    w: [*const u8; W],
-    y: [*const u8; R],
-) -> [[f32; R]; W] {
-    let nb = n / ty.block_len();
-    match (vnni, ty) {
         (true, GgmlType::Q4_K) if R == 1 => {
             let dots = q4_k_rows::<W>(nb, w, y[0]);
             std::array::from_fn(|i| [dots[i]; R])
