@@ -3,7 +3,6 @@
 
 mod kquants;
 mod kquants512;
-mod kquants_rows;
 mod legacy;
 mod legacy512;
 mod multi;

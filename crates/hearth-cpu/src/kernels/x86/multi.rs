@@ -11,7 +11,6 @@
 
 use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
-use super::kquants_rows::{q4_k_rows, q6_k_rows};
 use super::legacy512::legacy_tile_512;
 use super::*;
 
@@ -266,10 +265,9 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
     }
 }
 
-/// Weight types whose [`vec_dot_tile`] shares work across weight rows too (K-quants: with VNNI,
-/// for one activation row).
+/// Weight types whose [`vec_dot_tile`] shares work across weight rows too.
 pub(in crate::kernels) fn supports_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
 }
 
 /// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
@@ -290,15 +288,6 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
         (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
         (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
         (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
-        (true, GgmlType::Q4_K) if R == 1 => {
-            let dots = q4_k_rows::<W>(nb, w, y[0]);
-            std::array::from_fn(|i| [dots[i]; R])
-        }
-        (true, GgmlType::Q6_K) if R == 1 => {
-            let dots = q6_k_rows::<W>(nb, w, y[0]);
-            std::array::from_fn(|i| [dots[i]; R])
-        }
-        (_, GgmlType::Q4_K | GgmlType::Q6_K) => std::array::from_fn(|i| vec_dot_multi::<R>(vnni, ty, n, w[i], y)),
         _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
 }
