@@ -198,8 +198,9 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
         let vnni = isa == Isa::Avx512Vnni;
-        // Decode (fewer rows than a token tile) shares each activation block over more weight rows.
-        w_done = if rows < MULTI_ROWS {
+        // Decode (fewer rows than a token tile) shares each activation block over more weight
+        // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
+        w_done = if rows < MULTI_ROWS || vnni {
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {
             tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)

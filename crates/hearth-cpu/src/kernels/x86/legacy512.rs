@@ -31,12 +31,14 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
     let mut acc = [[_mm256_setzero_ps(); R]; W];
     let mut ib = 0;
     while ib + 2 <= nb {
-        let mut dy = [[0f32; 2]; R];
+        // Scales broadcast once per row: each (w, r) then needs one vector multiply per block,
+        // the same IEEE product as the scalar dx * dy.
+        let mut dy = [[_mm256_setzero_ps(); 2]; R];
         let mut yq = [_mm512_setzero_si512(); R];
         let mut yoff = [_mm512_setzero_si512(); R];
         for r in 0..R {
             let yb = y[r].add(ib * Q8_0_BYTES);
-            dy[r] = [f16_at(yb), f16_at(yb.add(Q8_0_BYTES))];
+            dy[r] = [_mm256_set1_ps(f16_at(yb)), _mm256_set1_ps(f16_at(yb.add(Q8_0_BYTES)))];
             yq[r] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(yb.add(2))), load256(yb.add(Q8_0_BYTES + 2)), 1);
             yoff[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off512, yq[r]));
         }
@@ -50,7 +52,7 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
                 _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes) as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes + 64) as *const i8);
             }
-            let dx = [f16_at(xb), f16_at(xb1)];
+            let dx = [_mm256_set1_ps(f16_at(xb)), _mm256_set1_ps(f16_at(xb1))];
             let code = if Q8 {
                 let q = _mm512_inserti64x4(_mm512_castsi256_si512(load256(xb.add(2))), load256(xb1.add(2)), 1);
                 _mm512_xor_si512(q, flip)
@@ -65,11 +67,12 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
             };
             for r in 0..R {
                 let sumi = _mm512_dpbusd_epi32(yoff[r], code, yq[r]);
-                let q0 = _mm256_cvtepi32_ps(_mm512_castsi512_si256(sumi));
-                let q1 = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sumi, 1));
+                let q = _mm512_cvtepi32_ps(sumi);
+                let q0 = _mm512_castps512_ps256(q);
+                let q1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(q), 1));
                 // Block ib, then block ib + 1, as the one-block loop does.
-                acc[w][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx[0] * dy[r][0]), q0, acc[w][r]);
-                acc[w][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx[1] * dy[r][1]), q1, acc[w][r]);
+                acc[w][r] = _mm256_fmadd_ps(_mm256_mul_ps(dx[0], dy[r][0]), q0, acc[w][r]);
+                acc[w][r] = _mm256_fmadd_ps(_mm256_mul_ps(dx[1], dy[r][1]), q1, acc[w][r]);
             }
         }
         ib += 2;
