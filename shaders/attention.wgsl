@@ -6,9 +6,16 @@
 //   KV_F16:  width f16, two per u32 (pack of element 2i in the low half, 2i+1 in the high half);
 //   KV_Q8_0: width int8 quants, four per u32, then width/32 f16 scales, two per u32 — ggml's
 //            q8_0 blocks (d = amax/127 as f16, q = round(x / d)) with scales and quants apart,
-//            so that every row stays 4-byte aligned.
-// Values are dequantized to f32 on read, so the attention numerics are those of the CPU oracle,
-// which gathers dequantized rows the same way.
+//            so that every row stays 4-byte aligned;
+//   KV_Q4_0: width/2 bytes of 4-bit quants, eight per u32, then width/32 f16 scales, two per
+//            u32 — ggml's q4_0 blocks (quantize_row_q4_0_ref: the value of largest magnitude
+//            maps to -8, d = max / -8, q = min(15, trunc(x / d + 8.5)); byte j of a block holds
+//            element j in its low and element j + 16 in its high nibble), scales and quants apart.
+// Quantized types store every 32-value block of a row rotated by an orthonormal Walsh-Hadamard
+// transform (hearth_core::kv::hadamard32, its own inverse), which spreads a block's outlier
+// channels over all its values before quantization.
+// Values are dequantized (and un-rotated) to f32 on read, so the attention numerics are those of
+// the CPU oracle, which gathers dequantized, un-rotated rows the same way.
 //
 // STEP (written once per step), u32:
 //   [0] n_tokens, [1] n_seqs, [2 ..] tokens [n_tokens], token_seq [n_tokens], token_pos [n_tokens],
@@ -43,10 +50,67 @@ fn row_words(width: u32) -> u32 {
 #ifdef KV_F16
     return width / 2u;
 #endif
-#ifdef KV_Q8_0
-    return width / 4u + (width / 32u + 1u) / 2u;
+#ifdef KV_Q8_0 || KV_Q4_0
+    return scales_word(width) + (width / 32u + 1u) / 2u;
 #endif
 }
+
+#ifdef KV_Q8_0 || KV_Q4_0
+// Word of a row where the f16 block scales start (after the quants).
+fn scales_word(width: u32) -> u32 {
+#ifdef KV_Q8_0
+    return width / 4u;
+#else
+    return width / 8u;
+#endif
+}
+
+// u32 words of quants of one 32-value block.
+fn block_words() -> u32 {
+#ifdef KV_Q8_0
+    return 8u;
+#else
+    return 4u;
+#endif
+}
+
+// In-place orthonormal Walsh-Hadamard transform of one block, exactly as the CPU's
+// hearth_core::kv::hadamard32: f32 butterflies of stride 1, 2, 4, 8, 16, then a 1/sqrt(32) scale.
+fn hadamard32(x: ptr<function, array<f32, 32>>) {
+    for (var h = 1u; h < 32u; h *= 2u) {
+        for (var i = 0u; i < 32u; i += 2u * h) {
+            for (var j = i; j < i + h; j++) {
+                let a = (*x)[j];
+                let b = (*x)[j + h];
+                (*x)[j] = a + b;
+                (*x)[j + h] = a - b;
+            }
+        }
+    }
+    for (var j = 0u; j < 32u; j++) {
+        (*x)[j] = (*x)[j] * 0.17677669;
+    }
+}
+
+// The 32 values of a stored block (its quant words and scale): dequantized as ggml does, then
+// un-rotated.
+fn decode_block(words: array<u32, 8>, d: f32) -> array<f32, 32> {
+    var x: array<f32, 32>;
+    for (var w = 0u; w < block_words(); w++) {
+        for (var b = 0u; b < 4u; b++) {
+#ifdef KV_Q8_0
+            x[4u * w + b] = f32(extractBits(bitcast<i32>(words[w]), 8u * b, 8u)) * d;
+#else
+            let byte = (words[w] >> (8u * b)) & 0xffu;
+            x[4u * w + b] = f32(i32(byte & 15u) - 8) * d;
+            x[4u * w + b + 16u] = f32(i32(byte >> 4u) - 8) * d;
+#endif
+        }
+    }
+    hadamard32(&x);
+    return x;
+}
+#endif
 
 // f16 bits of x, rounded to nearest even (exact bit arithmetic in f16's normal range).
 fn f16_bits(x: f32) -> u32 {
@@ -69,7 +133,7 @@ fn f16_bits(x: f32) -> u32 {
 @group(0) @binding(2) var<storage, read> TABLES: array<u32>;
 // [n_tokens, width] f32
 @group(0) @binding(3) var<storage, read> SRC: array<f32>;
-#ifdef KV_Q8_0
+#ifdef KV_Q8_0 || KV_Q4_0
 // [n_blocks, block_size, row_words] u32 (atomic: neighbouring blocks share a word of scales)
 @group(0) @binding(4) var<storage, read_write> CACHE: array<atomic<u32>>;
 #else
@@ -77,7 +141,7 @@ fn f16_bits(x: f32) -> u32 {
 @group(0) @binding(4) var<storage, read_write> CACHE: array<u32>;
 #endif
 
-// Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0: one block).
+// Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0, q4_0: one block).
 fn unit_len() -> u32 {
 #ifdef KV_F32
     return 1u;
@@ -85,7 +149,7 @@ fn unit_len() -> u32 {
 #ifdef KV_F16
     return 2u;
 #endif
-#ifdef KV_Q8_0
+#ifdef KV_Q8_0 || KV_Q4_0
     return 32u;
 #endif
 }
@@ -118,10 +182,17 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
 #ifdef KV_F16
     CACHE[row + u] = f16_bits(SRC[src]) | (f16_bits(SRC[src + 1u]) << 16u);
 #endif
+#ifdef KV_Q8_0 || KV_Q4_0
+    var x: array<f32, 32>;
+    for (var j = 0u; j < 32u; j++) {
+        x[j] = SRC[src + j];
+    }
+    hadamard32(&x);
+#endif
 #ifdef KV_Q8_0
     var amax = 0.0;
     for (var j = 0u; j < 32u; j++) {
-        amax = max(amax, abs(SRC[src + j]));
+        amax = max(amax, abs(x[j]));
     }
     let d = amax / 127.0;
     var id = 0.0;
@@ -131,13 +202,40 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     for (var w = 0u; w < 8u; w++) {
         var word = 0u;
         for (var b = 0u; b < 4u; b++) {
-            let q = i32(clamp(round_away(SRC[src + w * 4u + b] * id), -128.0, 127.0));
+            let q = i32(clamp(round_away(x[w * 4u + b] * id), -128.0, 127.0));
             word = word | ((bitcast<u32>(q) & 0xffu) << (8u * b));
         }
         atomicStore(&CACHE[row + u * 8u + w], word);
     }
+#endif
+#ifdef KV_Q4_0
+    // The first value of largest magnitude, with its sign.
+    var vmax = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        if (abs(x[j]) > abs(vmax)) {
+            vmax = x[j];
+        }
+    }
+    let d = vmax / -8.0;
+    var id = 0.0;
+    if (d != 0.0) {
+        id = 1.0 / d;
+    }
+    for (var w = 0u; w < 4u; w++) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            let j = w * 4u + b;
+            // x * id + 8.5 is at least 0.5, so truncation is a floor.
+            let lo = min(15u, u32(x[j] * id + 8.5));
+            let hi = min(15u, u32(x[j + 16u] * id + 8.5));
+            word = word | ((lo | (hi << 4u)) << (8u * b));
+        }
+        atomicStore(&CACHE[row + u * 4u + w], word);
+    }
+#endif
+#ifdef KV_Q8_0 || KV_Q4_0
     // Each half of a scale word belongs to one block: clear ours, then set it.
-    let scale_word = row + width / 4u + u / 2u;
+    let scale_word = row + scales_word(width) + u / 2u;
     let shift = 16u * (u & 1u);
     atomicAnd(&CACHE[scale_word], ~(0xffffu << shift));
     atomicOr(&CACHE[scale_word], f16_bits(d) << shift);
@@ -169,6 +267,42 @@ var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> scores: array<f32, WG>;
 // First word of each key's row in the tile.
 var<workgroup> rows: array<u32, WG>;
+#ifdef KV_Q8_0 || KV_Q4_0
+// V rows are un-rotated a whole block at a time, but read a dimension per thread: V_KEYS keys'
+// blocks covering the head's columns are decoded into v_sh together (V_SPAN values a key: a
+// head of up to 512 columns not aligned to blocks touches at most 18 blocks).
+const V_KEYS: u32 = 4u;
+const V_SPAN: u32 = 576u;
+var<workgroup> v_sh: array<f32, 2304>;
+
+// Block `b` (values 32b ..) of the K row starting at word `row`, dequantized and un-rotated.
+fn k_block(row: u32, b: u32, width: u32) -> array<f32, 32> {
+    var words: array<u32, 8>;
+    for (var w = 0u; w < block_words(); w++) {
+        words[w] = K[row + b * block_words() + w];
+    }
+    let d = unpack2x16float(K[row + scales_word(width) + b / 2u])[b & 1u];
+    return decode_block(words, d);
+}
+
+fn v_block(row: u32, b: u32, width: u32) -> array<f32, 32> {
+    var words: array<u32, 8>;
+    for (var w = 0u; w < block_words(); w++) {
+        words[w] = V[row + b * block_words() + w];
+    }
+    let d = unpack2x16float(V[row + scales_word(width) + b / 2u])[b & 1u];
+    return decode_block(words, d);
+}
+
+// Value `d` of the K row at `row`, through the thread's decoded block `kb` (block index `kb_at`).
+fn k_cached(row: u32, d: u32, width: u32, kb: ptr<function, array<f32, 32>>, kb_at: ptr<function, u32>) -> f32 {
+    if (d / 32u != *kb_at) {
+        *kb = k_block(row, d / 32u, width);
+        *kb_at = d / 32u;
+    }
+    return (*kb)[d & 31u];
+}
+#else
 
 // Value `d` (column of the whole row) of the row starting at word `row`; `width` values a row.
 fn k_at(row: u32, d: u32, width: u32) -> f32 {
@@ -177,11 +311,6 @@ fn k_at(row: u32, d: u32, width: u32) -> f32 {
 #endif
 #ifdef KV_F16
     return unpack2x16float(K[row + d / 2u])[d & 1u];
-#endif
-#ifdef KV_Q8_0
-    let q = extractBits(bitcast<i32>(K[row + d / 4u]), 8u * (d & 3u), 8u);
-    let scale = unpack2x16float(K[row + width / 4u + d / 64u])[(d / 32u) & 1u];
-    return f32(q) * scale;
 #endif
 }
 
@@ -192,12 +321,8 @@ fn v_at(row: u32, d: u32, width: u32) -> f32 {
 #ifdef KV_F16
     return unpack2x16float(V[row + d / 2u])[d & 1u];
 #endif
-#ifdef KV_Q8_0
-    let q = extractBits(bitcast<i32>(V[row + d / 4u]), 8u * (d & 3u), 8u);
-    let scale = unpack2x16float(V[row + width / 4u + d / 64u])[(d / 32u) & 1u];
-    return f32(q) * scale;
-#endif
 }
+#endif
 
 // Round to nearest-even f16, exactly (bit arithmetic in f16's normal range).
 fn round_f16(x: f32) -> f32 {
@@ -219,10 +344,19 @@ fn dot_ggml_f16(row: u32, col: u32, hd: u32, width: u32) -> f32 {
     for (var i = 0u; i < 64u; i++) {
         acc[i] = 0.0;
     }
+#ifdef KV_Q8_0 || KV_Q4_0
+    var kb: array<f32, 32>;
+    var kb_at = 0xffffffffu;
+#endif
     let blocks = hd / 64u * 64u;
     for (var i = 0u; i < blocks; i += 64u) {
         for (var j = 0u; j < 64u; j++) {
-            acc[j] = fma(q_sh[i + j], k_at(row, col + i + j, width), acc[j]);
+#ifdef KV_Q8_0 || KV_Q4_0
+            let k = k_cached(row, col + i + j, width, &kb, &kb_at);
+#else
+            let k = k_at(row, col + i + j, width);
+#endif
+            acc[j] = fma(q_sh[i + j], k, acc[j]);
         }
     }
     var x: array<f32, 16>;
@@ -237,7 +371,12 @@ fn dot_ggml_f16(row: u32, col: u32, hd: u32, width: u32) -> f32 {
     }
     var sum = (x[0] + x[2]) + (x[1] + x[3]);
     for (var i = blocks; i < hd; i++) {
-        sum += q_sh[i] * k_at(row, col + i, width);
+#ifdef KV_Q8_0 || KV_Q4_0
+        let k = k_cached(row, col + i, width, &kb, &kb_at);
+#else
+        let k = k_at(row, col + i, width);
+#endif
+        sum += q_sh[i] * k;
     }
     return sum;
 }
@@ -309,8 +448,30 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         scores[tid] = s;
         workgroupBarrier();
         let count = min(WG, end - tile);
+#ifdef KV_Q8_0 || KV_Q4_0
+        // Blocks first_block .. first_block + n_vblocks hold the head's columns.
+        let first_block = col / 32u;
+        let n_vblocks = (col + hd + 31u) / 32u - first_block;
+#endif
         // Key by key: one-pass online softmax with the output accumulator kept at f16 precision.
         for (var r = 0u; r < count; r++) {
+#ifdef KV_Q8_0 || KV_Q4_0
+            if (r % V_KEYS == 0u) {
+                // Keys r .. r + V_KEYS: each thread decodes some (key, block) pairs.
+                workgroupBarrier();
+                for (var p = tid; p < V_KEYS * n_vblocks; p += WG) {
+                    let key = p / n_vblocks;
+                    let b = p % n_vblocks;
+                    if (r + key < count) {
+                        let x = v_block(rows[r + key], first_block + b, kv_width);
+                        for (var i = 0u; i < 32u; i++) {
+                            v_sh[key * V_SPAN + b * 32u + i] = x[i];
+                        }
+                    }
+                }
+                workgroupBarrier();
+            }
+#endif
             let s = scores[r];
             var ms = 1.0;
             var vs = 1.0;
@@ -327,7 +488,12 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                 let d = tid + u * WG;
                 if (d < hd) {
-                    acc[u] = round_f16(fma(v_at(vrow, col + d, kv_width), vs, acc[u]));
+#ifdef KV_Q8_0 || KV_Q4_0
+                    let v = v_sh[(r % V_KEYS) * V_SPAN + col + d - first_block * 32u];
+#else
+                    let v = v_at(vrow, col + d, kv_width);
+#endif
+                    acc[u] = round_f16(fma(v, vs, acc[u]));
                 }
             }
             l = fma(l, ms, vs);

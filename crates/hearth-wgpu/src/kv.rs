@@ -15,6 +15,8 @@ pub(crate) fn kv_format(ty: KvType, width: usize) -> Result<(&'static str, usize
         KvType::F16 if width.is_multiple_of(2) => Ok(("KV_F16", width / 2)),
         // Quants (4 a word), then width/32 f16 scales (2 a word).
         KvType::Q8_0 if width.is_multiple_of(32) => Ok(("KV_Q8_0", width / 4 + (width / 32).div_ceil(2))),
+        // Quants (8 a word), then width/32 f16 scales (2 a word).
+        KvType::Q4_0 if width.is_multiple_of(32) => Ok(("KV_Q4_0", width / 8 + (width / 32).div_ceil(2))),
         _ => Err(unsupported()),
     }
 }

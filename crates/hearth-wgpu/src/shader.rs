@@ -40,7 +40,8 @@ impl ShaderFile {
 }
 
 /// Keeps the lines whose enclosing `#ifdef` conditions hold for `defines`. Directives must stand
-/// alone on their line (leading whitespace allowed); nesting is supported.
+/// alone on their line (leading whitespace allowed); nesting is supported; `#ifdef A || B` holds
+/// if any of the names is defined.
 pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, WgpuError> {
     // Each open block: (condition of this branch, whether we are past `#else`).
     let mut stack: Vec<(bool, bool)> = Vec::new();
@@ -49,11 +50,11 @@ pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, 
     for (n, line) in source.lines().enumerate() {
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix("#ifdef") {
-            let name = name.trim();
-            if name.is_empty() {
+            let names: Vec<&str> = name.split("||").map(str::trim).collect();
+            if names.iter().any(|name| name.is_empty()) {
                 return Err(bad(n, "#ifdef without a name"));
             }
-            stack.push((defines.contains(&name), false));
+            stack.push((names.iter().any(|name| defines.contains(name)), false));
         } else if trimmed == "#else" {
             match stack.last_mut() {
                 Some((cond, seen_else)) if !*seen_else => {
@@ -156,5 +157,22 @@ mod tests {
         assert!(preprocess("t", "#ifdef X\n#else\n#else\n#endif\n", &[]).is_err());
         // Line numbers are preserved.
         assert_eq!(preprocess("t", src, &[]).unwrap().lines().count(), src.lines().count());
+    }
+
+    #[test]
+    fn ifdef_any_of_several_names() {
+        let src = "#ifdef A || B
+x
+#else
+y
+#endif
+";
+        let keep = |defs: &[&str]| preprocess("t", src, defs).unwrap().split_whitespace().collect::<String>();
+        assert_eq!(keep(&["A"]), "x");
+        assert_eq!(keep(&["B"]), "x");
+        assert_eq!(keep(&["C"]), "y");
+        assert!(preprocess("t", "#ifdef A ||
+#endif
+", &[]).is_err());
     }
 }

@@ -12,7 +12,7 @@ use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams};
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
 use hearth_wgpu::WgpuOptions;
 
-const KV_TYPES: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
+const KV_TYPES: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
 
 /// 0..n in random order.
 fn shuffled(n: usize, rng: &mut Rng) -> Vec<u32> {
@@ -208,8 +208,8 @@ fn kv_memory_follows_the_storage_type() {
     let Some(mut gpu) = open(WgpuOptions::default()) else { return };
     let mut last = gpu.memory_bytes();
     for kv_type in KV_TYPES {
-        // Rows of 64 values: q8_0 rows (2 blocks of 34 bytes) stay 4-byte aligned, so the
-        // device holds exactly the GGML format's bytes.
+        // Rows of 64 values: q8_0 rows (2 blocks of 34 bytes) and q4_0 rows (2 blocks of 18)
+        // stay 4-byte aligned, so the device holds exactly the GGML format's bytes.
         let layout = two_groups(kv_type, 64, 16, 8, 10);
         gpu.alloc_kv(layout.clone()).expect("kv");
         let now = gpu.memory_bytes();
