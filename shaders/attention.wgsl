@@ -324,53 +324,29 @@ fn v_at(row: u32, d: u32, width: u32) -> f32 {
 }
 #endif
 
-// Round to nearest-even f16, exactly (bit arithmetic in f16's normal range).
-fn round_f16(x: f32) -> f32 {
-    let bits = bitcast<u32>(x);
-    let exponent = (bits >> 23u) & 0xffu;
-    if (exponent >= 113u && exponent < 142u) {
-        let lsb = (bits >> 13u) & 1u;
-        return bitcast<f32>((bits + 0x0fffu + lsb) & ~0x1fffu);
-    }
-    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
-}
-
-// q · k in the order of ggml's AVX-512 `ggml_vec_dot_f16` (the CPU oracle's small-batch path):
-// per 64 values, 4 accumulators of 16 lanes by FMA; accumulators added (0+2)+(1+3); lanes halved
-// 8, 4, then (0+2)+(1+3); the tail past the last 64 added afterwards. `col` is the head's first
-// column in the row.
-fn dot_ggml_f16(row: u32, col: u32, hd: u32, width: u32) -> f32 {
-    var acc: array<f32, 64>;
-    for (var i = 0u; i < 64u; i++) {
+// q · k in f32 in the CPU oracle's order: 8 accumulators over the head (lane i % 8), combined
+// ((0+4)+(1+5))+((2+6)+(3+7)), then the tail past the last multiple of 8. `col` is the head's
+// first column in the row.
+fn dot_f32(row: u32, col: u32, hd: u32, width: u32) -> f32 {
+    var acc: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
         acc[i] = 0.0;
     }
 #ifdef KV_Q8_0 || KV_Q4_0
     var kb: array<f32, 32>;
     var kb_at = 0xffffffffu;
 #endif
-    let blocks = hd / 64u * 64u;
-    for (var i = 0u; i < blocks; i += 64u) {
-        for (var j = 0u; j < 64u; j++) {
+    let full = hd / 8u * 8u;
+    for (var i = 0u; i < full; i++) {
 #ifdef KV_Q8_0 || KV_Q4_0
-            let k = k_cached(row, col + i + j, width, &kb, &kb_at);
+        let k = k_cached(row, col + i, width, &kb, &kb_at);
 #else
-            let k = k_at(row, col + i + j, width);
+        let k = k_at(row, col + i, width);
 #endif
-            acc[j] = fma(q_sh[i + j], k, acc[j]);
-        }
+        acc[i % 8u] += q_sh[i] * k;
     }
-    var x: array<f32, 16>;
-    for (var l = 0u; l < 16u; l++) {
-        x[l] = (acc[l] + acc[32u + l]) + (acc[16u + l] + acc[48u + l]);
-    }
-    for (var l = 0u; l < 8u; l++) {
-        x[l] = x[l] + x[l + 8u];
-    }
-    for (var l = 0u; l < 4u; l++) {
-        x[l] = x[l] + x[l + 4u];
-    }
-    var sum = (x[0] + x[2]) + (x[1] + x[3]);
-    for (var i = blocks; i < hd; i++) {
+    var sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (var i = full; i < hd; i++) {
 #ifdef KV_Q8_0 || KV_Q4_0
         let k = k_cached(row, col + i, width, &kb, &kb_at);
 #else
@@ -417,12 +393,12 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     }
     let scale = bitcast<f32>(P[4]);
     let tid = lid.x;
-    // One numerics path for every query, as on the CPU oracle (ggml's small-batch path): a
-    // query's result never depends on how many others share the step (batch invariance).
+    // One f32 numerics path for every query, as on the CPU oracle: a query's result never
+    // depends on how many others share the step (batch invariance).
     let col = kvh * hd;
     if (valid) {
         for (var d = tid; d < hd; d += WG) {
-            q_sh[d] = round_f16(Q[t * q_width + h * hd + d]);
+            q_sh[d] = Q[t * q_width + h * hd + d];
         }
     }
     workgroupBarrier();
@@ -443,7 +419,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         if (j < end) {
             let row = slot_of(layer, seq, j) * words;
             rows[tid] = row;
-            s = softcapped(dot_ggml_f16(row, col, hd, kv_width) * scale);
+            s = softcapped(dot_f32(row, col, hd, kv_width) * scale);
         }
         scores[tid] = s;
         workgroupBarrier();
@@ -453,7 +429,16 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         let first_block = col / 32u;
         let n_vblocks = (col + hd + 31u) / 32u - first_block;
 #endif
-        // Key by key: one-pass online softmax with the output accumulator kept at f16 precision.
+        // Online softmax in f32: rescale what the earlier tiles summed to this tile's maximum.
+        var tile_max = m;
+        for (var r = 0u; r < count; r++) {
+            tile_max = max(tile_max, scores[r]);
+        }
+        let correction = exp(m - tile_max);
+        l = l * correction;
+        for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+            acc[u] = acc[u] * correction;
+        }
         for (var r = 0u; r < count; r++) {
 #ifdef KV_Q8_0 || KV_Q4_0
             if (r % V_KEYS == 0u) {
@@ -472,18 +457,8 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
                 workgroupBarrier();
             }
 #endif
-            let s = scores[r];
-            var ms = 1.0;
-            var vs = 1.0;
-            if (s > m) {
-                ms = exp(m - s);
-                m = s;
-                for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-                    acc[u] = round_f16(acc[u] * ms);
-                }
-            } else {
-                vs = exp(s - m);
-            }
+            let w = exp(scores[r] - tile_max);
+            l += w;
             let vrow = rows[r];
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                 let d = tid + u * WG;
@@ -493,11 +468,11 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
 #else
                     let v = v_at(vrow, col + d, kv_width);
 #endif
-                    acc[u] = round_f16(fma(v, vs, acc[u]));
+                    acc[u] += w * v;
                 }
             }
-            l = fma(l, ms, vs);
         }
+        m = tile_max;
         workgroupBarrier();
     }
     if (!valid) {
