@@ -102,6 +102,8 @@ impl WasmEngine {
             };
             let (gpu, fallback_reason) = match backend.as_str() {
                 "cpu" => (None, None),
+                "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
+                "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
                 "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
                     Ok(gpu) => (Some(gpu), None),
                     Err(e) if backend == "auto" => (None, Some(e.to_string())),
@@ -216,6 +218,12 @@ impl WasmEngine {
         });
         Ok(stats.to_string())
     }
+}
+
+/// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).
+fn has_navigator_gpu() -> bool {
+    let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
+    !navigator.is_undefined() && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
 }
 
 /// The CPU engine reads weights in place, so it needs the model in wasm memory: one copy.
