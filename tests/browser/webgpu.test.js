@@ -40,7 +40,7 @@ after(async () => {
   server?.close();
 });
 
-test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 900_000 }, async () => {
+test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
   const result = await page.evaluate(async ({ modelUrl, prompt }) => {
     const { createEngine } = await import('/dist/index.js');
     const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
@@ -57,8 +57,9 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   assert.ok(result.stats.adapter?.name, JSON.stringify(result.stats));
   assert.ok(result.stats.adapter.max_storage_buffer_binding_size > 0);
   assert.equal(typeof result.stats.adapter.shader_f16, 'boolean');
-  // On WebGPU the model is never copied into wasm memory: the heap stays well below the file size.
-  assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes, JSON.stringify(result.stats));
+  // On WebGPU the model is never copied into wasm memory (weights are read from the JS-held file in
+  // 16 MiB pieces): the heap stays well below the file size.
+  assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes / 2, JSON.stringify(result.stats));
   assert.deepEqual(last.hearth.prompt_token_ids, expected.prompt_tokens);
   assert.deepEqual(last.hearth.token_ids, expected.tokens);
   assert.equal(result.chunks.map((c) => c.choices[0].text).join(''), expected.text);
@@ -66,7 +67,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   process.stderr.write(`WebGPU (${result.stats.adapter.name}): ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s, wasm memory ${(result.stats.wasm_memory_bytes / 2 ** 20).toFixed(0)} MiB\n`);
 });
 
-test("backend 'auto' picks WebGPU when an adapter exists", { timeout: 900_000 }, async () => {
+test("backend 'auto' picks WebGPU when an adapter exists", { timeout: 1_800_000 }, async () => {
   const stats = await page.evaluate(async ({ modelUrl }) => {
     const { createEngine } = await import('/dist/index.js');
     const engine = await createEngine({ model: modelUrl, worker: false, cache: false });
