@@ -128,7 +128,9 @@ impl Runner {
             Some(ready) => ready.await,
             None => Ok(()),
         };
-        let result = result.and_then(|()| self.backend.take_logits(&mut self.logits));
+        // take_logits also when waiting failed: the backend then drops the pending step.
+        let taken = self.backend.take_logits(&mut self.logits);
+        let result = result.and(taken);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;
             return Err(err);

@@ -254,7 +254,12 @@ impl CompiledGraph {
 
 /// Copies `len` f32 out of `staging` once `signal` says it is mapped, then unmaps it.
 fn copy_mapped(staging: &wgpu::Buffer, len: usize, signal: &MapSignal, out: &mut Vec<f32>) -> Result<(), WgpuError> {
-    map_outcome(signal).ok_or_else(|| WgpuError::ReadBack("the logits are not mapped yet".into()))??;
+    let Some(outcome) = map_outcome(signal) else {
+        // Waiting failed before the map completed: cancel it, so the next step can map again.
+        staging.unmap();
+        return Err(WgpuError::ReadBack("the logits are not mapped yet".into()));
+    };
+    outcome?;
     {
         let slice = staging.slice(0..(len * 4) as u64);
         let view = slice.get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
