@@ -67,7 +67,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   process.stderr.write(`WebGPU (${result.stats.adapter.name}): ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s, wasm memory ${(result.stats.wasm_memory_bytes / 2 ** 20).toFixed(0)} MiB\n`);
 });
 
-test("backend 'auto' picks WebGPU when an adapter exists", { timeout: 1_800_000 }, async () => {
+test("backend 'auto' skips a software adapter (SwiftShader) for the wasm CPU engine, and says why", { timeout: 900_000 }, async () => {
   const stats = await page.evaluate(async ({ modelUrl }) => {
     const { createEngine } = await import('/dist/index.js');
     const engine = await createEngine({ model: modelUrl, worker: false, cache: false });
@@ -75,6 +75,7 @@ test("backend 'auto' picks WebGPU when an adapter exists", { timeout: 1_800_000 
     await engine.unload();
     return stats;
   }, { modelUrl: `/models/${expected.model_file}` });
-  assert.equal(stats.backend, 'webgpu', JSON.stringify(stats));
-  assert.equal(stats.fallback_reason, null);
+  // This test machine has no GPU: Chromium's only adapter is SwiftShader (device type Cpu).
+  assert.equal(stats.backend, 'cpu-wasm', JSON.stringify(stats));
+  assert.match(stats.fallback_reason, /software renderer/);
 });

@@ -105,6 +105,11 @@ impl WasmEngine {
                 "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
                 "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
                 "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
+                    // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
+                    // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
+                    Ok(gpu) if backend == "auto" && gpu.info().device_type == "Cpu" => {
+                        (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
+                    }
                     Ok(gpu) => (Some(gpu), None),
                     Err(e) if backend == "auto" => (None, Some(e.to_string())),
                     Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),

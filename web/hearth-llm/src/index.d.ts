@@ -51,8 +51,9 @@ export interface CreateEngineOptions {
   /** URL models: keep them in OPFS (Cache Storage fallback) and reuse without a request (default true);
    * false: neither read nor write the cache; 'revalidate': reuse only if a HEAD's ETag/Content-Length match. */
   cache?: boolean | 'revalidate';
-  /** 'auto' (default): WebGPU when a device opens, else the WebAssembly CPU engine
-   * (`runtimeStats().fallback_reason` says why). 'webgpu': rejects with code 'no-webgpu' when the
+  /** 'auto' (default): WebGPU when a device opens on a hardware adapter, else the WebAssembly CPU
+   * engine (`runtimeStats().fallback_reason` says why: no adapter, or a software one such as
+   * SwiftShader, which is slower than the CPU engine). 'webgpu': rejects with code 'no-webgpu' when the
    * browser has no adapter. 'cpu': the WebAssembly CPU engine. */
   backend?: 'auto' | 'cpu' | 'webgpu';
   /** Aborts the download / cache read (rejects with code 'aborted'). */
