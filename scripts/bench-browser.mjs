@@ -84,7 +84,7 @@ try {
     const runs = [];
     for (let i = 0; i < reps; i++) runs.push(await run());
     await engine.unload();
-    return { runs, threads: stats.threads ?? 1, adapter: stats.adapter?.name ?? null };
+    return { runs, threads: stats.threads ?? 1, adapter: stats.adapter ? `${stats.adapter.device_type} adapter` : null };
   }, { modelUrl: `/models/${modelFile}`, prompt: PROMPT, nTokens, reps, backend });
   process.stderr.write('hearth-llm (cpu): loading…\n');
   const hearth = await runHearth('cpu', nTokens, reps);

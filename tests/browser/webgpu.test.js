@@ -53,8 +53,10 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt });
 
   const last = result.chunks.at(-1);
+  process.stderr.write(`WebGPU token ids: ${JSON.stringify(last.hearth.token_ids)}\n`);
   assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
-  assert.ok(result.stats.adapter?.name, JSON.stringify(result.stats));
+  // Browsers may hide the adapter's name (SwiftShader's is ''); the API is always the browser's.
+  assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
   assert.ok(result.stats.adapter.max_storage_buffer_binding_size > 0);
   assert.equal(typeof result.stats.adapter.shader_f16, 'boolean');
   // On WebGPU the model is never copied into wasm memory (weights are read from the JS-held file in
@@ -64,7 +66,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   assert.deepEqual(last.hearth.token_ids, expected.tokens);
   assert.equal(result.chunks.map((c) => c.choices[0].text).join(''), expected.text);
   assert.equal(last.choices[0].finish_reason, 'length');
-  process.stderr.write(`WebGPU (${result.stats.adapter.name}): ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s, wasm memory ${(result.stats.wasm_memory_bytes / 2 ** 20).toFixed(0)} MiB\n`);
+  process.stderr.write(`WebGPU (${result.stats.adapter.device_type} adapter): ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s, wasm memory ${(result.stats.wasm_memory_bytes / 2 ** 20).toFixed(0)} MiB\n`);
 });
 
 test("backend 'auto' skips a software adapter (SwiftShader) for the wasm CPU engine, and says why", { timeout: 900_000 }, async () => {
