@@ -1,6 +1,8 @@
 #!/usr/bin/env node
-// Browser benchmark: hearth-llm (wasm CPU engine) vs wllama (llama.cpp in wasm) on the same GGUF, in
-// ONE headless Chromium run, on a cross-origin isolated page (COOP/COEP, so wllama can use its
+// Browser benchmark: hearth-llm (wasm CPU engine, and its WebGPU engine on the browser's adapter) vs
+// wllama (llama.cpp in wasm) on the same GGUF, in ONE headless Chromium run (--enable-unsafe-webgpu;
+// without a GPU, Chromium's adapter is SwiftShader, a CPU Vulkan: that row is a correctness-path
+// figure, not GPU speed), on a cross-origin isolated page (COOP/COEP, so wllama can use its
 // multi-threaded build). Same prompt, greedy, EOS ignored, same number of generated tokens.
 // Per engine and thread count: one warm-up request, then `reps` measured ones; the median of each
 // figure is printed. Before each measured request a different short one ('Hello', 1 token) runs on
@@ -10,6 +12,7 @@
 // wall time of the whole request measured in the page.
 //
 //   node scripts/bench-browser.mjs [--model gemma-3-270m-q4_k_m.gguf] [--tokens 64] [--reps 3] [--threads 1,2]
+//        [--webgpu-tokens 16] [--webgpu-reps 1]   (--webgpu-reps 0 skips the WebGPU row)
 // (scripts/bench-browser.sh builds the package first.) Not a test: it asserts nothing about speed.
 
 import { existsSync } from 'node:fs';
@@ -27,6 +30,8 @@ const arg = (name, fallback) => {
 const modelFile = arg('model', 'gemma-3-270m-q4_k_m.gguf');
 const nTokens = Number(arg('tokens', 64));
 const reps = Number(arg('reps', 3));
+const webgpuTokens = Number(arg('webgpu-tokens', 16));
+const webgpuReps = Number(arg('webgpu-reps', 1));
 const wllamaThreads = arg('threads', `1,${Math.min(cpus().length, 8)}`).split(',').map(Number);
 const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
 const dist = join(root, 'web/hearth-llm/dist');
@@ -47,7 +52,7 @@ const isolation = { 'cross-origin-opener-policy': 'same-origin', 'cross-origin-e
 const { server, origin } = await serve({ '/dist/': dist, '/wllama/': wllamaDir, '/models/': modelsDir, '/': join(root, 'tests/browser') }, isolation);
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
+  args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
 });
 const rows = [];
 try {
@@ -62,10 +67,9 @@ try {
     prefill: median(runs.map((r) => r.prefill)), decode: median(runs.map((r) => r.decode)), wall_ms: median(runs.map((r) => r.wall_ms)),
   });
 
-  process.stderr.write('hearth-llm: loading…\n');
-  const hearth = await page.evaluate(async ({ modelUrl, prompt, nTokens, reps }) => {
+  const runHearth = (backend, nTokens, reps) => page.evaluate(async ({ modelUrl, prompt, nTokens, reps, backend }) => {
     const { createEngine } = await import('/dist/index.js');
-    const engine = await createEngine({ model: modelUrl, worker: true, cache: false });
+    const engine = await createEngine({ model: modelUrl, worker: true, cache: false, backend });
     const stats = await engine.runtimeStats();
     const run = async () => {
       // hearth reuses a cached prompt prefix: a different prompt first, so the measured one is evaluated
@@ -80,9 +84,16 @@ try {
     const runs = [];
     for (let i = 0; i < reps; i++) runs.push(await run());
     await engine.unload();
-    return { runs, threads: stats.threads ?? 1 };
-  }, { modelUrl: `/models/${modelFile}`, prompt: PROMPT, nTokens, reps });
+    return { runs, threads: stats.threads ?? 1, adapter: stats.adapter ? `${stats.adapter.device_type} adapter` : null };
+  }, { modelUrl: `/models/${modelFile}`, prompt: PROMPT, nTokens, reps, backend });
+  process.stderr.write('hearth-llm (cpu): loading…\n');
+  const hearth = await runHearth('cpu', nTokens, reps);
   rows.push(summarize('hearth-llm (wasm CPU)', hearth.threads, hearth.runs));
+  if (webgpuReps > 0) {
+    process.stderr.write('hearth-llm (webgpu): loading…\n');
+    const gpu = await runHearth('webgpu', webgpuTokens, webgpuReps);
+    rows.push(summarize(`hearth-llm (WebGPU: ${gpu.adapter}; ${webgpuTokens} generated)`, '—', gpu.runs));
+  }
 
   for (const threads of wllamaThreads) {
     process.stderr.write(`wllama, ${threads} thread(s): loading…\n`);

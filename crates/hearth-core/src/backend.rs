@@ -6,7 +6,14 @@ use crate::error::Result;
 use crate::gguf::ByteSource;
 use crate::graph::{Graph, StepInput, WeightDesc, WeightId};
 use crate::kv::{BlockCopy, KvGroup, KvType};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+/// What [`Backend::logits_ready`] returns when the logits are not available yet: resolves once
+/// they can be taken. `'static` (owns what it waits on) so it can be awaited while the caller
+/// holds `&mut` to the backend; not `Send` (a browser's WebGPU objects live on one thread).
+pub type LogitsFuture = Pin<Box<dyn Future<Output = Result<()>>>>;
 
 /// Where a weight's bytes are: a range of the model's source, so a backend can read it in place
 /// (CPU + mmap) or stream it to device memory without a second host copy.
@@ -102,6 +109,31 @@ pub trait Backend: Send {
     /// row-major; n_out = the number of sequences for `LogitsMode::Last`, of tokens for `All`)
     /// into `logits`. Backends check `input` with [`StepInput::validate`] first.
     fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()>;
+
+    // The split step: `submit`, await `logits_ready` (when it is `Some`), then `take_logits`.
+    // This is how a step runs in the browser, where a GPU readback completes only on the JS event
+    // loop and must not be waited for by blocking. [`crate::runner::Runner::step_async`] drives
+    // it; the defaults run `execute` inside `submit`, so synchronous backends (CPU) need nothing.
+
+    /// Starts a step. The default runs it to completion with [`Backend::execute`], writing the
+    /// logits into `logits` right away. A backend that overrides it starts the work, returns, and
+    /// writes `logits` only in [`Backend::take_logits`].
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        self.execute(graph, kv, input, logits)
+    }
+
+    /// `None` when the submitted step's logits can be taken now; otherwise a future to await
+    /// first.
+    fn logits_ready(&mut self) -> Option<LogitsFuture> {
+        None
+    }
+
+    /// Writes the logits of the submitted step ([n_out, n_vocab], as for `execute`) into
+    /// `logits`, or reports the step's failure. The default: `submit` already wrote them.
+    fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
+        let _ = logits;
+        Ok(())
+    }
 
     /// Copies a buffer of the last execution of `graph` by name (debug taps, op conformance tests).
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;

@@ -2,6 +2,7 @@
 //! between calls so a chat turn only evaluates what is new.
 
 use crate::backend::Backend;
+use crate::block_on::block_on;
 use crate::chat::ChatTemplate;
 use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
@@ -191,7 +192,13 @@ impl Session {
 
     /// Appends `tokens` to the context and returns logits: `[n_vocab]` for the last token
     /// (`LogitsMode::Last`) or `[tokens.len(), n_vocab]` (`LogitsMode::All`).
+    /// Synchronous: [`Session::eval_async`] polled once (see [`crate::block_on`]).
     pub fn eval(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<&[f32]> {
+        block_on(self.eval_async(tokens, mode))
+    }
+
+    /// [`Session::eval`] for backends whose logits arrive later (WebGPU in a browser).
+    pub async fn eval_async(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<&[f32]> {
         if tokens.is_empty() {
             return Err(CoreError::InvalidArgument("eval needs at least one token".into()));
         }
@@ -201,7 +208,7 @@ impl Session {
         }
         self.logits.clear();
         for chunk in tokens.chunks(self.prefill_chunk) {
-            let logits = self.runner.step(&[BatchEntry { seq: self.seq, tokens: chunk }], mode)?;
+            let logits = self.runner.step_async(&[BatchEntry { seq: self.seq, tokens: chunk }], mode).await?;
             if mode == LogitsMode::All {
                 self.logits.extend_from_slice(logits);
             } else {
@@ -257,7 +264,19 @@ impl Engine {
 
     /// Generates a continuation of `prompt`. Tokens already in the KV cache as a prefix of the
     /// prompt are reused. `on_text(delta)` receives streamed text; returning false cancels.
+    /// Synchronous: [`Engine::generate_async`] polled once (see [`crate::block_on`]).
     pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        block_on(self.generate_async(prompt, options, on_text))
+    }
+
+    /// The generation loop (the only one): [`Engine::generate`] for backends whose logits arrive
+    /// later (WebGPU in a browser).
+    pub async fn generate_async(
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
@@ -268,7 +287,7 @@ impl Engine {
         }
         let start = Instant::now();
         let common = self.session.prepare_prompt(prompt)?;
-        let mut logits = self.session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
+        let mut logits = self.session.eval_async(&prompt[common..], LogitsMode::Last).await?.to_vec();
         let prompt_ms = ms(start);
 
         let mut sampler = Sampler::new(options.sampling.clone());
@@ -297,7 +316,7 @@ impl Engine {
             if self.session.remaining() == 0 {
                 break FinishReason::ContextFull;
             }
-            logits = self.session.eval(&[token], LogitsMode::Last)?.to_vec();
+            logits = self.session.eval_async(&[token], LogitsMode::Last).await?.to_vec();
         };
         let (tokens, text) = output.finish();
         let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);

@@ -14,6 +14,7 @@
 //! - [`speculative`]: speculative decoding (draft model or prompt lookup) over any backend.
 
 pub mod backend;
+pub mod block_on;
 pub mod chat;
 pub mod engine;
 pub mod error;

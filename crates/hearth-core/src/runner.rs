@@ -2,6 +2,7 @@
 //! single-sequence [`crate::engine::Session`] and the batching scheduler both drive this.
 
 use crate::backend::{Backend, GraphId, KvId, KvLayout};
+use crate::block_on::block_on;
 use crate::engine::EngineOptions;
 use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
@@ -113,8 +114,44 @@ impl Runner {
 
     /// Appends each entry's tokens to its sequence in one forward pass and returns the logits:
     /// `[batch.len(), n_vocab]` (the last token of each entry) or `[total tokens, n_vocab]`.
-    /// On error no sequence changes.
+    /// On error no sequence changes. Synchronous: [`Runner::step_async`] polled once.
     pub fn step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<&[f32]> {
+        block_on(self.step_async(batch, mode))
+    }
+
+    /// [`Runner::step`] for backends whose logits arrive later (WebGPU in a browser): submits the
+    /// step, awaits [`Backend::logits_ready`], takes the logits. If this future is dropped before
+    /// it finishes, the entries keep their reserved (uncommitted) positions: truncate them.
+    pub async fn step_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<&[f32]> {
+        let lens = self.submit_step(batch, mode)?;
+        let result = match self.backend.logits_ready() {
+            Some(ready) => ready.await,
+            None => Ok(()),
+        };
+        // take_logits also when waiting failed: the backend then drops the pending step.
+        let taken = self.backend.take_logits(&mut self.logits);
+        let result = result.and(taken);
+        if let Err(err) = result {
+            self.undo_reservations(batch, &lens)?;
+            return Err(err);
+        }
+        for e in batch {
+            self.kv.commit(e.seq, e.tokens)?;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Gives back the positions reserved for `batch` (sequences back to `lens`).
+    fn undo_reservations(&mut self, batch: &[BatchEntry<'_>], lens: &[usize]) -> Result<()> {
+        for (e, &len) in batch.iter().zip(lens) {
+            self.kv.truncate(e.seq, len)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the batch, reserves KV positions and submits the step; returns each entry's length
+    /// before the step. On error nothing stays reserved.
+    fn submit_step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<Vec<usize>> {
         let n_vocab = self.model.config.n_vocab;
         for (i, e) in batch.iter().enumerate() {
             if e.tokens.is_empty() {
@@ -167,18 +204,13 @@ impl Runner {
             .map(|(e, &pos0)| SeqStep { n_tokens: e.tokens.len(), pos0, block_tables: self.kv.block_tables(e.seq) })
             .collect();
         let input = StepInput { tokens: &self.tokens_scratch, seqs: &seqs };
-        let result = self.backend.execute(graph, self.kv_id, input, &mut self.logits);
+        let result = self.backend.submit(graph, self.kv_id, input, &mut self.logits);
         drop(seqs);
         if let Err(err) = result {
-            for (e, &len) in batch.iter().zip(&lens) {
-                self.kv.truncate(e.seq, len)?;
-            }
+            self.undo_reservations(batch, &lens)?;
             return Err(err);
         }
-        for e in batch {
-            self.kv.commit(e.seq, e.tokens)?;
-        }
-        Ok(&self.logits)
+        Ok(lens)
     }
 }
 

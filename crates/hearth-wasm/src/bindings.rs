@@ -1,13 +1,18 @@
-//! The JS-facing class. Every method returns `Result<_, JsValue>`: bad bytes, bad JSON, unknown
-//! architectures and context overflow reach JS as an `Error` with hearth's message and a stable
-//! `code` property (`WasmError::code`), never a trap.
+//! The JS-facing class. `load` and `generate` return Promises (a WebGPU step completes on the JS
+//! event loop); every failure reaches JS as an `Error` with hearth's message and a stable `code`
+//! property (`WasmError::code`), never a trap.
 
 use crate::error::WasmError;
+use crate::gpu::{classify, JsBytes};
 use crate::host::EngineHost;
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
 use hearth_core::backend::Backend;
+use hearth_wgpu::{DeviceInfo, GpuWatch, WgpuBackend, WgpuOptions};
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
 
 /// Runs once when the module is instantiated: panics (bugs, not input errors: those are
 /// `JsError`s) are logged to the console with their message and location before the trap.
@@ -35,117 +40,210 @@ fn busy() -> JsValue {
     coded_error("busy", "the engine is busy generating")
 }
 
-/// A model on the CPU fallback backend. Methods take `&self` (state in cells) so that
-/// `interrupt()` may be called from inside an `on_chunk` callback while `generate` runs.
-#[wasm_bindgen]
-pub struct WasmEngine {
-    host: RefCell<Option<EngineHost>>,
+/// A loaded model and what runs it.
+struct Loaded {
+    host: EngineHost,
+    /// WebGPU: the device's fault watch and what was opened.
+    gpu: Option<(GpuWatch, DeviceInfo)>,
+    /// backend 'auto' that fell back to the CPU: why.
+    fallback_reason: Option<String>,
+}
+
+impl Loaded {
+    /// A failure of a WebGPU step reported with the device's own reason when it has one.
+    fn classify(&self, error: WasmError) -> WasmError {
+        match &self.gpu {
+            Some((watch, _)) => classify(watch, error),
+            None => error,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    loaded: RefCell<Option<Loaded>>,
     interrupted: Cell<bool>,
 }
 
-impl Default for WasmEngine {
-    fn default() -> Self {
-        Self::new()
-    }
+/// A model on WebGPU or the CPU fallback. State is shared with the Promises `load`/`generate`
+/// return, so `interrupt()` may be called from inside an `on_chunk` callback while one runs.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct WasmEngine {
+    state: Rc<State>,
 }
 
 #[wasm_bindgen]
 impl WasmEngine {
     #[wasm_bindgen(constructor)]
     pub fn new() -> WasmEngine {
-        WasmEngine { host: RefCell::new(None), interrupted: Cell::new(false) }
+        WasmEngine::default()
     }
 
-    /// Loads a GGUF model from its bytes (copied once into wasm memory). `options_json`: `{"n_ctx":
-    /// 2048, "prefill_chunk": 256}` or "" for defaults. `on_progress(done_bytes, total_bytes)`.
-    pub fn load(&self, bytes: &js_sys::Uint8Array, options_json: &str, on_progress: Option<js_sys::Function>) -> Result<(), JsValue> {
-        let options = LoadOptions::parse(options_json).map_err(js_error)?;
-        let mut slot = self.host.try_borrow_mut().map_err(|_| busy())?;
-        *slot = None; // free the previous model before the new one is copied in
-        // try_reserve: a model larger than the wasm heap can grow to is an `out-of-memory` error, not
-        // an allocation abort (which would trap and poison the module).
-        let length = bytes.length() as usize;
-        let mut model = Vec::new();
-        model.try_reserve_exact(length).map_err(|_| {
-            coded_error(
-                "out-of-memory",
-                &format!("cannot allocate {} MiB of WebAssembly memory for the model (the wasm32 engine addresses at most 4 GiB in all)", length >> 20),
-            )
-        })?;
-        model.resize(length, 0);
-        bytes.copy_to(&mut model);
-        let backend: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
-        let mut report = |done: u64, total: u64| {
-            if let Some(f) = &on_progress {
-                // A throwing progress callback must not abort the load.
-                let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
-            }
-        };
-        *slot = Some(EngineHost::load(model, &options, backend, &mut report).map_err(js_error)?);
-        Ok(())
+    /// Loads a GGUF model. `backend`: "webgpu" (fails with code `no-webgpu` without an adapter),
+    /// "cpu", or "auto" (WebGPU when a device opens, else CPU). On WebGPU the weights are read
+    /// tensor by tensor from `bytes` (JS memory) into GPU buffers and the model is never copied
+    /// into wasm memory; the CPU engine copies it once. `options_json`: `{"n_ctx": 2048}` or "".
+    /// `on_progress(done_bytes, total_bytes)`. Resolves to undefined.
+    pub fn load(&self, bytes: &js_sys::Uint8Array, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+        let state = self.state.clone();
+        let bytes = bytes.clone();
+        let options_json = options_json.to_string();
+        let backend = backend.to_string();
+        future_to_promise(async move {
+            let options = LoadOptions::parse(&options_json).map_err(js_error)?;
+            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
+            *slot = None; // free the previous model (and its device) first
+            let mut report = |done: u64, total: u64| {
+                if let Some(f) = &on_progress {
+                    // A throwing progress callback must not abort the load.
+                    let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
+                }
+            };
+            let (gpu, fallback_reason) = match backend.as_str() {
+                "cpu" => (None, None),
+                "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
+                "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
+                "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
+                    // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
+                    // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
+                    Ok(gpu) if backend == "auto" && gpu.info().device_type == "Cpu" => {
+                        (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
+                    }
+                    Ok(gpu) => (Some(gpu), None),
+                    Err(e) if backend == "auto" => (None, Some(e.to_string())),
+                    Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
+                },
+                other => return Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{other}'")))),
+            };
+            let loaded = match gpu {
+                Some(gpu) => {
+                    let watch = gpu.watch();
+                    let info = gpu.info().clone();
+                    let source = Arc::new(JsBytes::new(bytes));
+                    let host = EngineHost::load_source(source, &options, Box::new(gpu), &mut report).map_err(|e| js_error(classify(&watch, e)))?;
+                    // Allocation failures of the upload are reported asynchronously.
+                    watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
+                    Loaded { host, gpu: Some((watch, info)), fallback_reason }
+                }
+                None => {
+                    let model = copy_into_wasm(&bytes)?;
+                    let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+                    Loaded { host: EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?, gpu: None, fallback_reason }
+                }
+            };
+            *slot = Some(loaded);
+            Ok(JsValue::UNDEFINED)
+        })
     }
 
     /// Generates for `prompt_json` (a JSON string = raw completion, or a JSON array of chat
     /// messages) with `options_json` (OpenAI-named sampling options). `on_chunk(text)` receives
-    /// each text delta; returning `false` interrupts. Returns the report as a JSON string.
-    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: &js_sys::Function) -> Result<String, JsValue> {
-        let input = PromptInput::parse(prompt_json).map_err(js_error)?;
-        let options = RequestOptions::parse(options_json).map_err(js_error)?;
-        let mut slot = self.host.try_borrow_mut().map_err(|_| busy())?;
-        let host = slot.as_mut().ok_or_else(|| js_error(WasmError::NotLoaded))?;
-        self.interrupted.set(false);
-        let default_seed = (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64;
-        let now_unix = (js_sys::Date::now() / 1000.0) as i64;
-        let mut callback_error = None;
-        let mut on_text = |delta: &str| {
-            if self.interrupted.get() {
-                return false;
-            }
-            match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
-                Ok(result) => result != JsValue::FALSE && !self.interrupted.get(),
-                Err(e) => {
-                    callback_error = Some(e);
-                    false
+    /// each text delta; returning `false` interrupts. Resolves to the report as a JSON string.
+    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function) -> js_sys::Promise {
+        let state = self.state.clone();
+        let prompt_json = prompt_json.to_string();
+        let options_json = options_json.to_string();
+        future_to_promise(async move {
+            let input = PromptInput::parse(&prompt_json).map_err(js_error)?;
+            let options = RequestOptions::parse(&options_json).map_err(js_error)?;
+            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
+            let loaded = slot.as_mut().ok_or_else(|| js_error(WasmError::NotLoaded))?;
+            state.interrupted.set(false);
+            let default_seed = (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64;
+            let now_unix = (js_sys::Date::now() / 1000.0) as i64;
+            let mut callback_error = None;
+            let mut on_text = |delta: &str| {
+                if state.interrupted.get() {
+                    return false;
                 }
+                match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
+                    Ok(result) => result != JsValue::FALSE && !state.interrupted.get(),
+                    Err(e) => {
+                        callback_error = Some(e);
+                        false
+                    }
+                }
+            };
+            let result = loaded.host.generate_async(&input, &options, default_seed, Some(now_unix), &mut on_text).await;
+            let report = result.map_err(|e| js_error(loaded.classify(e)))?;
+            if let Some(e) = callback_error {
+                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
+                return Err(coded_error("internal", &format!("on_chunk threw: {message}")));
             }
-        };
-        let report = host.generate(&input, &options, default_seed, Some(now_unix), &mut on_text).map_err(js_error)?;
-        if let Some(e) = callback_error {
-            let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
-            return Err(coded_error("internal", &format!("on_chunk threw: {message}")));
-        }
-        serde_json::to_string(&report).map_err(|e| coded_error("internal", &format!("serializing the report: {e}")))
+            let json = serde_json::to_string(&report).map_err(|e| coded_error("internal", &format!("serializing the report: {e}")))?;
+            Ok(JsValue::from_str(&json))
+        })
     }
 
     /// Asks a running `generate` to stop after the current token (call it from `on_chunk`).
     pub fn interrupt(&self) {
-        self.interrupted.set(true);
+        self.state.interrupted.set(true);
     }
 
-    /// Frees the model (its wasm memory is kept by the module for reuse).
+    /// Frees the model (its wasm memory is kept by the module for reuse; GPU buffers are freed).
     pub fn unload(&self) -> Result<(), JsValue> {
-        let mut slot = self.host.try_borrow_mut().map_err(|_| busy())?;
+        let mut slot = self.state.loaded.try_borrow_mut().map_err(|_| busy())?;
         *slot = None;
         Ok(())
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.host.try_borrow().map(|h| h.is_some()).unwrap_or(true)
+        self.state.loaded.try_borrow().map(|h| h.is_some()).unwrap_or(true)
     }
 
-    /// `{"backend": "cpu-wasm", "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "model": {...}}`.
+    /// `{"backend": "webgpu" | "cpu-wasm", "adapter": {...} | null, "fallback_reason": string |
+    /// null, "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "backend_memory_bytes": n,
+    /// "model": {...}}`.
     pub fn runtime_stats(&self) -> Result<String, JsValue> {
-        let slot = self.host.try_borrow().map_err(|_| busy())?;
+        let slot = self.state.loaded.try_borrow().map_err(|_| busy())?;
         let memory = wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>();
         let wasm_memory_bytes = memory.buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length();
+        let gpu = slot.as_ref().and_then(|l| l.gpu.as_ref());
+        let adapter = gpu.map(|(_, i)| {
+            serde_json::json!({
+                "name": i.adapter_name,
+                "backend": i.backend,
+                "device_type": i.device_type,
+                "shader_f16": i.shader_f16,
+                "subgroups": i.subgroups,
+                "max_storage_buffer_binding_size": i.max_storage_binding,
+                "max_buffer_size": i.max_buffer_size,
+            })
+        });
         let stats = serde_json::json!({
-            "backend": "cpu-wasm",
+            "backend": if gpu.is_some() { "webgpu" } else { "cpu-wasm" },
+            "adapter": adapter,
+            "fallback_reason": slot.as_ref().and_then(|l| l.fallback_reason.clone()),
             "simd128": cfg!(target_feature = "simd128"),
             "threads": 1,
             "wasm_memory_bytes": wasm_memory_bytes,
-            "backend_memory_bytes": slot.as_ref().map(|h| h.backend_memory_bytes()),
-            "model": slot.as_ref().map(|h| h.info()),
+            "backend_memory_bytes": slot.as_ref().map(|l| l.host.backend_memory_bytes()),
+            "model": slot.as_ref().map(|l| l.host.info()),
         });
         Ok(stats.to_string())
     }
+}
+
+/// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).
+fn has_navigator_gpu() -> bool {
+    let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
+    !navigator.is_undefined() && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
+}
+
+/// The CPU engine reads weights in place, so it needs the model in wasm memory: one copy.
+/// try_reserve: a model larger than the wasm heap can grow to is an `out-of-memory` error, not an
+/// allocation abort (which would trap and poison the module).
+fn copy_into_wasm(bytes: &js_sys::Uint8Array) -> Result<Vec<u8>, JsValue> {
+    let length = bytes.length() as usize;
+    let mut model = Vec::new();
+    model.try_reserve_exact(length).map_err(|_| {
+        coded_error(
+            "out-of-memory",
+            &format!("cannot allocate {} MiB of WebAssembly memory for the model (the wasm32 engine addresses at most 4 GiB in all)", length >> 20),
+        )
+    })?;
+    model.resize(length, 0);
+    bytes.copy_to(&mut model);
+    Ok(model)
 }

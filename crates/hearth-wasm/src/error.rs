@@ -15,6 +15,15 @@ pub enum WasmError {
     /// `generate` or `runtime_stats` before `load` (or after `unload`).
     #[error("no model is loaded; call load() first")]
     NotLoaded,
+    /// backend 'webgpu' was asked for, but no adapter or device could be opened.
+    #[error("WebGPU is not available: {0}")]
+    NoWebGpu(String),
+    /// The GPU device was lost; the engine must be loaded again.
+    #[error("the GPU device was lost ({0}); load the model again")]
+    DeviceLost(String),
+    /// A GPU (or wasm memory) allocation failed.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 impl WasmError {
@@ -27,6 +36,9 @@ impl WasmError {
         match self {
             WasmError::BadRequest { .. } => "bad-argument",
             WasmError::NotLoaded => "not-loaded",
+            WasmError::NoWebGpu(_) => "no-webgpu",
+            WasmError::DeviceLost(_) => "device-lost",
+            WasmError::OutOfMemory(_) => "out-of-memory",
             WasmError::Core(core) => match core {
                 C::BadMagic { .. }
                 | C::Truncated { .. }

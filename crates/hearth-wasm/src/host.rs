@@ -88,9 +88,21 @@ impl EngineHost {
         backend: Box<dyn Backend>,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
+        Self::load_source(Arc::new(OwnedBytes(bytes)), options, backend, on_progress)
+    }
+
+    /// [`EngineHost::load`] from any byte source (in the browser on WebGPU: the JS-held file,
+    /// read tensor by tensor, never copied whole into wasm memory). The source is dropped when
+    /// this returns unless the backend keeps weight views into it (the CPU backend does).
+    pub fn load_source(
+        source: Arc<dyn ByteSource>,
+        options: &LoadOptions,
+        backend: Box<dyn Backend>,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
         let engine_options = options.engine_options()?;
-        let file_bytes = bytes.len() as u64;
-        let file = GgufFile::read(Arc::new(OwnedBytes(bytes)))?;
+        let file_bytes = source.len();
+        let file = GgufFile::read(source)?;
         let architecture = file.architecture()?.to_string();
         let engine = Engine::load(&file, backend, &engine_options, on_progress)?;
         let config = engine.session().config();
@@ -144,8 +156,21 @@ impl EngineHost {
     }
 
     /// Runs one request; `on_text(delta)` streams text, returning false interrupts (the report
-    /// then says `cancelled`).
+    /// then says `cancelled`). Synchronous: [`EngineHost::generate_async`] polled once.
     pub fn generate(
+        &mut self,
+        input: &PromptInput,
+        options: &RequestOptions,
+        default_seed: u64,
+        now_unix: Option<i64>,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Report> {
+        // The inner result is the request's; the outer one fails only if the backend was async.
+        hearth_core::block_on::block_on(async { Ok(self.generate_async(input, options, default_seed, now_unix, on_text).await) })?
+    }
+
+    /// [`EngineHost::generate`] for backends whose logits arrive later (WebGPU in a browser).
+    pub async fn generate_async(
         &mut self,
         input: &PromptInput,
         options: &RequestOptions,
@@ -160,7 +185,7 @@ impl EngineHost {
         }
         let generate_options = options.generate_options(n_ctx - prompt.len(), default_seed)?;
         let seed = generate_options.sampling.seed;
-        let generation = self.engine.generate(&prompt, &generate_options, on_text)?;
+        let generation = self.engine.generate_async(&prompt, &generate_options, on_text).await?;
         Ok(Report::new(generation, seed))
     }
 }

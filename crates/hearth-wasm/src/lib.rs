@@ -2,9 +2,9 @@
 //! [`host::EngineHost`], which is plain Rust and tested natively:
 //!
 //! ```text
-//! Uint8Array ──copy──> OwnedBytes ──> GgufFile ──> Engine on Box<dyn Backend> (CpuBackend today;
-//!                                                  the WebGPU backend plugs in at the same seam)
-//! generate(prompt JSON, options JSON, on_chunk) ──> text deltas ──> report JSON (usage, ids)
+//! WebGPU: Uint8Array (JS memory) ──JsBytes, per tensor──> GgufFile ──> Engine on WgpuBackend
+//! CPU:    Uint8Array ──copy──> OwnedBytes ──> GgufFile ──> Engine on CpuBackend
+//! generate(prompt JSON, options JSON, on_chunk) ──await──> text deltas ──> report JSON (usage, ids)
 //! ```
 
 pub mod error;
@@ -13,5 +13,7 @@ pub mod request;
 
 #[cfg(target_arch = "wasm32")]
 mod bindings;
+#[cfg(target_arch = "wasm32")]
+mod gpu;
 
 pub use error::{Result, WasmError};

@@ -1,6 +1,8 @@
-//! Adapter and device setup.
+//! Adapter and device setup. Opening is async (a browser resolves `requestAdapter` /
+//! `requestDevice` on its event loop); natively `open` blocks on it with pollster.
 
 use crate::WgpuError;
+use std::sync::{Arc, Mutex};
 
 /// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1`.
 #[derive(Clone, Debug, Default)]
@@ -16,6 +18,7 @@ pub struct WgpuOptions {
 }
 
 impl WgpuOptions {
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn from_env() -> Self {
         let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
         WgpuOptions { no_f16: on("HEARTH_WGPU_NO_F16"), no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"), max_binding_bytes: None }
@@ -40,21 +43,80 @@ pub(crate) struct Gpu {
     pub info: DeviceInfo,
     /// Largest weight chunk bound at once (bytes, multiple of 4).
     pub max_binding: u64,
+    /// The first error the device reported outside an error scope, or its loss.
+    pub faults: FaultWatch,
 }
 
+/// The first device loss or uncaptured error (in a browser, where error scopes cannot be popped
+/// synchronously, allocation and validation errors arrive here). Shared with the device's
+/// callbacks; cloned to callers who want to check after an async wait.
+#[derive(Clone, Default)]
+pub struct FaultWatch(Arc<Mutex<Option<WgpuError>>>);
+
+impl FaultWatch {
+    fn record(&self, error: WgpuError) {
+        if let Ok(mut slot) = self.0.lock() {
+            slot.get_or_insert(error);
+        }
+    }
+
+    /// The recorded fault, if any. A lost device stays lost: it is reported again on every call.
+    pub fn check(&self) -> Result<(), WgpuError> {
+        let slot = self.0.lock().map_err(|_| WgpuError::Execution("fault watch poisoned".into()))?;
+        match &*slot {
+            None => Ok(()),
+            Some(WgpuError::DeviceLost(m)) => Err(WgpuError::DeviceLost(m.clone())),
+            Some(WgpuError::OutOfMemory(m)) => Err(WgpuError::OutOfMemory(m.clone())),
+            Some(other) => Err(WgpuError::Execution(other.to_string())),
+        }
+    }
+}
+
+/// Where a browser's uncaptured errors and device loss go.
+fn watch(device: &wgpu::Device) -> FaultWatch {
+    let faults = FaultWatch::default();
+    let sink = faults.clone();
+    device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+        sink.record(match error {
+            wgpu::Error::OutOfMemory { .. } => WgpuError::OutOfMemory(error.to_string()),
+            other => WgpuError::Execution(other.to_string()),
+        })
+    }));
+    let sink = faults.clone();
+    device.set_device_lost_callback(move |reason, message| sink.record(WgpuError::DeviceLost(format!("{reason:?}: {message}"))));
+    faults
+}
+
+pub(crate) async fn request_adapter_async() -> Result<wgpu::Adapter, WgpuError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    // In the browser: navigator.gpu only (no WebGL fallback: our kernels need compute).
+    #[cfg(target_arch = "wasm32")]
+    let descriptor = wgpu::InstanceDescriptor { backends: wgpu::Backends::BROWSER_WEBGPU, ..wgpu::InstanceDescriptor::new_without_display_handle() };
+    let instance = wgpu::Instance::new(descriptor);
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| WgpuError::NoAdapter(e.to_string()))
+}
+
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn request_adapter() -> Result<wgpu::Adapter, WgpuError> {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-        power_preference: wgpu::PowerPreference::HighPerformance,
-        force_fallback_adapter: false,
-        compatible_surface: None,
-        ..Default::default()
-    }))
-    .map_err(|e| WgpuError::NoAdapter(e.to_string()))
+    pollster::block_on(request_adapter_async())
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
-    let adapter = request_adapter()?;
+    pollster::block_on(open_async(options))
+}
+
+pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
+    let adapter = request_adapter_async().await?;
     let features = adapter.features();
     let shader_f16 = !options.no_f16 && features.contains(wgpu::Features::SHADER_F16);
     let subgroups = !options.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
@@ -67,13 +129,11 @@ pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
     }
     // All the adapter offers: the defaults cap storage bindings at 128 MiB and buffers at 256 MiB.
     let limits = adapter.limits();
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("hearth"),
-        required_features,
-        required_limits: limits.clone(),
-        ..Default::default()
-    }))
-    .map_err(|e| WgpuError::Device(e.to_string()))?;
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor { label: Some("hearth"), required_features, required_limits: limits.clone(), ..Default::default() })
+        .await
+        .map_err(|e| WgpuError::Device(e.to_string()))?;
+    let faults = watch(&device);
     let ai = adapter.get_info();
     let max_storage_binding = limits.max_storage_buffer_binding_size;
     let max_buffer_size = limits.max_buffer_size;
@@ -90,5 +150,5 @@ pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
         max_storage_binding,
         max_buffer_size,
     };
-    Ok(Gpu { device, queue, info, max_binding: max_binding / 4 * 4 })
+    Ok(Gpu { device, queue, info, max_binding: max_binding / 4 * 4, faults })
 }

@@ -16,7 +16,7 @@ mod weights;
 
 use compile::CompiledGraph;
 use device::Gpu;
-use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
+use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, LogitsFuture, WeightData};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
@@ -24,7 +24,7 @@ use kv::GpuKv;
 use shader::PipelineCache;
 use weights::GpuWeight;
 
-pub use device::{DeviceInfo, WgpuOptions};
+pub use device::{DeviceInfo, FaultWatch, WgpuOptions};
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +51,43 @@ pub enum WgpuError {
     Execution(String),
     #[error("reading back a buffer failed: {0}")]
     ReadBack(String),
+    /// The device is gone (driver reset, tab in the background too long, GPU process crash):
+    /// every later step fails; open a new backend.
+    #[error("the GPU device was lost: {0}")]
+    DeviceLost(String),
+    /// A GPU allocation (weights, KV pool, activations) failed.
+    #[error("the GPU is out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 impl From<WgpuError> for CoreError {
     fn from(e: WgpuError) -> Self {
         CoreError::Backend { backend: "wgpu".into(), message: e.to_string() }
+    }
+}
+
+/// See [`WgpuBackend::watch`].
+#[derive(Clone)]
+pub struct GpuWatch {
+    faults: FaultWatch,
+    queue: wgpu::Queue,
+}
+
+impl GpuWatch {
+    /// The device's recorded fault: [`WgpuError::DeviceLost`], [`WgpuError::OutOfMemory`], or
+    /// another uncaptured error as [`WgpuError::Execution`].
+    pub fn check(&self) -> std::result::Result<(), WgpuError> {
+        self.faults.check()
+    }
+
+    /// Waits until the GPU finished everything submitted so far (weight uploads included), then
+    /// checks for faults: in a browser an allocation failure is only reported asynchronously.
+    pub async fn settle(&self) -> std::result::Result<(), WgpuError> {
+        let signal = replay::MapSignal::default();
+        let sink = signal.clone();
+        self.queue.on_submitted_work_done(move || replay::fill(&sink, Ok(())));
+        replay::MapDone(signal).await?;
+        self.check()
     }
 }
 
@@ -66,23 +98,51 @@ pub struct WgpuBackend {
     graphs: Vec<CompiledGraph>,
     pipelines: PipelineCache,
     counters: BackendCounters,
+    /// The submitted step whose logits are being mapped: (graph index, map signal).
+    pending: Option<(usize, replay::MapSignal)>,
 }
 
 /// Whether any WebGPU adapter can be opened here (for `--backend auto`).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn adapter_available() -> bool {
     device::request_adapter().is_ok()
 }
 
+/// Whether any WebGPU adapter can be opened here (`navigator.gpu.requestAdapter()`).
+pub async fn adapter_available_async() -> bool {
+    device::request_adapter_async().await.is_ok()
+}
+
 impl WgpuBackend {
+    /// Opens the device, blocking (native only; in a browser use [`WgpuBackend::new_async`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(options: WgpuOptions) -> std::result::Result<Self, WgpuError> {
-        Ok(WgpuBackend {
-            gpu: device::open(&options)?,
+        Ok(Self::with_gpu(device::open(&options)?))
+    }
+
+    /// Opens the device without blocking (the browser resolves adapter and device on its event
+    /// loop). Requests the adapter's own limits (largest storage binding and buffer) and
+    /// `shader-f16` when offered; [`WgpuBackend::info`] says what was granted.
+    pub async fn new_async(options: WgpuOptions) -> std::result::Result<Self, WgpuError> {
+        Ok(Self::with_gpu(device::open_async(&options).await?))
+    }
+
+    fn with_gpu(gpu: Gpu) -> Self {
+        WgpuBackend {
+            gpu,
             weights: Vec::new(),
             kvs: Vec::new(),
             graphs: Vec::new(),
             pipelines: PipelineCache::default(),
             counters: BackendCounters::default(),
-        })
+            pending: None,
+        }
+    }
+
+    /// A handle on device loss and uncaptured errors (allocation failures in a browser), to
+    /// check after the backend has moved into an engine.
+    pub fn watch(&self) -> GpuWatch {
+        GpuWatch { faults: self.gpu.faults.clone(), queue: self.gpu.queue.clone() }
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -134,6 +194,16 @@ impl Backend for WgpuBackend {
     }
 
     fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        self.submit(graph, kv, input, logits)?;
+        if let Some(ready) = self.logits_ready() {
+            // Only in a browser; an error there (not a hang): use the async step.
+            hearth_core::block_on::block_on(ready)?;
+        }
+        self.take_logits(logits)
+    }
+
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, _logits: &mut Vec<f32>) -> Result<()> {
+        self.gpu.faults.check()?;
         let gi = graph.0 as usize;
         if gi >= self.graphs.len() {
             return Err(WgpuError::UnknownId { what: "graph", id: graph.0 }.into());
@@ -143,13 +213,42 @@ impl Backend for WgpuBackend {
         let made = compiled.ensure_kv_binding(&self.gpu, &mut self.pipelines, kv, kv_store)?;
         self.counters.bind_groups_created += made;
         let n_ops = compiled.graph.ops.len() as u64;
-        compiled.execute(&self.gpu, kv_store, kv, input, logits)?;
+        let signal = compiled.submit(&self.gpu, kv_store, kv, input)?;
+        self.pending = Some((gi, signal));
         self.counters.submits += 1;
         self.counters.steps_executed += 1;
         self.counters.ops_executed += n_ops;
         Ok(())
     }
 
+    fn logits_ready(&mut self) -> Option<LogitsFuture> {
+        let (_, signal) = self.pending.as_ref()?;
+        // Natively the map completes while we wait for the device here.
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Err(e) = replay::wait_idle(&self.gpu) {
+            return Some(Box::pin(std::future::ready(Err(e.into()))));
+        }
+        if replay::map_outcome(signal).is_some() {
+            return None;
+        }
+        let done = replay::MapDone(signal.clone());
+        Some(Box::pin(async move { done.await.map_err(CoreError::from) }))
+    }
+
+    fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
+        let (gi, signal) = self.pending.take().ok_or(WgpuError::Execution("take_logits without a submitted step".into()))?;
+        let copied = self.graphs[gi].take_logits(&signal, logits);
+        // A fault (device lost, out of memory) makes the step's logits meaningless.
+        self.gpu.faults.check()?;
+        Ok(copied?)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn read_buffer(&self, _graph: GraphId, _name: &str) -> Option<Vec<f32>> {
+        None // a readback cannot be waited for synchronously in a browser
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
         let compiled = self.graphs.get(graph.0 as usize)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;

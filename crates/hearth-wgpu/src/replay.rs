@@ -9,6 +9,88 @@ use crate::shader::PipelineCache;
 use crate::WgpuError;
 use hearth_core::backend::KvId;
 use hearth_core::graph::StepInput;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+/// The result of one `map_async` of a staging buffer, filled by wgpu's callback: natively during
+/// `device.poll`, in a browser when the JS promise resolves on the event loop.
+#[derive(Default)]
+pub(crate) struct MapSlot {
+    result: Option<Result<(), String>>,
+    waker: Option<Waker>,
+}
+
+pub(crate) type MapSignal = Arc<Mutex<MapSlot>>;
+
+/// Starts mapping `staging[..bytes]` for reading; the returned signal fills when it is mapped.
+fn start_map(staging: &wgpu::Buffer, bytes: u64) -> MapSignal {
+    let signal = MapSignal::default();
+    let sink = signal.clone();
+    staging.slice(0..bytes).map_async(wgpu::MapMode::Read, move |r| fill(&sink, r.map_err(|e| e.to_string())));
+    signal
+}
+
+/// Completes `signal` (from a wgpu callback) and wakes whoever awaits it.
+pub(crate) fn fill(signal: &MapSignal, result: Result<(), String>) {
+    if let Ok(mut slot) = signal.lock() {
+        slot.result = Some(result);
+        if let Some(waker) = slot.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// The outcome of a started map: `None` while it is still pending.
+pub(crate) fn map_outcome(signal: &MapSignal) -> Option<Result<(), WgpuError>> {
+    let slot = signal.lock().ok()?;
+    slot.result.clone().map(|r| r.map_err(WgpuError::ReadBack))
+}
+
+/// Resolves when the map behind `signal` completed (successfully or not).
+pub(crate) struct MapDone(pub MapSignal);
+
+impl Future for MapDone {
+    type Output = Result<(), WgpuError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = match self.0.lock() {
+            Ok(slot) => slot,
+            Err(_) => return Poll::Ready(Err(WgpuError::ReadBack("map state poisoned".into()))),
+        };
+        match slot.result.clone() {
+            Some(r) => Poll::Ready(r.map_err(WgpuError::ReadBack)),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Natively: validation errors of what was recorded since `push`, synchronously. In a browser a
+/// scope can only be popped on the event loop, so no scope is pushed; errors reach the device's
+/// uncaptured-error handler ([`crate::device::FaultWatch`]) and fail the step that reads them.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn validation_scope(device: &wgpu::Device) -> Option<wgpu::ErrorScopeGuard> {
+    Some(device.push_error_scope(wgpu::ErrorFilter::Validation))
+}
+
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn validation_scope(_device: &wgpu::Device) -> Option<wgpu::ErrorScopeGuard> {
+    None
+}
+
+pub(crate) fn pop_scope(scope: Option<wgpu::ErrorScopeGuard>) -> Option<wgpu::Error> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return scope.and_then(|s| pollster::block_on(s.pop()));
+    #[cfg(target_arch = "wasm32")]
+    {
+        drop(scope);
+        None
+    }
+}
 
 /// What a graph needs to run against one KV pool.
 pub(crate) struct KvBinding {
@@ -35,9 +117,9 @@ pub(crate) fn make_bind_group(
         };
         resolved.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
     }
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let scope = validation_scope(device);
     let group = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &resolved });
-    if let Some(e) = pollster::block_on(scope.pop()) {
+    if let Some(e) = pop_scope(scope) {
         return Err(WgpuError::Execution(format!("bind group: {e}")));
     }
     Ok(group)
@@ -122,7 +204,9 @@ impl CompiledGraph {
         }
     }
 
-    pub fn execute(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<(), WgpuError> {
+    /// Records and submits one step and starts mapping the logits; [`CompiledGraph::take_logits`]
+    /// reads them once the returned signal has filled.
+    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>) -> Result<MapSignal, WgpuError> {
         // Token ids are checked against the embedding tables below.
         input.validate(&self.graph, &kv.layout, usize::MAX).map_err(WgpuError::BadStep)?;
         if let Some(rows) = self.embed_rows {
@@ -135,7 +219,7 @@ impl CompiledGraph {
         kv.fill_tables(self.graph.n_tokens, &input, &mut self.table_words)?;
         gpu.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&self.step_words));
         gpu.queue.write_buffer(&binding.tables, 0, bytemuck::cast_slice(&self.table_words));
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = validation_scope(&gpu.device);
         let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
@@ -156,24 +240,28 @@ impl CompiledGraph {
         let logits_buf = &self.bufs[self.graph.logits.0 as usize];
         encoder.copy_buffer_to_buffer(logits_buf, 0, &self.staging, 0, (self.logits_len * 4) as u64);
         gpu.queue.submit([encoder.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = pop_scope(scope) {
             return Err(WgpuError::Execution(e.to_string()));
         }
-        map_read(gpu, &self.staging, self.logits_len, logits)
+        Ok(start_map(&self.staging, (self.logits_len * 4) as u64))
+    }
+
+    /// Copies the logits of the submitted step out of the mapped staging buffer and unmaps it.
+    pub fn take_logits(&self, signal: &MapSignal, logits: &mut Vec<f32>) -> Result<(), WgpuError> {
+        copy_mapped(&self.staging, self.logits_len, signal, logits)
     }
 }
 
-/// Maps `staging` (MAP_READ), copies `len` f32 out and unmaps.
-fn map_read(gpu: &Gpu, staging: &wgpu::Buffer, len: usize, out: &mut Vec<f32>) -> Result<(), WgpuError> {
-    let slice = staging.slice(0..(len * 4) as u64);
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        // The receiver lives until recv below returns.
-        let _ = tx.send(r);
-    });
-    gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::ReadBack(e.to_string()))?;
-    rx.recv().map_err(|e| WgpuError::ReadBack(e.to_string()))?.map_err(|e| WgpuError::ReadBack(e.to_string()))?;
+/// Copies `len` f32 out of `staging` once `signal` says it is mapped, then unmaps it.
+fn copy_mapped(staging: &wgpu::Buffer, len: usize, signal: &MapSignal, out: &mut Vec<f32>) -> Result<(), WgpuError> {
+    let Some(outcome) = map_outcome(signal) else {
+        // Waiting failed before the map completed: cancel it, so the next step can map again.
+        staging.unmap();
+        return Err(WgpuError::ReadBack("the logits are not mapped yet".into()));
+    };
+    outcome?;
     {
+        let slice = staging.slice(0..(len * 4) as u64);
         let view = slice.get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
         out.clear();
         out.extend_from_slice(bytemuck::cast_slice(&view[..]));
@@ -182,7 +270,14 @@ fn map_read(gpu: &Gpu, staging: &wgpu::Buffer, len: usize, out: &mut Vec<f32>) -
     Ok(())
 }
 
-/// Copies `len` f32 of a storage buffer to the host (debug taps, tests).
+/// Natively: waits until the device finished the submitted work (map callbacks run here).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn wait_idle(gpu: &Gpu) -> Result<(), WgpuError> {
+    gpu.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| WgpuError::ReadBack(e.to_string()))
+}
+
+/// Copies `len` f32 of a storage buffer to the host (debug taps, tests; natively only: it waits).
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, WgpuError> {
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("read_back"),
@@ -193,7 +288,9 @@ pub(crate) fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<
     let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read_back") });
     encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, (len * 4) as u64);
     gpu.queue.submit([encoder.finish()]);
+    let signal = start_map(&staging, (len * 4) as u64);
+    wait_idle(gpu)?;
     let mut out = Vec::new();
-    map_read(gpu, &staging, len, &mut out)?;
+    copy_mapped(&staging, len, &signal, &mut out)?;
     Ok(out)
 }

@@ -116,7 +116,7 @@ impl PipelineCache {
         }
         let source = preprocess(key.file.name(), key.file.source(), &key.defines)?;
         let label = format!("{}:{}[{}]", key.file.name(), key.entry, key.defines.join(","));
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = crate::replay::validation_scope(device);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -129,7 +129,7 @@ impl PipelineCache {
             compilation_options: Default::default(),
             cache: None,
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = crate::replay::pop_scope(scope) {
             return Err(WgpuError::Shader { file: label, message: e.to_string() });
         }
         self.created += 1;

@@ -34,6 +34,9 @@ impl GpuWeight {
     }
 }
 
+/// Bytes per `write_buffer` when a weight is read from a source piece by piece (multiple of 4).
+const UPLOAD_PIECE: usize = 16 << 20;
+
 /// Types the kernels in `shaders/quant.wgsl` decode, with their define.
 pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
@@ -77,28 +80,35 @@ pub(crate) fn upload(
         let offset = data.offset + (row0 * row_bytes) as u64;
         let len = rows * row_bytes;
         let padded = len.div_ceil(4) * 4;
-        let bytes: &[u8] = match data.source.slice(offset, len) {
-            Some(s) if s.len() == padded => s,
-            Some(s) => {
-                owned.clear();
-                owned.extend_from_slice(s);
-                owned.resize(padded, 0);
-                &owned
-            }
-            None => {
-                owned.clear();
-                owned.resize(padded, 0);
-                data.source.read_at(offset, &mut owned[..len]).map_err(|e| bad(e.to_string()))?;
-                &owned
-            }
-        };
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&desc.name),
             size: padded as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        queue.write_buffer(&buffer, 0, bytes);
+        match data.source.slice(offset, len) {
+            Some(s) if s.len() == padded => queue.write_buffer(&buffer, 0, s),
+            Some(s) => {
+                owned.clear();
+                owned.extend_from_slice(s);
+                owned.resize(padded, 0);
+                queue.write_buffer(&buffer, 0, &owned);
+            }
+            None => {
+                // A source that cannot lend its bytes (in a browser: the file in JS memory) is
+                // read in pieces, so host memory never holds more than one piece of the model.
+                let mut done = 0;
+                while done < padded {
+                    let piece = UPLOAD_PIECE.min(padded - done);
+                    let from_source = piece.min(len.saturating_sub(done));
+                    owned.clear();
+                    owned.resize(piece, 0);
+                    data.source.read_at(offset + done as u64, &mut owned[..from_source]).map_err(|e| bad(e.to_string()))?;
+                    queue.write_buffer(&buffer, done as u64, &owned);
+                    done += piece;
+                }
+            }
+        }
         chunks.push(WeightChunk { row0, rows, buffer });
         row0 += rows;
     }

@@ -51,8 +51,10 @@ export interface CreateEngineOptions {
   /** URL models: keep them in OPFS (Cache Storage fallback) and reuse without a request (default true);
    * false: neither read nor write the cache; 'revalidate': reuse only if a HEAD's ETag/Content-Length match. */
   cache?: boolean | 'revalidate';
-  /** 'auto' (default) and 'cpu': the WebAssembly CPU engine. 'webgpu' rejects with code 'no-webgpu'
-   * when the browser has no adapter (this build has no WebGPU engine yet). */
+  /** 'auto' (default): WebGPU when a device opens on a hardware adapter, else the WebAssembly CPU
+   * engine (`runtimeStats().fallback_reason` says why: no adapter, or a software one such as
+   * SwiftShader, which is slower than the CPU engine). 'webgpu': rejects with code 'no-webgpu' when the
+   * browser has no adapter. 'cpu': the WebAssembly CPU engine. */
   backend?: 'auto' | 'cpu' | 'webgpu';
   /** Aborts the download / cache read (rejects with code 'aborted'). */
   signal?: AbortSignal;
@@ -156,8 +158,24 @@ export interface Completion {
   hearth?: HearthDetails;
 }
 
+export interface AdapterInfo {
+  name: string;
+  /** wgpu's name for the API underneath ('BrowserWebGpu'). */
+  backend: string;
+  device_type: string;
+  /** The adapter offers `shader-f16` and it was requested. */
+  shader_f16: boolean;
+  subgroups: boolean;
+  max_storage_buffer_binding_size: number;
+  max_buffer_size: number;
+}
+
 export interface RuntimeStats {
-  backend: 'cpu-wasm';
+  backend: 'webgpu' | 'cpu-wasm';
+  /** WebGPU: the adapter in use and the limits requested from it. */
+  adapter: AdapterInfo | null;
+  /** backend 'auto' running on the CPU: why WebGPU was not used. */
+  fallback_reason: string | null;
   simd128: boolean;
   threads: number;
   worker: boolean;

@@ -49,7 +49,7 @@ export async function createEngine(options) {
   const engineBackend = useWorker ? new WorkerEngine() : new LocalEngine();
   const size = bytes.byteLength;
   try {
-    await engineBackend.load(bytes, { n_ctx: nCtx }, report && ((p) => report({ ...p, fromCache })), owned);
+    await engineBackend.load(bytes, { n_ctx: nCtx, backend }, report && ((p) => report({ ...p, fromCache })), owned);
   } catch (error) {
     engineBackend.terminate?.();
     throw toHearthError(error);
@@ -61,7 +61,7 @@ export async function createEngine(options) {
   return engine;
 }
 
-/** backend: 'webgpu' needs an adapter; this build's engine is the wasm CPU one. */
+/** backend: 'webgpu' needs an adapter: checked before any download. */
 async function requireWebGpu() {
   let adapter = null;
   try {
@@ -72,7 +72,6 @@ async function requireWebGpu() {
   if (!adapter) {
     throw hearthError('no-webgpu', `backend 'webgpu' was requested, but this browser has no WebGPU adapter (${globalThis.navigator?.gpu ? 'navigator.gpu.requestAdapter() returned none: no supported GPU or driver, or WebGPU is blocklisted' : 'navigator.gpu is missing: WebGPU is off or unsupported, or the page is not a secure context'}). Use backend: 'cpu' (or 'auto') to run on the CPU in WebAssembly`);
   }
-  throw hearthError('bad-argument', "backend 'webgpu': this build of hearth-llm has no WebGPU engine yet; use backend: 'cpu' or 'auto'");
 }
 
 let serial = 0;
@@ -108,7 +107,7 @@ export class Engine {
     });
   }
 
-  /** `{ backend: 'cpu-wasm', simd128, threads, worker, wasm_memory_bytes, model: {...} }`. */
+  /** `{ backend: 'webgpu' | 'cpu-wasm', adapter, fallback_reason, simd128, threads, worker, wasm_memory_bytes, backend_memory_bytes, model }`. */
   async runtimeStats() {
     this.#checkLoaded();
     const stats = await this.#enqueue(() => this.#backend.stats());

@@ -1,5 +1,6 @@
 // The wasm engine behind a small async interface shared by the same-thread mode and worker.js:
-//   load(bytes, options, onProgress) · generate(prompt, options, onChunk, shouldStop) → report
+//   load(bytes, { backend: 'auto'|'webgpu'|'cpu', ...engine options }, onProgress)
+//   generate(prompt, options, onChunk, shouldStop) → report
 //   unload() · stats()
 // `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
 // names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
@@ -20,12 +21,14 @@ export class LocalEngine {
   async load(bytes, options, onProgress) {
     await initialize();
     this.#engine ??= new WasmEngine();
-    this.#engine.load(bytes, JSON.stringify(options ?? {}), (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+    const { backend = 'auto', ...engineOptions } = options ?? {};
+    // WebGPU: the bytes stay in JS memory; the engine reads them tensor by tensor into GPU buffers.
+    await this.#engine.load(bytes, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
   async generate(prompt, options, onChunk, shouldStop) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    const report = this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => {
+    const report = await this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => {
       onChunk(text);
       return !shouldStop();
     });

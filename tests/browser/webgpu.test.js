@@ -1,0 +1,83 @@
+// End to end in headless Chromium with WebGPU (--enable-unsafe-webgpu: SwiftShader's Vulkan, a
+// CPU implementation, so this is slow and about correctness only): the built hearth-llm package
+// loads Gemma 3 270M on backend 'webgpu' in its worker and greedy-generates the same 16 tokens as
+// the native CPU backend (the fixture of gemma.test.js: tests/fixtures/browser/generate.sh).
+//
+// Needs what gemma.test.js needs.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { homedir } from 'node:os';
+import { chromium } from 'playwright-core';
+import { serve } from './server.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
+const dist = join(root, 'web/hearth-llm/dist');
+const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
+const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/gemma_fibonacci_greedy.json'), 'utf8'));
+
+let server, origin, browser, page;
+
+before(async () => {
+  assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
+  assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir}`);
+  ({ server, origin } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
+  });
+  page = await (await browser.newContext()).newPage();
+  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
+  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
+  await page.goto(`${origin}/page.html`);
+});
+
+after(async () => {
+  await browser?.close();
+  server?.close();
+});
+
+test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
+  const result = await page.evaluate(async ({ modelUrl, prompt }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const stream = await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: 16 });
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return { chunks, stats };
+  }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt });
+
+  const last = result.chunks.at(-1);
+  process.stderr.write(`WebGPU token ids: ${JSON.stringify(last.hearth.token_ids)}\n`);
+  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
+  // Browsers may hide the adapter's name (SwiftShader's is ''); the API is always the browser's.
+  assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
+  assert.ok(result.stats.adapter.max_storage_buffer_binding_size > 0);
+  assert.equal(typeof result.stats.adapter.shader_f16, 'boolean');
+  // On WebGPU the model is never copied into wasm memory (weights are read from the JS-held file in
+  // 16 MiB pieces): the heap stays well below the file size.
+  assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes / 2, JSON.stringify(result.stats));
+  assert.deepEqual(last.hearth.prompt_token_ids, expected.prompt_tokens);
+  assert.deepEqual(last.hearth.token_ids, expected.tokens);
+  assert.equal(result.chunks.map((c) => c.choices[0].text).join(''), expected.text);
+  assert.equal(last.choices[0].finish_reason, 'length');
+  process.stderr.write(`WebGPU (${result.stats.adapter.device_type} adapter): ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s, wasm memory ${(result.stats.wasm_memory_bytes / 2 ** 20).toFixed(0)} MiB\n`);
+});
+
+test("backend 'auto' skips a software adapter (SwiftShader) for the wasm CPU engine, and says why", { timeout: 900_000 }, async () => {
+  const stats = await page.evaluate(async ({ modelUrl }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, worker: false, cache: false });
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return stats;
+  }, { modelUrl: `/models/${expected.model_file}` });
+  // This test machine has no GPU: Chromium's only adapter is SwiftShader (device type Cpu).
+  assert.equal(stats.backend, 'cpu-wasm', JSON.stringify(stats));
+  assert.match(stats.fallback_reason, /software renderer/);
+});
