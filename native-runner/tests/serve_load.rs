@@ -111,6 +111,13 @@ fn concurrent_streams_match_solo_runs_and_cancellation_frees_everything() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(metric(&addr, "hearth_requests_cancelled_total"), (CONCURRENT / 2) as f64);
+    // The engine publishes its pool state at the end of each step, just after the events that
+    // ended the last streams: give it that step to settle (a leak never settles).
+    let settled = || metric(&addr, "hearth_requests_running") == 0.0 && metric(&addr, "hearth_kv_blocks_used") == 0.0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !settled() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(metric(&addr, "hearth_requests_running"), 0.0);
     assert_eq!(metric(&addr, "hearth_requests_waiting"), 0.0);
     assert_eq!(metric(&addr, "hearth_kv_blocks_used"), 0.0);

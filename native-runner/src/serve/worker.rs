@@ -166,15 +166,19 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
                 let _ = request.events.send(Event::Failed(ApiError::internal(format!("Generation failed: {e}"))));
             }
         }
+        let mut cancelled = 0;
         for id in gone {
             if in_flight.remove(&id).is_some() {
                 metrics.accepted.fetch_sub(1, Ordering::SeqCst);
             }
             if scheduler.cancel(id).is_some() {
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                cancelled += 1;
             }
         }
+        // Publish the pool state before counting the cancellations, so that whoever sees the
+        // cancellation in /metrics also sees the blocks it freed.
         metrics.set_scheduler(scheduler.stats());
+        metrics.cancelled.fetch_add(cancelled, Ordering::SeqCst);
     }
 }
 
