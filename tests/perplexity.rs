@@ -33,8 +33,9 @@ fn gemma_270m_perplexity_within_1_percent() {
 /// f16 ones (same chunks, same code otherwise).
 #[test]
 fn gemma_270m_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
-    let (f16, _) = perplexity_with(GEMMA_270M, KvType::F16, 2);
-    let (q8, _) = perplexity_with(GEMMA_270M, KvType::Q8_0, 2);
+    // The whole text: over 2 chunks the difference is within the estimate's own noise.
+    let (f16, _) = perplexity_with(GEMMA_270M, KvType::F16, usize::MAX);
+    let (q8, _) = perplexity_with(GEMMA_270M, KvType::Q8_0, usize::MAX);
     eprintln!("{GEMMA_270M}: perplexity with f16 KV {f16:.4}, q8_0 KV {q8:.4} ({:+.3}%)", (q8 / f16 - 1.0) * 100.0);
     assert!((q8 - f16).abs() / f16 <= 0.005, "q8_0 KV perplexity {q8:.4} vs f16 {f16:.4}");
 }
