@@ -243,7 +243,8 @@ impl Scheduler {
     fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], events: &mut dyn FnMut(SchedulerEvent)) {
         let n_vocab = self.runner.config().n_vocab;
         let n_ctx = self.runner.n_ctx();
-        let logits = self.runner.last_logits().to_vec();
+        // Borrowed, not copied: the runner is not touched until every row is sampled.
+        let logits = self.runner.last_logits();
         let mut finished = Vec::new();
         for (row, (i, range)) in plan.iter().enumerate() {
             let active = &mut self.running[*i];
