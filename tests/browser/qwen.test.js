@@ -1,0 +1,91 @@
+// End to end in headless Chromium: the built hearth-llm package loads Qwen2.5-Coder-0.5B-Instruct
+// (Q4_K_M: Q4_K, Q6_K, Q5_0 and Q8_0 tensors) and greedy-generates the same 16 tokens as the native
+// CPU backend (fixture: tests/fixtures/browser/generate.sh) — once on the wasm CPU fallback and
+// once over WebGPU (--enable-unsafe-webgpu: SwiftShader, a CPU implementation of Vulkan, so the
+// WebGPU run is slow and about correctness only).
+//
+// Needs what gemma.test.js needs, plus the qwen2.5-coder-0.5b model in the cache.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { homedir } from 'node:os';
+import { chromium } from 'playwright-core';
+import { serve } from './server.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
+const dist = join(root, 'web/hearth-llm/dist');
+const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
+const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/qwen05_quicksort_greedy.json'), 'utf8'));
+const N_TOKENS = expected.tokens.length;
+
+let server, origin, browser, page;
+const requests = [];
+
+before(async () => {
+  assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
+  assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir} (hearth models fetch qwen2.5-coder-0.5b)`);
+  ({ server, origin } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
+  });
+  const context = await browser.newContext();
+  context.on('request', (request) => requests.push(request.url()));
+  page = await context.newPage();
+  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
+  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
+  await page.goto(`${origin}/page.html`);
+});
+
+after(async () => {
+  await browser?.close();
+  server?.close();
+});
+
+/** Loads the model on `backend` in the worker, streams N_TOKENS greedy tokens, unloads. */
+async function generate(backend) {
+  return page.evaluate(async ({ modelUrl, prompt, backend, maxTokens }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend, worker: true, cache: false });
+    const stream = await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: maxTokens });
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return { chunks, stats };
+  }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt, backend, maxTokens: N_TOKENS });
+}
+
+function assertSameAsNativeCpu(result, label) {
+  const last = result.chunks.at(-1);
+  process.stderr.write(`${label} token ids: ${JSON.stringify(last.hearth.token_ids)}\n`);
+  assert.deepEqual(last.hearth.prompt_token_ids, expected.prompt_tokens);
+  assert.deepEqual(last.hearth.token_ids, expected.tokens);
+  const text = result.chunks.map((c) => c.choices[0].text).join('');
+  assert.equal(text, expected.text);
+  assert.equal(last.choices[0].finish_reason, 'length');
+  process.stderr.write(`${label}: ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s\n`);
+}
+
+test("backend 'cpu' (wasm): Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 900_000 }, async () => {
+  const result = await generate('cpu');
+  assert.equal(result.stats.backend, 'cpu-wasm', JSON.stringify(result.stats));
+  assertSameAsNativeCpu(result, 'wasm CPU');
+});
+
+test("backend 'webgpu': Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
+  const result = await generate('webgpu');
+  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
+  assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
+  // The model is never copied into wasm memory (weights are uploaded from the JS-held file).
+  assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes / 2, JSON.stringify(result.stats));
+  assertSameAsNativeCpu(result, 'WebGPU');
+});
+
+test('no request left the page origin', () => {
+  const foreign = requests.filter((url) => !url.startsWith(origin));
+  assert.deepEqual(foreign, []);
+});
