@@ -33,6 +33,15 @@ pub fn top_k_rows(logits: &[f32], n_vocab: usize, k: usize, out: &mut TopK) {
     if k == 0 {
         return;
     }
+    if k == 1 {
+        // Greedy decoding on the CPU: one pass, no scratch.
+        for row in logits.chunks_exact(n_vocab) {
+            let id = super::argmax(row);
+            out.ids.push(id);
+            out.logits.push(rank_value(row[id as usize]));
+        }
+        return;
+    }
     let mut row_candidates: Vec<(u32, f32)> = Vec::with_capacity(n_vocab);
     for row in logits.chunks_exact(n_vocab) {
         row_candidates.clear();
