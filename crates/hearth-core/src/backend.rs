@@ -107,11 +107,7 @@ pub struct TopK {
 
 impl TopK {
     pub fn n_rows(&self) -> usize {
-        if self.k == 0 {
-            0
-        } else {
-            self.ids.len() / self.k
-        }
+        self.ids.len().checked_div(self.k).unwrap_or(0)
     }
 
     /// Row `r`'s candidates: (ids, logits), most likely first.
