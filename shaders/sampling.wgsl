@@ -1,4 +1,4 @@
-// Per-row top-k of the logits (k ≤ 64) for sampling on the device, so a decode step reads back
+// Per-row top-k of the logits (k ≤ 256; the sampler asks for at most 64) for sampling on the device, so a decode step reads back
 // 8·k bytes per row instead of the whole vocabulary. Two passes, no subgroups:
 // TOPK_CHUNKS: workgroup (c, r) finds the k best entries of chunk c (chunk_len logits) of row r.
 // TOPK_MERGE: workgroup r merges its row's n_chunks·k chunk candidates into the row's k best.

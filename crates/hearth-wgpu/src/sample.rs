@@ -14,7 +14,7 @@ use wgpu::util::DeviceExt;
 /// chunks, Gemma's 262,144 is 64; the merge pass then scans 38·k or 64·k candidates.
 const CHUNK_LEN: usize = 4096;
 
-/// Widest k the shader is used for (a bound on the merge pass's work, not a hard limit of it).
+/// Widest k reduced on the device (bounds the merge pass's work); wider asks read the logits and reduce on the host.
 pub(crate) const MAX_K: usize = 256;
 
 struct Pass {
