@@ -6,9 +6,11 @@ use crate::load::{self, Loaded};
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
-use hearth_core::graph::LogitsMode;
+use hearth_core::backend::Readback;
+use hearth_core::engine::Session;
+use hearth_core::runner::StepOutput;
 use hearth_core::sampling::argmax;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -30,6 +32,10 @@ pub struct BenchArgs {
     /// (vs computed from scratch); --prompt-tokens is then the new suffix.
     #[arg(long = "cached-prefix", default_value_t = 0)]
     pub cached_prefix: usize,
+    /// Read every step's whole logits row back and take the argmax on the host (the default
+    /// reads back only the backend's top 1, as greedy generation does).
+    #[arg(long = "full-logits")]
+    pub full_logits: bool,
     #[command(flatten)]
     pub server: crate::bench_server::ServerBenchArgs,
 }
@@ -54,6 +60,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
+}
+
+/// CPU time this thread has run (Linux: /proc/thread-self/schedstat, in ns); None elsewhere.
+fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse::<u64>().ok().map(Duration::from_nanos)
+}
+
+/// One greedy step: evaluates `tokens`, returns the next token.
+fn greedy_step(session: &mut Session, tokens: &[u32], readback: Readback) -> Result<u32> {
+    Ok(match session.eval_for(tokens, readback)? {
+        StepOutput::Logits(logits) => argmax(logits),
+        StepOutput::TopK(top) => top.ids.first().copied().unwrap_or(0),
+    })
 }
 
 /// Peak resident set size of this process (VmHWM), in bytes; 0 where unavailable.
@@ -89,7 +109,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     // Ordinary tokens (skipping the low ids some vocabularies reserve), deterministic across runs.
     let prompt: Vec<u32> = (0..args.prompt_tokens).map(|i| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32).collect();
 
+    let readback = if args.full_logits { Readback::Logits } else { Readback::TopK(1) };
     let (mut pp, mut tg, mut ttft, mut itl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Per decode token: wall time minus the time spent waiting for the backend to finish the
+    // step (the host's share: recording, submitting, reading back, sampling), and this thread's
+    // CPU time.
+    let (mut host_ms, mut thread_cpu_ms) = (Vec::new(), Vec::new());
     // Backend counters over the decode steps of the last repetition (after warm-up): what one
     // token costs in dispatched ops, submits and (should be zero) pipeline/bind-group creations.
     let mut decode_counters = (session.backend().counters(), session.backend().counters());
@@ -97,18 +122,25 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     for rep in 0..=args.reps {
         session.reset();
         let start = Instant::now();
-        let mut next = argmax(session.eval(&prompt, LogitsMode::Last)?);
+        let mut next = greedy_step(session, &prompt, readback)?;
         let prefill_s = start.elapsed().as_secs_f64();
         let mut steps = Vec::with_capacity(args.gen_tokens);
         decode_counters.0 = session.backend().counters();
+        let (wait0, cpu0, decode_start) = (session.runner().device_wait(), thread_cpu_time(), Instant::now());
         for _ in 0..args.gen_tokens {
             let t = Instant::now();
-            next = argmax(session.eval(&[next], LogitsMode::Last)?);
+            next = greedy_step(session, &[next], readback)?;
             steps.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        let (wait1, cpu1, decode_wall) = (session.runner().device_wait(), thread_cpu_time(), decode_start.elapsed());
         decode_counters.1 = session.backend().counters();
         if rep == 0 {
             continue;
+        }
+        let per_token_ms = |d: Duration| d.as_secs_f64() * 1e3 / args.gen_tokens.max(1) as f64;
+        host_ms.push(per_token_ms(decode_wall.saturating_sub(wait1 - wait0)));
+        if let (Some(a), Some(b)) = (cpu0, cpu1) {
+            thread_cpu_ms.push(per_token_ms(b.saturating_sub(a)));
         }
         pp.push(args.prompt_tokens as f64 / prefill_s);
         ttft.push(prefill_s * 1e3);
@@ -143,7 +175,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "submits": per_token(before.submits, after.submits),
             "pipelines_created": per_token(before.pipelines_created, after.pipelines_created),
             "bind_groups_created": per_token(before.bind_groups_created, after.bind_groups_created),
+            "bytes_read_back": per_token(before.bytes_read_back, after.bytes_read_back),
+            "host_ms": stat(&host_ms),
+            "thread_cpu_ms": stat(&thread_cpu_ms),
         },
+        "readback": if args.full_logits { "logits" } else { "top1" },
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -168,6 +204,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             per_token(before.submits, after.submits),
             per_token(before.pipelines_created, after.pipelines_created),
             per_token(before.bind_groups_created, after.bind_groups_created)
+        );
+        println!(
+            "per token  {:.0} bytes read back ({}), host {:.2} ms (wall minus GPU wait), thread CPU {:.2} ms",
+            per_token(before.bytes_read_back, after.bytes_read_back),
+            if args.full_logits { "whole logits row" } else { "top 1" },
+            stat(&host_ms).mean,
+            stat(&thread_cpu_ms).mean
         );
     }
     Ok(())

@@ -79,6 +79,42 @@ pub struct BackendCounters {
     pub bind_groups_created: u64,
     /// GPU backends: command buffer submissions.
     pub submits: u64,
+    /// GPU backends: bytes copied from the device to the host for step outputs (logits or
+    /// top-k candidates).
+    pub bytes_read_back: u64,
+}
+
+/// What a step brings back to the host: every logit, or per output row only the `k` largest
+/// (greedy decoding needs the top 1). Candidates are what top-k sampling draws from anyway, so a
+/// sampler without penalties or logit bias loses nothing by asking for them, and a GPU backend
+/// then reads back `8 * k` bytes per row instead of `4 * n_vocab`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Readback {
+    Logits,
+    TopK(usize),
+}
+
+/// The largest logits of each output row, most likely first; equal logits ordered by lowest
+/// token id; NaN counts as `-inf` (and is reported as `-inf`). `ids` and `logits` are
+/// `[n_rows, k]`, row-major. [`crate::sampling::top_k_rows`] computes it on the host (the
+/// reference every backend must match exactly).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopK {
+    pub k: usize,
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+}
+
+impl TopK {
+    pub fn n_rows(&self) -> usize {
+        self.ids.len().checked_div(self.k).unwrap_or(0)
+    }
+
+    /// Row `r`'s candidates: (ids, logits), most likely first.
+    pub fn row(&self, r: usize) -> (&[u32], &[f32]) {
+        let range = r * self.k..(r + 1) * self.k;
+        (&self.ids[range.clone()], &self.logits[range])
+    }
 }
 
 pub trait Backend: Send {
@@ -132,6 +168,26 @@ pub trait Backend: Send {
     /// `logits`, or reports the step's failure. The default: `submit` already wrote them.
     fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
         let _ = logits;
+        Ok(())
+    }
+
+    /// [`Backend::submit`] with a choice of what to read back. `Readback::TopK(k)` asks for the
+    /// candidates of every output row (`k` ≤ n_vocab; the caller clamps), taken with
+    /// [`Backend::take_output`]. The default reads back the logits and reduces them on the host,
+    /// which is the reference behaviour; a GPU backend records the reduction into the step.
+    fn submit_for(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback, logits: &mut Vec<f32>) -> Result<()> {
+        let _ = readback;
+        self.submit(graph, kv, input, logits)
+    }
+
+    /// [`Backend::take_logits`] for a step started with [`Backend::submit_for`]: for
+    /// `Readback::Logits` fills `logits`; for `TopK(k)` fills `top_k` (`logits` is then scratch
+    /// the default may use). `n_vocab`: the width of a logits row.
+    fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()> {
+        self.take_logits(logits)?;
+        if let Readback::TopK(k) = readback {
+            crate::sampling::top_k_rows(logits, n_vocab, k, top_k);
+        }
         Ok(())
     }
 

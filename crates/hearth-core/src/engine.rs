@@ -1,14 +1,14 @@
 //! The generation loop: prompt → prefill (in chunks) → sample → decode, with the KV cache kept
 //! between calls so a chat turn only evaluates what is new.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Readback};
 use crate::block_on::block_on;
 use crate::chat::ChatTemplate;
 use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
 use crate::graph::LogitsMode;
 use crate::kv::{KvType, SeqId};
-use crate::runner::{BatchEntry, Runner};
+use crate::runner::{BatchEntry, Runner, StepOutput};
 use crate::model::ModelConfig;
 use crate::sampling::{Sampler, SamplingParams, StopStrings};
 use crate::speculative::SpeculativeMetrics;
@@ -199,13 +199,7 @@ impl Session {
 
     /// [`Session::eval`] for backends whose logits arrive later (WebGPU in a browser).
     pub async fn eval_async(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<&[f32]> {
-        if tokens.is_empty() {
-            return Err(CoreError::InvalidArgument("eval needs at least one token".into()));
-        }
-        let needed = self.history().len() + tokens.len();
-        if needed > self.n_ctx() {
-            return Err(CoreError::ContextOverflow { needed, capacity: self.n_ctx() });
-        }
+        self.check_eval(tokens)?;
         self.logits.clear();
         for chunk in tokens.chunks(self.prefill_chunk) {
             let logits = self.runner.step_async(&[BatchEntry { seq: self.seq, tokens: chunk }], mode).await?;
@@ -217,6 +211,67 @@ impl Session {
             }
         }
         Ok(&self.logits)
+    }
+
+    fn check_eval(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(CoreError::InvalidArgument("eval needs at least one token".into()));
+        }
+        let needed = self.history().len() + tokens.len();
+        if needed > self.n_ctx() {
+            return Err(CoreError::ContextOverflow { needed, capacity: self.n_ctx() });
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` and returns what `readback` asks for about the last one: its logits
+    /// `[n_vocab]`, or its top-k candidates (see [`crate::sampling::Sampler::readback`]). Earlier
+    /// prompt chunks read back only their top 1.
+    pub async fn eval_for_async(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
+        self.check_eval(tokens)?;
+        let last_start = (tokens.len() - 1) / self.prefill_chunk * self.prefill_chunk;
+        for chunk in tokens[..last_start].chunks(self.prefill_chunk) {
+            self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens: chunk }], LogitsMode::Last, Readback::TopK(1)).await?;
+        }
+        self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens: &tokens[last_start..] }], LogitsMode::Last, readback).await
+    }
+
+    /// [`Session::eval_for_async`], synchronously.
+    pub fn eval_for(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
+        block_on(self.eval_for_async(tokens, readback))
+    }
+}
+
+/// The last step's output, owned by the generation loop (buffers reused across steps).
+#[derive(Default)]
+struct StepScores {
+    logits: Vec<f32>,
+    ids: Vec<u32>,
+    candidate_logits: Vec<f32>,
+}
+
+impl StepScores {
+    fn keep(&mut self, output: StepOutput<'_>) {
+        match output {
+            StepOutput::Logits(logits) => {
+                self.logits.clear();
+                self.logits.extend_from_slice(logits);
+            }
+            StepOutput::TopK(top) => {
+                let (ids, logits) = if top.n_rows() > 0 { top.row(0) } else { (&[][..], &[][..]) };
+                self.ids.clear();
+                self.ids.extend_from_slice(ids);
+                self.candidate_logits.clear();
+                self.candidate_logits.extend_from_slice(logits);
+            }
+        }
+    }
+
+    fn sample(&mut self, sampler: &mut Sampler, readback: Readback, history: &[u32]) -> u32 {
+        match readback {
+            Readback::Logits => sampler.sample(&mut self.logits, history),
+            Readback::TopK(_) => sampler.sample_candidates(&self.ids, &self.candidate_logits),
+        }
     }
 }
 
@@ -286,11 +341,14 @@ impl Engine {
             return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: self.session.n_ctx() });
         }
         let start = Instant::now();
+        let mut sampler = Sampler::new(options.sampling.clone());
+        // Greedy and top-k sampling read back only candidates, not the whole logits row.
+        let readback = sampler.readback();
+        let mut scores = StepScores::default();
         let common = self.session.prepare_prompt(prompt)?;
-        let mut logits = self.session.eval_async(&prompt[common..], LogitsMode::Last).await?.to_vec();
+        scores.keep(self.session.eval_for_async(&prompt[common..], readback).await?);
         let prompt_ms = ms(start);
 
-        let mut sampler = Sampler::new(options.sampling.clone());
         let mut output = TextOutput::new(&self.tokenizer, &options.stop, options.ignore_eos, on_text);
         let mut itl_ms = Vec::new();
         let mut ttft_ms = 0.0;
@@ -300,7 +358,7 @@ impl Engine {
             if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
             }
-            let token = sampler.sample(&mut logits, self.session.history());
+            let token = scores.sample(&mut sampler, readback, self.session.history());
             if output.tokens().is_empty() {
                 ttft_ms = ms(start);
             } else {
@@ -316,7 +374,7 @@ impl Engine {
             if self.session.remaining() == 0 {
                 break FinishReason::ContextFull;
             }
-            logits = self.session.eval_async(&[token], LogitsMode::Last).await?.to_vec();
+            scores.keep(self.session.eval_for_async(&[token], readback).await?);
         };
         let (tokens, text) = output.finish();
         let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);

@@ -1,21 +1,30 @@
 //! A model on a backend with its paged KV pool: runs steps over any number of sequences. The
 //! single-sequence [`crate::engine::Session`] and the batching scheduler both drive this.
 
-use crate::backend::{Backend, GraphId, KvId, KvLayout};
+use crate::backend::{Backend, GraphId, KvId, KvLayout, Readback, TopK};
 use crate::block_on::block_on;
-use crate::engine::EngineOptions;
+use crate::engine::{EngineOptions, Instant};
 use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
 use crate::graph::{LogitsMode, SeqStep, StepInput};
 use crate::kv::{KvGroup, KvManager, SeqId};
 use crate::model::{Model, ModelConfig};
 use std::collections::HashMap;
+use std::time::Duration;
 
 /// One sequence's tokens in a step.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchEntry<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
+}
+
+/// What a step returned, as asked with a [`Readback`]: logits `[n_out, n_vocab]`, or each output
+/// row's candidates.
+#[derive(Clone, Copy, Debug)]
+pub enum StepOutput<'a> {
+    Logits(&'a [f32]),
+    TopK(&'a TopK),
 }
 
 pub struct Runner {
@@ -28,6 +37,10 @@ pub struct Runner {
     graphs: HashMap<(usize, usize, LogitsMode), (GraphId, u64)>,
     steps: u64,
     logits: Vec<f32>,
+    /// Candidates of the last step asked for with `Readback::TopK`.
+    top_k: TopK,
+    /// Time spent waiting for the backend to finish steps (the GPU's share of a step).
+    device_wait: Duration,
     /// Positions one sequence may hold (RoPE range the model was trained on, or less).
     n_ctx: usize,
     tokens_scratch: Vec<u32>,
@@ -61,7 +74,7 @@ impl Runner {
         let n_ctx = n_ctx.min(pool_positions);
         let kv_id = backend.alloc_kv(layout.clone())?;
         let kv = KvManager::new(block_size, groups, ROLLBACK_MARGIN)?;
-        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), steps: 0, logits: Vec::new(), n_ctx, tokens_scratch: Vec::new() })
+        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), steps: 0, logits: Vec::new(), top_k: TopK::default(), device_wait: Duration::ZERO, n_ctx, tokens_scratch: Vec::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -91,6 +104,13 @@ impl Runner {
     /// Logits of the last successful step.
     pub fn last_logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// Total time steps spent waiting for the backend to finish (natively, blocked on the GPU;
+    /// zero for backends that compute inside `submit`, such as the CPU's). A step's host time is
+    /// its wall time minus this share.
+    pub fn device_wait(&self) -> Duration {
+        self.device_wait
     }
 
     fn graph(&mut self, n_tokens: usize, n_seqs: usize, mode: LogitsMode) -> Result<GraphId> {
@@ -123,13 +143,28 @@ impl Runner {
     /// step, awaits [`Backend::logits_ready`], takes the logits. If this future is dropped before
     /// it finishes, the entries keep their reserved (uncommitted) positions: truncate them.
     pub async fn step_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<&[f32]> {
-        let lens = self.submit_step(batch, mode)?;
+        self.step_for_async(batch, mode, Readback::Logits).await?;
+        Ok(&self.logits)
+    }
+
+    /// [`Runner::step_async`] reading back what `readback` asks for: with `Readback::TopK(k)`
+    /// each output row's `min(k, n_vocab)` largest logits (a GPU backend reduces them on the
+    /// device and reads back only those). `TopK(0)` is taken as `TopK(1)`.
+    pub async fn step_for_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<StepOutput<'_>> {
+        let n_vocab = self.model.config.n_vocab;
+        let readback = match readback {
+            Readback::TopK(k) => Readback::TopK(k.clamp(1, n_vocab.max(1))),
+            Readback::Logits => Readback::Logits,
+        };
+        let lens = self.submit_step(batch, mode, readback)?;
+        let waited = Instant::now();
         let result = match self.backend.logits_ready() {
             Some(ready) => ready.await,
             None => Ok(()),
         };
-        // take_logits also when waiting failed: the backend then drops the pending step.
-        let taken = self.backend.take_logits(&mut self.logits);
+        self.device_wait += waited.elapsed();
+        // take_output also when waiting failed: the backend then drops the pending step.
+        let taken = self.backend.take_output(readback, n_vocab, &mut self.logits, &mut self.top_k);
         let result = result.and(taken);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;
@@ -138,7 +173,10 @@ impl Runner {
         for e in batch {
             self.kv.commit(e.seq, e.tokens)?;
         }
-        Ok(&self.logits)
+        Ok(match readback {
+            Readback::Logits => StepOutput::Logits(&self.logits),
+            Readback::TopK(_) => StepOutput::TopK(&self.top_k),
+        })
     }
 
     /// Gives back the positions reserved for `batch` (sequences back to `lens`).
@@ -151,7 +189,7 @@ impl Runner {
 
     /// Checks the batch, reserves KV positions and submits the step; returns each entry's length
     /// before the step. On error nothing stays reserved.
-    fn submit_step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<Vec<usize>> {
+    fn submit_step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<Vec<usize>> {
         let n_vocab = self.model.config.n_vocab;
         for (i, e) in batch.iter().enumerate() {
             if e.tokens.is_empty() {
@@ -204,7 +242,7 @@ impl Runner {
             .map(|(e, &pos0)| SeqStep { n_tokens: e.tokens.len(), pos0, block_tables: self.kv.block_tables(e.seq) })
             .collect();
         let input = StepInput { tokens: &self.tokens_scratch, seqs: &seqs };
-        let result = self.backend.submit(graph, self.kv_id, input, &mut self.logits);
+        let result = self.backend.submit_for(graph, self.kv_id, input, readback, &mut self.logits);
         drop(seqs);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;

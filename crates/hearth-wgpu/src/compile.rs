@@ -70,6 +70,8 @@ pub(crate) struct CompiledGraph {
     /// Host copies of the step and table words (reused, so a step allocates nothing).
     pub step_words: Vec<u32>,
     pub table_words: Vec<u32>,
+    /// Per k: the top-k reduction of the logits (`sample.rs`), built on first use.
+    pub top_k_plans: HashMap<usize, crate::sample::TopKPlan>,
 }
 
 
@@ -426,5 +428,6 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         embed_rows,
         step_words: Vec::with_capacity(step_len),
         table_words: Vec::new(),
+        top_k_plans: HashMap::new(),
     })
 }

@@ -11,12 +11,13 @@ mod compile;
 mod device;
 mod kv;
 mod replay;
+mod sample;
 mod shader;
 mod weights;
 
 use compile::CompiledGraph;
 use device::Gpu;
-use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, LogitsFuture, WeightData};
+use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
@@ -98,8 +99,9 @@ pub struct WgpuBackend {
     graphs: Vec<CompiledGraph>,
     pipelines: PipelineCache,
     counters: BackendCounters,
-    /// The submitted step whose logits are being mapped: (graph index, map signal).
-    pending: Option<(usize, replay::MapSignal)>,
+    /// The submitted step whose output is being mapped: (graph index, map signal, the top-k
+    /// reduced on the device if any).
+    pending: Option<(usize, replay::MapSignal, Option<usize>)>,
 }
 
 /// Whether any WebGPU adapter can be opened here (for `--backend auto`).
@@ -202,7 +204,11 @@ impl Backend for WgpuBackend {
         self.take_logits(logits)
     }
 
-    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, _logits: &mut Vec<f32>) -> Result<()> {
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        self.submit_for(graph, kv, input, Readback::Logits, logits)
+    }
+
+    fn submit_for(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback, _logits: &mut Vec<f32>) -> Result<()> {
         self.gpu.faults.check()?;
         let gi = graph.0 as usize;
         if gi >= self.graphs.len() {
@@ -212,9 +218,18 @@ impl Backend for WgpuBackend {
         let compiled = &mut self.graphs[gi];
         let made = compiled.ensure_kv_binding(&self.gpu, &mut self.pipelines, kv, kv_store)?;
         self.counters.bind_groups_created += made;
+        // Wider reductions than the shader is meant for read the logits (take_output reduces).
+        let top_k = match readback {
+            Readback::TopK(k) if k <= sample::MAX_K => Some(k),
+            _ => None,
+        };
+        if let Some(k) = top_k {
+            self.counters.bind_groups_created += compiled.ensure_top_k(&self.gpu, &mut self.pipelines, k)?;
+        }
         let n_ops = compiled.graph.ops.len() as u64;
-        let signal = compiled.submit(&self.gpu, kv_store, kv, input)?;
-        self.pending = Some((gi, signal));
+        let (signal, bytes) = compiled.submit(&self.gpu, kv_store, kv, input, top_k)?;
+        self.pending = Some((gi, signal, top_k));
+        self.counters.bytes_read_back += bytes;
         self.counters.submits += 1;
         self.counters.steps_executed += 1;
         self.counters.ops_executed += n_ops;
@@ -222,7 +237,7 @@ impl Backend for WgpuBackend {
     }
 
     fn logits_ready(&mut self) -> Option<LogitsFuture> {
-        let (_, signal) = self.pending.as_ref()?;
+        let (_, signal, _) = self.pending.as_ref()?;
         // Natively the map completes while we wait for the device here.
         #[cfg(not(target_arch = "wasm32"))]
         if let Err(e) = replay::wait_idle(&self.gpu) {
@@ -236,11 +251,22 @@ impl Backend for WgpuBackend {
     }
 
     fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
-        let (gi, signal) = self.pending.take().ok_or(WgpuError::Execution("take_logits without a submitted step".into()))?;
-        let copied = self.graphs[gi].take_logits(&signal, logits);
-        // A fault (device lost, out of memory) makes the step's logits meaningless.
+        self.take_output(Readback::Logits, 0, logits, &mut TopK::default())
+    }
+
+    fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top: &mut TopK) -> Result<()> {
+        let (gi, signal, top_k) = self.pending.take().ok_or(WgpuError::Execution("take_logits without a submitted step".into()))?;
+        let copied = match top_k {
+            Some(k) => self.graphs[gi].take_top_k(k, &signal, top),
+            None => self.graphs[gi].take_logits(&signal, logits),
+        };
+        // A fault (device lost, out of memory) makes the step's output meaningless.
         self.gpu.faults.check()?;
-        Ok(copied?)
+        copied?;
+        if let (Readback::TopK(k), None) = (readback, top_k) {
+            hearth_core::sampling::top_k_rows(logits, n_vocab, k, top);
+        }
+        Ok(())
     }
 
     #[cfg(target_arch = "wasm32")]

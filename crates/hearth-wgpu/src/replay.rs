@@ -7,7 +7,7 @@ use crate::device::Gpu;
 use crate::kv::GpuKv;
 use crate::shader::PipelineCache;
 use crate::WgpuError;
-use hearth_core::backend::KvId;
+use hearth_core::backend::{KvId, TopK};
 use hearth_core::graph::StepInput;
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +25,7 @@ pub(crate) struct MapSlot {
 pub(crate) type MapSignal = Arc<Mutex<MapSlot>>;
 
 /// Starts mapping `staging[..bytes]` for reading; the returned signal fills when it is mapped.
-fn start_map(staging: &wgpu::Buffer, bytes: u64) -> MapSignal {
+pub(crate) fn start_map(staging: &wgpu::Buffer, bytes: u64) -> MapSignal {
     let signal = MapSignal::default();
     let sink = signal.clone();
     staging.slice(0..bytes).map_async(wgpu::MapMode::Read, move |r| fill(&sink, r.map_err(|e| e.to_string())));
@@ -204,9 +204,26 @@ impl CompiledGraph {
         }
     }
 
-    /// Records and submits one step and starts mapping the logits; [`CompiledGraph::take_logits`]
-    /// reads them once the returned signal has filled.
-    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>) -> Result<MapSignal, WgpuError> {
+    /// Builds, once per k, the top-k reduction of this graph's logits; returns the bind groups
+    /// created.
+    pub fn ensure_top_k(&mut self, gpu: &Gpu, pipelines: &mut PipelineCache, k: usize) -> Result<u64, WgpuError> {
+        if self.top_k_plans.contains_key(&k) {
+            return Ok(0);
+        }
+        let desc = &self.graph.bufs[self.graph.logits.0 as usize];
+        let plan = crate::sample::TopKPlan::new(gpu, pipelines, &self.bufs[self.graph.logits.0 as usize], desc.rows, desc.cols, k)?;
+        self.top_k_plans.insert(k, plan);
+        Ok(crate::sample::TopKPlan::BIND_GROUPS)
+    }
+
+    /// Records and submits one step and starts mapping what it reads back: the logits, or with
+    /// `top_k = Some(k)` (after [`CompiledGraph::ensure_top_k`]) the top-k reduction recorded in
+    /// the same pass. Returns the signal [`CompiledGraph::take_logits`] / [`CompiledGraph::take_top_k`]
+    /// wait for, and the bytes being read back.
+    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, top_k: Option<usize>) -> Result<(MapSignal, u64), WgpuError> {
+        if let Some(k) = top_k.filter(|k| !self.top_k_plans.contains_key(k)) {
+            return Err(WgpuError::Execution(format!("top-{k} reduction not built")));
+        }
         // Token ids are checked against the embedding tables below.
         input.validate(&self.graph, &kv.layout, usize::MAX).map_err(WgpuError::BadStep)?;
         if let Some(rows) = self.embed_rows {
@@ -219,6 +236,7 @@ impl CompiledGraph {
         kv.fill_tables(self.graph.n_tokens, &input, &mut self.table_words)?;
         gpu.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&self.step_words));
         gpu.queue.write_buffer(&binding.tables, 0, bytemuck::cast_slice(&self.table_words));
+        let plan = top_k.and_then(|k| self.top_k_plans.get(&k));
         let scope = validation_scope(&gpu.device);
         let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
@@ -236,14 +254,32 @@ impl CompiledGraph {
                 pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
+            if let Some(plan) = plan {
+                plan.encode(&mut pass);
+            }
         }
-        let logits_buf = &self.bufs[self.graph.logits.0 as usize];
-        encoder.copy_buffer_to_buffer(logits_buf, 0, &self.staging, 0, (self.logits_len * 4) as u64);
+        let (staging, bytes) = match plan {
+            Some(plan) => {
+                plan.copy_out(&mut encoder);
+                (plan.staging(), plan.bytes())
+            }
+            None => {
+                let logits_buf = &self.bufs[self.graph.logits.0 as usize];
+                encoder.copy_buffer_to_buffer(logits_buf, 0, &self.staging, 0, (self.logits_len * 4) as u64);
+                (&self.staging, (self.logits_len * 4) as u64)
+            }
+        };
         gpu.queue.submit([encoder.finish()]);
         if let Some(e) = pop_scope(scope) {
             return Err(WgpuError::Execution(e.to_string()));
         }
-        Ok(start_map(&self.staging, (self.logits_len * 4) as u64))
+        Ok((start_map(staging, bytes), bytes))
+    }
+
+    /// Copies the top-k candidates of a step submitted with `top_k = Some(k)` and unmaps.
+    pub fn take_top_k(&self, k: usize, signal: &MapSignal, top: &mut TopK) -> Result<(), WgpuError> {
+        let plan = self.top_k_plans.get(&k).ok_or(WgpuError::Execution(format!("top-{k} reduction not built")))?;
+        plan.take(signal, top)
     }
 
     /// Copies the logits of the submitted step out of the mapped staging buffer and unmaps it.

@@ -13,6 +13,7 @@ pub enum ShaderFile {
     Rope,
     Attention,
     Elementwise,
+    Sampling,
 }
 
 impl ShaderFile {
@@ -24,6 +25,7 @@ impl ShaderFile {
             ShaderFile::Rope => "rope.wgsl",
             ShaderFile::Attention => "attention.wgsl",
             ShaderFile::Elementwise => "elementwise.wgsl",
+            ShaderFile::Sampling => "sampling.wgsl",
         }
     }
 
@@ -35,6 +37,7 @@ impl ShaderFile {
             ShaderFile::Rope => include_str!("../../../shaders/rope.wgsl"),
             ShaderFile::Attention => include_str!("../../../shaders/attention.wgsl"),
             ShaderFile::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
+            ShaderFile::Sampling => include_str!("../../../shaders/sampling.wgsl"),
         }
     }
 }

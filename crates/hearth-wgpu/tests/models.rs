@@ -217,3 +217,57 @@ fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     assert_eq!(spec.tokens, plain.tokens, "speculative greedy differs from greedy on wgpu");
     assert!(metrics.accepted > 0, "no draft was accepted, so nothing was verified in a batch: {metrics:?}");
 }
+
+/// Sampling on the device: the engine's greedy decoding now reads back the top 1 (GPU argmax)
+/// and seeded top-k sampling the top-k candidates; both must give exactly the tokens of the
+/// full-logits path on the same backend (host argmax / host sampler over the whole row). A
+/// warmed-up candidate step builds nothing, submits once and reads back 8 bytes per candidate.
+#[test]
+fn gemma_270m_device_sampling_equals_full_logits_path() {
+    use hearth_core::backend::Readback;
+    use hearth_core::engine::{Engine, GenerateOptions};
+    use hearth_core::sampling::{Sampler, SamplingParams};
+    let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
+    let file = GgufFile::open(&model_path(GEMMA_270M)).expect("open model");
+    let options = EngineOptions { n_ctx: N_CTX, ..EngineOptions::default() };
+    let mut engine = Engine::load(&file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu");
+    let prompt = engine.tokenizer().encode("Once upon a time, in a small village,", true, false).expect("encode");
+    let n = 12;
+    let greedy = SamplingParams::default();
+    let top_k = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 1234, ..SamplingParams::default() };
+    for params in [greedy, top_k] {
+        let mut sampler = Sampler::new(params.clone());
+        assert!(matches!(sampler.readback(), Readback::TopK(_)), "{params:?} should use device candidates");
+        // The full-logits path: every step reads back the whole row.
+        let session = engine.session_mut();
+        session.reset();
+        session.clear_prefix_cache();
+        let mut logits = session.eval(&prompt, LogitsMode::Last).expect("eval").to_vec();
+        let mut want = Vec::new();
+        for _ in 0..n {
+            let token = sampler.sample(&mut logits, session.history());
+            want.push(token);
+            logits = session.eval(&[token], LogitsMode::Last).expect("eval").to_vec();
+        }
+        // The engine's loop: candidates from the device.
+        engine.session_mut().reset();
+        engine.session_mut().clear_prefix_cache();
+        let before = engine.session().backend().counters();
+        let gen = GenerateOptions { max_tokens: n, sampling: params.clone(), ignore_eos: true, ..GenerateOptions::default() };
+        let got = engine.generate(&prompt, &gen, &mut |_| true).expect("generate");
+        let after = engine.session().backend().counters();
+        eprintln!("{params:?}\nfull logits: {want:?}\ncandidates:  {:?}\n{:?}", got.tokens, after);
+        assert_eq!(got.tokens, want, "device candidates and full logits give different tokens");
+        // Prompt + n - 1 decode steps, each reading back k (id, logit) pairs.
+        let Readback::TopK(k) = sampler.readback() else { unreachable!() };
+        assert_eq!(after.bytes_read_back - before.bytes_read_back, (n * k * 8) as u64);
+    }
+    // A warmed-up candidate step creates nothing and submits once.
+    let before = engine.session().backend().counters();
+    let token = *engine.session().history().last().expect("history");
+    engine.session_mut().eval_for(&[token], Readback::TopK(40)).expect("decode");
+    let after = engine.session().backend().counters();
+    assert_eq!(after.pipelines_created, before.pipelines_created, "a decode step created pipelines");
+    assert_eq!(after.bind_groups_created, before.bind_groups_created, "a decode step created bind groups");
+    assert_eq!(after.submits, before.submits + 1);
+}

@@ -11,9 +11,13 @@
 
 mod rng;
 mod stop;
+mod top_k;
 
 pub use rng::{splitmix64, Xoshiro256StarStar};
 pub use stop::{StopOutcome, StopStrings};
+pub use top_k::{top_k_rows, MAX_CANDIDATES};
+
+use crate::backend::Readback;
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -106,6 +110,52 @@ impl Sampler {
         self.rng = Xoshiro256StarStar::seed_from_u64(seed);
     }
 
+    /// What this sampler needs from a step: the top 1 for greedy decoding, the `top_k` candidates
+    /// for top-k sampling (top-p and min-p then work within them), the whole row when a logit
+    /// bias, a penalty or a filter over the whole vocabulary is involved.
+    /// [`Sampler::sample_candidates`] on the candidates picks exactly what
+    /// [`Sampler::sample`] picks on the full row.
+    pub fn readback(&self) -> Readback {
+        let p = &self.params;
+        let penalties = p.repeat_last_n != 0 && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
+        if !p.logit_bias.is_empty() || penalties {
+            Readback::Logits
+        } else if p.temperature <= 0.0 {
+            Readback::TopK(1)
+        } else if (1..=MAX_CANDIDATES).contains(&p.top_k) {
+            Readback::TopK(p.top_k)
+        } else {
+            Readback::Logits
+        }
+    }
+
+    /// Picks the next token from a row of [`crate::backend::TopK`] candidates (most likely first,
+    /// ties by lowest id) obtained with [`Sampler::readback`]. Same token, same random stream as
+    /// [`Sampler::sample`] on the full row. Falls back to the best candidate when every one is
+    /// `-inf`; 0 when there are none.
+    pub fn sample_candidates(&mut self, ids: &[u32], logits: &[f32]) -> u32 {
+        let fallback = ids.first().copied().unwrap_or(0);
+        if self.params.temperature <= 0.0 {
+            return fallback;
+        }
+        self.candidates.clear();
+        self.candidates.extend(
+            ids.iter()
+                .zip(logits)
+                .filter(|(_, l)| **l > f32::NEG_INFINITY)
+                .map(|(&id, &logit)| Candidate { id, logit }),
+        );
+        if self.params.top_k > 0 {
+            self.candidates.truncate(self.params.top_k);
+        }
+        let sorted = self.candidates.len();
+        self.filter_candidates(sorted);
+        if self.candidates.is_empty() {
+            return fallback;
+        }
+        self.draw()
+    }
+
     /// Picks the next token. `logits`: one per vocabulary entry, modified in place by the bias
     /// and penalties. `history`: the tokens so far (prompt and generated), oldest first.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
@@ -176,14 +226,23 @@ impl Sampler {
                 .filter(|(_, l)| **l > f32::NEG_INFINITY) // also drops NaN
                 .map(|(id, &logit)| Candidate { id: id as u32, logit }),
         );
-        let p = &self.params;
         // How many leading candidates are known to be sorted, most likely first.
         let mut sorted_prefix = 0;
-
-        if p.top_k > 0 && p.top_k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(p.top_k - 1, by_logit_descending);
-            self.candidates.truncate(p.top_k);
+        let top_k = self.params.top_k;
+        if top_k > 0 {
+            // Sorted, so the draw walks them in the order a backend's top-k returns them
+            // (sample_candidates gives the same tokens).
+            let kept = top_k.min(self.candidates.len());
+            sort_prefix(&mut self.candidates, kept);
+            self.candidates.truncate(top_k);
+            sorted_prefix = self.candidates.len();
         }
+        self.filter_candidates(sorted_prefix);
+    }
+
+    /// Top-p, min-p and temperature over `candidates`, whose first `sorted_prefix` are sorted.
+    fn filter_candidates(&mut self, mut sorted_prefix: usize) {
+        let p = &self.params;
 
         if p.top_p < 1.0 && !self.candidates.is_empty() {
             let max = self.candidates.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);

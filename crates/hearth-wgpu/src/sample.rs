@@ -1,0 +1,130 @@
+//! Sampling support on the device: the per-row top-k reduction of a step's logits
+//! (`shaders/sampling.wgsl`), recorded into the step's compute pass so a decode step reads back
+//! `[n_rows, k]` (token id, logit) pairs instead of `[n_rows, n_vocab]` logits.
+
+use crate::device::Gpu;
+use crate::replay::{make_bind_group, map_outcome, MapSignal};
+use crate::compile::Res;
+use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
+use crate::WgpuError;
+use hearth_core::backend::TopK;
+use wgpu::util::DeviceExt;
+
+/// Logits per first-pass workgroup: 16 per thread of 256. Qwen's 151,936-entry vocabulary is 38
+/// chunks, Gemma's 262,144 is 64; the merge pass then scans 38·k or 64·k candidates.
+const CHUNK_LEN: usize = 4096;
+
+/// Widest k reduced on the device (bounds the merge pass's work); wider asks read the logits and reduce on the host.
+pub(crate) const MAX_K: usize = 256;
+
+struct Pass {
+    pipeline: wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    groups: [u32; 3],
+}
+
+/// A graph's top-k reduction for one k: built on the first step that asks for it, replayed after.
+pub(crate) struct TopKPlan {
+    k: usize,
+    n_rows: usize,
+    chunks: Pass,
+    merge: Pass,
+    /// [n_rows, k, 2] u32 (token id, logit bits), best first.
+    out: wgpu::Buffer,
+    /// Host-mappable copy of `out`.
+    staging: wgpu::Buffer,
+}
+
+impl TopKPlan {
+    /// Pipelines (cached) and two bind groups over `logits` ([n_rows, n_vocab] f32), `1 ≤ k ≤
+    /// n_vocab`.
+    pub fn new(gpu: &Gpu, pipelines: &mut PipelineCache, logits: &wgpu::Buffer, n_rows: usize, n_vocab: usize, k: usize) -> Result<Self, WgpuError> {
+        if k == 0 || k > n_vocab || k > MAX_K || n_rows == 0 {
+            return Err(WgpuError::Unsupported(format!("top-{k} of {n_rows} rows of {n_vocab} logits")));
+        }
+        let n_chunks = n_vocab.div_ceil(CHUNK_LEN);
+        if n_chunks > 65535 || n_rows > 65535 {
+            return Err(WgpuError::Unsupported(format!("top-k over {n_rows} rows of {n_vocab} logits (grid too large)")));
+        }
+        let storage = |label: &str, bytes: usize, usage: wgpu::BufferUsages| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes.max(4) as u64, usage, mapped_at_creation: false })
+        };
+        // [n_rows, n_chunks, k, 2] u32
+        let candidates = storage("top-k chunk candidates", n_rows * n_chunks * k * 8, wgpu::BufferUsages::STORAGE);
+        let out = storage("top-k", n_rows * k * 8, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
+        let staging = storage("top-k staging", n_rows * k * 8, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let params = [n_rows as u32, n_vocab as u32, CHUNK_LEN as u32, n_chunks as u32, k as u32];
+        let params = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("top-k params"),
+            contents: bytemuck::cast_slice(&params),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let pass = |pipelines: &mut PipelineCache, entry, define, entries: Vec<(u32, Res)>, groups| -> Result<Pass, WgpuError> {
+            let pipeline = pipelines.get(&gpu.device, &PipelineKey::new(ShaderFile::Sampling, entry, &[define]))?;
+            let bind_group = make_bind_group(&gpu.device, &pipeline, &entries, None)?;
+            Ok(Pass { pipeline, bind_group, groups })
+        };
+        let chunks = pass(
+            pipelines,
+            "top_k_chunks",
+            "TOPK_CHUNKS",
+            vec![(0, Res::Buf(params.clone())), (1, Res::Buf(logits.clone())), (2, Res::Buf(candidates.clone()))],
+            [n_chunks as u32, n_rows as u32, 1],
+        )?;
+        let merge = pass(
+            pipelines,
+            "top_k_merge",
+            "TOPK_MERGE",
+            vec![(0, Res::Buf(params)), (2, Res::Buf(candidates)), (3, Res::Buf(out.clone()))],
+            [n_rows as u32, 1, 1],
+        )?;
+        Ok(TopKPlan { k, n_rows, chunks, merge, out, staging })
+    }
+
+    /// Bind groups `new` made.
+    pub const BIND_GROUPS: u64 = 2;
+
+    /// Records both passes after the step's dispatches.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for p in [&self.chunks, &self.merge] {
+            pass.set_pipeline(&p.pipeline);
+            pass.set_bind_group(0, &p.bind_group, &[]);
+            pass.dispatch_workgroups(p.groups[0], p.groups[1], p.groups[2]);
+        }
+    }
+
+    /// Bytes the step reads back.
+    pub fn bytes(&self) -> u64 {
+        (self.n_rows * self.k * 8) as u64
+    }
+
+    /// Records the copy of the result into the mappable buffer (after the compute pass).
+    pub fn copy_out(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.copy_buffer_to_buffer(&self.out, 0, &self.staging, 0, self.bytes());
+    }
+
+    pub fn staging(&self) -> &wgpu::Buffer {
+        &self.staging
+    }
+
+    /// Copies the mapped result into `top` and unmaps.
+    pub fn take(&self, signal: &MapSignal, top: &mut TopK) -> Result<(), WgpuError> {
+        let Some(outcome) = map_outcome(signal) else {
+            // Waiting failed before the map completed: cancel it, so the next step can map again.
+            self.staging.unmap();
+            return Err(WgpuError::ReadBack("the top-k candidates are not mapped yet".into()));
+        };
+        outcome?;
+        {
+            let view = self.staging.slice(0..self.bytes()).get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
+            let words: &[u32] = bytemuck::cast_slice(&view[..]);
+            top.k = self.k;
+            top.ids.clear();
+            top.logits.clear();
+            top.ids.extend(words.chunks_exact(2).map(|pair| pair[0]));
+            top.logits.extend(words.chunks_exact(2).map(|pair| f32::from_bits(pair[1])));
+        }
+        self.staging.unmap();
+        Ok(())
+    }
+}

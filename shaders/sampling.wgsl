@@ -1,0 +1,164 @@
+// Per-row top-k of the logits (k ≤ 256; the sampler asks for at most 64) for sampling on the device, so a decode step reads back
+// 8·k bytes per row instead of the whole vocabulary. Two passes, no subgroups:
+// TOPK_CHUNKS: workgroup (c, r) finds the k best entries of chunk c (chunk_len logits) of row r.
+// TOPK_MERGE: workgroup r merges its row's n_chunks·k chunk candidates into the row's k best.
+// Order, as the host reference (hearth-core sampling::top_k_rows): larger logit first, equal
+// logits by lower token id; NaN counts as -inf and is reported as -inf; -0.0 equals +0.0. The
+// comparisons run on integer keys made from the bits, so no float special case depends on the
+// driver. A chunk shorter than k pads with empty slots (id 0xffffffff), ranked after everything;
+// the caller keeps k ≤ n_vocab, so the merged rows hold real entries only.
+// Each of the k rounds: every thread finds its best entry ranked after the previous round's pick,
+// then a tree reduction over the 256 threads picks the best of those (k·len/256 loads per thread).
+
+// [n_rows, n_vocab, chunk_len, n_chunks, k] u32
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+#ifdef TOPK_CHUNKS
+// [n_rows, n_vocab] f32: the step's logits
+@group(0) @binding(1) var<storage, read> LOGITS: array<f32>;
+// [n_rows, n_chunks, k, 2] u32: (token id, logit bits) per chunk candidate, best first
+@group(0) @binding(2) var<storage, read_write> CAND: array<u32>;
+#endif
+#ifdef TOPK_MERGE
+// [n_rows, n_chunks, k, 2] u32: as written by TOPK_CHUNKS
+@group(0) @binding(2) var<storage, read> CAND: array<u32>;
+// [n_rows, k, 2] u32: (token id, logit bits) per row, best first; read back to the host
+@group(0) @binding(3) var<storage, read_write> OUT: array<u32>;
+#endif
+
+const WG: u32 = 256u;
+const NONE: u32 = 0xffffffffu;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
+// The reduction: each thread's best (key, id, logit bits).
+var<workgroup> red_key: array<u32, 256>;
+var<workgroup> red_id: array<u32, 256>;
+var<workgroup> red_bits: array<u32, 256>;
+
+// NaN → -inf, -0.0 → +0.0 (the bits reported for NaN are -inf's).
+fn canonical(bits: u32) -> u32 {
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return NEG_INF_BITS;
+    }
+    return bits;
+}
+
+// Increasing with the float's value; 0 is below every float (even -inf) and marks empty slots.
+fn order_key(bits: u32) -> u32 {
+    var b = canonical(bits);
+    if (b == 0x80000000u) {
+        b = 0u;
+    }
+    if ((b & 0x80000000u) != 0u) {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+fn ranks_before(key_a: u32, id_a: u32, key_b: u32, id_b: u32) -> bool {
+    return key_a > key_b || (key_a == key_b && id_a < id_b);
+}
+
+// Where this workgroup's list starts in the source buffer, and the token id of its entry 0.
+var<private> src_base: u32;
+var<private> id_base: u32;
+
+// Entry `j` of this workgroup's list: (order key, token id, logit bits).
+fn entry(j: u32) -> vec3<u32> {
+#ifdef TOPK_CHUNKS
+    let bits = bitcast<u32>(LOGITS[src_base + j]);
+    return vec3<u32>(order_key(bits), id_base + j, canonical(bits));
+#endif
+#ifdef TOPK_MERGE
+    let id = CAND[2u * (src_base + j)];
+    let bits = CAND[2u * (src_base + j) + 1u];
+    var key = order_key(bits);
+    if (id == NONE) {
+        key = 0u;
+    }
+    return vec3<u32>(key, id, bits);
+#endif
+}
+
+// The k best of this workgroup's `len` entries, best first, into `dst` ([k, 2] u32 from
+// `dst_base` pairs on) of CAND or OUT. `has_list`: whether this workgroup has a list (barriers are
+// reached by every thread either way).
+fn top_k_rounds(lid: u32, len: u32, k: u32, has_list: bool, dst_base: u32) {
+    // The previous round's pick; nothing is ranked after an empty slot.
+    var prev_key = 0u;
+    var prev_id = NONE;
+    for (var round = 0u; round < k; round++) {
+        var best_key = 0u;
+        var best_id = NONE;
+        var best_bits = NEG_INF_BITS;
+        if (has_list) {
+            for (var j = lid; j < len; j += WG) {
+                let e = entry(j);
+                let after_prev = round == 0u || ranks_before(prev_key, prev_id, e.x, e.y);
+                if (after_prev && ranks_before(e.x, e.y, best_key, best_id)) {
+                    best_key = e.x;
+                    best_id = e.y;
+                    best_bits = e.z;
+                }
+            }
+        }
+        red_key[lid] = best_key;
+        red_id[lid] = best_id;
+        red_bits[lid] = best_bits;
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (lid < stride && ranks_before(red_key[lid + stride], red_id[lid + stride], red_key[lid], red_id[lid])) {
+                red_key[lid] = red_key[lid + stride];
+                red_id[lid] = red_id[lid + stride];
+                red_bits[lid] = red_bits[lid + stride];
+            }
+            workgroupBarrier();
+        }
+        prev_key = red_key[0];
+        prev_id = red_id[0];
+        if (has_list && lid == 0u) {
+            let o = 2u * (dst_base + round);
+#ifdef TOPK_CHUNKS
+            CAND[o] = prev_id;
+            CAND[o + 1u] = red_bits[0];
+#endif
+#ifdef TOPK_MERGE
+            OUT[o] = prev_id;
+            OUT[o + 1u] = red_bits[0];
+#endif
+        }
+        // Everyone has read the result before the next round overwrites it.
+        workgroupBarrier();
+    }
+}
+
+#ifdef TOPK_CHUNKS
+@compute @workgroup_size(256)
+fn top_k_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n_rows = P[0];
+    let n_vocab = P[1];
+    let chunk_len = P[2];
+    let n_chunks = P[3];
+    let k = P[4];
+    let chunk = wg.x;
+    let row = wg.y;
+    let has_list = row < n_rows && chunk < n_chunks;
+    let first = chunk * chunk_len;
+    src_base = row * n_vocab + first;
+    id_base = first;
+    let len = min(chunk_len, n_vocab - min(first, n_vocab));
+    top_k_rounds(lid.x, len, k, has_list, (row * n_chunks + chunk) * k);
+}
+#endif
+
+#ifdef TOPK_MERGE
+@compute @workgroup_size(256)
+fn top_k_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n_rows = P[0];
+    let n_chunks = P[3];
+    let k = P[4];
+    let row = wg.x;
+    src_base = row * n_chunks * k;
+    id_base = 0u;
+    top_k_rounds(lid.x, n_chunks * k, k, row < n_rows, row * k);
+}
+#endif
