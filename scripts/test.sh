@@ -10,6 +10,11 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
 cargo build --release -p hearth
 "$CARGO_TARGET_DIR/release/hearth" models fetch all
 cargo test --release --workspace
+# The wgpu op-conformance suites again under the env switches that force the kernel fallbacks
+# (the run above already covers every variant the adapter offers; these check the switches).
+for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU_NO_F16=1 HEARTH_WGPU_NO_SUBGROUPS=1"; do
+    env $switches cargo test --release -p hearth-wgpu --test ops --test paged_kv
+done
 scripts/build-web.sh
 node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.

@@ -1,5 +1,14 @@
 // Paged KV cache: store (with conversion to the cache's storage type) and causal attention
 // (GQA, sliding window, optional soft-cap) through per-sequence block tables.
+// Capability variants: SHADER_F16 reads an f16 cache as WGSL f16 (exact, as unpack2x16float);
+// SUBGROUPS takes each key tile's maximum score with subgroupMax instead of a serial scan.
+#ifdef SHADER_F16
+enable f16;
+#endif
+// Browsers require `enable subgroups;`; Naga (native) rejects it and needs no directive.
+#ifdef SUBGROUPS_DIRECTIVE
+enable subgroups;
+#endif
 //
 // Storage of one layer: [n_blocks, block_size, row_words] u32, a row holding `width` values as
 //   KV_F32:  width f32;
@@ -253,10 +262,24 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
 @group(0) @binding(2) var<storage, read> TABLES: array<u32>;
 // [n_tokens, n_head * head_dim] f32
 @group(0) @binding(3) var<storage, read> Q: array<f32>;
+#ifdef KV_F16
+#ifdef SHADER_F16
+// The f16 cache as WGSL f16: [n_blocks, block_size, width / 2] pairs, one a u32 word, so word
+// indices (`row`) address pairs unchanged.
+@group(0) @binding(4) var<storage, read> K: array<vec2<f16>>;
+@group(0) @binding(5) var<storage, read> V: array<vec2<f16>>;
+#else
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(4) var<storage, read> K: array<u32>;
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(5) var<storage, read> V: array<u32>;
+#endif
+#else
+// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+@group(0) @binding(4) var<storage, read> K: array<u32>;
+// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+@group(0) @binding(5) var<storage, read> V: array<u32>;
+#endif
 // [n_tokens, n_head * head_dim] f32
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 
@@ -267,6 +290,10 @@ var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> scores: array<f32, WG>;
 // First word of each key's row in the tile.
 var<workgroup> rows: array<u32, WG>;
+#ifdef SUBGROUPS
+// Each subgroup's maximum score of the tile (subgroups of at least 4 invocations).
+var<workgroup> sg_max: array<f32, 32>;
+#endif
 #ifdef KV_Q8_0 || KV_Q4_0
 // V rows are un-rotated a whole block at a time, but read a dimension per thread: V_KEYS keys'
 // blocks covering the head's columns are decoded into v_sh together (V_SPAN values a key: a
@@ -310,7 +337,11 @@ fn k_at(row: u32, d: u32, width: u32) -> f32 {
     return bitcast<f32>(K[row + d]);
 #endif
 #ifdef KV_F16
+#ifdef SHADER_F16
+    return f32(K[row + d / 2u][d & 1u]);
+#else
     return unpack2x16float(K[row + d / 2u])[d & 1u];
+#endif
 #endif
 }
 
@@ -319,7 +350,11 @@ fn v_at(row: u32, d: u32, width: u32) -> f32 {
     return bitcast<f32>(V[row + d]);
 #endif
 #ifdef KV_F16
+#ifdef SHADER_F16
+    return f32(V[row + d / 2u][d & 1u]);
+#else
     return unpack2x16float(V[row + d / 2u])[d & 1u];
+#endif
 #endif
 }
 #endif
@@ -372,7 +407,14 @@ fn softcapped(s: f32) -> f32 {
 // thread folds the tile into its own output dimensions with an online softmax (running max m,
 // running sum l).
 @compute @workgroup_size(128)
-fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn attention(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+#ifdef SUBGROUPS
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
     let id = wg.y * P[7] + wg.x;
     let n_head = P[1];
     let valid = id < P[0] * n_head;
@@ -422,6 +464,13 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
             s = softcapped(dot_f32(row, col, hd, kv_width) * scale);
         }
         scores[tid] = s;
+#ifdef SUBGROUPS
+        // Subgroups are consecutive invocations (see quant.wgsl).
+        let s_max = subgroupMax(s);
+        if (sg_lane == 0u) {
+            sg_max[tid / sg_size] = s_max;
+        }
+#endif
         workgroupBarrier();
         let count = min(WG, end - tile);
 #ifdef KV_Q8_0 || KV_Q4_0
@@ -431,9 +480,16 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
 #endif
         // Online softmax in f32: rescale what the earlier tiles summed to this tile's maximum.
         var tile_max = m;
+#ifdef SUBGROUPS
+        // Keys past `count` score -3e38, so the whole tile's maximum is that of its first count.
+        for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
+            tile_max = max(tile_max, sg_max[i]);
+        }
+#else
         for (var r = 0u; r < count; r++) {
             tile_max = max(tile_max, scores[r]);
         }
+#endif
         let correction = exp(m - tile_max);
         l = l * correction;
         for (var u = 0u; u < DIMS_PER_THREAD; u++) {

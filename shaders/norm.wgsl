@@ -1,6 +1,12 @@
 // RMS normalisation of each `group` consecutive values, optionally times a weight of length
 // `group`. One 256-thread workgroup per group (grid folded into 2-D past 65535 groups).
 // INPLACE: out aliases x, so X is not bound and values are read from OUT.
+// SUBGROUPS: the sum of squares is reduced with subgroupAdd, then every thread adds the
+// subgroups' sums in the same order (no shared-memory tree). SHADER_F16 changes nothing here.
+// Browsers require `enable subgroups;`; Naga (native) rejects it and needs no directive.
+#ifdef SUBGROUPS_DIRECTIVE
+enable subgroups;
+#endif
 
 // [n_groups, groups_x, group, eps (f32 bits)] u32
 @group(0) @binding(0) var<storage, read> P: array<u32>;
@@ -27,7 +33,14 @@ fn load(i: u32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn rms_norm(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+#ifdef SUBGROUPS
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
     let g = wg.y * P[1] + wg.x;
     let valid = g < P[0];
     let group = P[2];
@@ -39,6 +52,18 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
             s += v * v;
         }
     }
+#ifdef SUBGROUPS
+    // Subgroups are consecutive invocations (see quant.wgsl).
+    s = subgroupAdd(s);
+    if (sg_lane == 0u) {
+        partial[lid.x / sg_size] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < (256u + sg_size - 1u) / sg_size; i++) {
+        total += partial[i];
+    }
+#else
     partial[lid.x] = s;
     workgroupBarrier();
     for (var stride = 128u; stride > 0u; stride /= 2u) {
@@ -47,10 +72,12 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
         }
         workgroupBarrier();
     }
+    let total = partial[0];
+#endif
     if (!valid) {
         return;
     }
-    let scale = 1.0 / sqrt(partial[0] / f32(group) + bitcast<f32>(P[3]));
+    let scale = 1.0 / sqrt(total / f32(group) + bitcast<f32>(P[3]));
     for (var i = lid.x; i < group; i += 256u) {
         var v = load(base + i) * scale;
 #ifdef WEIGHT

@@ -6,9 +6,30 @@
 // so values are extracted byte by byte. Exactly one weight-type define is set:
 // F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K. Scales are f16 read with unpack2x16float (no
 // shader-f16 needed). Activations are f32.
+// Capability variants (device.rs DeviceInfo::defines): with SHADER_F16, F16 weights are bound
+// as array<vec2<f16>> and read as WGSL f16 (F16_NATIVE; exact, as unpack2x16float);
+// accumulation stays f32. SUBGROUPS sums
+// a mat-mul row's partial dots with subgroupAdd instead of a shared-memory tree.
+// (`enable` directives must precede every declaration.)
+#ifdef SHADER_F16
+enable f16;
+#endif
+// Browsers require `enable subgroups;`; Naga (native) rejects it and needs no directive.
+#ifdef SUBGROUPS_DIRECTIVE
+enable subgroups;
+#endif
 
 // Per-op parameters, see each entry point.
 @group(0) @binding(0) var<storage, read> P: array<u32>;
+#ifdef F16_NATIVE
+// [rows_in_chunk * row_len] f16, padded to an even count
+@group(0) @binding(1) var<storage, read> W: array<vec2<f16>>;
+
+// Value `i` of the f16 weights (row_len of them a row).
+fn f16_value(i: u32) -> f32 {
+    return f32(W[i >> 1u][i & 1u]);
+}
+#else
 // [rows_in_chunk * row_bytes] GGUF bytes, padded to 4 bytes
 @group(0) @binding(1) var<storage, read> W: array<u32>;
 
@@ -20,14 +41,17 @@ fn u16_at(i: u32) -> u32 {
     return byte_at(i) | (byte_at(i + 1u) << 8u);
 }
 
+// The f16 at byte `i`, which is even: every f16 of a GGUF row (F16 values, block scales) sits
+// at an even offset, as row and block sizes are even.
 fn f16_at(i: u32) -> f32 {
-    return unpack2x16float(u16_at(i)).x;
+    return unpack2x16float(W[i >> 2u])[(i >> 1u) & 1u];
 }
 
 // Sign-extends a byte.
 fn i8_of(b: u32) -> i32 {
     return (i32(b << 24u)) >> 24u;
 }
+#endif
 
 // Value `i` of the row starting at byte `base`.
 fn dequant(base: u32, i: u32) -> f32 {
@@ -36,7 +60,11 @@ fn dequant(base: u32, i: u32) -> f32 {
         | (byte_at(base + 4u * i + 2u) << 16u) | (byte_at(base + 4u * i + 3u) << 24u));
 #endif
 #ifdef F16
+#ifdef F16_NATIVE
+    return f16_value(base / 2u + i);
+#else
     return f16_at(base + 2u * i);
+#endif
 #endif
 #ifdef Q8_0
     // block: d f16, qs[32] i8
@@ -141,9 +169,18 @@ const TILE_T: u32 = 8u;
 var<workgroup> partial: array<array<f32, TILE_T>, WG>;
 
 // grid: (rows folded into x*y with groups_x columns, ceil(n_tokens / TILE_T)); one weight row
-// per workgroup, threads stride along k, shared-memory tree reduction at the end.
+// per workgroup, threads stride along k, then a shared-memory tree reduction or, with
+// SUBGROUPS, subgroupAdd within each subgroup and thread 0 adding the subgroups' sums (subgroups
+// taken to be consecutive invocations, as every implementation forms them for 1-D workgroups).
 @compute @workgroup_size(64)
-fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+#ifdef SUBGROUPS
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
     let local_row = wg.y * P[6] + wg.x;
     let rows = P[1];
     let k = P[2];
@@ -167,6 +204,22 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
             }
         }
     }
+#ifdef SUBGROUPS
+    for (var u = 0u; u < TILE_T; u++) {
+        acc[u] = subgroupAdd(acc[u]);
+    }
+    if (sg_lane == 0u) {
+        partial[tid / sg_size] = acc;
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+        for (var s = 1u; s < (WG + sg_size - 1u) / sg_size; s++) {
+            for (var u = 0u; u < TILE_T; u++) {
+                partial[0][u] += partial[s][u];
+            }
+        }
+    }
+#else
     partial[tid] = acc;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
@@ -177,6 +230,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         }
         workgroupBarrier();
     }
+#endif
     if (tid == 0u && valid) {
         let row = P[0] + local_row;
         var b = 0.0;

@@ -156,6 +156,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let report = serde_json::json!({
         "model": path.display().to_string(),
         "backend": session.backend().name(),
+        "backend_variant": session.backend().variant(),
         "threads": args.model.threads,
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
@@ -186,7 +187,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     } else {
         let (p, g) = (stat(&pp), stat(&tg));
         println!("model      {}", path.display());
-        println!("backend    {} ({} reps after 1 warm-up)", session.backend().name(), args.reps);
+        let variant = session.backend().variant().map(|v| format!(", {v}")).unwrap_or_default();
+        println!("backend    {}{variant} ({} reps after 1 warm-up)", session.backend().name(), args.reps);
         println!("prefill    pp{:<5} {:>8.1} ± {:.1} tok/s", args.prompt_tokens, p.mean, p.sd);
         println!("decode     tg{:<5} {:>8.1} ± {:.1} tok/s", args.gen_tokens, g.mean, g.sd);
         println!("ttft       {:>8.1} ms", stat(&ttft).mean);

@@ -121,6 +121,12 @@ pub trait Backend: Send {
     /// Short name for logs and `--json` output ("cpu", "wgpu", "cuda").
     fn name(&self) -> &str;
 
+    /// Which kernel variant this backend runs, when it has several (the wgpu backend's
+    /// `shader-f16` / subgroup kernels): for `hearth bench` and runtime stats.
+    fn variant(&self) -> Option<String> {
+        None
+    }
+
     /// Makes a weight available to graphs. Called once per tensor at load time.
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId>;
 

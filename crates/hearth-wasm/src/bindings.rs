@@ -207,6 +207,7 @@ impl WasmEngine {
                 "device_type": i.device_type,
                 "shader_f16": i.shader_f16,
                 "subgroups": i.subgroups,
+                "variant": i.variant(),
                 "max_storage_buffer_binding_size": i.max_storage_binding,
                 "max_buffer_size": i.max_buffer_size,
             })

@@ -194,7 +194,7 @@ impl Builder<'_> {
                 }
                 let n_groups = rows * cols / group;
                 let (gx, gy) = fold(n_groups);
-                let mut defines = vec![];
+                let mut defines = self.gpu.info.defines();
                 let mut entries = vec![];
                 if x == out {
                     defines.push("INPLACE");
@@ -239,6 +239,10 @@ impl Builder<'_> {
                     None => self.buf(*x),
                 };
                 let mut defines = vec!["MATMUL", ty];
+                defines.extend(self.gpu.info.defines());
+                if ty == "F16" && self.gpu.info.shader_f16 {
+                    defines.push("F16_NATIVE");
+                }
                 if bias.is_some() {
                     defines.push("BIAS");
                 }
@@ -340,7 +344,9 @@ impl Builder<'_> {
                     p.layer as u32,
                 ];
                 let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width), window: Some(p.window) };
-                self.push(PipelineKey::new(ShaderFile::Attention, "attention", &["ATTENTION"]), &params, entries, [gx, gy, 1], Some(need))?;
+                let mut defines = vec!["ATTENTION"];
+                defines.extend(self.gpu.info.defines());
+                self.push(PipelineKey::new(ShaderFile::Attention, "attention", &defines), &params, entries, [gx, gy, 1], Some(need))?;
             }
             Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
                 self.same(*a, *b)?;

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 /// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1`.
 #[derive(Clone, Debug, Default)]
 pub struct WgpuOptions {
-    /// Do not request `shader-f16` even when the adapter has it (f16 scales are always read
-    /// with `unpack2x16float`, so kernels never need it).
+    /// Do not request `shader-f16` even when the adapter has it: the kernels then read f16
+    /// values with `unpack2x16float` (the `f32` / `subgroups` variants; same results).
     pub no_f16: bool,
-    /// Do not request subgroup operations even when the adapter has them.
+    /// Do not request subgroup operations even when the adapter has them: reductions then go
+    /// through shared-memory trees.
     pub no_subgroups: bool,
     /// Caps the bytes bound per weight buffer below the device limit, so tests can exercise the
     /// row-range split of large tensors with small ones.
@@ -35,6 +36,35 @@ pub struct DeviceInfo {
     pub subgroups: bool,
     pub max_storage_binding: u64,
     pub max_buffer_size: u64,
+}
+
+impl DeviceInfo {
+    /// The kernel variant in use: "f16+subgroups", "f16", "subgroups" or "f32".
+    pub fn variant(&self) -> &'static str {
+        match (self.shader_f16, self.subgroups) {
+            (true, true) => "f16+subgroups",
+            (true, false) => "f16",
+            (false, true) => "subgroups",
+            (false, false) => "f32",
+        }
+    }
+
+    /// The shader defines of the variant (see `shaders/`): `SHADER_F16`, `SUBGROUPS` (and in a
+    /// browser `SUBGROUPS_DIRECTIVE`).
+    pub fn defines(&self) -> Vec<&'static str> {
+        let mut defines = Vec::new();
+        if self.shader_f16 {
+            defines.push("SHADER_F16");
+        }
+        if self.subgroups {
+            defines.push("SUBGROUPS");
+            // WGSL goes to the browser's compiler as written there; natively Naga takes it.
+            if cfg!(target_arch = "wasm32") {
+                defines.push("SUBGROUPS_DIRECTIVE");
+            }
+        }
+        defines
+    }
 }
 
 pub(crate) struct Gpu {

@@ -163,6 +163,10 @@ impl Backend for WgpuBackend {
         "wgpu"
     }
 
+    fn variant(&self) -> Option<String> {
+        Some(format!("{} on {} ({})", self.gpu.info.variant(), self.gpu.info.adapter_name, self.gpu.info.backend))
+    }
+
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
         let w = weights::upload(&self.gpu.device, &self.gpu.queue, self.gpu.max_binding, desc, data)?;
         self.weights.push(w);

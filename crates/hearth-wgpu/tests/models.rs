@@ -1,6 +1,7 @@
-//! Whole models on wgpu against the CPU backend over 16 greedy steps (teacher-forced, decisive
-//! steps must agree), and a warmed-up decode step must not build pipelines or bind groups; then
-//! batched steps of several sequences, with a copy-on-write block copy.
+//! Whole models on wgpu against the CPU backend: 32 greedy tokens that must equal the CPU's on
+//! each of the three real models (a differing token is allowed only at a genuine near-tie, see
+//! `exact_greedy_tokens`), a warmed-up decode step must not build pipelines or bind groups; then
+//! quantized KV caches, batched steps of several sequences, with a copy-on-write block copy.
 
 mod common;
 
@@ -10,11 +11,16 @@ use hearth_core::graph::LogitsMode;
 use hearth_core::kv::{KvType, SeqId};
 use hearth_core::runner::{BatchEntry, Runner};
 use hearth_core::tokenizer::Tokenizer;
-use hearth_tests::{argmax, cpu_session_with, model_path, GEMMA_270M, QWEN_05B};
+use hearth_tests::{argmax, cpu_session_with, model_path, GEMMA_270M, QWEN_05B, QWEN_15B};
 use hearth_wgpu::{WgpuBackend, WgpuOptions};
 
 const N_CTX: usize = 96;
 const N_GENERATE: usize = 16;
+/// Greedy tokens compared exactly by `exact_greedy_tokens`.
+const N_EXACT: usize = 32;
+/// A CPU top-1/top-2 logit margin below this is a near-tie that f32 summation order may resolve
+/// either way.
+const NEAR_TIE: f32 = 1e-2;
 
 fn wgpu_session(stem: &str, options: &EngineOptions) -> Option<(GgufFile, Session)> {
     let backend: WgpuBackend = common::open(WgpuOptions::from_env())?;
@@ -79,9 +85,13 @@ fn same_greedy_tokens(stem: &str, kv_type: KvType, prompt: &str, decisive_margin
     assert!(max_delta <= max_logprob, "{stem}: max |Δ log-prob| {max_delta} > {max_logprob}");
     assert!(mean <= mean_logprob as f64, "{stem}: mean |Δ log-prob| {mean} > {mean_logprob}");
 
-    // Counters: a warmed-up decode step builds nothing and submits at most twice.
+    decode_step_builds_nothing(stem, &mut gpu, &input);
+}
+
+/// A warmed-up decode step builds no pipelines or bind groups and submits at most twice.
+fn decode_step_builds_nothing(stem: &str, gpu: &mut Session, input: &[u32]) {
     let before = gpu.backend().counters();
-    gpu.eval(&input, LogitsMode::Last).expect("decode");
+    gpu.eval(input, LogitsMode::Last).expect("decode");
     let after = gpu.backend().counters();
     eprintln!("{stem}: counters {after:?}");
     assert_eq!(after.pipelines_created, before.pipelines_created, "a decode step created pipelines");
@@ -91,15 +101,89 @@ fn same_greedy_tokens(stem: &str, kv_type: KvType, prompt: &str, decisive_margin
     assert!(after.pipelines_created > 0 && after.bind_groups_created > 0, "counters are not kept");
 }
 
+/// The CPU's greedy continuation of `prompt` for N_EXACT tokens, fed to both backends
+/// (teacher-forced): at every step the wgpu argmax must be the CPU's token. Where it is not, the
+/// step must be a near-tie — the CPU's top-1/top-2 margin below NEAR_TIE and both tokens' logits
+/// within NEAR_TIE of each other on each backend — and it is reported; decoding continues with the
+/// CPU's token. Log-probs of the CPU's top-5 must agree within `max_logprob` / `mean_logprob`.
+/// Returns the steps that were near-ties resolved differently.
+fn exact_greedy_tokens(stem: &str, prompt: &str, max_logprob: f32, mean_logprob: f32) -> Vec<usize> {
+    let options = EngineOptions { n_ctx: N_CTX, kv_type: KvType::F16, ..EngineOptions::default() };
+    let Some((file, mut gpu)) = wgpu_session(stem, &options) else { return Vec::new() };
+    eprintln!("{stem}: wgpu variant {}", gpu_variant(&gpu));
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let mut input = tokenizer.encode(prompt, true, false).expect("encode");
+    let (_, mut cpu) = cpu_session_with(stem, &options);
+    let (mut sum_delta, mut n_delta, mut max_delta, mut min_margin) = (0f64, 0, 0f32, f32::INFINITY);
+    let mut ties = Vec::new();
+    let mut cpu_tokens = Vec::new();
+    for step in 0..N_EXACT {
+        let want = cpu.eval(&input, LogitsMode::Last).expect("cpu eval").to_vec();
+        let got = gpu.eval(&input, LogitsMode::Last).expect("wgpu eval").to_vec();
+        let want_top = top(&want, 5);
+        let (cpu_token, gpu_token) = (want_top[0], argmax(&got));
+        let margin = want[want_top[0]] - want[want_top[1]];
+        min_margin = min_margin.min(margin);
+        if gpu_token != cpu_token {
+            let cpu_gap = want[cpu_token] - want[gpu_token];
+            let gpu_gap = got[gpu_token] - got[cpu_token];
+            eprintln!("{stem} step {step}: near-tie? wgpu {gpu_token} vs CPU {cpu_token}: CPU logits {} / {}, wgpu {} / {}", want[cpu_token], want[gpu_token], got[cpu_token], got[gpu_token]);
+            assert!(
+                margin < NEAR_TIE && cpu_gap < NEAR_TIE && gpu_gap < NEAR_TIE,
+                "{stem} step {step}: wgpu picks {gpu_token}, the CPU {cpu_token}; CPU margin {margin}, CPU gap {cpu_gap}, wgpu gap {gpu_gap} (not a near-tie)"
+            );
+            ties.push(step);
+        }
+        let (want_lp, got_lp) = (log_probs(&want), log_probs(&got));
+        for &i in &want_top {
+            let d = (want_lp[i] - got_lp[i]).abs();
+            max_delta = max_delta.max(d);
+            sum_delta += d as f64;
+            n_delta += 1;
+        }
+        cpu_tokens.push(cpu_token as u32);
+        input = vec![cpu_token as u32];
+    }
+    let mean = sum_delta / n_delta as f64;
+    eprintln!("{stem}: cpu tokens {cpu_tokens:?}\n{stem}: {N_EXACT} tokens, near-ties resolved differently at steps {ties:?}, smallest CPU margin {min_margin:.4}, |Δ log-prob| mean {mean:.4} max {max_delta:.4}");
+    assert!(max_delta <= max_logprob, "{stem}: max |Δ log-prob| {max_delta} > {max_logprob}");
+    assert!(mean <= mean_logprob as f64, "{stem}: mean |Δ log-prob| {mean} > {mean_logprob}");
+    decode_step_builds_nothing(stem, &mut gpu, &input);
+    ties
+}
+
+fn gpu_variant(session: &Session) -> String {
+    session.backend().variant().unwrap_or_default()
+}
+
+// Log-prob bounds as in tests/golden_greedy.rs (CPU vs llama.cpp, 16 tokens), except the means
+// of Gemma and Qwen 1.5B: over these 32 tokens they measure 0.161 and 0.082 (the low-ranked
+// log-probs of the top-5, far below the top-1, are where the logits' error shows most).
 #[test]
 fn gemma_270m_greedy_matches_cpu() {
-    // Tolerances as in tests/golden_greedy.rs (CPU vs llama.cpp).
-    same_greedy_tokens(GEMMA_270M, KvType::F16, "def fibonacci(n):", 0.5, 1.2, 0.15);
+    exact_greedy_tokens(GEMMA_270M, "def fibonacci(n):", 1.2, 0.2);
+}
+
+/// Not exact: on this prompt wgpu and the CPU part at step 11, and it is no near-tie — the CPU
+/// picks 7488 (logit 16.840 vs 16.563 for 5279, a 0.277 margin), wgpu picks 5279 (16.920 vs
+/// 16.851). The f32 fallback variant parts at the same step, so it is the 8-bit activation
+/// rounding flips between two summation orders growing through Gemma's layers (its log-probs
+/// differ by 0.16 nats on average even where the tokens agree), not a variant's bug. Exact parity
+/// needs the CPU's summation order (AVX2 lanes, FMA, libm) bit for bit in WGSL: open in issue #3.
+/// Until then this prompt is held to the golden tests' rule for Gemma: a 0.5-nat margin decides.
+#[test]
+fn gemma_270m_second_prompt_decisive_tokens_match_cpu() {
+    same_greedy_tokens(GEMMA_270M, KvType::F16, "The capital of France is", 0.5, 1.2, 0.2);
 }
 
 #[test]
 fn qwen_05b_greedy_matches_cpu() {
-    same_greedy_tokens(QWEN_05B, KvType::F16, "def fibonacci(n):", 0.25, 0.6, 0.08);
+    exact_greedy_tokens(QWEN_05B, "def fibonacci(n):", 0.6, 0.08);
+}
+
+#[test]
+fn qwen_15b_greedy_matches_cpu() {
+    exact_greedy_tokens(QWEN_15B, "def fibonacci(n):", 0.6, 0.1);
 }
 
 /// Quantized caches (Hadamard-rotated blocks) on both backends: Qwen's keys have the outlier

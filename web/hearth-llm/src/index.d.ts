@@ -166,6 +166,8 @@ export interface AdapterInfo {
   /** The adapter offers `shader-f16` and it was requested. */
   shader_f16: boolean;
   subgroups: boolean;
+  /** The kernel variant in use: 'f16+subgroups', 'f16', 'subgroups' or 'f32'. */
+  variant: 'f16+subgroups' | 'f16' | 'subgroups' | 'f32';
   max_storage_buffer_binding_size: number;
   max_buffer_size: number;
 }

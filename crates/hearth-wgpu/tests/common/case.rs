@@ -1,7 +1,7 @@
 //! Single-op graphs run on the CPU backend (the oracle) and on wgpu, step by step, compared by
 //! normalised MSE. Inputs enter the graphs through `Embed` of random F32 tables.
 
-use super::{nmse, open, Rng};
+use super::{nmse, open_variants, Rng};
 use hearth_core::backend::{Backend, KvLayout, WeightData};
 use hearth_core::gguf::MemorySource;
 use hearth_core::graph::{BufId, Graph, Op, SeqStep, StepInput, WeightDesc, WeightId};
@@ -117,15 +117,19 @@ impl Case {
         steps.iter().map(|step| run_step(backend, g, kv, step).expect("execute")).collect()
     }
 
+    /// Runs the steps on the CPU and on every kernel variant the adapter offers
+    /// (`open_variants`), each compared with the CPU's results.
     pub fn check(&self, what: &str, threshold: f64, steps: &[Step], options: WgpuOptions) {
-        let Some(mut gpu) = open(options) else { return };
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
         let want = self.run(&mut cpu, steps);
-        let got = self.run(&mut gpu, steps);
-        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-            let e = nmse(g, w);
-            eprintln!("{what} step {s}: nmse {e:.3e}");
-            assert!(e <= threshold, "{what} step {s}: nmse {e:.3e} > {threshold:.0e}\n got {:?}\nwant {:?}", &g[..g.len().min(8)], &w[..w.len().min(8)]);
+        for mut gpu in open_variants(options) {
+            let variant = gpu.info().variant();
+            let got = self.run(&mut gpu, steps);
+            for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = nmse(g, w);
+                eprintln!("{what} [{variant}] step {s}: nmse {e:.3e}");
+                assert!(e <= threshold, "{what} [{variant}] step {s}: nmse {e:.3e} > {threshold:.0e}\n got {:?}\nwant {:?}", &g[..g.len().min(8)], &w[..w.len().min(8)]);
+            }
         }
     }
 }

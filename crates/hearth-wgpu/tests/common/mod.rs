@@ -21,6 +21,29 @@ pub fn open(options: WgpuOptions) -> Option<WgpuBackend> {
     }
 }
 
+/// One backend per kernel variant the adapter supports (`DeviceInfo::variant`): `options` as
+/// given, then with `shader-f16` and/or subgroups forced off; the env switches
+/// `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1` force them off in all. Each opened
+/// device must honour what was asked. Empty only when no adapter opens and that is allowed
+/// (see `open`).
+pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
+    let env = WgpuOptions::from_env();
+    let mut seen = Vec::new();
+    let mut backends = Vec::new();
+    for (no_f16, no_subgroups) in [(false, false), (true, false), (false, true), (true, true)] {
+        let asked = WgpuOptions { no_f16: options.no_f16 || env.no_f16 || no_f16, no_subgroups: options.no_subgroups || env.no_subgroups || no_subgroups, ..options.clone() };
+        let Some(backend) = open(asked.clone()) else { return backends };
+        let info = backend.info();
+        assert!(!(asked.no_f16 && info.shader_f16), "shader-f16 in use although switched off");
+        assert!(!(asked.no_subgroups && info.subgroups), "subgroups in use although switched off");
+        if !seen.contains(&info.variant()) {
+            seen.push(info.variant());
+            backends.push(backend);
+        }
+    }
+    backends
+}
+
 /// xorshift64*: reproducible test data.
 pub struct Rng(pub u64);
 
