@@ -65,7 +65,12 @@ fn attend_head(c: &HeadContext<'_>, index: usize, out: &mut [f32]) {
         let _ = data;
         start..start + hd
     };
-    SCORES.with_borrow_mut(|scores| {
+    // The buffer is taken out of the thread-local so that the loops below stay in this function,
+    // which is inlined into its caller's AVX2 context (code inside a `with` closure is compiled
+    // without it: scalar, not vectorised, in the profile).
+    let mut scores = SCORES.with_borrow_mut(std::mem::take);
+    {
+        let scores = &mut scores;
         scores.clear();
         let mut max = f32::NEG_INFINITY;
         for j in lo..=pos {
@@ -88,7 +93,8 @@ fn attend_head(c: &HeadContext<'_>, index: usize, out: &mut [f32]) {
         }
         let inv = 1.0 / sum;
         out.iter_mut().for_each(|o| *o *= inv);
-    });
+    }
+    SCORES.with_borrow_mut(|s| *s = scores);
 }
 
 #[inline(always)]
@@ -97,13 +103,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     // order is fixed, so every build and batch gives the same result.
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
-    for c in 0..chunks {
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
         for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+            acc[l] += ca[l] * cb[l];
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in chunks * 8..a.len() {
+    for i in chunks * 8..a.len().min(b.len()) {
         s += a[i] * b[i];
     }
     s

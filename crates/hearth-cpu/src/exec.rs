@@ -166,8 +166,14 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
     let taps = ctx.debug.dump_taps.as_ref();
     let mut timer = OpTimer::new(ctx.debug.op_times);
+    // Mat-muls never write their input, so converted activations stay valid across consecutive
+    // mat-muls; any other op may write any buffer.
+    compiled.activations.invalidate();
     for (index, op) in graph.ops.iter().enumerate() {
         timer.start();
+        if !matches!(op, Op::MatMul { .. }) {
+            compiled.activations.invalidate();
+        }
         match op {
             Op::Embed { table, out } => {
                 ops::embed(w(*table), ctx.input.tokens, &mut bufs[out.0 as usize])?;
@@ -180,7 +186,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::MatMul { w: wid, x, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let bias = bias.map(|b| w(b).f32.as_deref().unwrap_or(&[]));
-                matmul::matmul(w(*wid), &bufs[x.0 as usize], cols(*x), bias, &mut o);
+                matmul::matmul(w(*wid), &bufs[x.0 as usize], *x, cols(*x), bias, &mut compiled.activations, &mut o);
                 bufs[out.0 as usize] = o;
             }
             Op::Rope { x, params } => {

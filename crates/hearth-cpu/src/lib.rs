@@ -51,6 +51,8 @@ pub(crate) struct CompiledGraph {
     /// Gathered K and V rows of the sequence being attended (reused between steps).
     k_scratch: Vec<f32>,
     v_scratch: Vec<f32>,
+    /// The last mat-mul input converted to 8-bit blocks (reused by the next mat-mul on it).
+    activations: matmul::QuantizedActivations,
     released: bool,
 }
 
@@ -158,7 +160,7 @@ impl Backend for CpuBackend {
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         self.validate(graph)?;
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
-        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new(), released: false });
+        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new(), activations: Default::default(), released: false });
         self.counters.graphs_compiled += 1;
         Ok(GraphId(self.graphs.len() as u32 - 1))
     }

@@ -4,6 +4,7 @@
 
 use crate::kernels;
 use crate::weights::CpuWeight;
+use hearth_core::quant::GgmlType;
 
 #[cfg(not(target_arch = "wasm32"))]
 use rayon::prelude::*;
@@ -21,17 +22,60 @@ impl OutPtr {
     }
 }
 
-/// x: [rows, k], out: [rows, n] for W: [n, k].
-pub fn matmul(w: &CpuWeight, x: &[f32], k: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+/// The activation rows of a mat-mul converted to its weight's dot type, kept so that mat-muls
+/// reading the same input (q/k/v, gate/up) convert it once.
+#[derive(Default)]
+pub(crate) struct QuantizedActivations {
+    bytes: Vec<u8>,
+    /// The input and dot type `bytes` hold, `None` when stale.
+    key: Option<(hearth_core::graph::BufId, GgmlType)>,
+}
+
+impl QuantizedActivations {
+    /// Forgets the held rows (their input buffer may be written next).
+    pub fn invalidate(&mut self) {
+        self.key = None;
+    }
+
+    /// The rows of `x` ([rows, k], buffer `id`) in `ty`, converted unless already held.
+    fn get(&mut self, id: hearth_core::graph::BufId, ty: GgmlType, x: &[f32], k: usize) -> &[u8] {
+        if self.key != Some((id, ty)) {
+            // Shapes were validated at compile time, so the row sizes below are whole blocks.
+            let act_row = ty.row_bytes(k).unwrap_or(0);
+            let rows = x.len() / k;
+            self.bytes.resize(act_row * rows, 0);
+            let convert = |(xr, ar): (&[f32], &mut [u8])| kernels::quantize_activation(ty, xr, ar);
+            // One row per task: rows are independent, so the result is the same on any thread.
+            #[cfg(not(target_arch = "wasm32"))]
+            if rows > 1 && act_row > 0 {
+                x.par_chunks_exact(k).zip(self.bytes.par_chunks_exact_mut(act_row)).for_each(convert);
+            } else {
+                x.chunks_exact(k).zip(self.bytes.chunks_exact_mut(act_row.max(1))).for_each(convert);
+            }
+            #[cfg(target_arch = "wasm32")]
+            x.chunks_exact(k).zip(self.bytes.chunks_exact_mut(act_row.max(1))).for_each(convert);
+            self.key = Some((id, ty));
+        }
+        &self.bytes
+    }
+}
+
+/// x: [rows, k] (buffer `x_id`), out: [rows, n] for W: [n, k]; `cache` holds x converted to the
+/// weight's dot type when the previous mat-mul already read the same input.
+pub(crate) fn matmul(
+    w: &CpuWeight,
+    x: &[f32],
+    x_id: hearth_core::graph::BufId,
+    k: usize,
+    bias: Option<&[f32]>,
+    cache: &mut QuantizedActivations,
+    out: &mut [f32],
+) {
     let rows = x.len() / k;
     let n = w.desc.n_rows();
     let dot_ty = w.desc.ty.vec_dot_type();
-    // Shapes were validated at compile time, so the row sizes below are whole blocks.
     let act_row = dot_ty.row_bytes(k).unwrap_or(0);
-    let mut act = vec![0u8; act_row * rows];
-    for (xr, ar) in x.chunks_exact(k).zip(act.chunks_exact_mut(act_row)) {
-        kernels::quantize_activation(dot_ty, xr, ar);
-    }
+    let act = cache.get(x_id, dot_ty, x, k);
     let ty = w.desc.ty;
     let out_ptr = OutPtr(out.as_mut_ptr());
     // A task takes CHUNK weight rows; activation rows go in tiles of TILE, so one pass over a
