@@ -108,7 +108,9 @@ test('deleteCachedModel removes the entry; cache: false neither reads nor writes
 
   modelRequests = 0;
   const uncached = await loadAndGenerate({ cache: false });
-  assert.equal(modelRequests, 1);
+  // Downloaded again: in one request, or (a worker that may load onto WebGPU reads the model range
+  // by range) in range requests.
+  assert.ok(modelRequests >= 1, `${modelRequests} model requests`);
   assert.equal(uncached.fromCache, false);
   assert.equal(uncached.last.cached, false);
   assert.deepEqual(uncached.cached, []);
