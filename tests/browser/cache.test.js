@@ -108,9 +108,12 @@ test('deleteCachedModel removes the entry; cache: false neither reads nor writes
 
   modelRequests = 0;
   const uncached = await loadAndGenerate({ cache: false });
-  assert.equal(modelRequests, 1);
+  // Downloaded again: in one request, or (a worker that may load onto WebGPU reads the model range
+  // by range) in range requests.
+  assert.ok(modelRequests >= 1, `${modelRequests} model requests`);
   assert.equal(uncached.fromCache, false);
-  assert.equal(uncached.last.cached, false);
+  // No download event says it is being cached (a range-read load has no download events at all).
+  assert.ok(!uncached.last?.cached, JSON.stringify(uncached.last));
   assert.deepEqual(uncached.cached, []);
   assert.deepEqual(uncached.tokens, expected.tokens);
 });

@@ -25,12 +25,12 @@ const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/gemm
 // Tokens compared with the CPU fixture (see the top of the file).
 const COMPARED = 15;
 
-let server, origin, browser, page;
+let server, origin, log, browser, page;
 
 before(async () => {
   assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
   assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir}`);
-  ({ server, origin } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
+  ({ server, origin, log } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
   browser = await chromium.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
@@ -58,6 +58,19 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
     return { chunks, stats };
   }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt, COMPARED });
 
+  // cache: false in a worker: the model was read with HTTP range requests straight into GPU
+  // buffers (tensors in pieces of at most 16 MiB), never downloaded whole.
+  const modelPath = `/models/${expected.model_file}`;
+  const modelReads = log.filter((entry) => entry.path === modelPath);
+  const fileBytes = result.stats.model.file_bytes;
+  assert.ok(modelReads.length > 0, JSON.stringify(log));
+  assert.deepEqual(modelReads.filter((entry) => entry.status !== 206), [], 'every model request is a range request');
+  const largest = Math.max(...modelReads.map((entry) => entry.bytes));
+  const total = modelReads.reduce((sum, entry) => sum + entry.bytes, 0);
+  assert.ok(largest <= 16 * 2 ** 20, `largest range ${largest} bytes`);
+  assert.ok(total >= fileBytes * 0.9 && total <= fileBytes * 1.1, `read ${total} bytes by ranges of a ${fileBytes}-byte file`);
+  process.stderr.write(`model read in ${modelReads.length} range requests (largest ${(largest / 2 ** 20).toFixed(1)} MiB, ${(total / 2 ** 20).toFixed(0)} MiB in all)\n`);
+
   const last = result.chunks.at(-1);
   process.stderr.write(`WebGPU token ids: ${JSON.stringify(last.hearth.token_ids)}\n`);
   assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
@@ -65,8 +78,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend", { timeout: 
   assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
   assert.ok(result.stats.adapter.max_storage_buffer_binding_size > 0);
   assert.equal(typeof result.stats.adapter.shader_f16, 'boolean');
-  // On WebGPU the model is never copied into wasm memory (weights are read from the JS-held file in
-  // 16 MiB pieces): the heap stays well below the file size.
+  // On WebGPU the model is never copied into wasm memory: the heap stays well below the file size.
   assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes / 2, JSON.stringify(result.stats));
   assert.deepEqual(last.hearth.prompt_token_ids, expected.prompt_tokens);
   assert.deepEqual(last.hearth.token_ids, expected.tokens.slice(0, COMPARED));

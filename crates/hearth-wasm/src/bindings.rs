@@ -3,14 +3,14 @@
 //! property (`WasmError::code`), never a trap.
 
 use crate::error::WasmError;
-use crate::gpu::{classify, JsBytes};
+use crate::gpu::classify;
+use crate::source::JsModel;
 use crate::host::EngineHost;
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
 use hearth_core::backend::Backend;
 use hearth_wgpu::{DeviceInfo, GpuWatch, WgpuBackend, WgpuOptions};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::Arc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
@@ -80,18 +80,23 @@ impl WasmEngine {
         WasmEngine::default()
     }
 
-    /// Loads a GGUF model. `backend`: "webgpu" (fails with code `no-webgpu` without an adapter),
-    /// "cpu", or "auto" (WebGPU when a device opens, else CPU). On WebGPU the weights are read
-    /// tensor by tensor from `bytes` (JS memory) into GPU buffers and the model is never copied
-    /// into wasm memory; the CPU engine copies it once. `options_json`: `{"n_ctx": 2048}` or "".
-    /// `on_progress(done_bytes, total_bytes)`. Resolves to undefined.
-    pub fn load(&self, bytes: &js_sys::Uint8Array, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+    /// Loads a GGUF model. `model`: a `Uint8Array`, or a range reader
+    /// `{ byteLength, readAt(offset, length) → Uint8Array }` (see source.rs). `backend`: "webgpu"
+    /// (fails with code `no-webgpu` without an adapter), "cpu", or "auto" (WebGPU when a device
+    /// opens, else CPU). On WebGPU the weights are read tensor by tensor from `model` into GPU
+    /// buffers and the model is never copied into wasm memory; the CPU engine copies it once.
+    /// `options_json`: `{"n_ctx": 2048}` or "". `on_progress(done_bytes, total_bytes)`. Resolves
+    /// to undefined; a reader's own exception is rethrown as is.
+    pub fn load(&self, model: &JsValue, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
         let state = self.state.clone();
-        let bytes = bytes.clone();
+        let model = model.clone();
         let options_json = options_json.to_string();
         let backend = backend.to_string();
         future_to_promise(async move {
             let options = LoadOptions::parse(&options_json).map_err(js_error)?;
+            let model = JsModel::from_js(&model).map_err(js_error)?;
+            // A failed read: rethrow what the reader threw (a `network` error...), else `error`.
+            let failed = |error: JsValue| model.take_failure().unwrap_or(error);
             let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
             *slot = None; // free the previous model (and its device) first
             let mut report = |done: u64, total: u64| {
@@ -120,14 +125,13 @@ impl WasmEngine {
                 Some(gpu) => {
                     let watch = gpu.watch();
                     let info = gpu.info().clone();
-                    let source = Arc::new(JsBytes::new(bytes));
-                    let host = EngineHost::load_source(source, &options, Box::new(gpu), &mut report).map_err(|e| js_error(classify(&watch, e)))?;
+                    let host = EngineHost::load_source(model.source(), &options, Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
                     // Allocation failures of the upload are reported asynchronously.
                     watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
                     Loaded { host, gpu: Some((watch, info)), fallback_reason }
                 }
                 None => {
-                    let model = copy_into_wasm(&bytes)?;
+                    let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
                     let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
                     Loaded { host: EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?, gpu: None, fallback_reason }
                 }
@@ -230,21 +234,4 @@ impl WasmEngine {
 fn has_navigator_gpu() -> bool {
     let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
     !navigator.is_undefined() && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
-}
-
-/// The CPU engine reads weights in place, so it needs the model in wasm memory: one copy.
-/// try_reserve: a model larger than the wasm heap can grow to is an `out-of-memory` error, not an
-/// allocation abort (which would trap and poison the module).
-fn copy_into_wasm(bytes: &js_sys::Uint8Array) -> Result<Vec<u8>, JsValue> {
-    let length = bytes.length() as usize;
-    let mut model = Vec::new();
-    model.try_reserve_exact(length).map_err(|_| {
-        coded_error(
-            "out-of-memory",
-            &format!("cannot allocate {} MiB of WebAssembly memory for the model (the wasm32 engine addresses at most 4 GiB in all)", length >> 20),
-        )
-    })?;
-    model.resize(length, 0);
-    bytes.copy_to(&mut model);
-    Ok(model)
 }

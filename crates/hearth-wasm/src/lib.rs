@@ -2,8 +2,9 @@
 //! [`host::EngineHost`], which is plain Rust and tested natively:
 //!
 //! ```text
-//! WebGPU: Uint8Array (JS memory) ──JsBytes, per tensor──> GgufFile ──> Engine on WgpuBackend
-//! CPU:    Uint8Array ──copy──> OwnedBytes ──> GgufFile ──> Engine on CpuBackend
+//! WebGPU: Uint8Array (JS memory) or a JS range reader (Blob / OPFS file / HTTP ranges)
+//!         ──JsModel::source, range by range──> GgufFile ──> Engine on WgpuBackend
+//! CPU:    the same ──copy──> OwnedBytes ──> GgufFile ──> Engine on CpuBackend
 //! generate(prompt JSON, options JSON, on_chunk) ──await──> text deltas ──> report JSON (usage, ids)
 //! ```
 
@@ -15,5 +16,7 @@ pub mod request;
 mod bindings;
 #[cfg(target_arch = "wasm32")]
 mod gpu;
+#[cfg(target_arch = "wasm32")]
+mod source;
 
 pub use error::{Result, WasmError};

@@ -42,6 +42,11 @@ export interface Progress {
 }
 
 export interface CreateEngineOptions {
+  /** In worker mode with a GPU backend ('auto' or 'webgpu') the model is read range by range into
+   * GPU buffers and never held whole in memory: a File/Blob is sliced; a URL is downloaded into the
+   * cache and read from there, or read with HTTP Range requests when nothing is cached (the server
+   * must answer them with 206 and, cross-origin, expose Content-Range). The wasm CPU engine holds
+   * the model in its memory. */
   model: ModelSource;
   onProgress?: (progress: Progress) => void;
   /** Run the engine in a dedicated Web Worker (default true). */

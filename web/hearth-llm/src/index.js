@@ -40,16 +40,22 @@ export async function createEngine(options) {
       console.error('hearth-llm: onProgress threw', error);
     }
   });
-  const { bytes, owned, fromCache, warning } = await readModel(model, { onProgress: report, cache, signal }).catch((error) => {
+  // In a worker a GPU load reads the model range by range (a File, the OPFS-cached copy, or HTTP
+  // range requests) straight into GPU buffers: the whole file is never held in memory.
+  const streamed = useWorker && (backend === 'webgpu' || (backend === 'auto' && Boolean(globalThis.navigator?.gpu)));
+  // Only the wasm CPU engine must hold the model in its (32-bit) memory.
+  const sizeLimited = backend !== 'webgpu';
+  const opened = await readModel(model, { onProgress: report, cache, signal, streamed, sizeLimited }).catch((error) => {
     throw toHearthError(error);
   });
+  const { bytes, source, owned, fromCache, warning } = opened;
   if (warning) console.warn(warning.message);
   if (signal?.aborted) throw hearthError('aborted', 'createEngine was aborted', signal.reason);
-  checkModelSize(bytes.byteLength);
+  const size = bytes ? bytes.byteLength : opened.size;
+  if (sizeLimited) checkModelSize(size);
   const engineBackend = useWorker ? new WorkerEngine() : new LocalEngine();
-  const size = bytes.byteLength;
   try {
-    await engineBackend.load(bytes, { n_ctx: nCtx, backend }, report && ((p) => report({ ...p, fromCache })), owned);
+    await engineBackend.load(bytes ?? source, { n_ctx: nCtx, backend }, report && ((p) => report({ ...p, fromCache })), owned);
   } catch (error) {
     engineBackend.terminate?.();
     throw toHearthError(error);

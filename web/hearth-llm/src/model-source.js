@@ -1,7 +1,11 @@
 // Model bytes from a URL (the model cache first, else fetched with progress and cached while it
 // downloads), a File/Blob, or bytes already in memory.
 // Returns { bytes: Uint8Array, owned: boolean, fromCache: boolean, warning?: HearthError }
-// (owned = we allocated it, so it may be transferred to the worker).
+// (owned = we allocated it, so it may be transferred to the worker), or with `streamed` (a worker
+// will read the model range by range, see range-reader.js) { source, size, fromCache, warning? }
+// where `source` is { blob } (a File/Blob, or the OPFS-cached copy of a URL: a download goes to
+// the cache, not to memory) or { url, size } (HTTP range requests, when nothing is cached) — or
+// { bytes, ... } as above when the server does not answer Range requests.
 //
 // Progress events: { phase: 'download' | 'cache' | 'read', loaded, total, fromCache, warning? }.
 
@@ -9,14 +13,20 @@ import { absoluteUrl, openCache } from './cache.js';
 import { HearthError, hearthError, toHearthError, checkModelSize } from './errors.js';
 
 /** `cache`: true (default) · false (no cache read or write) · 'revalidate' (HEAD: ETag/length must match). */
-export async function readModel(model, { onProgress, cache = true, signal } = {}) {
+/** `streamed`: see the top of the file. `sizeLimited` (default true): a model larger than the wasm
+ * CPU engine can hold is rejected before it downloads. */
+export async function readModel(model, { onProgress, cache = true, signal, streamed = false, sizeLimited = true } = {}) {
   if (model instanceof Uint8Array) return { bytes: model, owned: false, fromCache: false };
   if (model instanceof ArrayBuffer) return { bytes: new Uint8Array(model), owned: false, fromCache: false };
   if (typeof Blob !== 'undefined' && model instanceof Blob) {
+    if (streamed) return { source: { blob: model }, size: model.size, fromCache: false };
     const bytes = await readBlob(model, 'read', false, onProgress, signal);
     return { bytes, owned: true, fromCache: false };
   }
-  if (typeof model === 'string' || model instanceof URL) return readUrl(absoluteUrl(model), { onProgress, cache, signal });
+  if (typeof model === 'string' || model instanceof URL) {
+    const url = absoluteUrl(model);
+    return streamed ? openUrl(url, { onProgress, cache, signal, sizeLimited }) : readUrl(url, { onProgress, cache, signal });
+  }
   throw hearthError('bad-argument', 'createEngine: `model` must be a URL (string or URL), a File/Blob, a Uint8Array or an ArrayBuffer');
 }
 
@@ -60,6 +70,46 @@ async function readUrl(url, { onProgress, cache, signal }) {
   return download(url, store, onProgress, signal);
 }
 
+/** A URL for a worker that reads ranges: the cached file; else downloaded into the cache (not into
+ * memory) and read from there; else HTTP range requests; else, for a server without ranges, the
+ * bytes in memory. */
+async function openUrl(url, { onProgress, cache, signal, sizeLimited }) {
+  const store = cache ? await openCache() : null;
+  if (store) {
+    const hit = await store.get(url).catch(() => null);
+    if (hit && (cache !== 'revalidate' || (await stillFresh(url, hit.meta, signal)))) {
+      onProgress?.({ phase: 'cache', loaded: hit.file.size, total: hit.file.size, fromCache: true });
+      return { source: { blob: hit.file }, size: hit.file.size, fromCache: true };
+    }
+    const downloaded = await download(url, store, onProgress, signal, { keepBytes: false, sizeLimited });
+    const cached = await store.get(url).catch(() => null);
+    if (cached) return { source: { blob: cached.file }, size: cached.file.size, fromCache: false, ...(downloaded.warning ? { warning: downloaded.warning } : {}) };
+    // The cache write failed (quota...): the bytes went nowhere; read ranges or download again.
+    const ranged = await probeRanges(url, signal);
+    if (ranged) return { ...ranged, warning: downloaded.warning };
+    return { ...(await download(url, null, onProgress, signal)), warning: downloaded.warning };
+  }
+  return (await probeRanges(url, signal)) ?? download(url, null, onProgress, signal);
+}
+
+/** { source: { url, size }, size } when the server answers a Range request with 206, else null. */
+async function probeRanges(url, signal) {
+  let response;
+  try {
+    response = await fetch(url, { headers: { Range: 'bytes=0-0' }, signal });
+  } catch (error) {
+    checkAborted(signal);
+    throw hearthError('network', `could not reach the model at ${url} (${error.message}). Check the URL and your connection; a model on another site must allow this page's origin (CORS)`, error);
+  }
+  response.body?.cancel().catch(() => {});
+  if (response.status === 404 || response.status >= 500) {
+    throw hearthError('network', `fetching the model from ${url} failed: HTTP ${response.status} ${response.statusText}`);
+  }
+  // "bytes 0-0/491400064"; a cross-origin server must also expose Content-Range (CORS).
+  const size = Number(/\/(\d+)$/.exec(response.headers.get('content-range') ?? '')?.[1]);
+  return response.status === 206 && size > 0 ? { source: { url, size }, size, fromCache: false } : null;
+}
+
 /** HEAD request: the server's ETag and Content-Length still match what was cached. */
 async function stillFresh(url, meta, signal) {
   try {
@@ -73,7 +123,8 @@ async function stillFresh(url, meta, signal) {
   }
 }
 
-async function download(url, store, onProgress, signal) {
+/** `keepBytes: false` (with a store): the chunks only go to the cache; returns { warning? }. */
+async function download(url, store, onProgress, signal, { keepBytes = true, sizeLimited = true } = {}) {
   let response;
   try {
     response = await fetch(url, { signal });
@@ -84,7 +135,7 @@ async function download(url, store, onProgress, signal) {
   if (!response.ok) throw hearthError('network', `fetching the model from ${url} failed: HTTP ${response.status} ${response.statusText}`);
   const total = Number(response.headers.get('content-length')) || 0;
   try {
-    checkModelSize(total); // before downloading gigabytes that cannot be loaded
+    if (sizeLimited) checkModelSize(total); // before downloading gigabytes that cannot be loaded
   } catch (error) {
     response.body?.cancel().catch(() => {});
     throw error;
@@ -115,10 +166,16 @@ async function download(url, store, onProgress, signal) {
   }
   const progress = (loaded) => onProgress?.({ phase: 'download', loaded, total, fromCache: false, cached: Boolean(writer), ...(warning ? { warning } : {}) });
 
+  if (!keepBytes && !writer) {
+    // No cache to stream into: the caller reads ranges (or downloads into memory) instead.
+    response.body?.cancel().catch(() => {});
+    return warning ? { warning } : {};
+  }
   // One buffer of the announced size: the chunks go to it and to the cache, never held twice.
+  const keep = keepBytes;
   let buffer;
   try {
-    buffer = new Uint8Array(total || 1 << 20);
+    buffer = new Uint8Array(keep ? total || 1 << 20 : 0);
   } catch (error) {
     throw hearthError('out-of-memory', `could not allocate ${total} bytes for the model (${error.message})`, error);
   }
@@ -129,12 +186,14 @@ async function download(url, store, onProgress, signal) {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      if (loaded + value.byteLength > buffer.byteLength) {
-        const grown = new Uint8Array(Math.max(buffer.byteLength * 2, loaded + value.byteLength));
-        grown.set(buffer.subarray(0, loaded));
-        buffer = grown;
+      if (keep) {
+        if (loaded + value.byteLength > buffer.byteLength) {
+          const grown = new Uint8Array(Math.max(buffer.byteLength * 2, loaded + value.byteLength));
+          grown.set(buffer.subarray(0, loaded));
+          buffer = grown;
+        }
+        buffer.set(value, loaded);
       }
-      buffer.set(value, loaded);
       loaded += value.byteLength;
       if (writer) {
         try {
@@ -143,6 +202,11 @@ async function download(url, store, onProgress, signal) {
           skipCache(error);
           await writer.abort().catch(() => {});
           writer = null;
+          if (!keep) {
+            // Nothing keeps these bytes any more: stop downloading (the caller reads ranges instead).
+            await reader.cancel().catch(() => {});
+            break;
+          }
         }
       }
       progress(loaded);
@@ -161,6 +225,7 @@ async function download(url, store, onProgress, signal) {
       await writer.abort().catch(() => {});
     }
   }
+  if (!keep) return warning ? { warning } : {};
   const bytes = loaded === buffer.byteLength ? buffer : buffer.slice(0, loaded);
   return { bytes, owned: true, fromCache: false, ...(warning ? { warning } : {}) };
 }

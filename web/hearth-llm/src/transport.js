@@ -38,10 +38,13 @@ export class WorkerEngine {
     });
   }
 
-  /** `owned`: the bytes were fetched or read by us, so their buffer moves to the worker uncopied. */
-  load(bytes, options, onProgress, owned = false) {
-    const transfer = owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
-    return this.#call({ type: 'load', bytes, options }, { onProgress }, transfer);
+  /** `model`: bytes, or a streamed source ({ blob } | { url, size }, see range-reader.js) that the
+   * worker reads range by range. `owned`: the bytes were fetched or read by us, so their buffer
+   * moves to the worker uncopied. */
+  load(model, options, onProgress, owned = false) {
+    const bytes = model instanceof Uint8Array ? model : null;
+    const transfer = bytes && owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
+    return this.#call({ type: 'load', model, options }, { onProgress }, transfer);
   }
 
   generate(prompt, options, onChunk, _shouldStop, stopFlag) {

@@ -1,5 +1,6 @@
 // The wasm engine behind a small async interface shared by the same-thread mode and worker.js:
-//   load(bytes, { backend: 'auto'|'webgpu'|'cpu', ...engine options }, onProgress)
+//   load(model, { backend: 'auto'|'webgpu'|'cpu', ...engine options }, onProgress)
+//     model: bytes, or a streamed source { blob } | { url, size } (worker only, range-reader.js)
 //   generate(prompt, options, onChunk, shouldStop) → report
 //   unload() · stats()
 // `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
@@ -7,6 +8,7 @@
 
 import init, { WasmEngine } from './hearth_wasm.js';
 import { hearthError } from './errors.js';
+import { isLazySource, openReader } from './range-reader.js';
 
 let ready = null;
 
@@ -18,12 +20,14 @@ function initialize() {
 export class LocalEngine {
   #engine = null;
 
-  async load(bytes, options, onProgress) {
+  async load(model, options, onProgress) {
     await initialize();
     this.#engine ??= new WasmEngine();
     const { backend = 'auto', ...engineOptions } = options ?? {};
-    // WebGPU: the bytes stay in JS memory; the engine reads them tensor by tensor into GPU buffers.
-    await this.#engine.load(bytes, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+    // WebGPU: the engine reads the model tensor by tensor into GPU buffers, from bytes that stay in
+    // JS memory or through a range reader; the CPU engine copies it into wasm memory.
+    const input = isLazySource(model) ? openReader(model) : model;
+    await this.#engine.load(input, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
   async generate(prompt, options, onChunk, shouldStop) {

@@ -1,6 +1,6 @@
 // Dedicated Web Worker hosting the wasm engine, so generation never blocks the page.
 // Protocol (one request at a time; the page queues):
-//   page → worker: { id, type: 'load', bytes, options } | { id, type: 'generate', prompt, options, stopFlag? }
+//   page → worker: { id, type: 'load', model, options } (model: bytes, or { blob } | { url, size }) | { id, type: 'generate', prompt, options, stopFlag? }
 //                  | { id, type: 'unload' } | { id, type: 'stats' }
 //   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text }
 //                  | { id, type: 'done', result } | { id, type: 'error', name, code, message } (a HearthError)
@@ -18,7 +18,7 @@ self.onmessage = async (event) => {
   try {
     let result = null;
     if (type === 'load') {
-      await engine.load(event.data.bytes, event.data.options, (progress) => reply({ type: 'progress', progress }));
+      await engine.load(event.data.model, event.data.options, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'generate') {
       const flag = event.data.stopFlag;
       result = await engine.generate(
