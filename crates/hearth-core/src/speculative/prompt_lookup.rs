@@ -29,9 +29,13 @@ pub struct PromptLookup {
     pub width_multiple: usize,
 }
 
+/// Chosen by replaying the greedy outputs of `scripts/bench-speculative.sh` (qwen2.5-coder-1.5b,
+/// code edit and prose) against measured CPU pass costs (`tests/examples/spec_profile.rs`):
+/// one-token matches lose (on prose nearly every one is wrong, and even a 2-token pass costs
+/// ~1.5 single passes), and one draft token per matched token wasted the least.
 impl Default for PromptLookup {
     fn default() -> Self {
-        PromptLookup { max_ngram: 8, min_ngram: 1, tokens_per_matched: 2, width_multiple: 4 }
+        PromptLookup { max_ngram: 8, min_ngram: 2, tokens_per_matched: 1, width_multiple: 4 }
     }
 }
 
