@@ -53,8 +53,9 @@ pub struct DraftModel {
     logits: Vec<f32>,
 }
 
-/// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75;
-/// measured on the code edit and the prose prompt of `scripts/bench-speculative.sh`).
+/// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
+/// the code edit of `scripts/bench-speculative.sh` (5 drafts at most) it cut drafting time by a
+/// quarter for 3 fewer accepted tokens out of 51; other thresholds were not measured.
 pub const DEFAULT_MIN_CONFIDENCE: f32 = 0.6;
 
 impl DraftModel {
@@ -143,7 +144,8 @@ fn copy_shared(out: &mut Vec<f32>, row: &[f32], shared: usize) {
     out.extend_from_slice(&row[..shared.min(row.len())]);
 }
 
-/// The largest softmax probability of `logits`: 1 / Σ exp(l − max). 0 for an empty or NaN row.
+/// The largest softmax probability of `logits`: 1 / Σ exp(l − max). 0 for an empty row or one
+/// without a finite maximum, NaN when some logit is NaN (either stops drafting).
 fn softmax_max(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
