@@ -53,7 +53,13 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
 }
 
 /// Plain greedy vs speculative greedy on the same engine; returns the speculative generation.
-fn assert_same_as_greedy(engine: &mut Engine, drafter: &mut dyn Drafter, prompt: &[u32], label: &str) -> Generation {
+fn assert_same_as_greedy(
+    engine: &mut Engine,
+    drafter: &mut dyn Drafter,
+    speculative: &SpeculativeOptions,
+    prompt: &[u32],
+    label: &str,
+) -> Generation {
     let options = greedy(N_TOKENS);
     // From an empty cache both times, so both evaluate the prompt the same way.
     engine.session_mut().reset();
@@ -61,7 +67,7 @@ fn assert_same_as_greedy(engine: &mut Engine, drafter: &mut dyn Drafter, prompt:
     engine.session_mut().reset();
     let mut streamed = String::new();
     let spec = engine
-        .generate_speculative(prompt, &options, drafter, &SpeculativeOptions::default(), &mut |d| {
+        .generate_speculative(prompt, &options, drafter, speculative, &mut |d| {
             streamed.push_str(d);
             true
         })
@@ -85,19 +91,25 @@ fn draft_model_greedy_equals_greedy_on_qwen_15b() {
     let mut engine = cpu_engine(QWEN_15B);
     let mut drafter = draft_model(QWEN_05B, &engine);
     let code = chat_prompt(&engine, CODE_EDIT);
-    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &code, "1.5B + 0.5B draft, code edit");
+    let spec_options = SpeculativeOptions::default();
+    // The default confidence stop on the code edit...
+    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &code, "1.5B + 0.5B draft, code edit");
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0);
+    // ...and full-length drafts (more rejections, wider passes) on prose.
+    drafter.min_confidence = 0.0;
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(&mut engine, &mut drafter, &prose, "1.5B + 0.5B draft, prose");
+    assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &prose, "1.5B + 0.5B draft, prose");
 }
 
 fn prompt_lookup_equals_greedy(stem: &str) {
     let mut engine = cpu_engine(stem);
     let code = chat_prompt(&engine, CODE_EDIT);
-    let spec = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &code, &format!("{stem} lookup, code edit"));
+    let spec_options = SpeculativeOptions::lookup();
+    let label = format!("{stem} lookup, code edit");
+    let spec = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &spec_options, &code, &label);
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0, "{stem}: prompt lookup never accepted on a rewrite");
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &prose, &format!("{stem} lookup, prose"));
+    assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &spec_options, &prose, &format!("{stem} lookup, prose"));
 }
 
 #[test]
@@ -230,7 +242,7 @@ fn sampled_speculation_is_reproducible_and_consistent() {
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 42, ..SamplingParams::default() };
     let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true };
-    let spec = SpeculativeOptions::default();
+    let spec = SpeculativeOptions::lookup();
     let first = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("first");
     engine.session_mut().reset(); // same numerics as the first run (see assert_same_as_greedy)
     let second = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("second");

@@ -33,9 +33,14 @@ pub struct RunArgs {
     /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
     #[arg(long = "draft-model")]
     pub draft_model: Option<String>,
-    /// Most draft tokens per step; the draft length adapts to the acceptance rate within 1..=K.
-    #[arg(long = "draft-tokens", default_value_t = 5)]
-    pub draft_tokens: usize,
+    /// Most draft tokens per step. With --draft-model (default 5) the draft length adapts to the
+    /// acceptance rate within 1..=K; with --lookup (default 15) the match length sets it.
+    #[arg(long = "draft-tokens")]
+    pub draft_tokens: Option<usize>,
+    /// With --draft-model: stop drafting where the draft model's top token is less likely than
+    /// this (0 drafts the full length).
+    #[arg(long = "draft-min-p", default_value_t = hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)]
+    pub draft_min_p: f32,
     /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
     #[arg(long, conflicts_with = "draft_model")]
     pub lookup: bool,
@@ -122,7 +127,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let prompt = load::tokenize_prompt(&engine, &text, templated)?;
     let mut drafter = drafter(&args, &engine)?;
-    let speculative = SpeculativeOptions { max_draft_tokens: args.draft_tokens.max(1), adaptive: true };
+    let speculative = if args.lookup { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
+    let speculative = SpeculativeOptions {
+        max_draft_tokens: args.draft_tokens.unwrap_or(speculative.max_draft_tokens).max(1),
+        ..speculative
+    };
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     let mut on_text = |delta: &str| {
@@ -176,8 +185,9 @@ fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> 
     let options = EngineOptions { n_ctx: args.model.ctx_size, ..EngineOptions::default() };
     let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
         .with_context(|| format!("loading the draft model {}", path.display()))?;
-    let model = DraftModel::new(session, &tokenizer, engine.tokenizer())
+    let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
         .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+    model.min_confidence = args.draft_min_p;
     Ok(Some(Box::new(model)))
 }
 

@@ -45,6 +45,9 @@ impl Engine {
         let mut metrics = SpeculativeMetrics::default();
         // Prompt and accepted output; its last token is the pending one.
         let mut context = prompt.to_vec();
+        // `context` plus the drafts before the row being verified (penalties look at it).
+        let mut history = Vec::new();
+        let mut row_scratch = Vec::new();
         let n_vocab = session.config().n_vocab;
         let mut itl_ms = Vec::new();
         let mut ttft_ms = 0.0;
@@ -88,16 +91,20 @@ impl Engine {
             batch.push(context[kept]);
             batch.extend_from_slice(&proposal.tokens);
             // Rows: [batch.len(), n_vocab]; row i predicts the token after context + drafts[..i].
-            let logits = session.eval(&batch, LogitsMode::All)?.to_vec();
-            let mut history = context.clone();
+            // Read in place (no copy of the k + 1 rows); only the rows verification reaches are
+            // copied, one at a time, into `row_scratch` for the sampler to modify.
+            let logits = session.eval(&batch, LogitsMode::All)?;
             let drafts = &proposal.tokens;
             let mut target = |i: usize| -> Result<Distribution> {
                 let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(|| {
                     CoreError::InvalidArgument(format!("the backend returned {} logits for {} tokens", logits.len(), batch.len()))
                 })?;
-                history.truncate(context.len());
+                history.clear();
+                history.extend_from_slice(&context);
                 history.extend_from_slice(&drafts[..i]);
-                Ok(sampler.distribution(&mut row.to_vec(), &history))
+                row_scratch.clear();
+                row_scratch.extend_from_slice(row);
+                Ok(sampler.distribution(&mut row_scratch, &history))
             };
             let outcome = verify_proposal(drafts, proposal.distributions.as_deref(), &mut target, &mut rng)?;
             session.rollback(kept + 1 + outcome.accepted)?;

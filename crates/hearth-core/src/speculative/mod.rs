@@ -16,7 +16,7 @@ mod generate;
 mod prompt_lookup;
 pub mod verify;
 
-pub use draft_model::{check_vocab_compatible, DraftModel, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use draft_model::{check_vocab_compatible, DraftModel, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
@@ -50,9 +50,19 @@ pub struct SpeculativeOptions {
     pub adaptive: bool,
 }
 
+/// For a draft model: up to 5 tokens, adapted to the acceptance rate (each draft token costs a
+/// draft-model pass, so the length follows how many are kept).
 impl Default for SpeculativeOptions {
     fn default() -> Self {
         SpeculativeOptions { max_draft_tokens: 5, adaptive: true }
+    }
+}
+
+impl SpeculativeOptions {
+    /// For [`PromptLookup`]: drafting is free and the drafter sizes each proposal from its match
+    /// length, so the ceiling is high (a 16-token verification pass) and not adapted.
+    pub fn lookup() -> Self {
+        SpeculativeOptions { max_draft_tokens: 15, adaptive: false }
     }
 }
 

@@ -1,0 +1,264 @@
+//! Where a speculative step's time goes on the CPU backend: the cost of one target forward pass
+//! of n = 1..=17 tokens (`LogitsMode::All`, as verification runs it), of one draft-model token,
+//! and a breakdown of real speculative runs (drafting vs the rest).
+//!
+//! `cargo run --release -p hearth-tests --example spec_profile [max_tokens]`
+
+use hearth_core::chat::ChatMessage;
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
+use hearth_core::gguf::GgufFile;
+use hearth_core::graph::LogitsMode;
+use hearth_core::sampling::SamplingParams;
+use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, Proposal, SpeculativeOptions};
+use hearth_core::tokenizer::Tokenizer;
+use hearth_tests::*;
+use std::time::Instant;
+
+const CODE_EDIT: &str = "Rewrite this function with type hints:\n\
+def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+result[key] = result.get(key, 0) + value\n    return result\n";
+const PROSE: &str = "Write a short paragraph about why lighthouses were important for sailors.";
+
+fn engine(stem: &str) -> Engine {
+    let file = GgufFile::open(&model_path(stem)).expect("open");
+    let backend = hearth_cpu::CpuBackend::new(Some(2)).expect("cpu backend");
+    let options = EngineOptions {
+        n_ctx: 1024,
+        ..EngineOptions::default()
+    };
+    Engine::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load")
+}
+
+fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
+    let text = engine
+        .chat_template()
+        .expect("template")
+        .render(
+            &[ChatMessage {
+                role: "user".into(),
+                content: user.into(),
+            }],
+            true,
+        )
+        .expect("render");
+    engine
+        .tokenizer()
+        .encode(&text, false, true)
+        .expect("encode")
+}
+
+/// Times the inner drafter.
+struct Timed<'a> {
+    inner: &'a mut dyn Drafter,
+    ms: f64,
+    calls: usize,
+}
+
+impl Drafter for Timed<'_> {
+    fn propose(
+        &mut self,
+        context: &[u32],
+        max_tokens: usize,
+        sampling: &SamplingParams,
+    ) -> hearth_core::Result<Proposal> {
+        let t = Instant::now();
+        let p = self.inner.propose(context, max_tokens, sampling);
+        self.ms += t.elapsed().as_secs_f64() * 1e3;
+        self.calls += 1;
+        p
+    }
+}
+
+fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {
+    let session = engine.session_mut();
+    session.reset();
+    session.eval(prompt, LogitsMode::Last).expect("prefill");
+    let base = session.history().len();
+    let filler: Vec<u32> = prompt.iter().rev().take(max_n).copied().collect();
+    eprint!("{label} pass ms by n:");
+    for n in 1..=max_n {
+        let mut best = f64::MAX;
+        let mut first = 0.0;
+        for i in 0..3 {
+            let t = Instant::now();
+            session.eval(&filler[..n], LogitsMode::All).expect("eval");
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if i == 0 {
+                first = ms; // includes compiling the graph for this width
+            }
+            best = best.min(ms);
+            session.rollback(base).expect("rollback");
+        }
+        eprint!(" {n}:{best:.1}(first {first:.0})");
+    }
+    eprintln!();
+}
+
+fn main() {
+    let max_tokens: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    let mut target = engine(QWEN_15B);
+    let prompt = chat_prompt(&target, CODE_EDIT);
+    let (draft_file, draft_session) = cpu_session(QWEN_05B, 1024);
+    let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
+    let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
+    if std::env::var("SKIP_PASSES").is_err() {
+        pass_costs(&mut target, &prompt, "1.5B", 17);
+        // The drafter alone: one token at a time (Last).
+        let s = draft.session_mut();
+        s.reset();
+        s.eval(&prompt, LogitsMode::Last).expect("prefill");
+        let base = s.history().len();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            s.eval(&prompt[..1], LogitsMode::Last).expect("eval");
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            s.rollback(base).expect("rollback");
+        }
+        eprintln!("0.5B one token (Last): {best:.1} ms");
+    }
+    let options0 = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    if let Ok(costs) = std::env::var("SIMULATE") {
+        // Pass costs (ms) for widths 1..: replay prompt lookup offline against the greedy output.
+        let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
+        for user in [CODE_EDIT, PROSE] {
+            let prompt = chat_prompt(&target, user);
+            target.session_mut().reset();
+            let plain = target
+                .generate(&prompt, &options0, &mut |_| true)
+                .expect("generate");
+            eprintln!("{:?}", &user[..20]);
+            let grid = [
+                (1, 100, 1, 5),
+                (1, 2, 4, 15),
+                (2, 1, 4, 15),
+                (2, 2, 4, 15),
+                (2, 3, 4, 15),
+                (2, 2, 1, 15),
+                (3, 2, 4, 15),
+                (2, 2, 4, 11),
+                (2, 2, 4, 7),
+            ];
+            for (mn, tpm, wm, k) in grid {
+                let lookup = PromptLookup {
+                    max_ngram: 8,
+                    min_ngram: mn,
+                    tokens_per_matched: tpm,
+                    width_multiple: wm,
+                };
+                let (passes, proposed, accepted, ms) =
+                    simulate(&lookup, &prompt, &plain.tokens, k, &costs);
+                eprintln!("sim min_ngram {mn} per_matched {tpm} multiple {wm} k {k}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
+            }
+        }
+        return;
+    }
+    let options = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    target.session_mut().reset();
+    let plain = target
+        .generate(&prompt, &options, &mut |_| true)
+        .expect("generate");
+    eprintln!(
+        "plain: {:.1} tok/s decode ({} tokens)",
+        plain.timings.decode_tok_s,
+        plain.tokens.len()
+    );
+    // (label, drafter, max draft tokens, adaptive, draft min confidence)
+    let mut lookup = PromptLookup::default();
+    let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, false, 0.0)];
+    let configs = std::env::var("DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
+    for c in configs.split(',').filter(|c| !c.is_empty()) {
+        let (k, conf) = c.split_once(':').expect("K:CONF");
+        runs.push((
+            format!("draft k {k} conf {conf}"),
+            k.parse().expect("k"),
+            true,
+            conf.parse().expect("conf"),
+        ));
+    }
+    for (label, k, adaptive, conf) in runs {
+        target.session_mut().reset();
+        draft.min_confidence = conf;
+        let inner: &mut dyn Drafter = if label == "lookup" {
+            &mut lookup
+        } else {
+            &mut draft
+        };
+        let mut timed = Timed {
+            inner,
+            ms: 0.0,
+            calls: 0,
+        };
+        let spec_opts = SpeculativeOptions {
+            max_draft_tokens: k,
+            adaptive,
+        };
+        let t = Instant::now();
+        let g = target
+            .generate_speculative(&prompt, &options, &mut timed, &spec_opts, &mut |_| true)
+            .expect("spec");
+        let total = t.elapsed().as_secs_f64() * 1e3;
+        let m = g.speculative.expect("metrics");
+        assert_eq!(
+            g.tokens, plain.tokens,
+            "{label}: output differs from plain greedy"
+        );
+        eprintln!(
+            "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}), drafting {:.0} ms in {} calls; {} passes, {}/{} accepted ({:.2}/pass)",
+            g.timings.decode_tok_s,
+            g.timings.prompt_ms,
+            timed.ms,
+            timed.calls,
+            m.target_forward_passes,
+            m.accepted,
+            m.proposed,
+            m.mean_accepted_per_step
+        );
+    }
+    eprintln!("text: {:?}", plain.text);
+}
+
+/// Greedy verification replayed: each pass accepts the drafts that equal the real output.
+fn simulate(
+    lookup: &PromptLookup,
+    prompt: &[u32],
+    output: &[u32],
+    k: usize,
+    costs: &[f64],
+) -> (usize, usize, usize, f64) {
+    let mut pos = 1; // the first token comes from the prompt pass
+    let (mut passes, mut proposed, mut accepted, mut ms) = (0, 0, 0, 0.0);
+    while pos < output.len() {
+        let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
+        let budget = k.min(output.len() - pos - 1);
+        let draft = lookup.lookup(&context, budget);
+        let ok = draft
+            .iter()
+            .zip(&output[pos..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        passes += 1;
+        proposed += draft.len();
+        accepted += ok;
+        ms += costs[draft.len().min(costs.len() - 1)];
+        if std::env::var("VERBOSE").is_ok() {
+            let m = lookup.longest_suffix_match(&context).map_or(0, |m| m.len);
+            eprintln!("  pos {pos} match {m} draft {} ok {ok}", draft.len());
+        }
+        pos += ok + 1;
+    }
+    (passes, proposed, accepted, ms)
+}
