@@ -140,6 +140,10 @@ fn f16_bits(x: f32) -> u32 {
 // [n_blocks, block_size, row_words] u32
 @group(0) @binding(4) var<storage, read_write> CACHE: array<u32>;
 #endif
+#ifdef KEY_OFFSET
+// [width] f32: subtracted from every key before it is quantized (Op::StoreKv's k_offset)
+@group(0) @binding(5) var<storage, read> OFFSET: array<f32>;
+#endif
 
 // Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0, q4_0: one block).
 fn unit_len() -> u32 {
@@ -186,6 +190,9 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     var x: array<f32, 32>;
     for (var j = 0u; j < 32u; j++) {
         x[j] = SRC[src + j];
+#ifdef KEY_OFFSET
+        x[j] -= OFFSET[u * 32u + j];
+#endif
     }
     hadamard32(&x);
 #endif

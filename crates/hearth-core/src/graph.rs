@@ -92,8 +92,12 @@ pub enum Op {
     /// position `pos0 + t`.
     Rope { x: BufId, params: RopeParams },
     /// Writes k, v: [n_tokens, n_head_kv * head_dim] into the KV cache of `layer`: each
-    /// sequence's tokens at its positions pos0.., through its block table.
-    StoreKv { layer: usize, k: BufId, v: BufId },
+    /// sequence's tokens at its positions pos0.., through its block table. `k_offset`
+    /// ([n_head_kv * head_dim] f32), when given, may be subtracted from every key before a lossy
+    /// (quantized) store: it shifts all the scores of a query by the same q·k_offset, which the
+    /// softmax ignores, so attention is unchanged in exact arithmetic while the stored values
+    /// shrink (Qwen2's keys carry a large constant from their bias). Exact types store k as is.
+    StoreKv { layer: usize, k: BufId, v: BufId, k_offset: Option<WeightId> },
     /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`:
     /// a token at position p of a sequence sees that sequence's positions 0..=p (limited by the
     /// window). out: same shape as q.

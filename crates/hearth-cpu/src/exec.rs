@@ -91,9 +91,12 @@ pub(crate) fn validate_op<'w>(
                 vector(f, params.n_rot / 2)?;
             }
         }
-        Op::StoreKv { k, v, .. } => {
-            shape(*k)?;
+        Op::StoreKv { k, v, k_offset, .. } => {
+            let (_, k_cols) = shape(*k)?;
             shape(*v)?;
+            if let Some(o) = k_offset {
+                vector(*o, k_cols)?;
+            }
         }
         Op::Attention { q, params, out } => {
             same(*q, *out)?;
@@ -134,7 +137,7 @@ fn check_kv_ops(graph: &Graph, kv: &KvStore) -> std::result::Result<(), CpuError
     let l = &kv.layout;
     for op in &graph.ops {
         let (layer, widths) = match op {
-            Op::StoreKv { layer, k, v } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
+            Op::StoreKv { layer, k, v, .. } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
             Op::Attention { params, .. } => (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0))),
             _ => continue,
         };
@@ -187,8 +190,9 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 let factors = params.freq_factors.map(|f| w(f).f32.as_deref().unwrap_or(&[]));
                 ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, &positions);
             }
-            Op::StoreKv { layer, k, v } => {
-                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize])?;
+            Op::StoreKv { layer, k, v, k_offset } => {
+                let k_offset = k_offset.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
+                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], k_offset)?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);

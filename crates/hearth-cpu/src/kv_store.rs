@@ -53,11 +53,16 @@ impl KvStore {
         seq.block_tables[g][pos / bs] as usize * bs + pos % bs
     }
 
-    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position.
-    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32]) -> Result<(), CpuError> {
+    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position. A
+    /// quantized pool stores k − `k_offset` ([k_width], see `Op::StoreKv`) in place of k.
+    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32], k_offset: Option<&[f32]>) -> Result<(), CpuError> {
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let rotate = self.layout.kv_type.rotates();
+        let k_offset = k_offset.filter(|_| self.layout.kv_type.subtracts_key_offset());
+        if k_offset.is_some_and(|o| o.len() != kw) {
+            return Err(CpuError::BadKv(format!("key offset of {} values for rows of {kw}", k_offset.map_or(0, |o| o.len()))));
+        }
         let (mut k_rot, mut v_rot) = (Vec::new(), Vec::new());
         let mut t = 0;
         for seq in seqs {
@@ -66,7 +71,10 @@ impl KvStore {
                 let (mut k_src, mut v_src) = (&k[t * kw..(t + 1) * kw], &v[t * vw..(t + 1) * vw]);
                 if rotate {
                     k_rot.clear();
-                    k_rot.extend_from_slice(k_src);
+                    match k_offset {
+                        Some(o) => k_rot.extend(k_src.iter().zip(o).map(|(k, o)| k - o)),
+                        None => k_rot.extend_from_slice(k_src),
+                    }
                     hadamard32(&mut k_rot);
                     v_rot.clear();
                     v_rot.extend_from_slice(v_src);

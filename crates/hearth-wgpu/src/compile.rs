@@ -30,6 +30,9 @@ pub(crate) enum Res {
     Tables,
     KvK(usize),
     KvV(usize),
+    /// StoreKv's key offset: bound, with the KEY_OFFSET define, only against a pool whose type
+    /// subtracts it (the pool's type is known at binding time, not at compile time).
+    KeyOffset(wgpu::Buffer),
 }
 
 /// What a KV-touching dispatch requires of the pool it runs against.
@@ -288,7 +291,7 @@ impl Builder<'_> {
                 let params = [rows as u32, n_heads as u32, p.head_dim as u32, p.n_rot as u32, theta_scale.to_bits(), p.freq_scale.to_bits(), cols as u32, gx];
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
-            Op::StoreKv { layer, k, v } => {
+            Op::StoreKv { layer, k, v, k_offset } => {
                 for (src, is_k) in [(*k, true), (*v, false)] {
                     let (rows, cols) = self.shape(src)?;
                     if rows != n {
@@ -298,7 +301,10 @@ impl Builder<'_> {
                     // for the smallest, extra invocations return at once.
                     let (gx, gy) = fold((rows * cols).div_ceil(256));
                     let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
-                    let entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
+                    let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
+                    if let (true, Some(o)) = (is_k, k_offset) {
+                        entries.push((5, Res::KeyOffset(self.vector(*o, cols)?)));
+                    }
                     let need = if is_k {
                         KvNeed { layer: *layer, k_width: Some(cols), v_width: None, window: None }
                     } else {

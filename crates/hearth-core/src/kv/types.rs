@@ -55,6 +55,12 @@ impl KvType {
         matches!(self, KvType::Q8_0 | KvType::Q4_0)
     }
 
+    /// Quantized types store keys minus the graph's per-layer key offset (`Op::StoreKv`), which
+    /// softmax cannot see; exact types (f32, the oracle, and f16) store keys as they are.
+    pub fn subtracts_key_offset(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
+    }
+
     /// Bytes of one stored row of `width` values; `None` if a quantized type does not divide it.
     pub fn row_bytes(self, width: usize) -> Option<usize> {
         self.ggml_type().row_bytes(width).ok()

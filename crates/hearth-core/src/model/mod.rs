@@ -4,6 +4,7 @@
 //! architecture, only the ops.
 
 pub mod config;
+pub mod key_offset;
 pub mod weights;
 
 pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig};
@@ -95,7 +96,7 @@ impl Model {
             };
             g.push(Op::Rope { x: q, params: rope.clone() });
             g.push(Op::Rope { x: k, params: rope });
-            g.push(Op::StoreKv { layer: il, k, v });
+            g.push(Op::StoreKv { layer: il, k, v, k_offset: lw.k_cache_offset });
             let params = AttentionParams {
                 layer: il,
                 n_head: c.n_head,
