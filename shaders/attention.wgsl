@@ -140,8 +140,9 @@ fn f16_bits(x: f32) -> u32 {
 // [n_blocks, block_size, row_words] u32
 @group(0) @binding(4) var<storage, read_write> CACHE: array<u32>;
 #endif
-#ifdef KEY_OFFSET
-// [width] f32: subtracted from every key before it is quantized (Op::StoreKv's k_offset)
+#ifdef KV_OFFSET
+// [width] f32: subtracted from every row before it is quantized (Op::StoreKv's k_offset or
+// v_offset)
 @group(0) @binding(5) var<storage, read> OFFSET: array<f32>;
 #endif
 
@@ -190,7 +191,7 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     var x: array<f32, 32>;
     for (var j = 0u; j < 32u; j++) {
         x[j] = SRC[src + j];
-#ifdef KEY_OFFSET
+#ifdef KV_OFFSET
         x[j] -= OFFSET[u * 32u + j];
 #endif
     }
@@ -266,6 +267,10 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 // [n_tokens, n_head * head_dim] f32
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
+#ifdef KV_OFFSET
+// [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
+@group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
+#endif
 
 const WG: u32 = 128u;
 // head_dim <= WG * DIMS_PER_THREAD
@@ -488,7 +493,12 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     for (var u = 0u; u < DIMS_PER_THREAD; u++) {
         let d = tid + u * WG;
         if (d < hd) {
+#ifdef KV_OFFSET
+            // The weights sum to 1: the values' offset comes back whole.
+            OUT[t * q_width + h * hd + d] = acc[u] * (1.0 / l) + V_OFFSET[col + d];
+#else
             OUT[t * q_width + h * hd + d] = acc[u] * (1.0 / l);
+#endif
         }
     }
 }

@@ -20,6 +20,11 @@ fn policy() -> String {
     std::env::var("HEARTH_KV_KEY_OFFSET").unwrap_or_else(|_| "slow".into())
 }
 
+/// Experiment switch (HEARTH_KV_V_OFFSET=0 disables): values minus their bias.
+pub fn values_offset_enabled() -> bool {
+    std::env::var("HEARTH_KV_V_OFFSET").map_or(true, |v| v != "0")
+}
+
 /// The offset of one layer: [n_head_kv * head_dim], from its K bias `bias` (same shape),
 /// `None` when no dimension gets one. `layer` picks the RoPE frequencies.
 pub fn key_offset(cfg: &ModelConfig, layer: usize, bias: &[f32]) -> Option<Vec<f32>> {

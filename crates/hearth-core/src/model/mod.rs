@@ -96,7 +96,10 @@ impl Model {
             };
             g.push(Op::Rope { x: q, params: rope.clone() });
             g.push(Op::Rope { x: k, params: rope });
-            g.push(Op::StoreKv { layer: il, k, v, k_offset: lw.k_cache_offset });
+            // Quantized caches store keys and values minus these constants (exact: the softmax
+            // ignores a shift of all scores, and its weights sum to 1). softcap is None below.
+            let v_offset = lw.bv.filter(|_| key_offset::values_offset_enabled());
+            g.push(Op::StoreKv { layer: il, k, v, k_offset: lw.k_cache_offset, v_offset });
             let params = AttentionParams {
                 layer: il,
                 n_head: c.n_head,
@@ -105,6 +108,7 @@ impl Model {
                 scale: c.attn_scale,
                 window: la.window,
                 softcap: None,
+                v_offset,
             };
             g.push(Op::Attention { q, params, out: attn });
             g.push(Op::MatMul { w: lw.wo, x: attn, bias: None, out: proj });
