@@ -4,10 +4,8 @@
 use super::config::ModelConfig;
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
-use crate::gguf::{GgufFile, MemorySource};
+use crate::gguf::GgufFile;
 use crate::graph::{WeightDesc, WeightId};
-use crate::quant::{dequantize_row, GgmlType};
-use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
@@ -20,9 +18,6 @@ pub struct LayerWeights {
     pub bv: Option<WeightId>,
     pub q_norm: Option<WeightId>,
     pub k_norm: Option<WeightId>,
-    /// Subtracted from the keys a quantized KV cache stores ([n_head_kv * head_dim] f32, see
-    /// [`super::key_offset`]); derived from the K bias, absent without one.
-    pub k_cache_offset: Option<WeightId>,
     pub wo: WeightId,
     pub attn_post_norm: Option<WeightId>,
     pub ffn_norm: WeightId,
@@ -68,22 +63,6 @@ impl Uploader<'_> {
         Ok(id)
     }
 
-    /// The KV key offset of `layer` derived from its K bias tensor `bias_name` (already checked
-    /// to be [kv_width]), uploaded as an f32 vector.
-    fn key_offset(&mut self, cfg: &ModelConfig, layer: usize, bias_name: &str) -> Result<Option<WeightId>> {
-        let info = self.file.require_tensor(bias_name)?;
-        let mut bias = vec![0f32; info.n_elements() as usize];
-        dequantize_row(info.ty, &self.file.tensor_bytes(info)?, &mut bias)?;
-        let Some(offset) = super::key_offset::key_offset(cfg, layer, &bias) else {
-            return Ok(None);
-        };
-        let bytes: Vec<u8> = offset.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let len = bytes.len();
-        let desc = WeightDesc { name: format!("blk.{layer}.k_cache_offset"), ty: GgmlType::F32, dims: vec![offset.len() as u64] };
-        let data = WeightData { source: Arc::new(MemorySource::new(bytes)), offset: 0, len };
-        self.backend.upload_weight(desc, data).map(Some)
-    }
-
     fn optional(&mut self, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
         if self.file.tensor(name).is_none() {
             return Ok(None);
@@ -123,19 +102,16 @@ impl ModelWeights {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
-            let bk = up.required_if(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?;
-            let k_cache_offset = if bk.is_some() { up.key_offset(cfg, il, &n("attn_k.bias"))? } else { None };
             layers.push(LayerWeights {
                 attn_norm: up.upload(&n("attn_norm.weight"), &[e])?,
                 wq: up.upload(&n("attn_q.weight"), &[e, q_width])?,
                 wk: up.upload(&n("attn_k.weight"), &[e, kv_width])?,
                 wv: up.upload(&n("attn_v.weight"), &[e, kv_width])?,
                 bq: up.required_if(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
-                bk,
+                bk: up.required_if(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
                 bv: up.required_if(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
                 q_norm: up.required_if(cfg.qk_norm, &n("attn_q_norm.weight"), &[hd])?,
                 k_norm: up.required_if(cfg.qk_norm, &n("attn_k_norm.weight"), &[hd])?,
-                k_cache_offset,
                 wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
                 ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,
