@@ -93,7 +93,7 @@ impl KvStore {
 
     /// The offset a store subtracts: only a quantized pool does, and it must fit the rows.
     fn offset<'a>(&self, offset: Option<&'a [f32]>, width: usize) -> Result<Option<&'a [f32]>, CpuError> {
-        match offset.filter(|_| self.layout.kv_type.subtracts_key_offset()) {
+        match offset.filter(|_| self.layout.kv_type.subtracts_offsets()) {
             Some(o) if o.len() != width => Err(CpuError::BadKv(format!("KV offset of {} values for rows of {width}", o.len()))),
             o => Ok(o),
         }

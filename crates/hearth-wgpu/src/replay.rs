@@ -111,7 +111,7 @@ pub(crate) fn make_bind_group(
         let buffer = match (res, kv) {
             (Res::Buf(b), _) => b,
             (Res::KvOffset(b), None) => b,
-            (Res::KvOffset(b), Some((kv, _))) if kv.layout.kv_type.subtracts_key_offset() => b,
+            (Res::KvOffset(b), Some((kv, _))) if kv.layout.kv_type.subtracts_offsets() => b,
             (Res::KvOffset(_), Some(_)) => continue,
             (Res::Tables, Some((_, tables))) => tables,
             (Res::KvK(layer), Some((kv, _))) => kv.k.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
@@ -181,7 +181,7 @@ impl CompiledGraph {
             check_fit(d, kv)?;
             let mut key = d.key.clone();
             key.defines.push(kv.define);
-            if kv.layout.kv_type.subtracts_key_offset() && d.entries.iter().any(|(_, r)| matches!(r, Res::KvOffset(_))) {
+            if kv.layout.kv_type.subtracts_offsets() && d.entries.iter().any(|(_, r)| matches!(r, Res::KvOffset(_))) {
                 key.defines.push("KV_OFFSET");
             }
             key.defines.sort_unstable();

@@ -141,7 +141,7 @@ fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
         let (offset, c, steps) = run(kv_type, true);
         let (e_plain, e_offset) = (nmse(&plain.concat(), &oracle.concat()), nmse(&offset.concat(), &oracle.concat()));
         eprintln!("{} KV vs f32: nmse {e_plain:.3e} without the offsets, {e_offset:.3e} with them", kv_type.name());
-        if kv_type.subtracts_key_offset() {
+        if kv_type.subtracts_offsets() {
             assert!(e_offset * 4.0 < e_plain, "{} KV: the offsets did not shrink the error ({e_offset:.3e} vs {e_plain:.3e})", kv_type.name());
         } else {
             assert_eq!(offset, plain, "{} KV must store keys as they are", kv_type.name());

@@ -55,9 +55,10 @@ impl KvType {
         matches!(self, KvType::Q8_0 | KvType::Q4_0)
     }
 
-    /// Quantized types store keys minus the graph's per-layer key offset (`Op::StoreKv`), which
-    /// softmax cannot see; exact types (f32, the oracle, and f16) store keys as they are.
-    pub fn subtracts_key_offset(self) -> bool {
+    /// Quantized types store keys and values minus the graph's per-layer offsets (`Op::StoreKv`;
+    /// softmax cannot see the first, attention adds the second back); exact types (f32, the
+    /// oracle, and f16) store them as they are.
+    pub fn subtracts_offsets(self) -> bool {
         matches!(self, KvType::Q8_0 | KvType::Q4_0)
     }
 
