@@ -149,6 +149,11 @@ fn f16_bits(x: f32) -> u32 {
 // [n_blocks, block_size, row_words] u32
 @group(0) @binding(4) var<storage, read_write> CACHE: array<u32>;
 #endif
+#ifdef KV_OFFSET
+// [width] f32: subtracted from every row before it is quantized (Op::StoreKv's k_offset or
+// v_offset)
+@group(0) @binding(5) var<storage, read> OFFSET: array<f32>;
+#endif
 
 // Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0, q4_0: one block).
 fn unit_len() -> u32 {
@@ -195,6 +200,9 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     var x: array<f32, 32>;
     for (var j = 0u; j < 32u; j++) {
         x[j] = SRC[src + j];
+#ifdef KV_OFFSET
+        x[j] -= OFFSET[u * 32u + j];
+#endif
     }
     hadamard32(&x);
 #endif
@@ -282,6 +290,10 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
 #endif
 // [n_tokens, n_head * head_dim] f32
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
+#ifdef KV_OFFSET
+// [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
+@group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
+#endif
 
 const WG: u32 = 128u;
 // head_dim <= WG * DIMS_PER_THREAD
@@ -537,7 +549,12 @@ fn attention(
     for (var u = 0u; u < DIMS_PER_THREAD; u++) {
         let d = tid + u * WG;
         if (d < hd) {
+#ifdef KV_OFFSET
+            // The weights sum to 1: the values' offset comes back whole.
+            OUT[t * q_width + h * hd + d] = acc[u] * (1.0 / l) + V_OFFSET[col + d];
+#else
             OUT[t * q_width + h * hd + d] = acc[u] * (1.0 / l);
+#endif
         }
     }
 }

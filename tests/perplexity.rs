@@ -40,15 +40,19 @@ fn gemma_270m_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
     assert!((q8 - f16).abs() / f16 <= 0.005, "q8_0 KV perplexity {q8:.4} vs f16 {f16:.4}");
 }
 
-/// Qwen2.5's keys have a few huge channels, which 8-bit blocks handle badly (llama.cpp loses
-/// 2.1% perplexity with a q8_0 cache on this text). Ours, with the Hadamard-rotated blocks, must
-/// be at least as good as llama.cpp's q8_0 cache (within 1%): tests/fixtures/kv/.
+/// Qwen2.5's keys have a few channels hundreds of times larger than the rest (from the K
+/// bias), which 8-bit blocks handle badly: llama.cpp loses 2.1% perplexity with a q8_0 cache on
+/// this text (tests/fixtures/kv/). Ours stores keys and values minus the K and V biases (exact:
+/// `Op::StoreKv`), Hadamard-rotated, and must cost at most 0.5% against our f16 cache over the
+/// same 4 chunks — and so be better than llama.cpp's q8_0 cache.
 #[test]
-fn qwen_05b_q8_0_kv_perplexity_matches_llama_cpp_q8_0_cache() {
+fn qwen_05b_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
     let reference = read_json("kv/llama_cpp_kv_perplexity.json");
     let chunks = reference["chunks"].as_u64().expect("chunks") as usize;
-    let want = reference["results"][QWEN_05B]["q8_0"].as_f64().expect("q8_0 ppl");
+    let llama_cpp_q8 = reference["results"][QWEN_05B]["q8_0"].as_f64().expect("q8_0 ppl");
+    let (f16, _) = perplexity_with(QWEN_05B, KvType::F16, chunks);
     let (q8, _) = perplexity_with(QWEN_05B, KvType::Q8_0, chunks);
-    eprintln!("{QWEN_05B}: perplexity with q8_0 KV {q8:.4} (llama.cpp q8_0 cache {want:.4})");
-    assert!(q8 <= want * 1.01, "q8_0 KV perplexity {q8:.4} is worse than llama.cpp's {want:.4} by more than 1%");
+    eprintln!("{QWEN_05B}: perplexity with f16 KV {f16:.4}, q8_0 KV {q8:.4} ({:+.3}%; llama.cpp q8_0 cache {llama_cpp_q8:.4})", (q8 / f16 - 1.0) * 100.0);
+    assert!((q8 - f16).abs() / f16 <= 0.005, "q8_0 KV perplexity {q8:.4} vs f16 {f16:.4}");
+    assert!(q8 < llama_cpp_q8, "q8_0 KV perplexity {q8:.4} is worse than llama.cpp's q8_0 cache {llama_cpp_q8:.4}");
 }

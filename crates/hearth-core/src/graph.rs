@@ -75,8 +75,13 @@ pub struct AttentionParams {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<usize>,
-    /// tanh soft-capping of the scores (gemma 2 style), if any.
+    /// tanh soft-capping of the scores (gemma 2 style), if any. Not shift-invariant: a layer
+    /// with a softcap must not be given a key offset.
     pub softcap: Option<f32>,
+    /// The `v_offset` of this layer's `Op::StoreKv`: a pool that subtracted it from the stored
+    /// values adds it back to the output ([n_head_kv * head_dim], each query head reading its
+    /// KV head's slice).
+    pub v_offset: Option<WeightId>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -92,8 +97,15 @@ pub enum Op {
     /// position `pos0 + t`.
     Rope { x: BufId, params: RopeParams },
     /// Writes k, v: [n_tokens, n_head_kv * head_dim] into the KV cache of `layer`: each
-    /// sequence's tokens at its positions pos0.., through its block table.
-    StoreKv { layer: usize, k: BufId, v: BufId },
+    /// sequence's tokens at its positions pos0.., through its block table. `k_offset`
+    /// ([n_head_kv * head_dim] f32), when given, may be subtracted from every key before a lossy
+    /// (quantized) store: it shifts all the scores of a query by the same q·k_offset, which the
+    /// softmax ignores, so attention is unchanged in exact arithmetic while the stored values
+    /// shrink (Qwen2's keys carry a large constant from their bias). `v_offset` (same shape) may
+    /// likewise be subtracted from every value; attention adds it back (its weights sum to 1),
+    /// so it must be the layer's [`AttentionParams::v_offset`]. Exact types (f32, f16) store k
+    /// and v as they are and ignore both.
+    StoreKv { layer: usize, k: BufId, v: BufId, k_offset: Option<WeightId>, v_offset: Option<WeightId> },
     /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`:
     /// a token at position p of a sequence sees that sequence's positions 0..=p (limited by the
     /// window). out: same shape as q.

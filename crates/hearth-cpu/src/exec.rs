@@ -91,15 +91,24 @@ pub(crate) fn validate_op<'w>(
                 vector(f, params.n_rot / 2)?;
             }
         }
-        Op::StoreKv { k, v, .. } => {
-            shape(*k)?;
-            shape(*v)?;
+        Op::StoreKv { k, v, k_offset, v_offset, .. } => {
+            let (_, k_cols) = shape(*k)?;
+            let (_, v_cols) = shape(*v)?;
+            if let Some(o) = k_offset {
+                vector(*o, k_cols)?;
+            }
+            if let Some(o) = v_offset {
+                vector(*o, v_cols)?;
+            }
         }
         Op::Attention { q, params, out } => {
             same(*q, *out)?;
             let (_, cols) = shape(*q)?;
             if params.n_head_kv == 0 || params.n_head % params.n_head_kv != 0 || cols != params.n_head * params.head_dim || q == out {
                 return Err(bad(format!("{cols} columns for {} heads of {}", params.n_head, params.head_dim)));
+            }
+            if let Some(o) = params.v_offset {
+                vector(o, params.n_head_kv * params.head_dim)?;
             }
         }
         Op::Add { a, b, out } => {
@@ -134,7 +143,7 @@ fn check_kv_ops(graph: &Graph, kv: &KvStore) -> std::result::Result<(), CpuError
     let l = &kv.layout;
     for op in &graph.ops {
         let (layer, widths) = match op {
-            Op::StoreKv { layer, k, v } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
+            Op::StoreKv { layer, k, v, .. } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
             Op::Attention { params, .. } => (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0))),
             _ => continue,
         };
@@ -193,8 +202,9 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 let factors = params.freq_factors.map(|f| w(f).f32.as_deref().unwrap_or(&[]));
                 ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, &positions);
             }
-            Op::StoreKv { layer, k, v } => {
-                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize])?;
+            Op::StoreKv { layer, k, v, k_offset, v_offset } => {
+                let offset = |o: &Option<WeightId>| o.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
+                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], offset(k_offset), offset(v_offset))?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
@@ -205,7 +215,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                     // The positions this sequence's queries see, gathered as f32 rows.
                     let hi = seq.pos0 + seq.n_tokens - 1;
                     let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
-                    kv.gather(params.layer, seq, lo, hi, &mut k_rows, &mut v_rows)?;
+                    let v_offset = params.v_offset.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
+                    kv.gather(params.layer, seq, lo, hi, &mut k_rows, &mut v_rows, v_offset)?;
                     let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
                     let span = attention::KvSpan { k: &k_rows, v: &v_rows, first_pos: lo };
                     attention::attention(&bufs[q.0 as usize][rows.clone()], span, params, seq.pos0, seq.n_tokens, &mut o[rows]);

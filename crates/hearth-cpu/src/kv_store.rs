@@ -53,11 +53,14 @@ impl KvStore {
         seq.block_tables[g][pos / bs] as usize * bs + pos % bs
     }
 
-    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position.
-    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32]) -> Result<(), CpuError> {
+    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position. A
+    /// quantized pool stores k − `k_offset` and v − `v_offset` (see `Op::StoreKv`).
+    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32], k_offset: Option<&[f32]>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let rotate = self.layout.kv_type.rotates();
+        let k_offset = self.offset(k_offset, kw)?;
+        let v_offset = self.offset(v_offset, vw)?;
         let (mut k_rot, mut v_rot) = (Vec::new(), Vec::new());
         let mut t = 0;
         for seq in seqs {
@@ -66,10 +69,16 @@ impl KvStore {
                 let (mut k_src, mut v_src) = (&k[t * kw..(t + 1) * kw], &v[t * vw..(t + 1) * vw]);
                 if rotate {
                     k_rot.clear();
-                    k_rot.extend_from_slice(k_src);
+                    match k_offset {
+                        Some(o) => k_rot.extend(k_src.iter().zip(o).map(|(k, o)| k - o)),
+                        None => k_rot.extend_from_slice(k_src),
+                    }
                     hadamard32(&mut k_rot);
                     v_rot.clear();
-                    v_rot.extend_from_slice(v_src);
+                    match v_offset {
+                        Some(o) => v_rot.extend(v_src.iter().zip(o).map(|(v, o)| v - o)),
+                        None => v_rot.extend_from_slice(v_src),
+                    }
                     hadamard32(&mut v_rot);
                     (k_src, v_src) = (&k_rot, &v_rot);
                 }
@@ -82,9 +91,19 @@ impl KvStore {
         Ok(())
     }
 
-    /// Positions `lo..=hi` of a sequence in `layer` as contiguous f32 rows: k_out: [n, k_width],
-    /// v_out: [n, v_width].
-    pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>) -> Result<(), CpuError> {
+    /// The offset a store subtracts: only a quantized pool does, and it must fit the rows.
+    fn offset<'a>(&self, offset: Option<&'a [f32]>, width: usize) -> Result<Option<&'a [f32]>, CpuError> {
+        match offset.filter(|_| self.layout.kv_type.subtracts_offsets()) {
+            Some(o) if o.len() != width => Err(CpuError::BadKv(format!("KV offset of {} values for rows of {width}", o.len()))),
+            o => Ok(o),
+        }
+    }
+
+    /// Positions `lo..=hi` of a sequence in `layer` as contiguous f32 rows: k_out: [n, k_width]
+    /// (as stored: minus the key offset, which attention cannot see), v_out: [n, v_width] (with
+    /// the value offset `v_offset` added back).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let n = hi + 1 - lo;
@@ -100,6 +119,9 @@ impl KvStore {
             // The rotation is its own inverse.
             hadamard32(k_out);
             hadamard32(v_out);
+        }
+        if let Some(o) = self.offset(v_offset, vw)? {
+            v_out.chunks_exact_mut(vw).for_each(|row| row.iter_mut().zip(o).for_each(|(v, o)| *v += o));
         }
         Ok(())
     }

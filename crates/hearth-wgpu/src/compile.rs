@@ -30,6 +30,10 @@ pub(crate) enum Res {
     Tables,
     KvK(usize),
     KvV(usize),
+    /// StoreKv's key or value offset (subtracted on store; a value offset is added back by
+    /// attention): bound, with the KV_OFFSET define, only against a pool whose type subtracts
+    /// offsets (the pool's type is known at binding time, not at compile time).
+    KvOffset(wgpu::Buffer),
 }
 
 /// What a KV-touching dispatch requires of the pool it runs against.
@@ -294,8 +298,8 @@ impl Builder<'_> {
                 let params = [rows as u32, n_heads as u32, p.head_dim as u32, p.n_rot as u32, theta_scale.to_bits(), p.freq_scale.to_bits(), cols as u32, gx];
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
-            Op::StoreKv { layer, k, v } => {
-                for (src, is_k) in [(*k, true), (*v, false)] {
+            Op::StoreKv { layer, k, v, k_offset, v_offset } => {
+                for (src, is_k, offset) in [(*k, true, k_offset), (*v, false, v_offset)] {
                     let (rows, cols) = self.shape(src)?;
                     if rows != n {
                         return Err(self.bad(format!("{rows} rows for {n} tokens")));
@@ -304,7 +308,10 @@ impl Builder<'_> {
                     // for the smallest, extra invocations return at once.
                     let (gx, gy) = fold((rows * cols).div_ceil(256));
                     let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
-                    let entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
+                    let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
+                    if let Some(o) = offset {
+                        entries.push((5, Res::KvOffset(self.vector(*o, cols)?)));
+                    }
                     let need = if is_k {
                         KvNeed { layer: *layer, k_width: Some(cols), v_width: None, window: None }
                     } else {
@@ -324,7 +331,7 @@ impl Builder<'_> {
                 }
                 let (gx, gy) = fold(rows * p.n_head);
                 let kv_width = p.n_head_kv * p.head_dim;
-                let entries = vec![
+                let mut entries = vec![
                     (1, Res::Buf(self.step.clone())),
                     (2, Res::Tables),
                     (3, self.buf(*q)),
@@ -332,6 +339,9 @@ impl Builder<'_> {
                     (5, Res::KvV(p.layer)),
                     (6, self.buf(*out)),
                 ];
+                if let Some(o) = p.v_offset {
+                    entries.push((7, Res::KvOffset(self.vector(o, kv_width)?)));
+                }
                 let params = [
                     rows as u32,
                     p.n_head as u32,

@@ -110,6 +110,9 @@ pub(crate) fn make_bind_group(
     for (binding, res) in entries {
         let buffer = match (res, kv) {
             (Res::Buf(b), _) => b,
+            (Res::KvOffset(b), None) => b,
+            (Res::KvOffset(b), Some((kv, _))) if kv.layout.kv_type.subtracts_offsets() => b,
+            (Res::KvOffset(_), Some(_)) => continue,
             (Res::Tables, Some((_, tables))) => tables,
             (Res::KvK(layer), Some((kv, _))) => kv.k.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
             (Res::KvV(layer), Some((kv, _))) => kv.v.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
@@ -178,6 +181,9 @@ impl CompiledGraph {
             check_fit(d, kv)?;
             let mut key = d.key.clone();
             key.defines.push(kv.define);
+            if kv.layout.kv_type.subtracts_offsets() && d.entries.iter().any(|(_, r)| matches!(r, Res::KvOffset(_))) {
+                key.defines.push("KV_OFFSET");
+            }
             key.defines.sort_unstable();
             let pipeline = pipelines.get(&gpu.device, &key)?;
             let group = make_bind_group(&gpu.device, &pipeline, &d.entries, Some((kv, &tables)))?;

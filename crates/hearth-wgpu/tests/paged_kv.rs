@@ -6,9 +6,10 @@
 mod common;
 
 use common::case::{single, tokens, Case, SeqSpec, Step};
-use common::{open, Rng};
+use common::{nmse, open, Rng};
 use hearth_core::backend::{Backend, KvLayout};
-use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams};
+use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams, WeightDesc, WeightId};
+use hearth_core::quant::GgmlType;
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
 use hearth_wgpu::WgpuOptions;
 
@@ -75,7 +76,7 @@ fn attention_case(n_tokens: usize, n_seqs: usize, params: AttentionParams, layou
     let q = c.input("q", params.n_head * params.head_dim, rng);
     let k = c.input("k", width, rng);
     let v = c.input("v", width, rng);
-    c.graph.push(Op::StoreKv { layer: params.layer, k, v });
+    c.graph.push(Op::StoreKv { layer: params.layer, k, v, k_offset: None, v_offset: None });
     let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
     c.graph.push(Op::Attention { q, params, out });
     c.graph.logits = out;
@@ -83,8 +84,74 @@ fn attention_case(n_tokens: usize, n_seqs: usize, params: AttentionParams, layou
     c
 }
 
+/// `attention_case` whose keys and values carry a large constant per channel (as the K and V
+/// biases make them in Qwen2), stored with those constants as the key and value offsets when
+/// `with_offsets`.
+fn biased_kv_case(with_offsets: bool, mut params: AttentionParams, layout: KvLayout, rng: &mut Rng) -> Case {
+    let n_tokens = 12;
+    let mut c = Case::batched(n_tokens, 1);
+    let width = params.n_head_kv * params.head_dim;
+    let q = c.input("q", params.n_head * params.head_dim, rng);
+    let biased_input = |c: &mut Case, name: &str, rng: &mut Rng| {
+        let buf = c.input(name, width, rng);
+        // A few channels of ±40, the rest within ±1, added to every row.
+        let big: Vec<f32> = (0..width).map(|i| if i % 16 == 5 { 40.0 * rng.f32().signum() } else { rng.f32() }).collect();
+        let table = &mut c.weights.last_mut().expect("input table").1;
+        for (i, chunk) in table.chunks_exact_mut(4).enumerate() {
+            let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + big[i % width];
+            chunk.copy_from_slice(&value.to_le_bytes());
+        }
+        (buf, big)
+    };
+    let (k, k_big) = biased_input(&mut c, "k", rng);
+    let (v, v_big) = biased_input(&mut c, "v", rng);
+    let offset = |c: &mut Case, name: &str, values: &[f32]| {
+        c.weights.push((WeightDesc { name: name.into(), ty: GgmlType::F32, dims: vec![width as u64] }, values.iter().flat_map(|b| b.to_le_bytes()).collect()));
+        WeightId(c.weights.len() as u32 - 1)
+    };
+    let (k_offset, v_offset) = if with_offsets { (Some(offset(&mut c, "k_offset", &k_big)), Some(offset(&mut c, "v_offset", &v_big))) } else { (None, None) };
+    params.v_offset = v_offset;
+    c.graph.push(Op::StoreKv { layer: params.layer, k, v, k_offset, v_offset });
+    let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
+    c.graph.push(Op::Attention { q, params, out });
+    c.graph.logits = out;
+    c.kv = layout;
+    c
+}
+
+/// The key and value offsets of `Op::StoreKv`: exact types ignore them (bit for bit),
+/// quantized ones store keys and values minus them (softmax cannot see the first, attention adds
+/// the second back), so attention gets much closer to the f32 oracle when keys and values share
+/// large constants; the GPU stores and adds back exactly what the CPU does.
+#[test]
+fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
+    let plan: [&[(usize, usize)]; 2] = [&[(12, 0)], &[(12, 12)]];
+    let run = |kv_type: KvType, with_offset: bool| {
+        // Same seed: the same q, k, v and constant in every run.
+        let mut rng = Rng(21);
+        let layout = two_groups(kv_type, 64, 8, 8, 8);
+        let c = biased_kv_case(with_offset, params(0, 4, 2, 32, None, None), layout.clone(), &mut rng);
+        let steps = schedule(&layout, 4, &plan, &mut rng);
+        let mut cpu = hearth_cpu::CpuBackend::new(Some(1)).expect("cpu");
+        (c.run(&mut cpu, &steps), c, steps)
+    };
+    let (oracle, ..) = run(KvType::F32, false);
+    for kv_type in KV_TYPES {
+        let (plain, ..) = run(kv_type, false);
+        let (offset, c, steps) = run(kv_type, true);
+        let (e_plain, e_offset) = (nmse(&plain.concat(), &oracle.concat()), nmse(&offset.concat(), &oracle.concat()));
+        eprintln!("{} KV vs f32: nmse {e_plain:.3e} without the offsets, {e_offset:.3e} with them", kv_type.name());
+        if kv_type.subtracts_offsets() {
+            assert!(e_offset * 4.0 < e_plain, "{} KV: the offsets did not shrink the error ({e_offset:.3e} vs {e_plain:.3e})", kv_type.name());
+        } else {
+            assert_eq!(offset, plain, "{} KV must store keys as they are", kv_type.name());
+        }
+        c.check(&format!("KV offsets, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+    }
+}
+
 fn params(layer: usize, n_head: usize, n_head_kv: usize, head_dim: usize, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
-    AttentionParams { layer, n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window, softcap }
+    AttentionParams { layer, n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window, softcap, v_offset: None }
 }
 
 #[test]

@@ -55,6 +55,13 @@ impl KvType {
         matches!(self, KvType::Q8_0 | KvType::Q4_0)
     }
 
+    /// Quantized types store keys and values minus the graph's per-layer offsets (`Op::StoreKv`;
+    /// softmax cannot see the first, attention adds the second back); exact types (f32, the
+    /// oracle, and f16) store them as they are.
+    pub fn subtracts_offsets(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
+    }
+
     /// Bytes of one stored row of `width` values; `None` if a quantized type does not divide it.
     pub fn row_bytes(self, width: usize) -> Option<usize> {
         self.ggml_type().row_bytes(width).ok()

@@ -95,7 +95,13 @@ impl Model {
             };
             g.push(Op::Rope { x: q, params: rope.clone() });
             g.push(Op::Rope { x: k, params: rope });
-            g.push(Op::StoreKv { layer: il, k, v });
+            // Quantized caches store keys and values minus the K and V biases (Qwen2's K bias
+            // reaches ~150 where the rest of a key is ~1): exact, as the softmax ignores a shift
+            // shared by all of a query's scores and its weights sum to 1 (softcap is None below).
+            // After RoPE a key holds R_p·b_k rather than b_k, yet b_k everywhere measured closer
+            // to the f32 cache than b_k on the slowly rotating pairs only (docs/BENCHMARKS.md).
+            let (k_offset, v_offset) = (lw.bk, lw.bv);
+            g.push(Op::StoreKv { layer: il, k, v, k_offset, v_offset });
             let params = AttentionParams {
                 layer: il,
                 n_head: c.n_head,
@@ -104,6 +110,7 @@ impl Model {
                 scale: c.attn_scale,
                 window: la.window,
                 softcap: None,
+                v_offset,
             };
             g.push(Op::Attention { q, params, out: attn });
             g.push(Op::MatMul { w: lw.wo, x: attn, bias: None, out: proj });
