@@ -1,18 +1,25 @@
 //! The JS-facing class. `load` and `generate` return Promises (a WebGPU step completes on the JS
 //! event loop); every failure reaches JS as an `Error` with hearth's message and a stable `code`
 //! property (`WasmError::code`), never a trap.
+//!
+//! Concurrent `generate` calls run as one continuous batch: each call queues its request and one
+//! driver task (`drive`) steps the scheduler until every request has ended, yielding to the event
+//! loop between steps so that new requests and cancellations (`cancel(key)`) get in. Cancels and
+//! new requests are applied between steps, never during one.
 
 use crate::error::WasmError;
 use crate::gpu::{classify, JsBytes};
-use crate::host::EngineHost;
+use crate::host::{BatchStats, EngineHost, HostEvent, OwnedBytes, Report};
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
+use hearth_core::scheduler::RequestId;
+use std::collections::{HashMap, VecDeque};
 use hearth_core::backend::Backend;
 use hearth_wgpu::{DeviceInfo, GpuWatch, WgpuBackend, WgpuOptions};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
+use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
 
 /// Runs once when the module is instantiated: panics (bugs, not input errors: those are
 /// `JsError`s) are logged to the console with their message and location before the trap.
@@ -37,12 +44,13 @@ fn coded_error(code: &str, message: &str) -> JsValue {
 }
 
 fn busy() -> JsValue {
-    coded_error("busy", "the engine is busy generating")
+    coded_error("busy", "the engine is busy generating (cancel or await its requests first)")
 }
 
 /// A loaded model and what runs it.
 struct Loaded {
-    host: EngineHost,
+    /// Borrowed mutably only by the driver (across its awaits) and by load/unload when idle.
+    host: RefCell<EngineHost>,
     /// WebGPU: the device's fault watch and what was opened.
     gpu: Option<(GpuWatch, DeviceInfo)>,
     /// backend 'auto' that fell back to the CPU: why.
@@ -59,14 +67,89 @@ impl Loaded {
     }
 }
 
+/// A `generate` call waiting to be submitted.
+struct Pending {
+    key: u32,
+    input: PromptInput,
+    options: RequestOptions,
+    seed: u64,
+    now_unix: i64,
+}
+
+/// A `generate` call in flight: how to stream to it and settle its Promise.
+struct JsRequest {
+    on_chunk: js_sys::Function,
+    resolve: js_sys::Function,
+    reject: js_sys::Function,
+    /// What `on_chunk` threw (the request is cancelled and its Promise rejected).
+    callback_error: Option<JsValue>,
+}
+
 #[derive(Default)]
 struct State {
-    loaded: RefCell<Option<Loaded>>,
-    interrupted: Cell<bool>,
+    loaded: RefCell<Option<Rc<Loaded>>>,
+    /// Calls not yet submitted (non-speculative first in line; speculative ones wait for idle).
+    inbox: RefCell<VecDeque<Pending>>,
+    speculative: RefCell<VecDeque<Pending>>,
+    requests: RefCell<HashMap<u32, JsRequest>>,
+    /// Scheduler request id → the caller's key.
+    keys: RefCell<HashMap<RequestId, u32>>,
+    cancels: RefCell<Vec<u32>>,
+    /// The driver task is running.
+    driving: Cell<bool>,
+    /// (backend memory, batch stats) after the last step, for `runtime_stats` during a step.
+    last_stats: Cell<(u64, BatchStats)>,
+}
+
+impl State {
+    /// Resolves (report JSON) or rejects the Promise of `key`.
+    fn settle(&self, key: u32, result: Result<Report, JsValue>) {
+        let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
+        let outcome = match (request.callback_error, result) {
+            (Some(e), _) => {
+                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
+                Err(coded_error("internal", &format!("on_chunk threw: {message}")))
+            }
+            (None, Ok(report)) => serde_json::to_string(&report)
+                .map(|json| JsValue::from_str(&json))
+                .map_err(|e| coded_error("internal", &format!("serializing the report: {e}"))),
+            (None, Err(e)) => Err(e),
+        };
+        // A throwing then-handler is the caller's; nothing to do here.
+        let _ = match outcome {
+            Ok(value) => request.resolve.call1(&JsValue::NULL, &value),
+            Err(error) => request.reject.call1(&JsValue::NULL, &error),
+        };
+    }
+
+    /// Streams a delta to `key`; a `false` return or a throw cancels the request.
+    fn stream(&self, key: u32, delta: &str) {
+        let on_chunk = match self.requests.borrow().get(&key) {
+            Some(r) => r.on_chunk.clone(),
+            None => return,
+        };
+        match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
+            Ok(result) if result == JsValue::FALSE => self.cancels.borrow_mut().push(key),
+            Ok(_) => {}
+            Err(e) => {
+                if let Some(r) = self.requests.borrow_mut().get_mut(&key) {
+                    r.callback_error = Some(e);
+                }
+                self.cancels.borrow_mut().push(key);
+            }
+        }
+    }
+
+    fn reject_all_queued(&self, error: impl Fn() -> JsValue) {
+        let queued: Vec<u32> = self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
+        for key in queued {
+            self.settle(key, Err(error()));
+        }
+    }
 }
 
 /// A model on WebGPU or the CPU fallback. State is shared with the Promises `load`/`generate`
-/// return, so `interrupt()` may be called from inside an `on_chunk` callback while one runs.
+/// return, so `cancel()` may be called from inside an `on_chunk` callback while one runs.
 #[wasm_bindgen]
 #[derive(Default)]
 pub struct WasmEngine {
@@ -83,8 +166,8 @@ impl WasmEngine {
     /// Loads a GGUF model. `backend`: "webgpu" (fails with code `no-webgpu` without an adapter),
     /// "cpu", or "auto" (WebGPU when a device opens, else CPU). On WebGPU the weights are read
     /// tensor by tensor from `bytes` (JS memory) into GPU buffers and the model is never copied
-    /// into wasm memory; the CPU engine copies it once. `options_json`: `{"n_ctx": 2048}` or "".
-    /// `on_progress(done_bytes, total_bytes)`. Resolves to undefined.
+    /// into wasm memory; the CPU engine copies it once. `options_json`: `{"n_ctx": 2048,
+    /// "max_batch": 4}` or "". `on_progress(done_bytes, total_bytes)`. Resolves to undefined.
     pub fn load(&self, bytes: &js_sys::Uint8Array, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
         let state = self.state.clone();
         let bytes = bytes.clone();
@@ -92,8 +175,10 @@ impl WasmEngine {
         let backend = backend.to_string();
         future_to_promise(async move {
             let options = LoadOptions::parse(&options_json).map_err(js_error)?;
-            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
-            *slot = None; // free the previous model (and its device) first
+            if state.driving.get() {
+                return Err(busy());
+            }
+            *state.loaded.borrow_mut() = None; // free the previous model (and its device) first
             let mut report = |done: u64, total: u64| {
                 if let Some(f) = &on_progress {
                     // A throwing progress callback must not abort the load.
@@ -124,82 +209,139 @@ impl WasmEngine {
                     let host = EngineHost::load_source(source, &options, Box::new(gpu), &mut report).map_err(|e| js_error(classify(&watch, e)))?;
                     // Allocation failures of the upload are reported asynchronously.
                     watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
-                    Loaded { host, gpu: Some((watch, info)), fallback_reason }
+                    Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason }
                 }
                 None => {
                     let model = copy_into_wasm(&bytes)?;
                     let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
-                    Loaded { host: EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?, gpu: None, fallback_reason }
+                    let host = EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?;
+                    Loaded { host: RefCell::new(host), gpu: None, fallback_reason }
                 }
             };
-            *slot = Some(loaded);
+            {
+                let host = loaded.host.borrow();
+                state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
+            }
+            *state.loaded.borrow_mut() = Some(Rc::new(loaded));
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Loads a draft model for speculative requests with mode 'draft-model'. It must share the
+    /// loaded model's vocabulary (checked before its weights load: code `bad-argument` otherwise);
+    /// it runs on the CPU engine (copied into wasm memory). Resolves to undefined.
+    pub fn load_draft(&self, bytes: &js_sys::Uint8Array, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+        let state = self.state.clone();
+        let bytes = bytes.clone();
+        future_to_promise(async move {
+            if state.driving.get() {
+                return Err(busy());
+            }
+            let loaded = state.loaded.borrow().clone().ok_or_else(|| js_error(WasmError::NotLoaded))?;
+            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
+            let model = copy_into_wasm(&bytes)?;
+            let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+            let mut report = |done: u64, total: u64| {
+                if let Some(f) = &on_progress {
+                    let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
+                }
+            };
+            host.load_draft(Arc::new(OwnedBytes(model)), cpu, &mut report).map_err(js_error)?;
             Ok(JsValue::UNDEFINED)
         })
     }
 
     /// Generates for `prompt_json` (a JSON string = raw completion, or a JSON array of chat
-    /// messages) with `options_json` (OpenAI-named sampling options). `on_chunk(text)` receives
-    /// each text delta; returning `false` interrupts. Resolves to the report as a JSON string.
-    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function) -> js_sys::Promise {
+    /// messages) with `options_json` (OpenAI-named sampling options, plus `speculative`).
+    /// `on_chunk(text)` receives each text delta; returning `false` cancels. `key` names the
+    /// request for [`WasmEngine::cancel`]. Resolves to the report as a JSON string. Concurrent
+    /// calls are batched.
+    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
         let state = self.state.clone();
-        let prompt_json = prompt_json.to_string();
-        let options_json = options_json.to_string();
-        future_to_promise(async move {
-            let input = PromptInput::parse(&prompt_json).map_err(js_error)?;
-            let options = RequestOptions::parse(&options_json).map_err(js_error)?;
-            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
-            let loaded = slot.as_mut().ok_or_else(|| js_error(WasmError::NotLoaded))?;
-            state.interrupted.set(false);
-            let default_seed = (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64;
-            let now_unix = (js_sys::Date::now() / 1000.0) as i64;
-            let mut callback_error = None;
-            let mut on_text = |delta: &str| {
-                if state.interrupted.get() {
-                    return false;
-                }
-                match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
-                    Ok(result) => result != JsValue::FALSE && !state.interrupted.get(),
-                    Err(e) => {
-                        callback_error = Some(e);
-                        false
-                    }
-                }
-            };
-            let result = loaded.host.generate_async(&input, &options, default_seed, Some(now_unix), &mut on_text).await;
-            let report = result.map_err(|e| js_error(loaded.classify(e)))?;
-            if let Some(e) = callback_error {
-                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
-                return Err(coded_error("internal", &format!("on_chunk threw: {message}")));
+        let parsed = PromptInput::parse(prompt_json).and_then(|input| Ok((input, RequestOptions::parse(options_json)?)));
+        let mut handlers = None;
+        let promise = js_sys::Promise::new(&mut |resolve, reject| handlers = Some((resolve, reject)));
+        let Some((resolve, reject)) = handlers else { return promise };
+        let (input, options) = match parsed {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reject.call1(&JsValue::NULL, &js_error(e));
+                return promise;
             }
-            let json = serde_json::to_string(&report).map_err(|e| coded_error("internal", &format!("serializing the report: {e}")))?;
-            Ok(JsValue::from_str(&json))
-        })
+        };
+        let loaded = state.loaded.borrow().clone();
+        let Some(loaded) = loaded else {
+            let _ = reject.call1(&JsValue::NULL, &js_error(WasmError::NotLoaded));
+            return promise;
+        };
+        if options.speculative.is_some() && loaded.gpu.is_some() {
+            let error = WasmError::bad_request("speculative", "speculative decoding runs on the CPU engine in the browser for now (load with backend 'cpu')");
+            let _ = reject.call1(&JsValue::NULL, &js_error(error));
+            return promise;
+        }
+        let pending = Pending {
+            key,
+            seed: (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64,
+            now_unix: (js_sys::Date::now() / 1000.0) as i64,
+            input,
+            options,
+        };
+        state.requests.borrow_mut().insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None });
+        let queue = if pending.options.speculative.is_some() { &state.speculative } else { &state.inbox };
+        queue.borrow_mut().push_back(pending);
+        if !state.driving.get() {
+            state.driving.set(true);
+            spawn_local(drive(state));
+        }
+        promise
     }
 
-    /// Asks a running `generate` to stop after the current token (call it from `on_chunk`).
+    /// Ends request `key` at the next step boundary, freeing its KV blocks; its Promise resolves
+    /// with finish reason `cancelled`.
+    pub fn cancel(&self, key: u32) {
+        self.state.cancels.borrow_mut().push(key);
+    }
+
+    /// Cancels every request.
     pub fn interrupt(&self) {
-        self.state.interrupted.set(true);
+        let keys: Vec<u32> = self.state.requests.borrow().keys().copied().collect();
+        self.state.cancels.borrow_mut().extend(keys);
     }
 
     /// Frees the model (its wasm memory is kept by the module for reuse; GPU buffers are freed).
+    /// `busy` while requests run: cancel and await them first.
     pub fn unload(&self) -> Result<(), JsValue> {
-        let mut slot = self.state.loaded.try_borrow_mut().map_err(|_| busy())?;
-        *slot = None;
+        if self.state.driving.get() {
+            return Err(busy());
+        }
+        *self.state.loaded.borrow_mut() = None;
         Ok(())
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.state.loaded.try_borrow().map(|h| h.is_some()).unwrap_or(true)
+        self.state.loaded.borrow().is_some()
+    }
+
+    /// Test hook: destroys the WebGPU device as a driver reset would (the engine then reports
+    /// `device-lost` and must be loaded again). Returns whether there was a device.
+    pub fn lose_device_for_test(&self) -> bool {
+        match self.state.loaded.borrow().as_ref().and_then(|l| l.gpu.as_ref()) {
+            Some((watch, _)) => {
+                watch.destroy_device();
+                true
+            }
+            None => false,
+        }
     }
 
     /// `{"backend": "webgpu" | "cpu-wasm", "adapter": {...} | null, "fallback_reason": string |
     /// null, "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "backend_memory_bytes": n,
-    /// "model": {...}}`.
+    /// "model": {...}, "batch": {...}, "draft_model": bool}`.
     pub fn runtime_stats(&self) -> Result<String, JsValue> {
-        let slot = self.state.loaded.try_borrow().map_err(|_| busy())?;
+        let loaded = self.state.loaded.borrow().clone();
         let memory = wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>();
         let wasm_memory_bytes = memory.buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length();
-        let gpu = slot.as_ref().and_then(|l| l.gpu.as_ref());
+        let gpu = loaded.as_ref().and_then(|l| l.gpu.as_ref());
         let adapter = gpu.map(|(_, i)| {
             serde_json::json!({
                 "name": i.adapter_name,
@@ -211,18 +353,139 @@ impl WasmEngine {
                 "max_buffer_size": i.max_buffer_size,
             })
         });
+        // During a step the driver holds the host: report the figures of the last step.
+        let host = loaded.as_ref().and_then(|l| l.host.try_borrow().ok());
+        let (backend_memory_bytes, batch) = match &host {
+            Some(h) => (h.backend_memory_bytes(), h.batch_stats()),
+            None => self.state.last_stats.get(),
+        };
         let stats = serde_json::json!({
             "backend": if gpu.is_some() { "webgpu" } else { "cpu-wasm" },
             "adapter": adapter,
-            "fallback_reason": slot.as_ref().and_then(|l| l.fallback_reason.clone()),
+            "fallback_reason": loaded.as_ref().and_then(|l| l.fallback_reason.clone()),
             "simd128": cfg!(target_feature = "simd128"),
             "threads": 1,
             "wasm_memory_bytes": wasm_memory_bytes,
-            "backend_memory_bytes": slot.as_ref().map(|l| l.host.backend_memory_bytes()),
-            "model": slot.as_ref().map(|l| l.host.info()),
+            "backend_memory_bytes": loaded.as_ref().map(|_| backend_memory_bytes),
+            "model": host.as_ref().map(|h| h.info().clone()),
+            "batch": loaded.as_ref().map(|_| batch),
+            "draft_model": host.as_ref().is_some_and(|h| h.has_draft()),
         });
         Ok(stats.to_string())
     }
+}
+
+/// Steps the batch until no request is left: submits new calls, applies cancels, runs one
+/// batched forward pass, streams and settles, then yields to the event loop (on the CPU a step
+/// never awaits; without the yield no message or timer could reach the engine).
+async fn drive(state: Rc<State>) {
+    loop {
+        let loaded = state.loaded.borrow().clone();
+        let Some(loaded) = loaded else {
+            state.reject_all_queued(|| js_error(WasmError::NotLoaded));
+            break;
+        };
+        let mut host = loaded.host.borrow_mut();
+        submit_queued(&state, &loaded, &mut host);
+        apply_cancels(&state, &mut host);
+        if host.is_idle() {
+            let next = state.speculative.borrow_mut().pop_front();
+            let Some(pending) = next else { break };
+            run_speculative(&state, &loaded, &mut host, pending);
+        } else {
+            let stepped = host
+                .step_async(&mut |event| match event {
+                    HostEvent::Text { id, delta } => {
+                        if let Some(&key) = state.keys.borrow().get(&id) {
+                            state.stream(key, &delta);
+                        }
+                    }
+                    HostEvent::Finished { id, report } => {
+                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                            state.settle(key, Ok(report));
+                        }
+                    }
+                    HostEvent::Failed { id, error } => {
+                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                            state.settle(key, Err(js_error(loaded.classify(error))));
+                        }
+                    }
+                })
+                .await;
+            if let Err(error) = stepped {
+                // The scheduler reports request failures as events; this is the backend itself.
+                let message = loaded.classify(error);
+                let (code, text) = (message.code(), message.to_string());
+                let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
+                for (id, key) in keys {
+                    host.cancel(id);
+                    state.settle(key, Err(coded_error(code, &text)));
+                }
+            }
+        }
+        state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
+        drop(host);
+        yield_to_event_loop().await;
+    }
+    state.driving.set(false);
+}
+
+fn submit_queued(state: &State, loaded: &Loaded, host: &mut EngineHost) {
+    let queued: Vec<Pending> = state.inbox.borrow_mut().drain(..).collect();
+    for p in queued {
+        match host.submit(&p.input, &p.options, p.seed, Some(p.now_unix)) {
+            Ok(id) => {
+                state.keys.borrow_mut().insert(id, p.key);
+            }
+            Err(e) => state.settle(p.key, Err(js_error(loaded.classify(e)))),
+        }
+    }
+}
+
+fn apply_cancels(state: &State, host: &mut EngineHost) {
+    let cancels: Vec<u32> = state.cancels.borrow_mut().drain(..).collect();
+    for key in cancels {
+        let id = state.keys.borrow().iter().find(|(_, &k)| k == key).map(|(&id, _)| id);
+        if let Some(id) = id {
+            state.keys.borrow_mut().remove(&id);
+            if let Some(report) = host.cancel(id) {
+                state.settle(key, Ok(report));
+            }
+            continue;
+        }
+        // A speculative request still waiting for its turn.
+        let waiting = state.speculative.borrow().iter().position(|p| p.key == key);
+        if let Some(i) = waiting {
+            state.speculative.borrow_mut().remove(i);
+            state.settle(key, Err(coded_error("aborted", "the request was cancelled before it started")));
+        }
+    }
+}
+
+/// Runs a speculative request to its end (synchronously: the CPU engine), streaming as it goes.
+fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
+    let Some(speculative) = p.options.speculative.clone() else { return };
+    let mut on_text = |delta: &str| {
+        state.stream(p.key, delta);
+        !state.cancels.borrow().contains(&p.key)
+    };
+    let result = host.generate_speculative(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text);
+    state.cancels.borrow_mut().retain(|&k| k != p.key);
+    state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
+}
+
+/// Resolves on a later task of the event loop (`setTimeout(0)`), letting queued messages,
+/// callbacks and timers run.
+async fn yield_to_event_loop() {
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
+        let global = js_sys::global();
+        let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(0.0)).is_ok());
+        if !scheduled {
+            let _ = resolve.call0(&JsValue::NULL);
+        }
+    });
+    let _ = JsFuture::from(promise).await;
 }
 
 /// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).
