@@ -1,25 +1,20 @@
 //! The JS-facing class. `load` and `generate` return Promises (a WebGPU step completes on the JS
 //! event loop); every failure reaches JS as an `Error` with hearth's message and a stable `code`
 //! property (`WasmError::code`), never a trap.
-//!
-//! Concurrent `generate` calls run as one continuous batch: each call queues its request and one
-//! driver task (`drive`) steps the scheduler until every request has ended, yielding to the event
-//! loop between steps so that new requests and cancellations (`cancel(key)`) get in. Cancels and
-//! new requests are applied between steps, never during one.
+//! Concurrent `generate` calls run as one continuous batch (see `driver.rs`).
 
 use crate::error::WasmError;
 use crate::gpu::{classify, JsBytes};
-use crate::host::{BatchStats, EngineHost, HostEvent, OwnedBytes, Report};
+use crate::driver::{drive, JsRequest, Loaded, Pending, State};
+use crate::host::{EngineHost, OwnedBytes};
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
-use hearth_core::scheduler::RequestId;
-use std::collections::{HashMap, VecDeque};
 use hearth_core::backend::Backend;
-use hearth_wgpu::{DeviceInfo, GpuWatch, WgpuBackend, WgpuOptions};
-use std::cell::{Cell, RefCell};
+use hearth_wgpu::{WgpuBackend, WgpuOptions};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
+use wasm_bindgen_futures::{future_to_promise, spawn_local};
 
 /// Runs once when the module is instantiated: panics (bugs, not input errors: those are
 /// `JsError`s) are logged to the console with their message and location before the trap.
@@ -32,11 +27,11 @@ pub fn on_start() {
 
 /// A JS `Error` with hearth's message and a `code` property ([`WasmError::code`]), which the
 /// package turns into a `HearthError`.
-fn js_error(error: WasmError) -> JsValue {
+pub(crate) fn js_error(error: WasmError) -> JsValue {
     coded_error(error.code(), &error.to_string())
 }
 
-fn coded_error(code: &str, message: &str) -> JsValue {
+pub(crate) fn coded_error(code: &str, message: &str) -> JsValue {
     let error = js_sys::Error::new(message);
     // Setting a property on a fresh Error object cannot fail.
     let _ = js_sys::Reflect::set(&error, &JsValue::from_str("code"), &JsValue::from_str(code));
@@ -45,107 +40,6 @@ fn coded_error(code: &str, message: &str) -> JsValue {
 
 fn busy() -> JsValue {
     coded_error("busy", "the engine is busy generating (cancel or await its requests first)")
-}
-
-/// A loaded model and what runs it.
-struct Loaded {
-    /// Borrowed mutably only by the driver (across its awaits) and by load/unload when idle.
-    host: RefCell<EngineHost>,
-    /// WebGPU: the device's fault watch and what was opened.
-    gpu: Option<(GpuWatch, DeviceInfo)>,
-    /// backend 'auto' that fell back to the CPU: why.
-    fallback_reason: Option<String>,
-}
-
-impl Loaded {
-    /// A failure of a WebGPU step reported with the device's own reason when it has one.
-    fn classify(&self, error: WasmError) -> WasmError {
-        match &self.gpu {
-            Some((watch, _)) => classify(watch, error),
-            None => error,
-        }
-    }
-}
-
-/// A `generate` call waiting to be submitted.
-struct Pending {
-    key: u32,
-    input: PromptInput,
-    options: RequestOptions,
-    seed: u64,
-    now_unix: i64,
-}
-
-/// A `generate` call in flight: how to stream to it and settle its Promise.
-struct JsRequest {
-    on_chunk: js_sys::Function,
-    resolve: js_sys::Function,
-    reject: js_sys::Function,
-    /// What `on_chunk` threw (the request is cancelled and its Promise rejected).
-    callback_error: Option<JsValue>,
-}
-
-#[derive(Default)]
-struct State {
-    loaded: RefCell<Option<Rc<Loaded>>>,
-    /// Calls not yet submitted (non-speculative first in line; speculative ones wait for idle).
-    inbox: RefCell<VecDeque<Pending>>,
-    speculative: RefCell<VecDeque<Pending>>,
-    requests: RefCell<HashMap<u32, JsRequest>>,
-    /// Scheduler request id → the caller's key.
-    keys: RefCell<HashMap<RequestId, u32>>,
-    cancels: RefCell<Vec<u32>>,
-    /// The driver task is running.
-    driving: Cell<bool>,
-    /// (backend memory, batch stats) after the last step, for `runtime_stats` during a step.
-    last_stats: Cell<(u64, BatchStats)>,
-}
-
-impl State {
-    /// Resolves (report JSON) or rejects the Promise of `key`.
-    fn settle(&self, key: u32, result: Result<Report, JsValue>) {
-        let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
-        let outcome = match (request.callback_error, result) {
-            (Some(e), _) => {
-                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
-                Err(coded_error("internal", &format!("on_chunk threw: {message}")))
-            }
-            (None, Ok(report)) => serde_json::to_string(&report)
-                .map(|json| JsValue::from_str(&json))
-                .map_err(|e| coded_error("internal", &format!("serializing the report: {e}"))),
-            (None, Err(e)) => Err(e),
-        };
-        // A throwing then-handler is the caller's; nothing to do here.
-        let _ = match outcome {
-            Ok(value) => request.resolve.call1(&JsValue::NULL, &value),
-            Err(error) => request.reject.call1(&JsValue::NULL, &error),
-        };
-    }
-
-    /// Streams a delta to `key`; a `false` return or a throw cancels the request.
-    fn stream(&self, key: u32, delta: &str) {
-        let on_chunk = match self.requests.borrow().get(&key) {
-            Some(r) => r.on_chunk.clone(),
-            None => return,
-        };
-        match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
-            Ok(result) if result == JsValue::FALSE => self.cancels.borrow_mut().push(key),
-            Ok(_) => {}
-            Err(e) => {
-                if let Some(r) = self.requests.borrow_mut().get_mut(&key) {
-                    r.callback_error = Some(e);
-                }
-                self.cancels.borrow_mut().push(key);
-            }
-        }
-    }
-
-    fn reject_all_queued(&self, error: impl Fn() -> JsValue) {
-        let queued: Vec<u32> = self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
-        for key in queued {
-            self.settle(key, Err(error()));
-        }
-    }
 }
 
 /// A model on WebGPU or the CPU fallback. State is shared with the Promises `load`/`generate`
@@ -239,6 +133,10 @@ impl WasmEngine {
             }
             let loaded = state.loaded.borrow().clone().ok_or_else(|| js_error(WasmError::NotLoaded))?;
             let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
+            // A draft of another vocabulary is refused from its header, before the copy.
+            let header = hearth_core::gguf::GgufFile::read(Arc::new(JsBytes::new(bytes.clone()))).map_err(|e| js_error(e.into()))?;
+            host.check_draft_vocabulary(&header).map_err(js_error)?;
+            drop(header);
             let model = copy_into_wasm(&bytes)?;
             let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
             let mut report = |done: u64, total: u64| {
@@ -373,119 +271,6 @@ impl WasmEngine {
         });
         Ok(stats.to_string())
     }
-}
-
-/// Steps the batch until no request is left: submits new calls, applies cancels, runs one
-/// batched forward pass, streams and settles, then yields to the event loop (on the CPU a step
-/// never awaits; without the yield no message or timer could reach the engine).
-async fn drive(state: Rc<State>) {
-    loop {
-        let loaded = state.loaded.borrow().clone();
-        let Some(loaded) = loaded else {
-            state.reject_all_queued(|| js_error(WasmError::NotLoaded));
-            break;
-        };
-        let mut host = loaded.host.borrow_mut();
-        submit_queued(&state, &loaded, &mut host);
-        apply_cancels(&state, &mut host);
-        if host.is_idle() {
-            let next = state.speculative.borrow_mut().pop_front();
-            let Some(pending) = next else { break };
-            run_speculative(&state, &loaded, &mut host, pending);
-        } else {
-            let stepped = host
-                .step_async(&mut |event| match event {
-                    HostEvent::Text { id, delta } => {
-                        if let Some(&key) = state.keys.borrow().get(&id) {
-                            state.stream(key, &delta);
-                        }
-                    }
-                    HostEvent::Finished { id, report } => {
-                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            state.settle(key, Ok(report));
-                        }
-                    }
-                    HostEvent::Failed { id, error } => {
-                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            state.settle(key, Err(js_error(loaded.classify(error))));
-                        }
-                    }
-                })
-                .await;
-            if let Err(error) = stepped {
-                // The scheduler reports request failures as events; this is the backend itself.
-                let message = loaded.classify(error);
-                let (code, text) = (message.code(), message.to_string());
-                let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
-                for (id, key) in keys {
-                    host.cancel(id);
-                    state.settle(key, Err(coded_error(code, &text)));
-                }
-            }
-        }
-        state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
-        drop(host);
-        yield_to_event_loop().await;
-    }
-    state.driving.set(false);
-}
-
-fn submit_queued(state: &State, loaded: &Loaded, host: &mut EngineHost) {
-    let queued: Vec<Pending> = state.inbox.borrow_mut().drain(..).collect();
-    for p in queued {
-        match host.submit(&p.input, &p.options, p.seed, Some(p.now_unix)) {
-            Ok(id) => {
-                state.keys.borrow_mut().insert(id, p.key);
-            }
-            Err(e) => state.settle(p.key, Err(js_error(loaded.classify(e)))),
-        }
-    }
-}
-
-fn apply_cancels(state: &State, host: &mut EngineHost) {
-    let cancels: Vec<u32> = state.cancels.borrow_mut().drain(..).collect();
-    for key in cancels {
-        let id = state.keys.borrow().iter().find(|(_, &k)| k == key).map(|(&id, _)| id);
-        if let Some(id) = id {
-            state.keys.borrow_mut().remove(&id);
-            if let Some(report) = host.cancel(id) {
-                state.settle(key, Ok(report));
-            }
-            continue;
-        }
-        // A speculative request still waiting for its turn.
-        let waiting = state.speculative.borrow().iter().position(|p| p.key == key);
-        if let Some(i) = waiting {
-            state.speculative.borrow_mut().remove(i);
-            state.settle(key, Err(coded_error("aborted", "the request was cancelled before it started")));
-        }
-    }
-}
-
-/// Runs a speculative request to its end (synchronously: the CPU engine), streaming as it goes.
-fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
-    let Some(speculative) = p.options.speculative.clone() else { return };
-    let mut on_text = |delta: &str| {
-        state.stream(p.key, delta);
-        !state.cancels.borrow().contains(&p.key)
-    };
-    let result = host.generate_speculative(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text);
-    state.cancels.borrow_mut().retain(|&k| k != p.key);
-    state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
-}
-
-/// Resolves on a later task of the event loop (`setTimeout(0)`), letting queued messages,
-/// callbacks and timers run.
-async fn yield_to_event_loop() {
-    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
-        let global = js_sys::global();
-        let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
-        let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(0.0)).is_ok());
-        if !scheduled {
-            let _ = resolve.call0(&JsValue::NULL);
-        }
-    });
-    let _ = JsFuture::from(promise).await;
 }
 
 /// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).

@@ -340,12 +340,20 @@ impl EngineHost {
     pub fn load_draft(&mut self, source: Arc<dyn ByteSource>, backend: Box<dyn Backend>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         self.draft = None;
         let file = GgufFile::read(source)?;
-        let draft_tokenizer = Tokenizer::from_gguf(&file.metadata)?;
-        check_vocab_compatible(self.scheduler()?.tokenizer(), &draft_tokenizer).map_err(|e| WasmError::bad_request("draft model", e.to_string()))?;
+        let draft_tokenizer = self.check_draft_vocabulary(&file)?;
         let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, ..self.engine_options.clone() };
         let session = Session::load(&file, backend, &options, on_progress)?;
         self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);
         Ok(())
+    }
+
+    /// The draft model's tokenizer if its vocabulary is this model's (`bad-argument` otherwise);
+    /// reads only the GGUF header, so it runs before a large draft is copied anywhere.
+    pub fn check_draft_vocabulary(&self, draft: &GgufFile) -> Result<Tokenizer> {
+        let draft_tokenizer = Tokenizer::from_gguf(&draft.metadata)?;
+        check_vocab_compatible(self.scheduler()?.tokenizer(), &draft_tokenizer)
+            .map_err(|e| WasmError::bad_request("draft model", format!("it cannot draft for this model: {e}")))?;
+        Ok(draft_tokenizer)
     }
 
     pub fn has_draft(&self) -> bool {

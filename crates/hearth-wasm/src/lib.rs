@@ -14,6 +14,8 @@ pub mod request;
 #[cfg(target_arch = "wasm32")]
 mod bindings;
 #[cfg(target_arch = "wasm32")]
+mod driver;
+#[cfg(target_arch = "wasm32")]
 mod gpu;
 
 pub use error::{Result, WasmError};
