@@ -136,6 +136,8 @@ pub(crate) async fn drive(state: Rc<State>) {
             let Some(pending) = next else { break };
             run_speculative(&state, &loaded, &mut host, pending);
         } else {
+            // Failures are settled after the step, once the device had a chance to say why.
+            let mut failed: Vec<(u32, WasmError)> = Vec::new();
             let stepped = host
                 .step_async(&mut |event| match event {
                     HostEvent::Text { id, delta } => {
@@ -150,11 +152,17 @@ pub(crate) async fn drive(state: Rc<State>) {
                     }
                     HostEvent::Failed { id, error } => {
                         if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            state.settle(key, Err(js_error(loaded.classify(error))));
+                            failed.push((key, error));
                         }
                     }
                 })
                 .await;
+            if !failed.is_empty() || stepped.is_err() {
+                wait_for_device_fault(&loaded).await;
+            }
+            for (key, error) in failed {
+                state.settle(key, Err(js_error(loaded.classify(error))));
+            }
             if let Err(error) = stepped {
                 // The scheduler reports request failures as events; this is the backend itself.
                 let message = loaded.classify(error);
@@ -215,6 +223,22 @@ fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pen
     let result = host.generate_speculative(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text);
     state.cancels.borrow_mut().retain(|&k| k != p.key);
     state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
+}
+
+/// Event-loop turns a failed WebGPU step waits for the device's own reason.
+const FAULT_WAIT_TURNS: usize = 50;
+
+/// After a failed WebGPU step: the browser may reject the step's buffer mapping before it runs
+/// the device-lost callback (seen with `device.destroy()`), so give the callback a few turns of
+/// the event loop to record the loss before the failure is classified.
+async fn wait_for_device_fault(loaded: &Loaded) {
+    let Some((watch, _)) = &loaded.gpu else { return };
+    for _ in 0..FAULT_WAIT_TURNS {
+        if watch.check().is_err() {
+            return;
+        }
+        yield_to_event_loop().await;
+    }
 }
 
 /// Resolves on a later task of the event loop (`setTimeout(0)`), letting queued messages,
