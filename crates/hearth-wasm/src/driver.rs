@@ -175,7 +175,13 @@ pub(crate) async fn drive(state: Rc<State>) {
             }
         }
         state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
+        let done = host.is_idle() && state.inbox.borrow().is_empty() && state.speculative.borrow().is_empty();
         drop(host);
+        if done {
+            // Stop before yielding: the callers of the requests just settled may unload or load
+            // as soon as they run, and must not find the engine busy.
+            break;
+        }
         yield_to_event_loop().await;
     }
     state.driving.set(false);
