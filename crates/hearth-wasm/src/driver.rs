@@ -231,29 +231,37 @@ fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pen
     state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
 }
 
-/// Event-loop turns a failed WebGPU step waits for the device's own reason.
-const FAULT_WAIT_TURNS: usize = 50;
+/// How long a failed WebGPU step waits for the device's own reason: turns of this many ms.
+const FAULT_WAIT_TURNS: usize = 20;
+const FAULT_WAIT_MS: f64 = 50.0;
 
-/// After a failed WebGPU step: the browser may reject the step's buffer mapping before it runs
-/// the device-lost callback (seen with `device.destroy()`), so give the callback a few turns of
-/// the event loop to record the loss before the failure is classified.
+/// After a failed WebGPU step: the browser may reject the step's buffer mapping before it
+/// delivers the device-lost notification (seen with `device.destroy()`; it came with the next
+/// submission), so poke the device and give the callback up to a second to record the loss
+/// before the failure is classified.
 async fn wait_for_device_fault(loaded: &Loaded) {
     let Some((watch, _)) = &loaded.gpu else { return };
     for _ in 0..FAULT_WAIT_TURNS {
         if watch.check().is_err() {
             return;
         }
-        yield_to_event_loop().await;
+        watch.probe();
+        sleep_ms(FAULT_WAIT_MS).await;
     }
 }
 
 /// Resolves on a later task of the event loop (`setTimeout(0)`), letting queued messages,
 /// callbacks and timers run.
 async fn yield_to_event_loop() {
+    sleep_ms(0.0).await;
+}
+
+/// Resolves after `ms` milliseconds (`setTimeout`); at once where there is no `setTimeout`.
+async fn sleep_ms(ms: f64) {
     let promise = js_sys::Promise::new(&mut |resolve, _reject| {
         let global = js_sys::global();
         let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
-        let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(0.0)).is_ok());
+        let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(ms)).is_ok());
         if !scheduled {
             let _ = resolve.call0(&JsValue::NULL);
         }

@@ -87,6 +87,13 @@ impl GpuWatch {
         self.device.destroy();
     }
 
+    /// Makes the device talk to the browser (an empty submission and a work-done callback), so
+    /// that a pending device-lost notification is delivered; `check` afterwards reports it.
+    pub fn probe(&self) {
+        self.queue.on_submitted_work_done(|| {});
+        self.queue.submit(std::iter::empty());
+    }
+
     /// Waits until the GPU finished everything submitted so far (weight uploads included), then
     /// checks for faults: in a browser an allocation failure is only reported asynchronously.
     pub async fn settle(&self) -> std::result::Result<(), WgpuError> {
