@@ -100,3 +100,34 @@ test("backend 'auto' skips a software adapter (SwiftShader) for the wasm CPU eng
   assert.equal(stats.backend, 'cpu-wasm', JSON.stringify(stats));
   assert.match(stats.fallback_reason, /software renderer/);
 });
+
+test("a lost GPU device fails requests with code 'device-lost'; loading again works", { timeout: 1_800_000 }, async () => {
+  const result = await page.evaluate(async ({ modelUrl, prompt }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const describe = (e) => ({ name: e.name, code: e.code, message: e.message });
+    let destroyed = false;
+    let error = null;
+    try {
+      // max_tokens leaves steps to run after the device is destroyed at the first chunk.
+      for await (const chunk of await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: 6 })) {
+        if (!destroyed && chunk.choices[0].text) destroyed = await engine._loseDeviceForTest();
+      }
+    } catch (e) {
+      error = describe(e);
+    }
+    // The device stays lost: the next request fails the same way.
+    const next = await engine.completions.create({ prompt, max_tokens: 1 }).then(() => null, describe);
+    await engine.unload().catch(() => {});
+    const reloaded = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const after = await reloaded.completions.create({ prompt, temperature: 0, max_tokens: 2 });
+    await reloaded.unload();
+    return { destroyed, error, next, tokens: after.hearth.token_ids };
+  }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt });
+  assert.equal(result.destroyed, true);
+  assert.equal(result.error?.name, 'HearthError', JSON.stringify(result));
+  assert.equal(result.error.code, 'device-lost', JSON.stringify(result));
+  assert.match(result.error.message, /GPU device was lost/);
+  assert.equal(result.next?.code, 'device-lost', JSON.stringify(result));
+  assert.deepEqual(result.tokens, expected.tokens.slice(0, 2));
+});

@@ -9,6 +9,8 @@ async function usage(): Promise<void> {
     cache: 'revalidate',
     backend: 'cpu',
     signal: controller.signal,
+    maxBatch: 4,
+    draftModel: '/models/gemma-3-270m-q4_k_m.gguf',
     onProgress: (p: Progress) => {
       const phase: 'download' | 'cache' | 'read' | 'load' | 'ready' = p.phase;
       if (p.warning) console.warn(p.warning.code, phase, p.fromCache, p.cached);
@@ -23,6 +25,14 @@ async function usage(): Promise<void> {
   } catch (error) {
     if (error instanceof HearthError && error.code === 'bad-argument') console.log(error.kind, error.message);
   }
+  const [a, b] = await Promise.all([
+    engine.completions.create({ prompt: 'x', temperature: 0, speculative: { mode: 'lookup', draftTokens: 4 } }),
+    engine.completions.create({ prompt: 'y', speculative: { mode: 'draft-model' } }),
+  ]);
+  const accepted: number | undefined = a.usage?.speculative?.accepted;
+  const stats = await engine.runtimeStats();
+  const batched: number | undefined = stats.batch?.max_batch_observed;
+  console.log(accepted, batched, stats.draft_model, b.choices[0].text);
   const made = new HearthError('no-webgpu', 'x');
   console.log(fromCache, warningCodes, removed, made.name);
 }

@@ -127,6 +127,18 @@ impl Session {
         Ok(Session { runner, seq, prefill_chunk: options.prefill_chunk.max(1), logits: Vec::new() })
     }
 
+    /// A session on a runner already loaded (e.g. one a [`crate::scheduler::Scheduler`] gave back).
+    pub fn from_runner(mut runner: Runner, prefill_chunk: usize) -> Self {
+        let seq = runner.kv_mut().add_sequence();
+        Session { runner, seq, prefill_chunk: prefill_chunk.max(1), logits: Vec::new() }
+    }
+
+    /// The runner back, without this session's sequence (its full blocks stay in the prefix cache).
+    pub fn into_runner(mut self) -> Runner {
+        self.runner.kv_mut().remove_sequence(self.seq);
+        self.runner
+    }
+
     pub fn config(&self) -> &ModelConfig {
         self.runner.config()
     }
@@ -294,6 +306,15 @@ impl Engine {
         let chat_template = ChatTemplate::from_gguf(&file.metadata)?;
         let session = Session::load(file, backend, options, on_progress)?;
         Ok(Engine { session, tokenizer, chat_template })
+    }
+
+    /// An engine from a loaded session and the model's tokenizer and chat template.
+    pub fn from_parts(session: Session, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Self {
+        Engine { session, tokenizer, chat_template }
+    }
+
+    pub fn into_parts(self) -> (Session, Tokenizer, Option<ChatTemplate>) {
+        (self.session, self.tokenizer, self.chat_template)
     }
 
     pub fn session(&self) -> &Session {

@@ -1,18 +1,21 @@
 //! The JS-facing class. `load` and `generate` return Promises (a WebGPU step completes on the JS
 //! event loop); every failure reaches JS as an `Error` with hearth's message and a stable `code`
 //! property (`WasmError::code`), never a trap.
+//! Concurrent `generate` calls run as one continuous batch (see `driver.rs`).
 
 use crate::error::WasmError;
 use crate::gpu::classify;
 use crate::source::JsModel;
-use crate::host::EngineHost;
+use crate::driver::{drive, JsRequest, Loaded, Pending, State};
+use crate::host::{EngineHost, OwnedBytes};
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
 use hearth_core::backend::Backend;
-use hearth_wgpu::{DeviceInfo, GpuWatch, WgpuBackend, WgpuOptions};
-use std::cell::{Cell, RefCell};
+use hearth_wgpu::{WgpuBackend, WgpuOptions};
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
+use wasm_bindgen_futures::{future_to_promise, spawn_local};
 
 /// Runs once when the module is instantiated: panics (bugs, not input errors: those are
 /// `JsError`s) are logged to the console with their message and location before the trap.
@@ -25,11 +28,11 @@ pub fn on_start() {
 
 /// A JS `Error` with hearth's message and a `code` property ([`WasmError::code`]), which the
 /// package turns into a `HearthError`.
-fn js_error(error: WasmError) -> JsValue {
+pub(crate) fn js_error(error: WasmError) -> JsValue {
     coded_error(error.code(), &error.to_string())
 }
 
-fn coded_error(code: &str, message: &str) -> JsValue {
+pub(crate) fn coded_error(code: &str, message: &str) -> JsValue {
     let error = js_sys::Error::new(message);
     // Setting a property on a fresh Error object cannot fail.
     let _ = js_sys::Reflect::set(&error, &JsValue::from_str("code"), &JsValue::from_str(code));
@@ -37,36 +40,11 @@ fn coded_error(code: &str, message: &str) -> JsValue {
 }
 
 fn busy() -> JsValue {
-    coded_error("busy", "the engine is busy generating")
-}
-
-/// A loaded model and what runs it.
-struct Loaded {
-    host: EngineHost,
-    /// WebGPU: the device's fault watch and what was opened.
-    gpu: Option<(GpuWatch, DeviceInfo)>,
-    /// backend 'auto' that fell back to the CPU: why.
-    fallback_reason: Option<String>,
-}
-
-impl Loaded {
-    /// A failure of a WebGPU step reported with the device's own reason when it has one.
-    fn classify(&self, error: WasmError) -> WasmError {
-        match &self.gpu {
-            Some((watch, _)) => classify(watch, error),
-            None => error,
-        }
-    }
-}
-
-#[derive(Default)]
-struct State {
-    loaded: RefCell<Option<Loaded>>,
-    interrupted: Cell<bool>,
+    coded_error("busy", "the engine is busy generating (cancel or await its requests first)")
 }
 
 /// A model on WebGPU or the CPU fallback. State is shared with the Promises `load`/`generate`
-/// return, so `interrupt()` may be called from inside an `on_chunk` callback while one runs.
+/// return, so `cancel()` may be called from inside an `on_chunk` callback while one runs.
 #[wasm_bindgen]
 #[derive(Default)]
 pub struct WasmEngine {
@@ -85,8 +63,8 @@ impl WasmEngine {
     /// (fails with code `no-webgpu` without an adapter), "cpu", or "auto" (WebGPU when a device
     /// opens, else CPU). On WebGPU the weights are read tensor by tensor from `model` into GPU
     /// buffers and the model is never copied into wasm memory; the CPU engine copies it once.
-    /// `options_json`: `{"n_ctx": 2048}` or "". `on_progress(done_bytes, total_bytes)`. Resolves
-    /// to undefined; a reader's own exception is rethrown as is.
+    /// `options_json`: `{"n_ctx": 2048, "max_batch": 4}` or "". `on_progress(done_bytes,
+    /// total_bytes)`. Resolves to undefined; a reader's own exception is rethrown as is.
     pub fn load(&self, model: &JsValue, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
         let state = self.state.clone();
         let model = model.clone();
@@ -97,8 +75,10 @@ impl WasmEngine {
             let model = JsModel::from_js(&model).map_err(js_error)?;
             // A failed read: rethrow what the reader threw (a `network` error...), else `error`.
             let failed = |error: JsValue| model.take_failure().unwrap_or(error);
-            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
-            *slot = None; // free the previous model (and its device) first
+            if state.driving.get() {
+                return Err(busy());
+            }
+            *state.loaded.borrow_mut() = None; // free the previous model (and its device) first
             let mut report = |done: u64, total: u64| {
                 if let Some(f) = &on_progress {
                     // A throwing progress callback must not abort the load.
@@ -128,82 +108,145 @@ impl WasmEngine {
                     let host = EngineHost::load_source(model.source(), &options, Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
                     // Allocation failures of the upload are reported asynchronously.
                     watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
-                    Loaded { host, gpu: Some((watch, info)), fallback_reason }
+                    Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason }
                 }
                 None => {
                     let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
                     let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
-                    Loaded { host: EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?, gpu: None, fallback_reason }
+                    let host = EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?;
+                    Loaded { host: RefCell::new(host), gpu: None, fallback_reason }
                 }
             };
-            *slot = Some(loaded);
+            {
+                let host = loaded.host.borrow();
+                state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
+            }
+            *state.loaded.borrow_mut() = Some(Rc::new(loaded));
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Loads a draft model for speculative requests with mode 'draft-model'. It must share the
+    /// loaded model's vocabulary (checked before its weights load: code `bad-argument` otherwise);
+    /// it runs on the CPU engine (copied into wasm memory). Resolves to undefined.
+    pub fn load_draft(&self, model: &JsValue, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+        let state = self.state.clone();
+        let model = model.clone();
+        future_to_promise(async move {
+            let model = JsModel::from_js(&model).map_err(js_error)?;
+            let failed = |error: JsValue| model.take_failure().unwrap_or(error);
+            if state.driving.get() {
+                return Err(busy());
+            }
+            let loaded = state.loaded.borrow().clone().ok_or_else(|| js_error(WasmError::NotLoaded))?;
+            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
+            // A draft of another vocabulary is refused from its header, before the copy.
+            let header = hearth_core::gguf::GgufFile::read(model.source()).map_err(|e| failed(js_error(e.into())))?;
+            host.check_draft_vocabulary(&header).map_err(js_error)?;
+            drop(header);
+            let mut report = |done: u64, total: u64| {
+                if let Some(f) = &on_progress {
+                    let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
+                }
+            };
+            let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
+            let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+            host.load_draft(Arc::new(OwnedBytes(model)), cpu, &mut report).map_err(js_error)?;
             Ok(JsValue::UNDEFINED)
         })
     }
 
     /// Generates for `prompt_json` (a JSON string = raw completion, or a JSON array of chat
-    /// messages) with `options_json` (OpenAI-named sampling options). `on_chunk(text)` receives
-    /// each text delta; returning `false` interrupts. Resolves to the report as a JSON string.
-    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function) -> js_sys::Promise {
+    /// messages) with `options_json` (OpenAI-named sampling options, plus `speculative`).
+    /// `on_chunk(text)` receives each text delta; returning `false` cancels. `key` names the
+    /// request for [`WasmEngine::cancel`]. Resolves to the report as a JSON string. Concurrent
+    /// calls are batched.
+    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
         let state = self.state.clone();
-        let prompt_json = prompt_json.to_string();
-        let options_json = options_json.to_string();
-        future_to_promise(async move {
-            let input = PromptInput::parse(&prompt_json).map_err(js_error)?;
-            let options = RequestOptions::parse(&options_json).map_err(js_error)?;
-            let mut slot = state.loaded.try_borrow_mut().map_err(|_| busy())?;
-            let loaded = slot.as_mut().ok_or_else(|| js_error(WasmError::NotLoaded))?;
-            state.interrupted.set(false);
-            let default_seed = (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64;
-            let now_unix = (js_sys::Date::now() / 1000.0) as i64;
-            let mut callback_error = None;
-            let mut on_text = |delta: &str| {
-                if state.interrupted.get() {
-                    return false;
-                }
-                match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
-                    Ok(result) => result != JsValue::FALSE && !state.interrupted.get(),
-                    Err(e) => {
-                        callback_error = Some(e);
-                        false
-                    }
-                }
-            };
-            let result = loaded.host.generate_async(&input, &options, default_seed, Some(now_unix), &mut on_text).await;
-            let report = result.map_err(|e| js_error(loaded.classify(e)))?;
-            if let Some(e) = callback_error {
-                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
-                return Err(coded_error("internal", &format!("on_chunk threw: {message}")));
+        let parsed = PromptInput::parse(prompt_json).and_then(|input| Ok((input, RequestOptions::parse(options_json)?)));
+        let mut handlers = None;
+        let promise = js_sys::Promise::new(&mut |resolve, reject| handlers = Some((resolve, reject)));
+        let Some((resolve, reject)) = handlers else { return promise };
+        let (input, options) = match parsed {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reject.call1(&JsValue::NULL, &js_error(e));
+                return promise;
             }
-            let json = serde_json::to_string(&report).map_err(|e| coded_error("internal", &format!("serializing the report: {e}")))?;
-            Ok(JsValue::from_str(&json))
-        })
+        };
+        let loaded = state.loaded.borrow().clone();
+        let Some(loaded) = loaded else {
+            let _ = reject.call1(&JsValue::NULL, &js_error(WasmError::NotLoaded));
+            return promise;
+        };
+        if options.speculative.is_some() && loaded.gpu.is_some() {
+            let error = WasmError::bad_request("speculative", "speculative decoding runs on the CPU engine in the browser for now (load with backend 'cpu')");
+            let _ = reject.call1(&JsValue::NULL, &js_error(error));
+            return promise;
+        }
+        let pending = Pending {
+            key,
+            seed: (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64,
+            now_unix: (js_sys::Date::now() / 1000.0) as i64,
+            input,
+            options,
+        };
+        state.requests.borrow_mut().insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None });
+        let queue = if pending.options.speculative.is_some() { &state.speculative } else { &state.inbox };
+        queue.borrow_mut().push_back(pending);
+        if !state.driving.get() {
+            state.driving.set(true);
+            spawn_local(drive(state));
+        }
+        promise
     }
 
-    /// Asks a running `generate` to stop after the current token (call it from `on_chunk`).
+    /// Ends request `key` at the next step boundary, freeing its KV blocks; its Promise resolves
+    /// with finish reason `cancelled`.
+    pub fn cancel(&self, key: u32) {
+        self.state.cancels.borrow_mut().push(key);
+    }
+
+    /// Cancels every request.
     pub fn interrupt(&self) {
-        self.state.interrupted.set(true);
+        let keys: Vec<u32> = self.state.requests.borrow().keys().copied().collect();
+        self.state.cancels.borrow_mut().extend(keys);
     }
 
     /// Frees the model (its wasm memory is kept by the module for reuse; GPU buffers are freed).
+    /// `busy` while requests run: cancel and await them first.
     pub fn unload(&self) -> Result<(), JsValue> {
-        let mut slot = self.state.loaded.try_borrow_mut().map_err(|_| busy())?;
-        *slot = None;
+        if self.state.driving.get() {
+            return Err(busy());
+        }
+        *self.state.loaded.borrow_mut() = None;
         Ok(())
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.state.loaded.try_borrow().map(|h| h.is_some()).unwrap_or(true)
+        self.state.loaded.borrow().is_some()
+    }
+
+    /// Test hook: destroys the WebGPU device as a driver reset would (the engine then reports
+    /// `device-lost` and must be loaded again). Returns whether there was a device.
+    pub fn lose_device_for_test(&self) -> bool {
+        match self.state.loaded.borrow().as_ref().and_then(|l| l.gpu.as_ref()) {
+            Some((watch, _)) => {
+                watch.destroy_device();
+                true
+            }
+            None => false,
+        }
     }
 
     /// `{"backend": "webgpu" | "cpu-wasm", "adapter": {...} | null, "fallback_reason": string |
     /// null, "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "backend_memory_bytes": n,
-    /// "model": {...}}`.
+    /// "model": {...}, "batch": {...}, "draft_model": bool}`.
     pub fn runtime_stats(&self) -> Result<String, JsValue> {
-        let slot = self.state.loaded.try_borrow().map_err(|_| busy())?;
+        let loaded = self.state.loaded.borrow().clone();
         let memory = wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>();
         let wasm_memory_bytes = memory.buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length();
-        let gpu = slot.as_ref().and_then(|l| l.gpu.as_ref());
+        let gpu = loaded.as_ref().and_then(|l| l.gpu.as_ref());
         let adapter = gpu.map(|(_, i)| {
             serde_json::json!({
                 "name": i.adapter_name,
@@ -216,15 +259,23 @@ impl WasmEngine {
                 "max_buffer_size": i.max_buffer_size,
             })
         });
+        // During a step the driver holds the host: report the figures of the last step.
+        let host = loaded.as_ref().and_then(|l| l.host.try_borrow().ok());
+        let (backend_memory_bytes, batch) = match &host {
+            Some(h) => (h.backend_memory_bytes(), h.batch_stats()),
+            None => self.state.last_stats.get(),
+        };
         let stats = serde_json::json!({
             "backend": if gpu.is_some() { "webgpu" } else { "cpu-wasm" },
             "adapter": adapter,
-            "fallback_reason": slot.as_ref().and_then(|l| l.fallback_reason.clone()),
+            "fallback_reason": loaded.as_ref().and_then(|l| l.fallback_reason.clone()),
             "simd128": cfg!(target_feature = "simd128"),
             "threads": 1,
             "wasm_memory_bytes": wasm_memory_bytes,
-            "backend_memory_bytes": slot.as_ref().map(|l| l.host.backend_memory_bytes()),
-            "model": slot.as_ref().map(|l| l.host.info()),
+            "backend_memory_bytes": loaded.as_ref().map(|_| backend_memory_bytes),
+            "model": host.as_ref().map(|h| h.info().clone()),
+            "batch": loaded.as_ref().map(|_| batch),
+            "draft_model": host.as_ref().is_some_and(|h| h.has_draft()),
         });
         Ok(stats.to_string())
     }

@@ -1,14 +1,19 @@
-//! The platform-independent half of the bindings: bytes → GGUF → Engine on a backend, and one
-//! generation request → a [`Report`]. Plain Rust, so it is tested natively; `bindings.rs` only
-//! converts JS values.
+//! The platform-independent half of the bindings: bytes → GGUF → a [`Scheduler`] on a backend;
+//! requests are submitted and advanced together by [`EngineHost::step_async`] (continuous
+//! batching), or run alone with a speculative drafter. Plain Rust, so it is tested natively;
+//! `bindings.rs` only converts JS values and drives the steps on the JS event loop.
 
 use crate::error::{Result, WasmError};
-use crate::request::{LoadOptions, PromptInput, RequestOptions};
+use crate::request::{LoadOptions, PromptInput, RequestOptions, SpeculativeMode, SpeculativeRequest};
 use hearth_core::backend::Backend;
-use hearth_core::engine::{Engine, FinishReason, Generation};
+use hearth_core::chat::ChatTemplate;
+use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
+use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
+use hearth_core::speculative::{check_vocab_compatible, DraftModel, Drafter, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Model bytes owned by wasm memory. `MemorySource` wants an `Arc<[u8]>`, and turning a `Vec` into
@@ -41,10 +46,13 @@ pub struct Report {
     pub prompt_token_ids: Vec<u32>,
     pub token_ids: Vec<u32>,
     pub seed: u64,
+    /// Speculative requests: draft tokens proposed and accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeMetrics>,
 }
 
 impl Report {
-    fn new(generation: Generation, seed: u64) -> Self {
+    pub fn new(generation: Generation, seed: u64) -> Self {
         let t = &generation.timings;
         Report {
             prompt_tokens: generation.prompt_tokens.len(),
@@ -58,6 +66,7 @@ impl Report {
             prompt_token_ids: generation.prompt_tokens,
             token_ids: generation.tokens,
             seed,
+            speculative: generation.speculative,
         }
     }
 }
@@ -74,10 +83,44 @@ pub struct ModelInfo {
     pub file_bytes: u64,
 }
 
-pub struct EngineHost {
-    engine: Engine,
-    info: ModelInfo,
+/// The batching state for `runtime_stats`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct BatchStats {
+    /// Requests allowed in one batch.
+    pub max_batch: usize,
+    pub running: usize,
+    pub waiting: usize,
+    /// Largest number of requests evaluated in one forward pass since the model was loaded.
+    pub max_batch_observed: usize,
+    /// Batched forward passes run.
+    pub steps: u64,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub preemptions: u64,
 }
+
+/// What happened to a request during [`EngineHost::step_async`].
+#[derive(Debug)]
+pub enum HostEvent {
+    Text { id: RequestId, delta: String },
+    Finished { id: RequestId, report: Report },
+    Failed { id: RequestId, error: WasmError },
+}
+
+pub struct EngineHost {
+    /// `None` only while a speculative generation borrows the runner (inside one call).
+    scheduler: Option<Scheduler>,
+    chat_template: Option<ChatTemplate>,
+    engine_options: EngineOptions,
+    info: ModelInfo,
+    draft: Option<DraftModel>,
+    /// The seed each running request samples with (reported back).
+    seeds: HashMap<RequestId, u64>,
+    stats: BatchStats,
+}
+
+/// Requests per batch unless the load options say otherwise.
+pub const DEFAULT_MAX_BATCH: usize = 4;
 
 impl EngineHost {
     /// Parses `bytes` as GGUF and loads it onto `backend`. `on_progress(done, total)` reports
@@ -101,44 +144,75 @@ impl EngineHost {
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
         let engine_options = options.engine_options()?;
+        let max_batch = options.max_batch.unwrap_or(DEFAULT_MAX_BATCH);
+        if max_batch == 0 {
+            return Err(WasmError::bad_request("load options", "max_batch must be at least 1"));
+        }
         let file_bytes = source.len();
         let file = GgufFile::read(source)?;
         let architecture = file.architecture()?.to_string();
-        let engine = Engine::load(&file, backend, &engine_options, on_progress)?;
-        let config = engine.session().config();
+        let tokenizer = Tokenizer::from_gguf(&file.metadata)?;
+        let chat_template = ChatTemplate::from_gguf(&file.metadata)?;
+        let runner = hearth_core::runner::Runner::load(&file, backend, &engine_options, on_progress)?;
+        let config = runner.config();
         let info = ModelInfo {
             architecture,
-            n_ctx: engine.session().n_ctx(),
+            n_ctx: runner.n_ctx(),
             n_ctx_train: config.n_ctx_train,
             n_vocab: config.n_vocab,
             n_layer: config.n_layer,
-            has_chat_template: engine.chat_template().is_some(),
+            has_chat_template: chat_template.is_some(),
             file_bytes,
         };
-        Ok(EngineHost { engine, info })
+        let scheduler = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk });
+        let stats = BatchStats { max_batch, ..BatchStats::default() };
+        Ok(EngineHost { scheduler: Some(scheduler), chat_template, engine_options, info, draft: None, seeds: HashMap::new(), stats })
     }
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
 
+    fn scheduler(&self) -> Result<&Scheduler> {
+        self.scheduler.as_ref().ok_or_else(|| WasmError::Core(hearth_core::CoreError::InvalidArgument("the engine is busy with a speculative generation".into())))
+    }
+
+    fn scheduler_mut(&mut self) -> Result<&mut Scheduler> {
+        self.scheduler.as_mut().ok_or_else(|| WasmError::Core(hearth_core::CoreError::InvalidArgument("the engine is busy with a speculative generation".into())))
+    }
+
     pub fn backend_memory_bytes(&self) -> u64 {
-        self.engine.session().backend().memory_bytes()
+        self.scheduler.as_ref().map_or(0, |s| s.runner().backend().memory_bytes())
+    }
+
+    pub fn batch_stats(&self) -> BatchStats {
+        let mut stats = self.stats;
+        if let Some(scheduler) = &self.scheduler {
+            let s = scheduler.stats();
+            (stats.running, stats.waiting, stats.kv_blocks_used, stats.kv_blocks_total, stats.preemptions) =
+                (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions);
+        }
+        stats
+    }
+
+    /// No request is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.scheduler.as_ref().is_none_or(|s| s.is_idle())
     }
 
     /// Token ids → text, special tokens included (tests, debugging).
     pub fn decode(&self, ids: &[u32]) -> String {
-        self.engine.tokenizer().decode(ids, false).unwrap_or_default()
+        self.scheduler().ok().and_then(|s| s.tokenizer().decode(ids, false).ok()).unwrap_or_default()
     }
 
     /// Prompt text → token ids. Chat prompts are tokenized with special tokens parsed and without
     /// a second BOS when the template already wrote one (as `hearth run --chat` does).
     pub fn tokenize(&self, input: &PromptInput, now_unix: Option<i64>) -> Result<Vec<u32>> {
-        let tokenizer = self.engine.tokenizer();
+        let tokenizer = self.scheduler()?.tokenizer();
         let ids = match input {
             PromptInput::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true)?,
             PromptInput::Messages(messages) => {
-                let template = self.engine.chat_template().ok_or_else(|| {
+                let template = self.chat_template.as_ref().ok_or_else(|| {
                     WasmError::bad_request("messages", "this model has no chat template; use a text prompt (completions)")
                 })?;
                 let template = match now_unix {
@@ -155,8 +229,68 @@ impl EngineHost {
         Ok(ids)
     }
 
-    /// Runs one request; `on_text(delta)` streams text, returning false interrupts (the report
-    /// then says `cancelled`). Synchronous: [`EngineHost::generate_async`] polled once.
+    /// The prompt's tokens and checked options of one request.
+    fn prepare(&self, input: &PromptInput, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
+        let prompt = self.tokenize(input, now_unix)?;
+        let n_ctx = self.info.n_ctx;
+        if prompt.len() >= n_ctx {
+            return Err(hearth_core::CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: n_ctx }.into());
+        }
+        let generate_options = options.generate_options(n_ctx - prompt.len(), default_seed)?;
+        Ok((prompt, generate_options))
+    }
+
+    /// Queues a request for the batch (not speculative ones: see [`EngineHost::generate_speculative`]).
+    pub fn submit(&mut self, input: &PromptInput, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<RequestId> {
+        if options.speculative.is_some() {
+            return Err(WasmError::bad_request("generation options", "speculative requests run alone (generate_speculative)"));
+        }
+        let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
+        let seed = generate_options.sampling.seed;
+        let id = self.scheduler_mut()?.submit(prompt, generate_options)?;
+        self.seeds.insert(id, seed);
+        Ok(id)
+    }
+
+    /// Ends a request now and frees its KV blocks; its report (finish reason `cancelled`).
+    pub fn cancel(&mut self, id: RequestId) -> Option<Report> {
+        let generation = self.scheduler.as_mut()?.cancel(id)?;
+        let seed = self.seeds.remove(&id).unwrap_or_default();
+        Some(Report::new(generation, seed))
+    }
+
+    /// One batched forward pass over every running request (admitting waiting ones first).
+    /// Returns false when there was nothing to do.
+    pub async fn step_async(&mut self, on_event: &mut dyn FnMut(HostEvent)) -> Result<bool> {
+        let scheduler = self.scheduler.as_mut().ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
+        let seeds = &mut self.seeds;
+        let mut finished = 0;
+        let stepped = scheduler
+            .step_async(&mut |event| match event {
+                SchedulerEvent::Started { .. } => {}
+                SchedulerEvent::Text { id, delta } => on_event(HostEvent::Text { id, delta }),
+                SchedulerEvent::Finished { id, generation } => {
+                    finished += 1;
+                    let seed = seeds.remove(&id).unwrap_or_default();
+                    on_event(HostEvent::Finished { id, report: Report::new(generation, seed) });
+                }
+                SchedulerEvent::Failed { id, error } => {
+                    seeds.remove(&id);
+                    on_event(HostEvent::Failed { id, error: error.into() });
+                }
+            })
+            .await?;
+        if stepped {
+            // Requests in this pass: those still running plus those it finished.
+            let in_pass = scheduler.stats().running + finished;
+            self.stats.steps += 1;
+            self.stats.max_batch_observed = self.stats.max_batch_observed.max(in_pass);
+        }
+        Ok(stepped)
+    }
+
+    /// Runs one request alone; `on_text(delta)` streams text, returning false interrupts (the
+    /// report then says `cancelled`). Synchronous: [`EngineHost::generate_async`] polled once.
     pub fn generate(
         &mut self,
         input: &PromptInput,
@@ -165,11 +299,16 @@ impl EngineHost {
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
+        if let Some(speculative) = &options.speculative {
+            let speculative = speculative.clone();
+            return self.generate_speculative(input, options, &speculative, default_seed, now_unix, on_text);
+        }
         // The inner result is the request's; the outer one fails only if the backend was async.
         hearth_core::block_on::block_on(async { Ok(self.generate_async(input, options, default_seed, now_unix, on_text).await) })?
     }
 
-    /// [`EngineHost::generate`] for backends whose logits arrive later (WebGPU in a browser).
+    /// [`EngineHost::generate`] (not speculative) for backends whose logits arrive later:
+    /// submits the request and steps until it ends.
     pub async fn generate_async(
         &mut self,
         input: &PromptInput,
@@ -178,15 +317,85 @@ impl EngineHost {
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
-        let prompt = self.tokenize(input, now_unix)?;
-        let n_ctx = self.engine.session().n_ctx();
-        if prompt.len() >= n_ctx {
-            return Err(hearth_core::CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: n_ctx }.into());
+        let id = self.submit(input, options, default_seed, now_unix)?;
+        let mut outcome = None;
+        let mut stop = false;
+        while outcome.is_none() {
+            self.step_async(&mut |event| match event {
+                HostEvent::Text { id: of, delta } if of == id => stop |= !on_text(&delta),
+                HostEvent::Finished { id: of, report } if of == id => outcome = Some(Ok(report)),
+                HostEvent::Failed { id: of, error } if of == id => outcome = Some(Err(error)),
+                _ => {}
+            })
+            .await?;
+            if stop && outcome.is_none() {
+                outcome = self.cancel(id).map(Ok);
+            }
         }
-        let generate_options = options.generate_options(n_ctx - prompt.len(), default_seed)?;
+        outcome.unwrap_or_else(|| Err(WasmError::bad_request("state", "the request vanished")))
+    }
+
+    /// Loads a draft model (same vocabulary as this model) onto `backend` for speculative
+    /// requests with mode `draft-model`. The vocabularies are compared before any weight loads.
+    pub fn load_draft(&mut self, source: Arc<dyn ByteSource>, backend: Box<dyn Backend>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        self.draft = None;
+        let file = GgufFile::read(source)?;
+        let draft_tokenizer = self.check_draft_vocabulary(&file)?;
+        let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, ..self.engine_options.clone() };
+        let session = Session::load(&file, backend, &options, on_progress)?;
+        self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);
+        Ok(())
+    }
+
+    /// The draft model's tokenizer if its vocabulary is this model's (`bad-argument` otherwise);
+    /// reads only the GGUF header, so it runs before a large draft is copied anywhere.
+    pub fn check_draft_vocabulary(&self, draft: &GgufFile) -> Result<Tokenizer> {
+        let draft_tokenizer = Tokenizer::from_gguf(&draft.metadata)?;
+        check_vocab_compatible(self.scheduler()?.tokenizer(), &draft_tokenizer)
+            .map_err(|e| WasmError::bad_request("draft model", format!("it cannot draft for this model: {e}")))?;
+        Ok(draft_tokenizer)
+    }
+
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    /// One request with speculative decoding (prompt lookup or the draft model), run alone while
+    /// nothing else is queued. Synchronous: the backend must finish steps inside `submit` (the
+    /// CPU backend; natively every backend).
+    pub fn generate_speculative(
+        &mut self,
+        input: &PromptInput,
+        options: &RequestOptions,
+        speculative: &SpeculativeRequest,
+        default_seed: u64,
+        now_unix: Option<i64>,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Report> {
+        if !self.is_idle() {
+            return Err(WasmError::bad_request("state", "speculative requests run when no other request is running"));
+        }
+        let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
-        let generation = self.engine.generate_async(&prompt, &generate_options, on_text).await?;
-        Ok(Report::new(generation, seed))
+        let speculative_options = SpeculativeOptions { max_draft_tokens: speculative.draft_tokens(), adaptive: true };
+        let mut lookup = PromptLookup::default();
+        let drafter: &mut dyn Drafter = match speculative.mode {
+            SpeculativeMode::Lookup => &mut lookup,
+            SpeculativeMode::DraftModel => match self.draft.as_mut() {
+                Some(draft) => draft,
+                None => return Err(WasmError::bad_request("speculative", "mode 'draft-model' needs a draft model (createEngine({ draftModel }))")),
+            },
+        };
+        let scheduler = self.scheduler.take().ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
+        let max_batch = self.stats.max_batch;
+        let (runner, tokenizer) = scheduler.into_parts();
+        let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
+        let mut engine = Engine::from_parts(session, tokenizer, None);
+        let result = engine.generate_speculative(&prompt, &generate_options, drafter, &speculative_options, on_text);
+        let (session, tokenizer, _) = engine.into_parts();
+        let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk };
+        self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));
+        Ok(Report::new(result?, seed))
     }
 }
 

@@ -19,9 +19,12 @@ pub struct LoadOptions {
     /// KV storage type: "f16" (default), "q8_0", "q4_0" or "f32".
     #[serde(default)]
     pub kv_type: Option<String>,
-    /// Bytes for the KV cache (default: one full context).
+    /// Bytes for the KV cache (default: one full context, shared by the batch).
     #[serde(default)]
     pub kv_memory: Option<u64>,
+    /// Requests evaluated together in one forward pass (default [`crate::host::DEFAULT_MAX_BATCH`]).
+    #[serde(default)]
+    pub max_batch: Option<usize>,
 }
 
 impl LoadOptions {
@@ -107,6 +110,35 @@ pub struct RequestOptions {
     pub stop: Option<StopField>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Speculative decoding, as `hearth run --lookup` / `--draft-model` / `--draft-tokens`.
+    pub speculative: Option<SpeculativeRequest>,
+}
+
+/// `{"mode": "lookup" | "draft-model", "draft_tokens": K}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeRequest {
+    pub mode: SpeculativeMode,
+    /// Most draft tokens per step (the length adapts within 1..=K); default 5 as the CLI.
+    pub draft_tokens: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpeculativeMode {
+    /// Drafts copied from the prompt and output (no model).
+    Lookup,
+    /// Drafts from the draft model loaded with the engine.
+    DraftModel,
+}
+
+/// Draft tokens per step when a request does not say.
+pub const DEFAULT_DRAFT_TOKENS: usize = 5;
+
+impl SpeculativeRequest {
+    pub fn draft_tokens(&self) -> usize {
+        self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS).max(1)
+    }
 }
 
 impl RequestOptions {
@@ -153,6 +185,11 @@ impl RequestOptions {
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(list)) => list.clone(),
         };
+        if let Some(SpeculativeRequest { draft_tokens: Some(k), .. }) = &self.speculative {
+            if !(1..=64).contains(k) {
+                return Err(bad(format!("speculative.draft_tokens must be in [1, 64], got {k}")));
+            }
+        }
         if stop.iter().any(|s| s.is_empty()) {
             return Err(bad("stop strings must not be empty".into()));
         }

@@ -2,7 +2,7 @@
 //! the same code the browser runs, minus the JS value conversions.
 
 use hearth_cpu::CpuBackend;
-use hearth_wasm::host::EngineHost;
+use hearth_wasm::host::{EngineHost, HostEvent, OwnedBytes};
 use hearth_wasm::request::{LoadOptions, PromptInput, RequestOptions};
 use std::path::PathBuf;
 
@@ -161,4 +161,86 @@ fn errors_carry_stable_codes_for_js() {
     let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
     let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).unwrap_err();
     assert_eq!(overflow.code(), "context-overflow");
+}
+
+const BATCH_PROMPTS: [&str; 3] = ["def fibonacci(n):", "The capital of France is", "Here is a list of prime numbers: 2, 3, 5, 7, 11,"];
+
+/// Steps every queued request to its end; reports by request id.
+fn run_batch(host: &mut EngineHost) -> std::collections::HashMap<u64, hearth_wasm::host::Report> {
+    let mut reports = std::collections::HashMap::new();
+    while !host.is_idle() {
+        let mut on_event = |event| {
+            if let HostEvent::Finished { id, report } = event {
+                reports.insert(id, report);
+            }
+        };
+        hearth_core::block_on::block_on(async { Ok(host.step_async(&mut on_event).await) }).unwrap().unwrap();
+    }
+    reports
+}
+
+/// What the browser engine does with concurrent calls: one batch, each request's greedy tokens
+/// as when it runs alone (the first prompt's: the native runner's fixture).
+#[test]
+fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
+    let expected = expected();
+    let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
+    let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 10}"#).unwrap();
+    let input = |p: &str| PromptInput::Text(p.to_string());
+    let solo: Vec<Vec<u32>> =
+        BATCH_PROMPTS.iter().map(|p| host.generate(&input(p), &options, 0, None, &mut |_| true).unwrap().token_ids).collect();
+    assert_eq!(solo[0], ids(&expected["tokens"])[..10]);
+    assert_eq!(host.batch_stats().max_batch_observed, 1);
+    let request_ids: Vec<u64> = BATCH_PROMPTS.iter().map(|p| host.submit(&input(p), &options, 0, None).unwrap()).collect();
+    // One more, cancelled at once: its blocks must come back.
+    let cancelled = host.submit(&input("A long story about a dragon:"), &options, 0, None).unwrap();
+    let mut reports = std::collections::HashMap::new();
+    let mut on_event = |event| {
+        if let HostEvent::Finished { id, report } = event {
+            reports.insert(id, report);
+        }
+    };
+    hearth_core::block_on::block_on(async { Ok(host.step_async(&mut on_event).await) }).unwrap().unwrap();
+    let report = host.cancel(cancelled).unwrap();
+    assert_eq!(serde_json::to_value(report.finish_reason).unwrap(), "cancelled");
+    reports.extend(run_batch(&mut host));
+    for (i, id) in request_ids.iter().enumerate() {
+        assert_eq!(reports[id].token_ids, solo[i], "prompt {i}");
+    }
+    let stats = host.batch_stats();
+    assert!(stats.max_batch_observed >= 3, "{stats:?}");
+    assert_eq!((stats.running, stats.waiting, stats.kv_blocks_used), (0, 0, 0), "{stats:?}");
+}
+
+/// `speculative` requests: prompt lookup and a draft model keep the greedy output; a draft model
+/// of another vocabulary is refused with `bad-argument`.
+#[test]
+fn speculative_requests_keep_the_greedy_output() {
+    let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
+    let input = PromptInput::Text("red green blue red green blue red green blue red green blue red".into());
+    let plain = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true}"#).unwrap();
+    let reference = host.generate(&input, &plain, 0, None, &mut |_| true).unwrap();
+    assert!(reference.speculative.is_none());
+    let lookup = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "lookup", "draft_tokens": 4}}"#).unwrap();
+    let report = host.generate(&input, &lookup, 0, None, &mut |_| true).unwrap();
+    assert_eq!(report.token_ids, reference.token_ids);
+    let metrics = report.speculative.unwrap();
+    assert!(metrics.accepted > 0 && metrics.target_forward_passes < report.completion_tokens - 1, "{metrics:?}");
+
+    let draft = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model"}}"#).unwrap();
+    let no_draft = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap_err();
+    assert_eq!(no_draft.code(), "bad-argument");
+
+    let synthetic = std::fs::read(repo_root().join("tests/fixtures/synthetic/llama-gqa-q8_0.gguf")).unwrap();
+    let cpu = || Box::new(CpuBackend::new(Some(2)).unwrap());
+    let mismatch = host.load_draft(std::sync::Arc::new(OwnedBytes(synthetic)), cpu(), &mut |_, _| {}).unwrap_err();
+    assert_eq!(mismatch.code(), "bad-argument");
+    assert!(mismatch.to_string().contains("cannot draft for this model"), "{mismatch}");
+
+    host.load_draft(std::sync::Arc::new(OwnedBytes(gemma_bytes())), cpu(), &mut |_, _| {}).unwrap();
+    let report = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap();
+    assert_eq!(report.token_ids, reference.token_ids);
+    assert!(report.speculative.unwrap().accepted > 0);
+    // The batch path works again after a speculative request borrowed the model.
+    assert_eq!(host.generate(&input, &plain, 0, None, &mut |_| true).unwrap().token_ids, reference.token_ids);
 }

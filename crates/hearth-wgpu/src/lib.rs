@@ -72,6 +72,7 @@ impl From<WgpuError> for CoreError {
 pub struct GpuWatch {
     faults: FaultWatch,
     queue: wgpu::Queue,
+    device: wgpu::Device,
 }
 
 impl GpuWatch {
@@ -79,6 +80,19 @@ impl GpuWatch {
     /// another uncaptured error as [`WgpuError::Execution`].
     pub fn check(&self) -> std::result::Result<(), WgpuError> {
         self.faults.check()
+    }
+
+    /// Destroys the device, as a driver reset or a browser reclaiming the GPU would (tests of
+    /// device-loss handling): later steps fail and [`GpuWatch::check`] reports the loss.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+    }
+
+    /// Makes the device talk to the browser (an empty submission and a work-done callback), so
+    /// that a pending device-lost notification is delivered; `check` afterwards reports it.
+    pub fn probe(&self) {
+        self.queue.on_submitted_work_done(|| {});
+        self.queue.submit(std::iter::empty());
     }
 
     /// Waits until the GPU finished everything submitted so far (weight uploads included), then
@@ -144,7 +158,7 @@ impl WgpuBackend {
     /// A handle on device loss and uncaptured errors (allocation failures in a browser), to
     /// check after the backend has moved into an engine.
     pub fn watch(&self) -> GpuWatch {
-        GpuWatch { faults: self.gpu.faults.clone(), queue: self.gpu.queue.clone() }
+        GpuWatch { faults: self.gpu.faults.clone(), queue: self.gpu.queue.clone(), device: self.gpu.device.clone() }
     }
 
     pub fn info(&self) -> &DeviceInfo {

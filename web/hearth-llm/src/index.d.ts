@@ -63,6 +63,11 @@ export interface CreateEngineOptions {
   backend?: 'auto' | 'cpu' | 'webgpu';
   /** Aborts the download / cache read (rejects with code 'aborted'). */
   signal?: AbortSignal;
+  /** Requests evaluated together in one forward pass (default 4); more wait their turn. */
+  maxBatch?: number;
+  /** A draft model with the same vocabulary as `model` (rejects with 'bad-argument' otherwise),
+   * for requests with `speculative: { mode: 'draft-model' }`. It runs on the CPU engine. */
+  draftModel?: ModelSource;
 }
 
 export interface CachedModel {
@@ -93,9 +98,29 @@ export interface SamplingRequest {
   frequency_penalty?: number;
   repetition_penalty?: number;
   ignore_eos?: boolean;
+  /** Speculative decoding (greedy output is unchanged; sampling keeps the target's distribution),
+   * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`. Runs alone (not batched), on
+   * the CPU engine: with backend 'webgpu' it rejects with 'bad-argument'. */
+  speculative?: SpeculativeRequest;
   signal?: AbortSignal;
   model?: string;
   n?: 1;
+}
+
+export interface SpeculativeRequest {
+  /** 'lookup': drafts copied from the prompt and output; 'draft-model': from `createEngine({ draftModel })`. */
+  mode: 'lookup' | 'draft-model';
+  /** Most draft tokens per step, 1..64 (default 5); the length adapts to the acceptance rate. */
+  draftTokens?: number;
+}
+
+/** What speculation did during one request. */
+export interface SpeculativeUsage {
+  proposed: number;
+  accepted: number;
+  target_forward_passes: number;
+  acceptance_rate: number;
+  mean_accepted_per_step: number;
 }
 
 export interface ChatMessage {
@@ -122,6 +147,8 @@ export interface Usage {
   ttft_ms: number;
   prefill_tok_s: number;
   decode_tok_s: number;
+  /** Requests with `speculative`: draft tokens proposed and accepted. */
+  speculative?: SpeculativeUsage;
 }
 
 /** Non-standard details on the last chunk / the response. */
@@ -189,6 +216,23 @@ export interface RuntimeStats {
   wasm_memory_bytes: number;
   backend_memory_bytes: number | null;
   model: { architecture: string; n_ctx: number; n_ctx_train: number; n_vocab: number; n_layer: number; has_chat_template: boolean; file_bytes: number } | null;
+  /** Continuous batching of concurrent requests (figures as of the last forward pass). */
+  batch: BatchStats | null;
+  /** A draft model is loaded. */
+  draft_model: boolean;
+}
+
+export interface BatchStats {
+  max_batch: number;
+  running: number;
+  waiting: number;
+  /** Most requests evaluated in one forward pass since loading. */
+  max_batch_observed: number;
+  /** Forward passes run. */
+  steps: number;
+  kv_blocks_used: number;
+  kv_blocks_total: number;
+  preemptions: number;
 }
 
 export interface Engine {
@@ -206,7 +250,7 @@ export interface Engine {
     create(request: CompletionRequest & { stream: true }): Promise<AsyncIterable<Completion>>;
     create(request: CompletionRequest & { stream?: false }): Promise<Completion>;
   };
-  /** Stops the running generation; its result ends with finish_reason 'abort'. */
+  /** Stops every running generation; their results end with finish_reason 'abort'. */
   interrupt(): void;
   unload(): Promise<void>;
   runtimeStats(): Promise<RuntimeStats>;

@@ -2,6 +2,9 @@
 //
 //   const engine = await createEngine({ model: url, onProgress, worker: true });
 //   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) ...
+//
+// Concurrent requests on one engine run as one continuous batch (each joins and leaves the
+// running batch between forward passes); `signal` / `interrupt()` cancel and free their memory.
 
 import { readModel } from './model-source.js';
 import { LocalEngine, WorkerEngine } from './transport.js';
@@ -18,13 +21,17 @@ const BACKENDS = ['auto', 'cpu', 'webgpu'];
  * `onProgress({ phase: 'download'|'cache'|'read'|'load'|'ready', loaded, total, fromCache, warning? })`,
  * `worker` (default true), `nCtx` (context tokens; default min(training context, 4096)),
  * `cache` (true | false | 'revalidate'; URL models are kept in OPFS), `backend` ('auto' | 'cpu' |
- * 'webgpu'), `signal` (AbortSignal). Failures reject with a HearthError (see errors.js for codes).
+ * 'webgpu'), `signal` (AbortSignal), `maxBatch` (requests evaluated together, default 4),
+ * `draftModel` (a second model with the same vocabulary, for requests with
+ * `speculative: { mode: 'draft-model' }`; same source types as `model`). Failures reject with a
+ * HearthError (see errors.js for codes).
  */
 export async function createEngine(options) {
   if (options === null || typeof options !== 'object') throw hearthError('bad-argument', 'createEngine: expected an options object like { model: url }');
-  const { model, onProgress, worker = true, nCtx = 0, cache = true, backend = 'auto', signal } = options;
+  const { model, onProgress, worker = true, nCtx = 0, cache = true, backend = 'auto', signal, maxBatch = 4, draftModel } = options;
   if (model === undefined || model === null) throw hearthError('bad-argument', 'createEngine: `model` is required (a URL, File/Blob, Uint8Array or ArrayBuffer)');
   if (onProgress !== undefined && typeof onProgress !== 'function') throw hearthError('bad-argument', 'createEngine: `onProgress` must be a function');
+  if (!Number.isInteger(maxBatch) || maxBatch < 1) throw hearthError('bad-argument', `createEngine: \`maxBatch\` must be a positive integer, got ${JSON.stringify(maxBatch)}`);
   if (!Number.isInteger(nCtx) || nCtx < 0) throw hearthError('bad-argument', `createEngine: \`nCtx\` must be a non-negative integer, got ${JSON.stringify(nCtx)}`);
   if (cache !== true && cache !== false && cache !== 'revalidate') throw hearthError('bad-argument', 'createEngine: `cache` must be true, false or \'revalidate\'');
   if (!BACKENDS.includes(backend)) throw hearthError('bad-argument', `createEngine: \`backend\` must be one of ${BACKENDS.map((b) => `'${b}'`).join(', ')}, got ${JSON.stringify(backend)}`);
@@ -55,7 +62,13 @@ export async function createEngine(options) {
   if (sizeLimited) checkModelSize(size);
   const engineBackend = useWorker ? new WorkerEngine() : new LocalEngine();
   try {
-    await engineBackend.load(bytes ?? source, { n_ctx: nCtx, backend }, report && ((p) => report({ ...p, fromCache })), owned);
+    await engineBackend.load(bytes ?? source, { n_ctx: nCtx, max_batch: maxBatch, backend }, report && ((p) => report({ ...p, fromCache })), owned);
+    if (draftModel !== undefined && draftModel !== null) {
+      // The draft runs on the wasm CPU engine: its bytes go into wasm memory (not streamed).
+      const draft = await readModel(draftModel, { onProgress: report, cache, signal });
+      checkModelSize(draft.bytes.byteLength);
+      await engineBackend.loadDraft(draft.bytes, report && ((p) => report({ ...p, fromCache: draft.fromCache })), draft.owned);
+    }
   } catch (error) {
     engineBackend.terminate?.();
     throw toHearthError(error);
@@ -81,13 +94,14 @@ async function requireWebGpu() {
 }
 
 let serial = 0;
+let requestKeys = 0;
 
 export class Engine {
   #backend;
   #worker;
   #modelName;
   #queue = Promise.resolve();
-  #current = null; // { interrupt() } of the running request
+  #running = new Map(); // key → { interrupt(), done } of each request in flight
   #unloaded = false;
 
   constructor(backend, worker, modelName) {
@@ -98,33 +112,40 @@ export class Engine {
     this.completions = { create: (request) => this.#create(request, 'text') };
   }
 
-  /** Stops the running generation (its stream ends with finish_reason 'abort'). */
+  /** Stops every running generation (their streams end with finish_reason 'abort'). */
   interrupt() {
-    this.#current?.interrupt();
+    for (const request of this.#running.values()) request.interrupt();
   }
 
-  /** Frees the model; later calls throw. */
+  /** Frees the model once its requests are cancelled; later calls throw. */
   async unload() {
     this.interrupt();
     this.#unloaded = true;
+    await Promise.allSettled([...this.#running.values()].map((r) => r.done));
     await this.#enqueue(async () => {
       await this.#backend.unload();
       this.#backend.terminate?.();
     });
   }
 
-  /** `{ backend: 'webgpu' | 'cpu-wasm', adapter, fallback_reason, simd128, threads, worker, wasm_memory_bytes, backend_memory_bytes, model }`. */
+  /** `{ backend: 'webgpu' | 'cpu-wasm', adapter, fallback_reason, simd128, threads, worker, wasm_memory_bytes, backend_memory_bytes, model, batch, draft_model }`. */
   async runtimeStats() {
     this.#checkLoaded();
-    const stats = await this.#enqueue(() => this.#backend.stats());
+    const stats = await this.#backend.stats();
     return { ...stats, worker: this.#worker };
+  }
+
+  /** Test hook: destroys the WebGPU device (as a GPU reset would) to exercise 'device-lost'. */
+  async _loseDeviceForTest() {
+    this.#checkLoaded();
+    return this.#backend.loseDeviceForTest();
   }
 
   #checkLoaded() {
     if (this.#unloaded) throw hearthError('not-loaded', 'the engine was unloaded; create a new one with createEngine()');
   }
 
-  /** Runs `task` after every earlier request: two calls on one engine never interleave. */
+  /** Runs `task` after every earlier load/unload task. */
   #enqueue(task) {
     const run = this.#queue.then(task);
     this.#queue = run.catch(() => {});
@@ -138,7 +159,7 @@ export class Engine {
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-hearth-${++serial}`;
     const created = Math.floor(Date.now() / 1000);
     const chunks = new ChunkQueue();
-    const done = this.#enqueue(() => this.#run(prompt, options, signal, chunks));
+    const done = this.#run(prompt, options, signal, chunks);
     const shape = { id, created, model: this.#modelName, kind };
     if (stream) return streamChunks(chunks, done, shape);
     const report = await done.catch((error) => {
@@ -149,24 +170,28 @@ export class Engine {
 
   async #run(prompt, sampling, signal, chunks) {
     this.#checkLoaded();
-    // Worker mode on a cross-origin isolated page: a shared flag reaches the busy worker.
-    const stopFlag = this.#worker && globalThis.crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : undefined;
+    const key = ++requestKeys;
     let stopped = false;
     const interrupt = () => {
+      if (stopped) return;
       stopped = true;
-      if (stopFlag) Atomics.store(stopFlag, 0, 1);
+      this.#backend.cancel(key);
       chunks.close();
     };
-    this.#current = { interrupt };
     chunks.interrupt = interrupt;
     signal?.addEventListener('abort', interrupt, { once: true });
+    const done = this.#backend.generate(prompt, sampling, (text) => {
+      chunks.push(text);
+      return !stopped;
+    }, key);
+    this.#running.set(key, { interrupt, done });
     try {
-      const report = await this.#backend.generate(prompt, sampling, (text) => chunks.push(text), () => stopped, stopFlag);
+      const report = await done;
       if (stopped) report.finish_reason = 'cancelled';
       return report;
     } finally {
       signal?.removeEventListener('abort', interrupt);
-      this.#current = null;
+      this.#running.delete(key);
       chunks.close();
     }
   }
@@ -206,6 +231,7 @@ function usage(report) {
     ttft_ms: report.ttft_ms,
     prefill_tok_s: report.prefill_tok_s,
     decode_tok_s: report.decode_tok_s,
+    ...(report.speculative ? { speculative: report.speculative } : {}),
   };
 }
 

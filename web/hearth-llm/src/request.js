@@ -6,7 +6,8 @@ import { HearthError } from './errors.js';
 
 // Accepted for compatibility and ignored (one local model, one choice, no tools yet).
 const IGNORED = new Set(['model', 'stream_options', 'user', 'n', 'logprobs', 'top_logprobs', 'response_format']);
-const SAMPLING = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'stop', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'ignore_eos'];
+const SAMPLING = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'stop', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'ignore_eos', 'speculative'];
+const SPECULATIVE_MODES = ['lookup', 'draft-model'];
 
 function fail(Kind, message) {
   const error = new HearthError('bad-argument', `hearth-llm: ${message}`);
@@ -44,8 +45,19 @@ export function samplingOptions(request) {
     options.stop = list;
   }
   if (request.ignore_eos !== undefined) options.ignore_eos = Boolean(request.ignore_eos);
+  if (request.speculative !== undefined && request.speculative !== null) options.speculative = speculativeOptions(request.speculative);
   for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
   return options;
+}
+
+/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens? }` (as `hearth run --lookup` /
+ * `--draft-model` / `--draft-tokens K`) → the engine's `{ mode, draft_tokens }`. */
+function speculativeOptions(speculative) {
+  if (typeof speculative !== 'object' || Array.isArray(speculative)) fail(TypeError, '`speculative` must be an object like { mode: \'lookup\', draftTokens: 5 }');
+  for (const key of Object.keys(speculative)) if (key !== 'mode' && key !== 'draftTokens') fail(TypeError, `speculative: unknown field \`${key}\``);
+  if (!SPECULATIVE_MODES.includes(speculative.mode)) fail(TypeError, `speculative.mode must be 'lookup' or 'draft-model', got ${JSON.stringify(speculative.mode)}`);
+  const draftTokens = number(speculative, 'draftTokens', { min: 1, max: 64, integer: true });
+  return draftTokens === undefined ? { mode: speculative.mode } : { mode: speculative.mode, draft_tokens: draftTokens };
 }
 
 /** Validates a request; returns { prompt, options, stream, signal }. `kind`: 'chat' | 'text'. */

@@ -1,5 +1,5 @@
 // Where the engine runs: in a dedicated worker (default) or on the calling thread. Both expose
-// the LocalEngine interface: load · generate · unload · stats.
+// the LocalEngine interface: load · loadDraft · generate · cancel · interrupt · unload · stats.
 
 import { LocalEngine } from './wasm-engine.js';
 import { fromWorkerMessage, hearthError } from './errors.js';
@@ -47,8 +47,26 @@ export class WorkerEngine {
     return this.#call({ type: 'load', model, options }, { onProgress }, transfer);
   }
 
-  generate(prompt, options, onChunk, _shouldStop, stopFlag) {
-    return this.#call({ type: 'generate', prompt, options, stopFlag }, { onChunk });
+  loadDraft(bytes, onProgress, owned = false) {
+    const transfer = owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
+    return this.#call({ type: 'load-draft', bytes }, { onProgress }, transfer);
+  }
+
+  /** Resolves to the report; `key` (unique per request) names it for cancel(key). */
+  generate(prompt, options, onChunk, key) {
+    return this.#call({ type: 'generate', prompt, options, key }, { onChunk });
+  }
+
+  cancel(key) {
+    this.#worker.postMessage({ type: 'cancel', key });
+  }
+
+  interrupt() {
+    this.#worker.postMessage({ type: 'interrupt' });
+  }
+
+  loseDeviceForTest() {
+    return this.#call({ type: 'lose-device-for-test' });
   }
 
   unload() {

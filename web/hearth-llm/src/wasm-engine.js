@@ -1,8 +1,9 @@
 // The wasm engine behind a small async interface shared by the same-thread mode and worker.js:
 //   load(model, { backend: 'auto'|'webgpu'|'cpu', ...engine options }, onProgress)
 //     model: bytes, or a streamed source { blob } | { url, size } (worker only, range-reader.js)
-//   generate(prompt, options, onChunk, shouldStop) → report
-//   unload() · stats()
+//   loadDraft(bytes, onProgress)  (a draft model for speculative requests)
+//   generate(prompt, options, onChunk, key) → report  (concurrent calls run as one batch)
+//   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
 // `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
 // names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
 
@@ -30,13 +31,28 @@ export class LocalEngine {
     await this.#engine.load(input, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
-  async generate(prompt, options, onChunk, shouldStop) {
+  async loadDraft(bytes, onProgress) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    const report = await this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => {
-      onChunk(text);
-      return !shouldStop();
-    });
+    await this.#engine.load_draft(bytes, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+  }
+
+  /** `onChunk(text)` returning false cancels; `key` names the request for cancel(key). */
+  async generate(prompt, options, onChunk, key) {
+    if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
+    const report = await this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => onChunk(text) !== false, key);
     return JSON.parse(report);
+  }
+
+  cancel(key) {
+    this.#engine?.cancel(key);
+  }
+
+  interrupt() {
+    this.#engine?.interrupt();
+  }
+
+  loseDeviceForTest() {
+    return this.#engine?.lose_device_for_test() ?? false;
   }
 
   async unload() {

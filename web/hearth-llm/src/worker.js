@@ -1,11 +1,12 @@
 // Dedicated Web Worker hosting the wasm engine, so generation never blocks the page.
-// Protocol (one request at a time; the page queues):
-//   page → worker: { id, type: 'load', model, options } (model: bytes, or { blob } | { url, size }) | { id, type: 'generate', prompt, options, stopFlag? }
-//                  | { id, type: 'unload' } | { id, type: 'stats' }
+// Protocol (generate calls may overlap: the engine batches them and yields to this event loop
+// between steps, so 'cancel' messages arrive while they run):
+//   page → worker: { id, type: 'load', model, options } (model: bytes, or { blob } | { url, size })
+//                  | { id, type: 'load-draft', bytes }
+//                  | { id, type: 'generate', prompt, options, key } | { type: 'cancel', key } (key: unique per request)
+//                  | { type: 'interrupt' } | { id, type: 'unload' } | { id, type: 'stats' } | { id, type: 'lose-device-for-test' }
 //   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text }
 //                  | { id, type: 'done', result } | { id, type: 'error', name, code, message } (a HearthError)
-// `stopFlag` is an Int32Array on a SharedArrayBuffer (cross-origin isolated pages only): the page
-// sets it to 1 to interrupt a running generation, which this synchronous loop cannot otherwise hear.
 
 import { LocalEngine } from './wasm-engine.js';
 import { toHearthError } from './errors.js';
@@ -19,14 +20,18 @@ self.onmessage = async (event) => {
     let result = null;
     if (type === 'load') {
       await engine.load(event.data.model, event.data.options, (progress) => reply({ type: 'progress', progress }));
+    } else if (type === 'load-draft') {
+      await engine.loadDraft(event.data.bytes, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'generate') {
-      const flag = event.data.stopFlag;
-      result = await engine.generate(
-        event.data.prompt,
-        event.data.options,
-        (text) => reply({ type: 'chunk', text }),
-        () => (flag ? Atomics.load(flag, 0) !== 0 : false),
-      );
+      result = await engine.generate(event.data.prompt, event.data.options, (text) => reply({ type: 'chunk', text }), event.data.key);
+    } else if (type === 'cancel') {
+      engine.cancel(event.data.key);
+      return;
+    } else if (type === 'interrupt') {
+      engine.interrupt();
+      return;
+    } else if (type === 'lose-device-for-test') {
+      result = engine.loseDeviceForTest();
     } else if (type === 'unload') {
       await engine.unload();
     } else if (type === 'stats') {

@@ -10,6 +10,7 @@ mod request;
 
 pub use request::RequestId;
 
+use crate::block_on::block_on;
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
@@ -181,8 +182,26 @@ impl Scheduler {
         len..a.tokens.len().min(grid_end)
     }
 
+    /// The runner and tokenizer back (e.g. to drive the model through a single-sequence
+    /// [`crate::engine::Session`] for a while). Requests still queued or running are dropped.
+    pub fn into_parts(self) -> (Runner, Tokenizer) {
+        let mut runner = self.runner;
+        for seq in self.running.iter().chain(self.waiting.iter()).filter_map(|a| a.seq) {
+            runner.kv_mut().remove_sequence(seq);
+        }
+        (runner, self.tokenizer)
+    }
+
     /// One step: admit, run one batched forward pass, sample, stream. Returns false when idle.
+    /// Synchronous: [`Scheduler::step_async`] polled once (see [`crate::block_on`]).
     pub fn step(&mut self, events: &mut dyn FnMut(SchedulerEvent)) -> Result<bool> {
+        block_on(self.step_async(events))
+    }
+
+    /// [`Scheduler::step`] for backends whose logits arrive later (WebGPU in a browser): the
+    /// batched forward pass is [`Runner::step_async`]. Do not drop the future before it finishes
+    /// (the batch's reserved KV positions would stay reserved): cancel requests between steps.
+    pub async fn step_async(&mut self, events: &mut dyn FnMut(SchedulerEvent)) -> Result<bool> {
         self.admit(events);
         if self.running.is_empty() {
             return Ok(false);
@@ -210,7 +229,7 @@ impl Scheduler {
                 .iter()
                 .map(|(i, r)| BatchEntry { seq: self.running[*i].seq.expect("running requests have a sequence"), tokens: &self.running[*i].tokens[r.clone()] })
                 .collect();
-            match self.runner.step(&entries, LogitsMode::Last) {
+            match self.runner.step_async(&entries, LogitsMode::Last).await {
                 Ok(_) => break self.after_step(&plan, events),
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
                 Err(error) => {

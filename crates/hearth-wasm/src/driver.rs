@@ -1,0 +1,271 @@
+//! The task that runs the browser engine's batch. Concurrent `generate` calls each queue their
+//! request; one driver task (`drive`) steps the scheduler until every request has ended, yielding
+//! to the event loop between steps so that new requests and cancellations (`cancel(key)`) get in.
+//! Cancels and new requests are applied between steps, never during one (a step's future is never
+//! dropped half-way).
+
+use crate::bindings::{coded_error, js_error};
+use crate::error::WasmError;
+use crate::gpu::classify;
+use crate::host::{BatchStats, EngineHost, HostEvent, Report};
+use crate::request::{PromptInput, RequestOptions};
+use hearth_core::scheduler::RequestId;
+use hearth_wgpu::{DeviceInfo, GpuWatch};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+
+/// A loaded model and what runs it.
+pub(crate) struct Loaded {
+    /// Borrowed mutably only by the driver (across its awaits) and by load/unload when idle.
+    pub host: RefCell<EngineHost>,
+    /// WebGPU: the device's fault watch and what was opened.
+    pub gpu: Option<(GpuWatch, DeviceInfo)>,
+    /// backend 'auto' that fell back to the CPU: why.
+    pub fallback_reason: Option<String>,
+}
+
+impl Loaded {
+    /// A failure of a WebGPU step reported with the device's own reason when it has one.
+    pub fn classify(&self, error: WasmError) -> WasmError {
+        match &self.gpu {
+            Some((watch, _)) => classify(watch, error),
+            None => error,
+        }
+    }
+}
+
+/// A `generate` call waiting to be submitted.
+pub(crate) struct Pending {
+    pub key: u32,
+    pub input: PromptInput,
+    pub options: RequestOptions,
+    pub seed: u64,
+    pub now_unix: i64,
+}
+
+/// A `generate` call in flight: how to stream to it and settle its Promise.
+pub(crate) struct JsRequest {
+    pub on_chunk: js_sys::Function,
+    pub resolve: js_sys::Function,
+    pub reject: js_sys::Function,
+    /// What `on_chunk` threw (the request is cancelled and its Promise rejected).
+    pub callback_error: Option<JsValue>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub loaded: RefCell<Option<Rc<Loaded>>>,
+    /// Calls not yet submitted (non-speculative first in line; speculative ones wait for idle).
+    pub inbox: RefCell<VecDeque<Pending>>,
+    pub speculative: RefCell<VecDeque<Pending>>,
+    pub requests: RefCell<HashMap<u32, JsRequest>>,
+    /// Scheduler request id → the caller's key.
+    pub keys: RefCell<HashMap<RequestId, u32>>,
+    pub cancels: RefCell<Vec<u32>>,
+    /// The driver task is running.
+    pub driving: Cell<bool>,
+    /// (backend memory, batch stats) after the last step, for `runtime_stats` during a step.
+    pub last_stats: Cell<(u64, BatchStats)>,
+}
+
+impl State {
+    /// Resolves (report JSON) or rejects the Promise of `key`.
+    fn settle(&self, key: u32, result: Result<Report, JsValue>) {
+        let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
+        let outcome = match (request.callback_error, result) {
+            (Some(e), _) => {
+                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
+                Err(coded_error("internal", &format!("on_chunk threw: {message}")))
+            }
+            (None, Ok(report)) => serde_json::to_string(&report)
+                .map(|json| JsValue::from_str(&json))
+                .map_err(|e| coded_error("internal", &format!("serializing the report: {e}"))),
+            (None, Err(e)) => Err(e),
+        };
+        // A throwing then-handler is the caller's; nothing to do here.
+        let _ = match outcome {
+            Ok(value) => request.resolve.call1(&JsValue::NULL, &value),
+            Err(error) => request.reject.call1(&JsValue::NULL, &error),
+        };
+    }
+
+    /// Streams a delta to `key`; a `false` return or a throw cancels the request.
+    fn stream(&self, key: u32, delta: &str) {
+        let on_chunk = match self.requests.borrow().get(&key) {
+            Some(r) => r.on_chunk.clone(),
+            None => return,
+        };
+        match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
+            Ok(result) if result == JsValue::FALSE => self.cancels.borrow_mut().push(key),
+            Ok(_) => {}
+            Err(e) => {
+                if let Some(r) = self.requests.borrow_mut().get_mut(&key) {
+                    r.callback_error = Some(e);
+                }
+                self.cancels.borrow_mut().push(key);
+            }
+        }
+    }
+
+    fn reject_all_queued(&self, error: impl Fn() -> JsValue) {
+        let queued: Vec<u32> = self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
+        for key in queued {
+            self.settle(key, Err(error()));
+        }
+    }
+}
+
+/// Steps the batch until no request is left: submits new calls, applies cancels, runs one
+/// batched forward pass, streams and settles, then yields to the event loop (on the CPU a step
+/// never awaits; without the yield no message or timer could reach the engine).
+pub(crate) async fn drive(state: Rc<State>) {
+    loop {
+        let loaded = state.loaded.borrow().clone();
+        let Some(loaded) = loaded else {
+            state.reject_all_queued(|| js_error(WasmError::NotLoaded));
+            break;
+        };
+        let mut host = loaded.host.borrow_mut();
+        submit_queued(&state, &loaded, &mut host);
+        apply_cancels(&state, &mut host);
+        if host.is_idle() {
+            let next = state.speculative.borrow_mut().pop_front();
+            let Some(pending) = next else { break };
+            run_speculative(&state, &loaded, &mut host, pending);
+        } else {
+            // Failures are settled after the step, once the device had a chance to say why.
+            let mut failed: Vec<(u32, WasmError)> = Vec::new();
+            let stepped = host
+                .step_async(&mut |event| match event {
+                    HostEvent::Text { id, delta } => {
+                        if let Some(&key) = state.keys.borrow().get(&id) {
+                            state.stream(key, &delta);
+                        }
+                    }
+                    HostEvent::Finished { id, report } => {
+                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                            state.settle(key, Ok(report));
+                        }
+                    }
+                    HostEvent::Failed { id, error } => {
+                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                            failed.push((key, error));
+                        }
+                    }
+                })
+                .await;
+            if !failed.is_empty() || stepped.is_err() {
+                wait_for_device_fault(&loaded).await;
+            }
+            for (key, error) in failed {
+                state.settle(key, Err(js_error(loaded.classify(error))));
+            }
+            if let Err(error) = stepped {
+                // The scheduler reports request failures as events; this is the backend itself.
+                let message = loaded.classify(error);
+                let (code, text) = (message.code(), message.to_string());
+                let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
+                for (id, key) in keys {
+                    host.cancel(id);
+                    state.settle(key, Err(coded_error(code, &text)));
+                }
+            }
+        }
+        state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
+        let done = host.is_idle() && state.inbox.borrow().is_empty() && state.speculative.borrow().is_empty();
+        drop(host);
+        if done {
+            // Stop before yielding: the callers of the requests just settled may unload or load
+            // as soon as they run, and must not find the engine busy.
+            break;
+        }
+        yield_to_event_loop().await;
+    }
+    state.driving.set(false);
+}
+
+fn submit_queued(state: &State, loaded: &Loaded, host: &mut EngineHost) {
+    let queued: Vec<Pending> = state.inbox.borrow_mut().drain(..).collect();
+    for p in queued {
+        match host.submit(&p.input, &p.options, p.seed, Some(p.now_unix)) {
+            Ok(id) => {
+                state.keys.borrow_mut().insert(id, p.key);
+            }
+            Err(e) => state.settle(p.key, Err(js_error(loaded.classify(e)))),
+        }
+    }
+}
+
+fn apply_cancels(state: &State, host: &mut EngineHost) {
+    let cancels: Vec<u32> = state.cancels.borrow_mut().drain(..).collect();
+    for key in cancels {
+        let id = state.keys.borrow().iter().find(|(_, &k)| k == key).map(|(&id, _)| id);
+        if let Some(id) = id {
+            state.keys.borrow_mut().remove(&id);
+            if let Some(report) = host.cancel(id) {
+                state.settle(key, Ok(report));
+            }
+            continue;
+        }
+        // A speculative request still waiting for its turn.
+        let waiting = state.speculative.borrow().iter().position(|p| p.key == key);
+        if let Some(i) = waiting {
+            state.speculative.borrow_mut().remove(i);
+            state.settle(key, Err(coded_error("aborted", "the request was cancelled before it started")));
+        }
+    }
+}
+
+/// Runs a speculative request to its end (synchronously: the CPU engine), streaming as it goes.
+fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
+    let Some(speculative) = p.options.speculative.clone() else { return };
+    let mut on_text = |delta: &str| {
+        state.stream(p.key, delta);
+        !state.cancels.borrow().contains(&p.key)
+    };
+    let result = host.generate_speculative(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text);
+    state.cancels.borrow_mut().retain(|&k| k != p.key);
+    state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
+}
+
+/// How long a failed WebGPU step waits for the device's own reason: turns of this many ms.
+const FAULT_WAIT_TURNS: usize = 20;
+const FAULT_WAIT_MS: f64 = 50.0;
+
+/// After a failed WebGPU step: the browser may reject the step's buffer mapping before it
+/// delivers the device-lost notification (seen with `device.destroy()`; it came with the next
+/// submission), so poke the device and give the callback up to a second to record the loss
+/// before the failure is classified.
+async fn wait_for_device_fault(loaded: &Loaded) {
+    let Some((watch, _)) = &loaded.gpu else { return };
+    for _ in 0..FAULT_WAIT_TURNS {
+        if watch.check().is_err() {
+            return;
+        }
+        watch.probe();
+        sleep_ms(FAULT_WAIT_MS).await;
+    }
+}
+
+/// Resolves on a later task of the event loop (`setTimeout(0)`), letting queued messages,
+/// callbacks and timers run.
+async fn yield_to_event_loop() {
+    sleep_ms(0.0).await;
+}
+
+/// Resolves after `ms` milliseconds (`setTimeout`); at once where there is no `setTimeout`.
+async fn sleep_ms(ms: f64) {
+    let promise = js_sys::Promise::new(&mut |resolve, _reject| {
+        let global = js_sys::global();
+        let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(ms)).is_ok());
+        if !scheduled {
+            let _ = resolve.call0(&JsValue::NULL);
+        }
+    });
+    let _ = JsFuture::from(promise).await;
+}
+
