@@ -123,5 +123,12 @@ fn concurrent_streams_match_solo_runs_and_cancellation_frees_everything() {
     assert_eq!(metric(&addr, "hearth_kv_blocks_used"), 0.0);
     let health = request(&addr, "GET", "/health", None, "").json();
     assert_eq!((health["running"].as_u64(), health["kv_blocks_used"].as_u64()), (Some(0), Some(0)), "{health}");
-    assert_eq!(metric(&addr, "hearth_requests_total{endpoint=\"/v1/completions\",code=\"200\"}"), (3 * CONCURRENT) as f64);
+    // A request is counted when its handler returns, which can be just after its client has read
+    // the end of the stream: wait for the handlers, as above.
+    let completed = || metric(&addr, "hearth_requests_total{endpoint=\"/v1/completions\",code=\"200\"}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while completed() < (3 * CONCURRENT) as f64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(completed(), (3 * CONCURRENT) as f64);
 }
