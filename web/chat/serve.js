@@ -4,7 +4,8 @@
 //   /hearth-llm/dist/  the built package (web/hearth-llm/dist), so the app's `../hearth-llm/dist/index.js`
 //                      resolves the same way on disk and over HTTP
 //   /models/           the model cache ($HEARTH_MODELS_DIR, else ~/.cache/hearth/models)
-// Pages are served cross-origin isolated (COOP/COEP) so `engine.interrupt()` reaches the busy worker at once.
+// Pages are served cross-origin isolated (COOP/COEP), so SharedArrayBuffer is available to the page.
+// (Stopping a reply does not need it: the engine's worker hears a cancel between decode steps.)
 //
 //   node web/chat/serve.js [--port 8080]     (port 0 = any free port)
 
