@@ -3,6 +3,7 @@
 
 use hearth_core::engine::{EngineOptions, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
+use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
@@ -11,10 +12,14 @@ use std::collections::HashMap;
 const PREFILL_CHUNK: usize = 32;
 
 fn scheduler(max_batch: usize, kv_memory: Option<u64>) -> Scheduler {
+    scheduler_with(max_batch, kv_memory, SchedulerOptions::default().max_stall)
+}
+
+fn scheduler_with(max_batch: usize, kv_memory: Option<u64>, max_stall: f64) -> Scheduler {
     let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: max_batch, kv_memory, ..EngineOptions::default() };
     let (file, runner) = cpu_runner(QWEN_05B, &options);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK })
+    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, max_stall })
 }
 
 fn prompts(tokenizer: &Tokenizer, n: usize) -> Vec<Vec<u32>> {
@@ -132,4 +137,39 @@ fn cancelled_and_preempted_requests_leak_no_blocks_and_others_are_unaffected() {
     let stats = s.stats();
     assert_eq!(stats.kv_blocks_used, 0, "KV blocks leaked");
     eprintln!("preemptions: {}", stats.preemptions);
+}
+
+#[test]
+fn a_long_prompt_arriving_mid_stream_is_fed_in_granules_without_stalling_the_stream() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let streaming = tokenizer.encode("# Python: a trie\ndef ", false, false).expect("encode");
+    let long = tokenizer.encode(&format!("# Python: a web server{}\ndef ", " with comments".repeat(40)), false, false).expect("encode");
+    assert!(long.len() > 5 * PROMPT_GRANULE, "the long prompt has {} tokens", long.len());
+    let max_tokens = 40;
+    let want = solo_outputs(&[streaming.clone(), long.clone()], max_tokens);
+
+    // A stall factor of 1: while anything decodes, a step carries one granule of prompt at most.
+    let mut s = scheduler_with(2, None, 1.0);
+    let first = s.submit(streaming, greedy(max_tokens)).expect("submit");
+    let mut second = None;
+    let mut steps_sharing_the_stream = 0;
+    let (done, _) = run(&mut s, |s, step| {
+        let last = s.stats().last_step;
+        if step == 3 {
+            second = Some(s.submit(long.clone(), greedy(max_tokens)).expect("submit"));
+        } else if step > 3 && last.prompt_tokens > 0 && last.decode_rows > 0 {
+            // The long prompt shares the step with the stream: the stream still advances.
+            steps_sharing_the_stream += 1;
+            assert_eq!(last.prompt_budget, PROMPT_GRANULE, "step {step}: {last:?}");
+            assert!(last.prompt_tokens <= PROMPT_GRANULE, "step {step}: {last:?}");
+        } else if last.decode_rows == 0 {
+            // Nothing decoding: the whole prefill chunk is available.
+            assert_eq!(last.prompt_budget, PREFILL_CHUNK, "step {step}: {last:?}");
+        }
+    });
+    assert!(steps_sharing_the_stream >= long.len() / PROMPT_GRANULE, "only {steps_sharing_the_stream} steps fed the long prompt");
+    assert_eq!(done[&first].tokens, want[0], "the stream's tokens changed");
+    assert_eq!(done[&second.expect("submitted")].tokens, want[1], "the granule-fed prompt's tokens differ from the solo run");
+    assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }

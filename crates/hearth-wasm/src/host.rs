@@ -164,7 +164,7 @@ impl EngineHost {
             has_chat_template: chat_template.is_some(),
             file_bytes,
         };
-        let scheduler = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk });
+        let scheduler = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() });
         let stats = BatchStats { max_batch, ..BatchStats::default() };
         Ok(EngineHost { scheduler: Some(scheduler), chat_template, engine_options, info, draft: None, seeds: HashMap::new(), stats })
     }
@@ -393,7 +393,7 @@ impl EngineHost {
         let mut engine = Engine::from_parts(session, tokenizer, None);
         let result = engine.generate_speculative(&prompt, &generate_options, drafter, &speculative_options, on_text);
         let (session, tokenizer, _) = engine.into_parts();
-        let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk };
+        let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk, ..SchedulerOptions::default() };
         self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));
         Ok(Report::new(result?, seed))
     }

@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// full contexts unless --kv-memory says otherwise.
     #[arg(long = "max-batch", default_value_t = 8)]
     pub max_batch: usize,
+    /// While requests stream, a step that also prefills new prompts may take at most this many
+    /// times as long as the decode step alone (the step cost is learned as the server runs).
+    /// Lower: smoother streams, slower first tokens for new requests. At least 1.
+    #[arg(long = "max-stall", default_value_t = 1.5)]
+    pub max_stall: f64,
 }
 
 /// What every request thread shares.
@@ -62,7 +67,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let max_batch = args.max_batch.max(1);
     let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
-    let (model_id, model_names, prompter) = spawn_worker(&args.model, max_batch, jobs, metrics.clone())?;
+    let (model_id, model_names, prompter) = spawn_worker(&args.model, max_batch, args.max_stall, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
@@ -85,7 +90,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
 /// Loads the model on the worker thread (which then owns it) and waits until it is ready.
 type Loaded = (String, Vec<String>, worker::Prompter);
 
-fn spawn_worker(args: &ModelArgs, max_batch: usize, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+fn spawn_worker(args: &ModelArgs, max_batch: usize, max_stall: f64, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
     let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
     std::thread::Builder::new().name("engine".into()).spawn(move || match load::load_runner(&args, max_batch) {
@@ -94,7 +99,7 @@ fn spawn_worker(args: &ModelArgs, max_batch: usize, jobs: mpsc::Receiver<worker:
             let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let n_ctx = l.runner.n_ctx();
             let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
-            let options = SchedulerOptions { max_batch, prefill_chunk: l.options.prefill_chunk };
+            let options = SchedulerOptions { max_batch, prefill_chunk: l.options.prefill_chunk, max_stall };
             let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
             metrics.set_scheduler(scheduler.stats());
             let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem], prompter)));

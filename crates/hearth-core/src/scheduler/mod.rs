@@ -3,10 +3,15 @@
 //! admission waits for free KV blocks; when the pool runs out mid-generation the newest request is
 //! preempted (its KV dropped, recomputed later, its output kept); cancellation frees blocks at once.
 //!
-//! Results do not depend on batching: every op is row-independent on the backends (tested in
-//! tests/kv_paging.rs) and prompt chunks end at fixed multiples of `prefill_chunk`.
+//! While requests decode, a step carries only as many prompt tokens as keep it within
+//! `max_stall` times a decode-only step ([`step_budget`]), so a long prompt never stalls the
+//! running streams; with nothing decoding, prompts prefill `prefill_chunk` tokens per step.
+//!
+//! Results do not depend on batching or chunking: every op is row-independent on the backends,
+//! and attention gives a key the same weight whichever step stored it (tests/kv_paging.rs).
 
 mod request;
+pub mod step_budget;
 
 pub use request::RequestId;
 
@@ -18,19 +23,34 @@ use crate::runner::{BatchEntry, Runner};
 use crate::tokenizer::Tokenizer;
 use request::Active;
 use std::collections::VecDeque;
+use step_budget::{StepCostModel, PROMPT_GRANULE};
 
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
     /// Requests running at once.
     pub max_batch: usize,
-    /// Prompt tokens per step, over all prefilling requests; also the chunk grid.
+    /// Prompt tokens per step, over all prefilling requests, while no request is decoding.
     pub prefill_chunk: usize,
+    /// While requests decode, a step that also carries prompt chunks may take at most this many
+    /// times as long as the decodes alone (learned online): the bound on the inter-token stall
+    /// a newly arrived prompt causes. 1.0 admits a single 16-token granule per step.
+    pub max_stall: f64,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        SchedulerOptions { max_batch: 8, prefill_chunk: 256 }
+        SchedulerOptions { max_batch: 8, prefill_chunk: 256, max_stall: 1.5 }
     }
+}
+
+/// What the last step carried, and the prompt budget it was planned with.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct StepPlanStats {
+    /// Requests that sampled their next token from this step.
+    pub decode_rows: usize,
+    pub prompt_tokens: usize,
+    /// Prompt tokens the step was allowed (`prefill_chunk` when nothing was decoding).
+    pub prompt_budget: usize,
 }
 
 /// What happened to a request during a step.
@@ -51,6 +71,9 @@ pub struct SchedulerStats {
     pub kv_blocks_total: usize,
     pub prefix_hit_rate: f64,
     pub preemptions: u64,
+    pub last_step: StepPlanStats,
+    /// The learned step cost, `(fixed_ms, per_row_ms)`, once identified.
+    pub step_cost_ms: Option<(f64, f64)>,
 }
 
 pub struct Scheduler {
@@ -61,12 +84,25 @@ pub struct Scheduler {
     running: Vec<Active>,
     next_id: RequestId,
     preemptions: u64,
+    step_cost: StepCostModel,
+    last_step: StepPlanStats,
 }
 
 impl Scheduler {
     pub fn new(runner: Runner, tokenizer: Tokenizer, options: SchedulerOptions) -> Self {
-        let options = SchedulerOptions { max_batch: options.max_batch.max(1), prefill_chunk: options.prefill_chunk.max(1) };
-        Scheduler { runner, tokenizer, options, waiting: VecDeque::new(), running: Vec::new(), next_id: 1, preemptions: 0 }
+        let max_stall = if options.max_stall.is_finite() { options.max_stall.max(1.0) } else { SchedulerOptions::default().max_stall };
+        let options = SchedulerOptions { max_batch: options.max_batch.max(1), prefill_chunk: options.prefill_chunk.max(1), max_stall };
+        Scheduler {
+            runner,
+            tokenizer,
+            options,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            preemptions: 0,
+            step_cost: StepCostModel::default(),
+            last_step: StepPlanStats::default(),
+        }
     }
 
     pub fn runner(&self) -> &Runner {
@@ -120,6 +156,8 @@ impl Scheduler {
             kv_blocks_total: pools.iter().map(|p| p.total).sum(),
             prefix_hit_rate: self.runner.kv().prefix_hit_rate(),
             preemptions: self.preemptions,
+            last_step: self.last_step,
+            step_cost_ms: self.step_cost.fit(),
         }
     }
 
@@ -173,13 +211,50 @@ impl Scheduler {
         }
     }
 
-    /// Tokens request `i` feeds in the next step: one to decode, or its next prompt chunk (ending
-    /// on the fixed chunk grid, so results do not depend on what else runs).
-    fn feed_range(&self, i: usize) -> std::ops::Range<usize> {
+    /// Tokens request `i` has yet to feed: one to decode, or the rest of its prompt (+ output,
+    /// after a preemption).
+    fn pending(&self, i: usize) -> std::ops::Range<usize> {
         let a = &self.running[i];
         let len = a.seq.map_or(0, |s| self.runner.kv().len(s));
-        let grid_end = (len / self.options.prefill_chunk + 1) * self.options.prefill_chunk;
-        len..a.tokens.len().min(grid_end)
+        len..a.tokens.len()
+    }
+
+    /// Which tokens each running request feeds in the next step: every decode, then prompt
+    /// chunks first come first served within the step's prompt budget. Chunks end on multiples
+    /// of [`PROMPT_GRANULE`] (or the prompt's end); the first always gets one granule at least.
+    fn plan_step(&mut self) -> Vec<(usize, std::ops::Range<usize>)> {
+        let pending: Vec<_> = (0..self.running.len()).map(|i| self.pending(i)).collect();
+        let decode_rows = pending.iter().filter(|r| r.len() == 1).count();
+        let budget = if decode_rows == 0 {
+            self.options.prefill_chunk
+        } else {
+            self.step_cost.prompt_budget(decode_rows, self.options.max_stall, self.options.prefill_chunk)
+        };
+        let mut left = budget;
+        let mut prompt_tokens = 0;
+        let mut plan = Vec::new();
+        for (i, range) in pending.into_iter().enumerate() {
+            if range.len() == 1 {
+                plan.push((i, range));
+                continue;
+            }
+            let aligned = (range.start + left) / PROMPT_GRANULE * PROMPT_GRANULE;
+            let end = if range.len() <= left {
+                range.end
+            } else if aligned > range.start {
+                aligned
+            } else if prompt_tokens == 0 {
+                // The budget does not reach the next boundary: the first chunk goes anyway.
+                ((range.start / PROMPT_GRANULE + 1) * PROMPT_GRANULE).min(range.end)
+            } else {
+                continue;
+            };
+            left = left.saturating_sub(end - range.start);
+            prompt_tokens += end - range.start;
+            plan.push((i, range.start..end));
+        }
+        self.last_step = StepPlanStats { decode_rows, prompt_tokens, prompt_budget: budget };
+        plan
     }
 
     /// The runner and tokenizer back (e.g. to drive the model through a single-sequence
@@ -207,30 +282,18 @@ impl Scheduler {
             return Ok(false);
         }
         loop {
-            // Decodes first (they keep streams flowing), then prompt chunks within the budget;
-            // at least one chunk per step so prompts always progress.
-            let mut plan: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-            let mut prefill_budget = self.options.prefill_chunk;
-            let mut order: Vec<usize> = (0..self.running.len()).collect();
-            order.sort_by_key(|&i| self.feed_range(i).len() > 1);
-            for i in order {
-                let range = self.feed_range(i);
-                let decoding = self.running[i].tokens.len() - range.start == 1;
-                if decoding {
-                    plan.push((i, range));
-                } else if range.len() <= prefill_budget {
-                    // Chunks never exceed prefill_chunk, so the first one always fits.
-                    prefill_budget = prefill_budget.saturating_sub(range.len());
-                    plan.push((i, range));
-                }
-            }
-            plan.sort_by_key(|(i, _)| *i);
+            let plan = self.plan_step();
             let entries: Vec<BatchEntry<'_>> = plan
                 .iter()
                 .map(|(i, r)| BatchEntry { seq: self.running[*i].seq.expect("running requests have a sequence"), tokens: &self.running[*i].tokens[r.clone()] })
                 .collect();
+            let rows = entries.iter().map(|e| e.tokens.len()).sum();
+            let started = Instant::now();
             match self.runner.step_async(&entries, LogitsMode::Last).await {
-                Ok(_) => break self.after_step(&plan, events),
+                Ok(_) => {
+                    self.step_cost.observe(rows, started.elapsed().as_secs_f64() * 1e3);
+                    break self.after_step(&plan, events);
+                }
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
                 Err(error) => {
                     // Nothing else is running: this request alone does not fit.
