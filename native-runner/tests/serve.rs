@@ -198,7 +198,7 @@ fn models_health_and_metrics() {
     assert!(metrics.contains("hearth_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
     assert!(metrics.contains("# TYPE hearth_queue_depth gauge"));
     assert!(metrics.contains("hearth_requests_cancelled_total"));
-    for gauge in ["hearth_requests_running", "hearth_requests_waiting", "hearth_kv_blocks_used", "hearth_kv_blocks_total", "hearth_prefix_cache_hit_rate"] {
+    for gauge in ["hearth_requests_running", "hearth_requests_waiting", "hearth_kv_blocks_used", "hearth_kv_blocks_total", "hearth_prefix_cache_hit_rate", "hearth_step_prompt_budget_tokens", "hearth_step_cost_per_row_ms"] {
         assert!(metrics.contains(&format!("# TYPE {gauge} gauge")), "{gauge} missing");
     }
     assert!(value("hearth_kv_blocks_total") > 0.0);

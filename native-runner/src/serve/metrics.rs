@@ -131,6 +131,8 @@ impl Metrics {
             ("hearth_kv_blocks_used", "KV cache blocks in use.", stats.kv_blocks_used.to_string()),
             ("hearth_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total.to_string()),
             ("hearth_prefix_cache_hit_rate", "Share of looked-up prompt blocks found in the prefix cache.", stats.prefix_hit_rate.to_string()),
+            ("hearth_step_prompt_budget_tokens", "Prompt tokens the last step could carry (small while streams decode).", stats.last_step.prompt_budget.to_string()),
+            ("hearth_step_cost_per_row_ms", "Learned step cost per row (0 until learned).", stats.step_cost_ms.map_or(0.0, |(_, per_row)| per_row).to_string()),
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
