@@ -132,8 +132,8 @@ impl Sampler {
 /// How many distinct tokens the bias and penalties lower after `history` + `appended`; `None`
 /// when one of them may raise a logit (see [`Sampler::readback_after`]).
 fn lowered_tokens(p: &SamplingParams, history: &[u32], appended: &[u32]) -> Option<usize> {
-    // `!(b <= 0)` also catches NaN.
-    if p.logit_bias.values().any(|&bias| !(bias <= 0.0)) {
+    // A positive or NaN bias may raise a logit (-inf, a ban, only lowers).
+    if p.logit_bias.values().any(|&bias| bias.is_nan() || bias > 0.0) {
         return None;
     }
     let penalties = penalties_apply(p, history) || penalties_apply(p, appended);
