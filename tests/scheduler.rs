@@ -1,13 +1,17 @@
 //! Continuous batching on a real model (Qwen 0.5B, CPU): many concurrent requests produce exactly
-//! the tokens each produces alone; cancellation and preemption leak no KV blocks.
+//! the tokens each produces alone; mixed sampling settings read from candidates give the tokens
+//! of the full-logits path; cancellation and preemption leak no KV blocks.
 
 use hearth_core::engine::{EngineOptions, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
+use hearth_core::graph::LogitsMode;
+use hearth_core::runner::BatchEntry;
+use hearth_core::sampling::{Sampler, SamplingParams};
 use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 const PREFILL_CHUNK: usize = 32;
 
@@ -172,4 +176,62 @@ fn a_long_prompt_arriving_mid_stream_is_fed_in_granules_without_stalling_the_str
     assert_eq!(done[&first].tokens, want[0], "the stream's tokens changed");
     assert_eq!(done[&second.expect("submitted")].tokens, want[1], "the granule-fed prompt's tokens differ from the solo run");
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
+}
+
+/// The full-logits oracle: `prompt` then `max_tokens` tokens on a runner of its own, reading
+/// every step's whole logits row and sampling with `Sampler::sample` (prompt chunks of
+/// PREFILL_CHUNK, one sequence per step: chunking does not change results).
+fn full_logits_tokens(prompt: &[u32], options: &GenerateOptions) -> Vec<u32> {
+    let engine_options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
+    let (_, mut runner) = cpu_runner(QWEN_05B, &engine_options);
+    let seq = runner.kv_mut().add_sequence();
+    let mut history = prompt.to_vec();
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(PREFILL_CHUNK) {
+        logits = runner.step(&[BatchEntry { seq, tokens: chunk }], LogitsMode::Last).expect("prefill").to_vec();
+    }
+    let mut sampler = Sampler::new(options.sampling.clone());
+    let mut tokens = Vec::new();
+    while tokens.len() < options.max_tokens {
+        let token = sampler.sample(&mut logits, &history);
+        tokens.push(token);
+        history.push(token);
+        logits = runner.step(&[BatchEntry { seq, tokens: &[token] }], LogitsMode::Last).expect("decode").to_vec();
+    }
+    tokens
+}
+
+/// Mixed requests in one batch: greedy, seeded top-k, penalties, a negative logit bias (all read
+/// back candidates) and a positive bias (forces whole rows while it runs). Each must give the
+/// tokens of the full-logits path.
+#[test]
+fn mixed_sampling_from_candidates_equals_full_logits() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let prompts = prompts(&tokenizer, 6);
+    let max_tokens = 12;
+    let plain = greedy(max_tokens);
+    let plain_tokens = full_logits_tokens(&prompts[4], &plain);
+    // Ban the first tokens greedy decoding picks for prompt 4, so the bias changes the output.
+    let bans: BTreeMap<u32, f32> = plain_tokens[..3].iter().map(|&t| (t, f32::NEG_INFINITY)).chain([(plain_tokens[3], -3.0)]).collect();
+    let sampling = |s: SamplingParams| GenerateOptions { sampling: s, ..plain.clone() };
+    let top_k = SamplingParams { temperature: 0.9, top_k: 20, top_p: 0.9, seed: 11, ..SamplingParams::default() };
+    let requests = [
+        plain.clone(),
+        sampling(top_k.clone()),
+        sampling(SamplingParams { repeat_penalty: 1.5, repeat_last_n: 16, ..SamplingParams::default() }),
+        sampling(SamplingParams { presence_penalty: 1.0, frequency_penalty: 0.5, seed: 12, ..top_k.clone() }),
+        sampling(SamplingParams { logit_bias: bans, ..SamplingParams::default() }),
+        // A positive bias reads whole rows for the steps it runs in; it finishes early.
+        GenerateOptions { max_tokens: 4, ..sampling(SamplingParams { logit_bias: BTreeMap::from([(plain_tokens[0], 2.0)]), ..top_k }) },
+    ];
+    let want: Vec<Vec<u32>> = prompts.iter().zip(&requests).map(|(p, o)| full_logits_tokens(p, o)).collect();
+    assert_ne!(want[4], plain_tokens, "the bias should change the output");
+
+    let mut s = scheduler(8, None);
+    let ids: Vec<RequestId> = prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
+    let (done, _) = run(&mut s, |_, _| {});
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, want[i], "request {i} ({:?}): the scheduler differs from the full-logits path", requests[i].sampling);
+    }
 }

@@ -248,6 +248,17 @@ impl Session {
         self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens: &tokens[last_start..] }], LogitsMode::Last, readback).await
     }
 
+    /// Appends `tokens` and returns what `readback` asks for about every one of them: logits
+    /// `[tokens.len(), n_vocab]` or `tokens.len()` rows of candidates. More tokens than one
+    /// prompt chunk are evaluated in chunks and return logits whatever `readback` says.
+    pub fn eval_all_for(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
+        if readback == Readback::Logits || tokens.len() > self.prefill_chunk {
+            return Ok(StepOutput::Logits(self.eval(tokens, LogitsMode::All)?));
+        }
+        self.check_eval(tokens)?;
+        block_on(self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens }], LogitsMode::All, readback))
+    }
+
     /// [`Session::eval_for_async`], synchronously.
     pub fn eval_for(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
         block_on(self.eval_for_async(tokens, readback))
@@ -257,6 +268,8 @@ impl Session {
 /// The last step's output, owned by the generation loop (buffers reused across steps).
 #[derive(Default)]
 struct StepScores {
+    /// Whether the last step read back candidates (`ids`, `candidate_logits`) or `logits`.
+    candidates: bool,
     logits: Vec<f32>,
     ids: Vec<u32>,
     candidate_logits: Vec<f32>,
@@ -266,10 +279,12 @@ impl StepScores {
     fn keep(&mut self, output: StepOutput<'_>) {
         match output {
             StepOutput::Logits(logits) => {
+                self.candidates = false;
                 self.logits.clear();
                 self.logits.extend_from_slice(logits);
             }
             StepOutput::TopK(top) => {
+                self.candidates = true;
                 let (ids, logits) = if top.n_rows() > 0 { top.row(0) } else { (&[][..], &[][..]) };
                 self.ids.clear();
                 self.ids.extend_from_slice(ids);
@@ -279,10 +294,11 @@ impl StepScores {
         }
     }
 
-    fn sample(&mut self, sampler: &mut Sampler, readback: Readback, history: &[u32]) -> u32 {
-        match readback {
-            Readback::Logits => sampler.sample(&mut self.logits, history),
-            Readback::TopK(_) => sampler.sample_candidates(&self.ids, &self.candidate_logits),
+    fn sample(&mut self, sampler: &mut Sampler, history: &[u32]) -> u32 {
+        if self.candidates {
+            sampler.sample_candidates(&self.ids, &self.candidate_logits, history)
+        } else {
+            sampler.sample(&mut self.logits, history)
         }
     }
 }
@@ -363,11 +379,11 @@ impl Engine {
         }
         let start = Instant::now();
         let mut sampler = Sampler::new(options.sampling.clone());
-        // Greedy and top-k sampling read back only candidates, not the whole logits row.
-        let readback = sampler.readback();
+        // Greedy and top-k sampling read back only candidates, not the whole logits row (the
+        // count depends on the penalty window, so it is asked for at every step).
         let mut scores = StepScores::default();
         let common = self.session.prepare_prompt(prompt)?;
-        scores.keep(self.session.eval_for_async(&prompt[common..], readback).await?);
+        scores.keep(self.session.eval_for_async(&prompt[common..], sampler.readback(prompt)).await?);
         let prompt_ms = ms(start);
 
         let mut output = TextOutput::new(&self.tokenizer, &options.stop, options.ignore_eos, on_text);
@@ -379,7 +395,7 @@ impl Engine {
             if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
             }
-            let token = scores.sample(&mut sampler, readback, self.session.history());
+            let token = scores.sample(&mut sampler, self.session.history());
             if output.tokens().is_empty() {
                 ttft_ms = ms(start);
             } else {
@@ -395,6 +411,7 @@ impl Engine {
             if self.session.remaining() == 0 {
                 break FinishReason::ContextFull;
             }
+            let readback = sampler.readback_after(self.session.history(), &[token]);
             scores.keep(self.session.eval_for_async(&[token], readback).await?);
         };
         let (tokens, text) = output.finish();

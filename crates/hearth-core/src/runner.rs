@@ -101,9 +101,14 @@ impl Runner {
         &self.layout
     }
 
-    /// Logits of the last successful step.
+    /// Logits of the last successful step read back with `Readback::Logits`.
     pub fn last_logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// Candidates of the last successful step read back with `Readback::TopK`.
+    pub fn last_top_k(&self) -> &TopK {
+        &self.top_k
     }
 
     /// Total time steps spent waiting for the backend to finish (natively, blocked on the GPU;

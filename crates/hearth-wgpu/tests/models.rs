@@ -325,7 +325,7 @@ fn gemma_270m_device_sampling_equals_full_logits_path() {
     let top_k = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 1234, ..SamplingParams::default() };
     for params in [greedy, top_k] {
         let mut sampler = Sampler::new(params.clone());
-        assert!(matches!(sampler.readback(), Readback::TopK(_)), "{params:?} should use device candidates");
+        assert!(matches!(sampler.readback(&prompt), Readback::TopK(_)), "{params:?} should use device candidates");
         // The full-logits path: every step reads back the whole row.
         let session = engine.session_mut();
         session.reset();
@@ -347,7 +347,7 @@ fn gemma_270m_device_sampling_equals_full_logits_path() {
         eprintln!("{params:?}\nfull logits: {want:?}\ncandidates:  {:?}\n{:?}", got.tokens, after);
         assert_eq!(got.tokens, want, "device candidates and full logits give different tokens");
         // Prompt + n - 1 decode steps, each reading back k (id, logit) pairs.
-        let Readback::TopK(k) = sampler.readback() else { unreachable!() };
+        let Readback::TopK(k) = sampler.readback(&prompt) else { unreachable!() };
         assert_eq!(after.bytes_read_back - before.bytes_read_back, (n * k * 8) as u64);
     }
     // A warmed-up candidate step creates nothing and submits once.

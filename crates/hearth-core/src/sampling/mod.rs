@@ -9,15 +9,15 @@
 //! candidates live in a reused buffer, top-k uses `select_nth_unstable_by`, and top-p sorts only
 //! a growing prefix of the candidates until it holds the requested probability mass.
 
+mod candidates;
 mod rng;
 mod stop;
 mod top_k;
 
 pub use rng::{splitmix64, Xoshiro256StarStar};
 pub use stop::{StopOutcome, StopStrings};
+pub use candidates::MAX_ADJUSTED_CANDIDATES;
 pub use top_k::{top_k_rows, MAX_CANDIDATES};
-
-use crate::backend::Readback;
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -110,52 +110,6 @@ impl Sampler {
         self.rng = Xoshiro256StarStar::seed_from_u64(seed);
     }
 
-    /// What this sampler needs from a step: the top 1 for greedy decoding, the `top_k` candidates
-    /// for top-k sampling (top-p and min-p then work within them), the whole row when a logit
-    /// bias, a penalty or a filter over the whole vocabulary is involved.
-    /// [`Sampler::sample_candidates`] on the candidates picks exactly what
-    /// [`Sampler::sample`] picks on the full row.
-    pub fn readback(&self) -> Readback {
-        let p = &self.params;
-        let penalties = p.repeat_last_n != 0 && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
-        if !p.logit_bias.is_empty() || penalties {
-            Readback::Logits
-        } else if p.temperature <= 0.0 {
-            Readback::TopK(1)
-        } else if (1..=MAX_CANDIDATES).contains(&p.top_k) {
-            Readback::TopK(p.top_k)
-        } else {
-            Readback::Logits
-        }
-    }
-
-    /// Picks the next token from a row of [`crate::backend::TopK`] candidates (most likely first,
-    /// ties by lowest id) obtained with [`Sampler::readback`]. Same token, same random stream as
-    /// [`Sampler::sample`] on the full row. Falls back to the best candidate when every one is
-    /// `-inf`; 0 when there are none.
-    pub fn sample_candidates(&mut self, ids: &[u32], logits: &[f32]) -> u32 {
-        let fallback = ids.first().copied().unwrap_or(0);
-        if self.params.temperature <= 0.0 {
-            return fallback;
-        }
-        self.candidates.clear();
-        self.candidates.extend(
-            ids.iter()
-                .zip(logits)
-                .filter(|(_, l)| **l > f32::NEG_INFINITY)
-                .map(|(&id, &logit)| Candidate { id, logit }),
-        );
-        if self.params.top_k > 0 {
-            self.candidates.truncate(self.params.top_k);
-        }
-        let sorted = self.candidates.len();
-        self.filter_candidates(sorted);
-        if self.candidates.is_empty() {
-            return fallback;
-        }
-        self.draw()
-    }
-
     /// Picks the next token. `logits`: one per vocabulary entry, modified in place by the bias
     /// and penalties. `history`: the tokens so far (prompt and generated), oldest first.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
@@ -179,6 +133,12 @@ impl Sampler {
             return if logits.is_empty() { Vec::new() } else { vec![(argmax(logits), 1.0)] };
         }
         self.filter(logits);
+        self.candidate_probabilities()
+    }
+
+    /// Softmax of `candidates` (already filtered, divided by the temperature) as (token,
+    /// probability), most likely first.
+    fn candidate_probabilities(&self) -> Vec<(u32, f32)> {
         let max = self.candidates.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
         let sum: f64 = self.candidates.iter().map(|c| ((c.logit - max) as f64).exp()).sum();
         let mut out: Vec<(u32, f32)> =
@@ -194,24 +154,13 @@ impl Sampler {
             }
         }
 
-        let p = &self.params;
-        let disabled = p.repeat_last_n == 0
-            || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
-        if disabled || history.is_empty() {
+        if !penalties_apply(&self.params, history) {
             return;
         }
-        let start = history.len().saturating_sub(p.repeat_last_n);
-        self.window.clear();
-        self.window.extend_from_slice(&history[start..]);
-        self.window.sort_unstable();
+        fill_window(&mut self.window, history, &[], self.params.repeat_last_n);
         for run in self.window.chunk_by(|a, b| a == b) {
             let Some(logit) = logits.get_mut(run[0] as usize) else { continue };
-            if *logit <= 0.0 {
-                *logit *= p.repeat_penalty;
-            } else {
-                *logit /= p.repeat_penalty;
-            }
-            *logit -= run.len() as f32 * p.frequency_penalty + p.presence_penalty;
+            penalize(logit, run.len(), &self.params);
         }
     }
 
@@ -304,6 +253,32 @@ impl Sampler {
         // Only reachable through rounding at the very end of the walk.
         self.candidates.last().map_or(0, |c| c.id)
     }
+}
+
+/// Whether the repetition/presence/frequency penalties change anything after `history`.
+fn penalties_apply(p: &SamplingParams, history: &[u32]) -> bool {
+    let disabled = p.repeat_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
+    !disabled && !history.is_empty()
+}
+
+/// Fills `window` with the last `repeat_last_n` tokens of `history` followed by `appended`, sorted.
+fn fill_window(window: &mut Vec<u32>, history: &[u32], appended: &[u32], repeat_last_n: usize) {
+    window.clear();
+    let from_appended = appended.len().min(repeat_last_n);
+    let from_history = (repeat_last_n - from_appended).min(history.len());
+    window.extend_from_slice(&history[history.len() - from_history..]);
+    window.extend_from_slice(&appended[appended.len() - from_appended..]);
+    window.sort_unstable();
+}
+
+/// The llama.cpp penalties on one logit of a token seen `count` (≥ 1) times in the window.
+fn penalize(logit: &mut f32, count: usize, p: &SamplingParams) {
+    if *logit <= 0.0 {
+        *logit *= p.repeat_penalty;
+    } else {
+        *logit /= p.repeat_penalty;
+    }
+    *logit -= count as f32 * p.frequency_penalty + p.presence_penalty;
 }
 
 /// Sorts the `len` most likely candidates to the front, most likely first.

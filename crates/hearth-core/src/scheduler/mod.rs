@@ -15,6 +15,7 @@ pub mod step_budget;
 
 pub use request::RequestId;
 
+use crate::backend::Readback;
 use crate::block_on::block_on;
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
@@ -288,11 +289,12 @@ impl Scheduler {
                 .map(|(i, r)| BatchEntry { seq: self.running[*i].seq.expect("running requests have a sequence"), tokens: &self.running[*i].tokens[r.clone()] })
                 .collect();
             let rows = entries.iter().map(|e| e.tokens.len()).sum();
+            let readback = self.readback(&plan);
             let started = Instant::now();
-            match self.runner.step_async(&entries, LogitsMode::Last).await {
+            match self.runner.step_for_async(&entries, LogitsMode::Last, readback).await {
                 Ok(_) => {
                     self.step_cost.observe(rows, started.elapsed().as_secs_f64() * 1e3);
-                    break self.after_step(&plan, events);
+                    break self.after_step(&plan, readback, events);
                 }
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
                 Err(error) => {
@@ -322,26 +324,62 @@ impl Scheduler {
         self.waiting.push_front(active);
     }
 
-    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], events: &mut dyn FnMut(SchedulerEvent)) {
+    /// Whether `running[i]` samples a token after a step that runs `range` of its tokens.
+    fn samples_after(&self, i: usize, range: &std::ops::Range<usize>) -> bool {
+        let active = &self.running[i];
+        range.end >= active.tokens.len() && active.options.max_tokens > 0
+    }
+
+    /// What the step of `plan` reads back: candidates when every row sampled after it can use
+    /// them (as many as the most demanding row asks for, see [`crate::sampling::Sampler::readback`]),
+    /// the whole logits rows otherwise; the top 1 when nothing is sampled (prompt chunks).
+    fn readback(&self, plan: &[(usize, std::ops::Range<usize>)]) -> Readback {
+        let mut k = 1;
+        for (i, range) in plan {
+            if !self.samples_after(*i, range) {
+                continue;
+            }
+            let active = &self.running[*i];
+            match active.sampler.readback(&active.tokens) {
+                Readback::TopK(row_k) => k = k.max(row_k),
+                Readback::Logits => return Readback::Logits,
+            }
+        }
+        Readback::TopK(k)
+    }
+
+    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], readback: Readback, events: &mut dyn FnMut(SchedulerEvent)) {
         let n_vocab = self.runner.config().n_vocab;
         let n_ctx = self.runner.n_ctx();
-        // Borrowed, not copied: the runner is not touched until every row is sampled.
-        let logits = self.runner.last_logits();
         let mut finished = Vec::new();
+        let mut row_logits = Vec::new();
         for (row, (i, range)) in plan.iter().enumerate() {
-            let active = &mut self.running[*i];
-            if range.end < active.tokens.len() {
+            if range.end < self.running[*i].tokens.len() {
                 continue; // more prompt to evaluate
             }
+            let samples = self.samples_after(*i, range);
+            let active = &mut self.running[*i];
             if active.generated() == 0 && active.prompt_ms == 0.0 {
                 active.prompt_ms = active.admitted.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
             }
-            if active.options.max_tokens == 0 {
+            if !samples {
                 finished.push((*i, FinishReason::Length));
                 continue;
             }
-            let mut row_logits = logits[row * n_vocab..(row + 1) * n_vocab].to_vec();
-            let token = active.sampler.sample(&mut row_logits, &active.tokens);
+            // Borrowed, not copied (but for the one row the full-row sampler modifies): the runner
+            // is not touched until every row is sampled. Every sampling row asked for at most the
+            // step's k candidates; more than it asked for changes nothing.
+            let token = match readback {
+                Readback::TopK(_) => {
+                    let (ids, logits) = self.runner.last_top_k().row(row);
+                    active.sampler.sample_candidates(ids, logits, &active.tokens)
+                }
+                Readback::Logits => {
+                    row_logits.clear();
+                    row_logits.extend_from_slice(&self.runner.last_logits()[row * n_vocab..(row + 1) * n_vocab]);
+                    active.sampler.sample(&mut row_logits, &active.tokens)
+                }
+            };
             let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
             if !emit.is_empty() {
                 events(SchedulerEvent::Text { id: active.id, delta: emit });

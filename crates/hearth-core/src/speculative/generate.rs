@@ -8,7 +8,8 @@ use super::verify::{verify_proposal, Distribution};
 use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
-use crate::graph::LogitsMode;
+use crate::backend::Readback;
+use crate::runner::StepOutput;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
 
 impl Engine {
@@ -34,11 +35,18 @@ impl Engine {
         // The prompt is evaluated exactly as `generate` does it (same batches, so the same
         // numerics: the CPU backend's attention path depends on the batch size), and the first
         // token is sampled from it; drafting starts after it.
+        let mut sampler = Sampler::new(options.sampling.clone());
         let common = session.prepare_prompt(prompt)?;
-        let mut logits = session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
+        let first = session.eval_for(&prompt[common..], sampler.readback(prompt))?;
+        let first_token = match first {
+            StepOutput::Logits(logits) => sampler.sample(&mut logits.to_vec(), prompt),
+            StepOutput::TopK(top) => {
+                let (ids, logits) = if top.n_rows() > 0 { top.row(0) } else { (&[][..], &[][..]) };
+                sampler.sample_candidates(ids, logits, prompt)
+            }
+        };
         let prompt_ms = ms(start);
 
-        let mut sampler = Sampler::new(options.sampling.clone());
         let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
         let mut output = TextOutput::new(tokenizer, &options.stop, options.ignore_eos, on_text);
         let mut length = AdaptiveDraftLength::new(speculative);
@@ -54,8 +62,7 @@ impl Engine {
         let mut last = Instant::now();
         let decode_start = Instant::now();
         // Tokens chosen but not yet passed to the output.
-        let mut new_tokens =
-            if options.max_tokens == 0 { Vec::new() } else { vec![sampler.sample(&mut logits, session.history())] };
+        let mut new_tokens = if options.max_tokens == 0 { Vec::new() } else { vec![first_token] };
         let finish = 'steps: loop {
             if output.tokens().len() >= options.max_tokens {
                 break FinishReason::Length;
@@ -90,21 +97,34 @@ impl Engine {
             let mut batch = Vec::with_capacity(1 + proposal.tokens.len());
             batch.push(context[kept]);
             batch.extend_from_slice(&proposal.tokens);
-            // Rows: [batch.len(), n_vocab]; row i predicts the token after context + drafts[..i].
-            // Read in place (no copy of the k + 1 rows); only the rows verification reaches are
-            // copied, one at a time, into `row_scratch` for the sampler to modify.
-            let logits = session.eval(&batch, LogitsMode::All)?;
             let drafts = &proposal.tokens;
+            // Row i predicts the token after context + drafts[..i]: candidates when every row's
+            // sampling can use them (greedy: the argmax), the whole rows otherwise.
+            let readback = verify_readback(&sampler, &context, drafts);
+            // Rows: [batch.len(), n_vocab] logits or batch.len() rows of candidates. Read in place
+            // (no copy of the k + 1 rows); only the logits rows verification reaches are copied,
+            // one at a time, into `row_scratch` for the sampler to modify.
+            let output = session.eval_all_for(&batch, readback)?;
             let mut target = |i: usize| -> Result<Distribution> {
-                let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(|| {
-                    CoreError::InvalidArgument(format!("the backend returned {} logits for {} tokens", logits.len(), batch.len()))
-                })?;
                 history.clear();
                 history.extend_from_slice(&context);
                 history.extend_from_slice(&drafts[..i]);
-                row_scratch.clear();
-                row_scratch.extend_from_slice(row);
-                Ok(sampler.distribution(&mut row_scratch, &history))
+                let missing = || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", batch.len()));
+                match output {
+                    StepOutput::Logits(logits) => {
+                        let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(missing)?;
+                        row_scratch.clear();
+                        row_scratch.extend_from_slice(row);
+                        Ok(sampler.distribution(&mut row_scratch, &history))
+                    }
+                    StepOutput::TopK(top) => {
+                        if i >= top.n_rows() {
+                            return Err(missing());
+                        }
+                        let (ids, logits) = top.row(i);
+                        Ok(sampler.distribution_candidates(ids, logits, &history))
+                    }
+                }
             };
             let outcome = verify_proposal(drafts, proposal.distributions.as_deref(), &mut target, &mut rng)?;
             session.rollback(kept + 1 + outcome.accepted)?;
@@ -129,4 +149,17 @@ impl Engine {
             speculative: Some(metrics),
         })
     }
+}
+
+/// What a verification step over `drafts` reads back: the candidates of the most demanding row
+/// (row i is sampled after `context` + `drafts[..i]`), or the whole rows when one needs them.
+fn verify_readback(sampler: &Sampler, context: &[u32], drafts: &[u32]) -> Readback {
+    let mut k = 1;
+    for i in 0..=drafts.len() {
+        match sampler.readback_after(context, &drafts[..i]) {
+            Readback::TopK(row_k) => k = k.max(row_k),
+            Readback::Logits => return Readback::Logits,
+        }
+    }
+    Readback::TopK(k)
 }
