@@ -262,7 +262,7 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     }
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows) {
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
