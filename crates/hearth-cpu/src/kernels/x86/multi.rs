@@ -259,6 +259,9 @@ macro_rules! multi_kernels {
                     let yb = y.add(i * Q8K_BYTES);
                     let yd = q8k_d(yb);
                     sweep_prefetch::<W>(x[0], i, nb, 144);
+                    // Q8_K's 16 bsums summed in pairs (one per 32-element sub-block), as `mins_dot_bsums`.
+                    let q8sums = load256(yb.add(Q8K_BSUMS));
+                    let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
                     let mut scales = [_mm256_setzero_si256(); W];
                     let mut xd = [0f32; W];
                     for w in 0..W {
@@ -266,7 +269,8 @@ macro_rules! multi_kernels {
                         xd[w] = f16_at(xb);
                         let dmin = -yd * f16_at(xb.add(2));
                         let ms = mins_and_scales(xb.add(4));
-                        acc_m[w] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(ms, yb)), acc_m[w]);
+                        let mins = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+                        acc_m[w] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[w]);
                         let sc128 = _mm256_extracti128_si256(ms, 0);
                         scales[w] = _mm256_set_m128i(sc128, sc128);
                     }
