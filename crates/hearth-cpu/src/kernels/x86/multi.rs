@@ -17,7 +17,7 @@ use super::*;
 const Q8_0_BYTES: usize = 34;
 
 /// How many tiles ahead the decode tile kernels prefetch their weights.
-const TILE_PREFETCH_TILES: usize = 1;
+const TILE_PREFETCH_TILES: usize = 2;
 
 macro_rules! multi_kernels {
     ($module:ident, $features:literal, $vnni:literal) => {
@@ -235,14 +235,17 @@ macro_rules! multi_kernels {
                 acc.map(|a| hsum_float_8(a))
             }
 
-            /// Prefetches the W × `block_bytes` bytes of the weight rows that follow this tile that
-            /// match super-block `i`: one tile ahead, in address order, at the rate the tile is
-            /// read. Rows are read interleaved, a pattern the hardware prefetcher follows poorly.
+            /// Prefetches, for row `w` of a tile of W rows at `x0` and super-block `i`, the
+            /// `block_bytes` of the rows that follow this tile (TILE_PREFETCH_TILES tiles ahead)
+            /// at the same position: the tiles are swept in address order, a few lines per row
+            /// and block, at the rate the tile is read. The rows are read interleaved, a pattern
+            /// the hardware prefetcher follows poorly; and a burst of prefetches per block
+            /// measured slower than spreading them.
             #[target_feature(enable = $features)]
             #[inline]
-            unsafe fn sweep_prefetch<const W: usize>(x0: *const u8, i: usize, nb: usize, block_bytes: usize) {
+            unsafe fn sweep_prefetch<const W: usize>(x0: *const u8, w: usize, i: usize, nb: usize, block_bytes: usize) {
                 let span = W * block_bytes;
-                prefetch_ahead(x0.wrapping_add(i * span), TILE_PREFETCH_TILES * nb * span, span.div_ceil(64));
+                prefetch_ahead(x0.wrapping_add(i * span + w * block_bytes), TILE_PREFETCH_TILES * nb * span, block_bytes.div_ceil(64));
             }
 
             /// Q4_K: W weight rows × one Q8_K activation row (decode). The activation side is
@@ -258,7 +261,6 @@ macro_rules! multi_kernels {
                 for i in 0..nb {
                     let yb = y.add(i * Q8K_BYTES);
                     let yd = q8k_d(yb);
-                    sweep_prefetch::<W>(x[0], i, nb, 144);
                     // Q8_K's 16 bsums summed in pairs (one per 32-element sub-block), as `mins_dot_bsums`.
                     let q8sums = load256(yb.add(Q8K_BSUMS));
                     let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
@@ -266,6 +268,7 @@ macro_rules! multi_kernels {
                     let mut xd = [0f32; W];
                     for w in 0..W {
                         let xb = x[w].add(i * 144);
+                        sweep_prefetch::<W>(x[0], w, i, nb, 144);
                         xd[w] = f16_at(xb);
                         let dmin = -yd * f16_at(xb.add(2));
                         let ms = mins_and_scales(xb.add(4));
@@ -305,57 +308,6 @@ macro_rules! multi_kernels {
                 }
                 out
             }
-
-            /// Q6_K: W weight rows × one Q8_K activation row (decode), as [`q4_k_tile`]; per row,
-            /// the float operations of `q6_k_q8_k::<1>` in the same order.
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q6_k_tile<const W: usize>(nb: usize, x: [*const u8; W], y: *const u8) -> [f32; W] {
-                let m3 = _mm256_set1_epi8(3);
-                let m15 = _mm256_set1_epi8(15);
-                let mut acc = [_mm256_setzero_ps(); W];
-                for i in 0..nb {
-                    let yb = y.add(i * Q8K_BYTES);
-                    let mut sumi = [_mm256_setzero_si256(); W];
-                    sweep_prefetch::<W>(x[0], i, nb, 210);
-                    for j in 0..2 {
-                        let q8: [__m256i; 4] = std::array::from_fn(|k| load256(yb.add(Q8K_QS + 128 * j + 32 * k)));
-                        for w in 0..W {
-                            let xb = x[w].add(i * 210);
-                            let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
-                            let q4bits1 = load256(xb.add(64 * j));
-                            let q4bits2 = load256(xb.add(64 * j + 32));
-                            let q4bits_h = load256(xb.add(128 + 32 * j));
-                            let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-                            let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-                            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                            let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-                            let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                            let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                            let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-                            let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
-                            let is = 4 * j;
-                            let mut s = sumi[w];
-                            s = add_scaled(s, q6_scale(scales, is), _mm256_maddubs_epi16(q4_0, q8[0]));
-                            s = add_scaled(s, q6_scale(scales, is + 1), _mm256_maddubs_epi16(q4_1, q8[1]));
-                            s = add_scaled(s, q6_scale(scales, is + 2), _mm256_maddubs_epi16(q4_2, q8[2]));
-                            s = add_scaled(s, q6_scale(scales, is + 3), _mm256_maddubs_epi16(q4_3, q8[3]));
-                            sumi[w] = s;
-                        }
-                    }
-                    let q8sums = load256(yb.add(Q8K_BSUMS));
-                    let yd = q8k_d(yb);
-                    for w in 0..W {
-                        let xb = x[w].add(i * 210);
-                        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xb.add(192) as *const __m128i));
-                        // Codes are stored +32; subtract 32 * Σ scale * bsum once instead of per element.
-                        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16), 5);
-                        let s = _mm256_sub_epi32(sumi[w], q8sclsub);
-                        let d = yd * f16_at(xb.add(208));
-                        acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[w]);
-                    }
-                }
-                acc.map(|a| hsum_float_8(a))
-            }
         }
     };
 }
@@ -391,13 +343,13 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
 }
 
 /// Weight types whose [`vec_dot_tile`] shares work across weight rows too, for `rows` activation
-/// rows: Q5_0 and Q8_0 always; Q4_K and Q6_K for a single activation row (decode), where the
-/// single-row kernels are latency-bound (one dependent integer chain per row) and per-row calls
-/// cost as much as the short rows' arithmetic.
+/// rows: Q5_0 and Q8_0 always; Q4_K for a single activation row (decode), where the single-row
+/// kernel is latency-bound (one dependent integer chain per row). Q6_K stays row by row: its
+/// 4-row tile was 1.5x faster from cache but slower streaming from memory (Qwen2.5-1.5B decode).
 pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize) -> bool {
     match ty {
         GgmlType::Q5_0 | GgmlType::Q8_0 => true,
-        GgmlType::Q4_K | GgmlType::Q6_K => rows == 1,
+        GgmlType::Q4_K => rows == 1,
         _ => false,
     }
 }
@@ -421,10 +373,8 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
         (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
         (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
         (false, GgmlType::Q4_K) if R == 1 => spread(avx2::q4_k_tile(nb, w, y[0])),
-        (false, GgmlType::Q6_K) if R == 1 => spread(avx2::q6_k_tile(nb, w, y[0])),
         (true, GgmlType::Q4_K) if R == 1 => spread(vnni::q4_k_tile(nb, w, y[0])),
-        (true, GgmlType::Q6_K) if R == 1 => spread(vnni::q6_k_tile(nb, w, y[0])),
-        (_, GgmlType::Q4_K | GgmlType::Q6_K) => w.map(|wr| vec_dot_multi::<R>(vnni, ty, n, wr, y)),
+        (_, GgmlType::Q4_K) => w.map(|wr| vec_dot_multi::<R>(vnni, ty, n, wr, y)),
         _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
 }
