@@ -246,7 +246,7 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
 /// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
 /// each weight block once per [`MULTI_ROWS`] activation rows), and so does Q4_K for one activation
-/// row (decode); other types go row by row.
+/// row (decode) of up to 2048 elements; other types go row by row.
 pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
     vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
 }
@@ -263,7 +263,7 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     }
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows) {
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows, n) {
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).

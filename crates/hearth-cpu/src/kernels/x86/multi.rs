@@ -343,13 +343,15 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
 }
 
 /// Weight types whose [`vec_dot_tile`] shares work across weight rows too, for `rows` activation
-/// rows: Q5_0 and Q8_0 always; Q4_K for a single activation row (decode), where the single-row
-/// kernel is latency-bound (one dependent integer chain per row). Q6_K stays row by row: its
-/// 4-row tile was 1.5x faster from cache but slower streaming from memory (Qwen2.5-1.5B decode).
-pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize) -> bool {
+/// rows of `n` elements: Q5_0 and Q8_0 always; Q4_K for a single activation row (decode) of
+/// short rows, where the single-row kernel is latency-bound (one dependent integer chain per row).
+/// Interleaving W rows streams worse from memory than one row after the other: on long rows
+/// (Qwen2.5-0.5B's ffn_down, 4864) and on Q6_K the 4-row tile was slower in decode, though
+/// 1.5x faster from cache.
+pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize, n: usize) -> bool {
     match ty {
         GgmlType::Q5_0 | GgmlType::Q8_0 => true,
-        GgmlType::Q4_K => rows == 1,
+        GgmlType::Q4_K => rows == 1 && n <= 2048,
         _ => false,
     }
 }
