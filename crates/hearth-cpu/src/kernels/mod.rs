@@ -245,7 +245,8 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// `out[w * rows + r] = vec_dot(ty, n, weight row w, activation row r)` bit for bit, for the
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
 /// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
-/// each weight block once per [`MULTI_ROWS`] activation rows); other types go row by row.
+/// each weight block once per [`MULTI_ROWS`] activation rows), and so does Q4_K for one activation
+/// row (decode) of up to 2048 elements; other types go row by row.
 pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
     vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
 }
@@ -262,7 +263,7 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     }
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty) {
+    if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows, n) {
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
@@ -271,6 +272,19 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         } else {
             tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
         };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if rows == 1 && isa != Isa::Scalar && isa_available(isa) && x86::supports_multi(ty) {
+        // Decode, row by row, straight into the kernel: the sizes were checked once above, and
+        // re-checking them per row (`vec_dot_rows_with` -> `vec_dot_with`) took ~17% of
+        // Qwen2.5-1.5B's decode, whose Q4_K/Q6_K rows are short (1536 elements).
+        let vnni = isa == Isa::Avx512Vnni;
+        for (w, o) in out.iter_mut().enumerate().skip(w_done) {
+            // SAFETY: the ISA's features are present; row w is a whole weight row inside
+            // `weights` and `activations` one whole activation row (sizes checked above).
+            *o = unsafe { x86::vec_dot_multi::<1>(vnni, ty, n, weights.as_ptr().add(w * w_row), [activations.as_ptr()]) }[0];
+        }
+        return;
     }
     for w in w_done..n_w {
         vec_dot_rows_with(isa, ty, n, &weights[w * w_row..(w + 1) * w_row], activations, &mut out[w * rows..(w + 1) * rows]);

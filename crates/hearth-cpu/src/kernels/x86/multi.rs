@@ -16,6 +16,9 @@ use super::*;
 
 const Q8_0_BYTES: usize = 34;
 
+/// How many tiles ahead the decode tile kernels prefetch their weights.
+const TILE_PREFETCH_TILES: usize = 2;
+
 macro_rules! multi_kernels {
     ($module:ident, $features:literal, $vnni:literal) => {
         pub(super) mod $module {
@@ -231,6 +234,80 @@ macro_rules! multi_kernels {
                 }
                 acc.map(|a| hsum_float_8(a))
             }
+
+            /// Prefetches, for row `w` of a tile of W rows at `x0` and super-block `i`, the
+            /// `block_bytes` of the rows that follow this tile (TILE_PREFETCH_TILES tiles ahead)
+            /// at the same position: the tiles are swept in address order, a few lines per row
+            /// and block, at the rate the tile is read. The rows are read interleaved, a pattern
+            /// the hardware prefetcher follows poorly; and a burst of prefetches per block
+            /// measured slower than spreading them.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn sweep_prefetch<const W: usize>(x0: *const u8, w: usize, i: usize, nb: usize, block_bytes: usize) {
+                let span = W * block_bytes;
+                prefetch_ahead(x0.wrapping_add(i * span + w * block_bytes), TILE_PREFETCH_TILES * nb * span, block_bytes.div_ceil(64));
+            }
+
+            /// Q4_K: W weight rows × one Q8_K activation row (decode). The activation side is
+            /// loaded once for the W rows, and the W rows' integer chains interleave, so the
+            /// latency of each row's `sumi` chain is hidden behind the others. Per row, the float
+            /// operations are those of `q4_k_q8_k::<1>` in the same order (the i32 lanes are exact
+            /// sums), so every output equals the single-row dot product bit for bit.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4_k_tile<const W: usize>(nb: usize, x: [*const u8; W], y: *const u8) -> [f32; W] {
+                let m4 = _mm256_set1_epi8(0xF);
+                let mut acc = [_mm256_setzero_ps(); W];
+                let mut acc_m = [_mm_setzero_ps(); W];
+                for i in 0..nb {
+                    let yb = y.add(i * Q8K_BYTES);
+                    let yd = q8k_d(yb);
+                    // Q8_K's 16 bsums summed in pairs (one per 32-element sub-block), as `mins_dot_bsums`.
+                    let q8sums = load256(yb.add(Q8K_BSUMS));
+                    let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                    let mut scales = [_mm256_setzero_si256(); W];
+                    let mut xd = [0f32; W];
+                    for w in 0..W {
+                        let xb = x[w].add(i * 144);
+                        sweep_prefetch::<W>(x[0], w, i, nb, 144);
+                        xd[w] = f16_at(xb);
+                        let dmin = -yd * f16_at(xb.add(2));
+                        let ms = mins_and_scales(xb.add(4));
+                        let mins = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+                        acc_m[w] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[w]);
+                        let sc128 = _mm256_extracti128_si256(ms, 0);
+                        scales[w] = _mm256_set_m128i(sc128, sc128);
+                    }
+                    let mut sumi = [_mm256_setzero_si256(); W];
+                    for j in 0..4 {
+                        let q8l = load256(yb.add(Q8K_QS + 64 * j));
+                        let q8h = load256(yb.add(Q8K_QS + 64 * j + 32));
+                        let shuf_l = load256(SCALE_SHUFFLE_K4[2 * j].as_ptr());
+                        let shuf_h = load256(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr());
+                        for w in 0..W {
+                            let q4bits = load256(x[w].add(i * 144 + 16 + 32 * j));
+                            let q4l = _mm256_and_si256(q4bits, m4);
+                            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                            let p16l = _mm256_maddubs_epi16(q4l, q8l);
+                            let p16h = _mm256_maddubs_epi16(q4h, q8h);
+                            let scale_l = _mm256_shuffle_epi8(scales[w], shuf_l);
+                            let scale_h = _mm256_shuffle_epi8(scales[w], shuf_h);
+                            sumi[w] = add_scaled(add_scaled(sumi[w], scale_l, p16l), scale_h, p16h);
+                        }
+                    }
+                    for w in 0..W {
+                        let d = yd * xd[w];
+                        acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w]), acc[w]);
+                    }
+                }
+                let mut out = [0f32; W];
+                for w in 0..W {
+                    let mut m = acc_m[w];
+                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                    out[w] = hsum_float_8(acc[w]) + _mm_cvtss_f32(m);
+                }
+                out
+            }
         }
     };
 }
@@ -265,9 +342,18 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
     }
 }
 
-/// Weight types whose [`vec_dot_tile`] shares work across weight rows too.
-pub(in crate::kernels) fn supports_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
+/// Weight types whose [`vec_dot_tile`] shares work across weight rows too, for `rows` activation
+/// rows of `n` elements: Q5_0 and Q8_0 always; Q4_K for a single activation row (decode) of
+/// short rows, where the single-row kernel is latency-bound (one dependent integer chain per row).
+/// Interleaving W rows streams worse from memory than one row after the other: on long rows
+/// (Qwen2.5-0.5B's ffn_down, 4864) and on Q6_K the 4-row tile was slower in decode, though
+/// 1.5x faster from cache.
+pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize, n: usize) -> bool {
+    match ty {
+        GgmlType::Q5_0 | GgmlType::Q8_0 => true,
+        GgmlType::Q4_K => rows == 1 && n <= 2048,
+        _ => false,
+    }
 }
 
 /// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
@@ -288,6 +374,15 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
         (false, GgmlType::Q8_0) => avx2::q8_0_tile(nb, w, y),
         (true, GgmlType::Q5_0) => legacy_tile_512::<false, W, R>(nb, w, y),
         (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
+        (false, GgmlType::Q4_K) if R == 1 => spread(avx2::q4_k_tile(nb, w, y[0])),
+        (true, GgmlType::Q4_K) if R == 1 => spread(vnni::q4_k_tile(nb, w, y[0])),
+        (_, GgmlType::Q4_K) => w.map(|wr| vec_dot_multi::<R>(vnni, ty, n, wr, y)),
         _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
+}
+
+/// One activation row's dots (`R` = 1) in the [w][r] shape of [`vec_dot_tile`].
+#[inline(always)]
+fn spread<const W: usize, const R: usize>(dots: [f32; W]) -> [[f32; R]; W] {
+    dots.map(|d| [d; R])
 }
