@@ -6,6 +6,7 @@
 
 use super::verify::{verify_proposal, Distribution};
 use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
+use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
@@ -15,7 +16,23 @@ impl Engine {
     /// Like [`Engine::generate`], with `drafter` proposing up to `speculative.max_draft_tokens`
     /// tokens per target forward pass. Greedy output is identical to `generate`'s; with sampling
     /// the output follows the same distribution (not the same tokens for a given seed).
+    /// Synchronous: [`Engine::generate_speculative_async`] polled once (see [`crate::block_on`]).
     pub fn generate_speculative(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        speculative: &SpeculativeOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        block_on(self.generate_speculative_async(prompt, options, drafter, speculative, on_text))
+    }
+
+    /// [`Engine::generate_speculative`] for backends whose logits arrive later (WebGPU in a
+    /// browser): the target's forward passes are awaited. The drafter stays synchronous (prompt
+    /// lookup computes nothing; a [`DraftModel`](super::DraftModel) must run on a backend that
+    /// finishes steps synchronously, e.g. the CPU).
+    pub async fn generate_speculative_async(
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
@@ -35,7 +52,7 @@ impl Engine {
         // numerics: the CPU backend's attention path depends on the batch size), and the first
         // token is sampled from it; drafting starts after it.
         let common = session.prepare_prompt(prompt)?;
-        let mut logits = session.eval(&prompt[common..], LogitsMode::Last)?.to_vec();
+        let mut logits = session.eval_async(&prompt[common..], LogitsMode::Last).await?.to_vec();
         let prompt_ms = ms(start);
 
         let mut sampler = Sampler::new(options.sampling.clone());
@@ -93,7 +110,7 @@ impl Engine {
             // Rows: [batch.len(), n_vocab]; row i predicts the token after context + drafts[..i].
             // Read in place (no copy of the k + 1 rows); only the rows verification reaches are
             // copied, one at a time, into `row_scratch` for the sampler to modify.
-            let logits = session.eval(&batch, LogitsMode::All)?;
+            let logits = session.eval_async(&batch, LogitsMode::All).await?;
             let drafts = &proposal.tokens;
             let mut target = |i: usize| -> Result<Distribution> {
                 let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(|| {
