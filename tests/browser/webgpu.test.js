@@ -8,9 +8,12 @@
 // applies: the tokens must agree wherever the CPU's top-1/top-2 margin (the fixture's `margins`)
 // is at least DECISIVE_MARGIN nats, and the comparison ends at the first divergence at a
 // non-decisive step (the contexts differ from there on).
-// The same engine then runs speculative requests (prompt lookup; a draft model on the wasm CPU
-// engine drafting for the GPU target), which must give exactly its plain greedy tokens: every
-// wgpu kernel computes a row the same way whatever the batch (crates/hearth-wgpu/tests/speculative.rs).
+// The same engine then runs a speculative request (a draft model on the wasm CPU engine drafting
+// for the GPU target), which must give exactly its plain greedy tokens: every wgpu kernel computes
+// a row the same way whatever the batch (crates/hearth-wgpu/tests/speculative.rs). Prompt lookup
+// takes the same verification path (only the drafter differs, and it runs on the CPU either way);
+// it is left out here because on this output it would cost ~15 more passes at tens of seconds each
+// on SwiftShader (batching.test.js covers it on the CPU engine).
 // It also reports the kernel variant the engine picked against the adapter's features: SwiftShader
 // offers `subgroups` (not `shader-f16`), so the variant must be 'subgroups' there and the tokens
 // above are the subgroup kernels' (issue #3).
@@ -73,7 +76,7 @@ after(async () => {
   server?.close();
 });
 
-test("backend 'webgpu': greedy tokens equal the native CPU backend at every decisive step; speculative requests keep them; the kernel variant follows the adapter's features", { timeout: 1_800_000 }, async () => {
+test("backend 'webgpu': greedy tokens equal the native CPU backend at every decisive step; a speculative request keeps them; the kernel variant follows the adapter's features", { timeout: 3_600_000 }, async () => {
   const result = await page.evaluate(async ({ modelUrl, draftUrl, prompt, maxTokens }) => {
     const { createEngine } = await import('/dist/index.js');
     // What the browser itself offers (the engine opens its own adapter in the worker).
@@ -82,16 +85,18 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
     // The draft (the same Gemma, drafting for itself) runs on the wasm CPU engine; it is read
     // from another path so that the target's range requests can be told apart.
     const engine = await createEngine({ model: modelUrl, draftModel: draftUrl, backend: 'webgpu', worker: true, cache: false });
+    // Progress on the console (the test prints it): a run on SwiftShader takes many minutes.
+    console.log(`loaded: adapter features ${JSON.stringify(features)}, engine adapter ${JSON.stringify((await engine.runtimeStats()).adapter)}`);
     const stream = await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: maxTokens });
     const chunks = [];
     for await (const chunk of stream) chunks.push(chunk);
     const stats = await engine.runtimeStats();
-    const request = { prompt, temperature: 0, max_tokens: maxTokens };
-    const lookup = await engine.completions.create({ ...request, speculative: { mode: 'lookup' } });
-    const drafted = await engine.completions.create({ ...request, speculative: { mode: 'draft-model', draftTokens: 4 } });
+    console.log(`plain greedy: ${JSON.stringify(chunks.at(-1).hearth.token_ids)}, usage ${JSON.stringify(chunks.at(-1).usage)}`);
+    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: maxTokens, speculative: { mode: 'draft-model', draftTokens: 4 } });
+    console.log(`draft-model: ${JSON.stringify(drafted.hearth.token_ids)}, usage ${JSON.stringify(drafted.usage)}`);
     const statsAfter = await engine.runtimeStats();
     await engine.unload();
-    return { chunks, stats, statsAfter, lookup, drafted, features };
+    return { chunks, stats, statsAfter, drafted, features };
   }, { modelUrl: `/models/${expected.model_file}`, draftUrl: `/draft/${expected.model_file}`, prompt: expected.prompt, maxTokens: expected.tokens.length });
 
   // cache: false in a worker: the model was read with HTTP range requests straight into GPU
@@ -137,7 +142,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
   // Speculative requests on the WebGPU engine: exactly its plain greedy tokens.
   assert.equal(result.statsAfter.backend, 'webgpu');
   assert.equal(result.statsAfter.draft_model, true);
-  for (const [name, spec] of [['lookup', result.lookup], ['draft-model', result.drafted]]) {
+  for (const [name, spec] of [['draft-model', result.drafted]]) {
     assert.deepEqual(spec.hearth.token_ids, ids, name);
     assert.equal(spec.choices[0].text, text, name);
     assert.equal(spec.choices[0].finish_reason, 'length', name);
@@ -147,8 +152,6 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
     // Each pass yields its accepted drafts plus one token of the target's; the first token comes from the prompt.
     assert.equal(1 + metrics.accepted + metrics.target_forward_passes, ids.length, `${name}: ${JSON.stringify(metrics)}`);
   }
-  // Lookup finds earlier n-grams in this output (" 0", "\n    "), so it proposes; what it proposes is wrong here.
-  assert.ok(result.lookup.usage.speculative.proposed > 0, JSON.stringify(result.lookup.usage));
   // Gemma drafting for itself on the CPU: its drafts are the CPU's greedy tokens, which the GPU
   // target accepts at every decisive step, so verification passes with accepted drafts ran.
   const drafted = result.drafted.usage.speculative;
