@@ -15,8 +15,8 @@
 // it is left out here because on this output it would cost ~15 more passes at tens of seconds each
 // on SwiftShader (batching.test.js covers it on the CPU engine).
 // It also reports the kernel variant the engine picked against the adapter's features: SwiftShader
-// offers `subgroups` (not `shader-f16`), so the variant must be 'subgroups' there and the tokens
-// above are the subgroup kernels' (issue #3).
+// offers `subgroups` (not `shader-f16`), but wgpu 30 cannot request `subgroups` in a browser, so
+// the variant is the 'f32' fallback there (asserted below; issue #3).
 //
 // Needs what gemma.test.js needs.
 
@@ -120,11 +120,16 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
   assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
   assert.ok(result.stats.adapter.max_storage_buffer_binding_size > 0);
 
-  // The kernel variant: each optional kernel set is used exactly when the adapter offers it.
+  // The kernel variant. f16 kernels are used exactly when the adapter offers 'shader-f16'.
+  // Subgroups: wgpu 30's WebGPU backend has no entry for 'subgroups' in its feature mapping
+  // (FEATURES_MAPPING in wgpu/src/backend/webgpu.rs), so wgpu neither reports nor requests it in a
+  // browser and the engine takes the fallback even where the browser offers it (SwiftShader
+  // does): the `enable subgroups;` kernels cannot run in a browser yet (issue #3). When this
+  // assertion fails, they do, and the tokens checked below are theirs.
   const { shader_f16: f16, subgroups, variant } = result.stats.adapter;
   process.stderr.write(`adapter features: ${JSON.stringify(result.features)}\nkernel variant: ${variant} (shader_f16 ${f16}, subgroups ${subgroups}, device type ${result.stats.adapter.device_type})\n`);
   assert.equal(f16, result.features.includes('shader-f16'), JSON.stringify(result.stats.adapter));
-  assert.equal(subgroups, result.features.includes('subgroups'), JSON.stringify(result.stats.adapter));
+  assert.equal(subgroups, false, `the engine uses subgroups (browser features ${JSON.stringify(result.features)}): update this test and issue #3`);
   assert.equal(variant, { 'true,true': 'f16+subgroups', 'true,false': 'f16', 'false,true': 'subgroups', 'false,false': 'f32' }[`${f16},${subgroups}`]);
 
   // The tokens, against the CPU at every decisive step (see the top of the file).
