@@ -251,12 +251,17 @@ impl Session {
     /// Appends `tokens` and returns what `readback` asks for about every one of them: logits
     /// `[tokens.len(), n_vocab]` or `tokens.len()` rows of candidates. More tokens than one
     /// prompt chunk are evaluated in chunks and return logits whatever `readback` says.
-    pub fn eval_all_for(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
+    pub async fn eval_all_for_async(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
         if readback == Readback::Logits || tokens.len() > self.prefill_chunk {
-            return Ok(StepOutput::Logits(self.eval(tokens, LogitsMode::All)?));
+            return Ok(StepOutput::Logits(self.eval_async(tokens, LogitsMode::All).await?));
         }
         self.check_eval(tokens)?;
-        block_on(self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens }], LogitsMode::All, readback))
+        self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens }], LogitsMode::All, readback).await
+    }
+
+    /// [`Session::eval_all_for_async`], synchronously.
+    pub fn eval_all_for(&mut self, tokens: &[u32], readback: Readback) -> Result<StepOutput<'_>> {
+        block_on(self.eval_all_for_async(tokens, readback))
     }
 
     /// [`Session::eval_for_async`], synchronously.

@@ -128,7 +128,8 @@ impl WasmEngine {
 
     /// Loads a draft model for speculative requests with mode 'draft-model'. It must share the
     /// loaded model's vocabulary (checked before its weights load: code `bad-argument` otherwise);
-    /// it runs on the CPU engine (copied into wasm memory). Resolves to undefined.
+    /// it runs on the CPU engine (copied into wasm memory), whichever engine runs the model (on
+    /// WebGPU the draft drafts on the CPU and the target verifies on the GPU). Resolves to undefined.
     pub fn load_draft(&self, model: &JsValue, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
         let state = self.state.clone();
         let model = model.clone();
@@ -174,14 +175,8 @@ impl WasmEngine {
                 return promise;
             }
         };
-        let loaded = state.loaded.borrow().clone();
-        let Some(loaded) = loaded else {
+        if state.loaded.borrow().is_none() {
             let _ = reject.call1(&JsValue::NULL, &js_error(WasmError::NotLoaded));
-            return promise;
-        };
-        if options.speculative.is_some() && loaded.gpu.is_some() {
-            let error = WasmError::bad_request("speculative", "speculative decoding runs on the CPU engine in the browser for now (load with backend 'cpu')");
-            let _ = reject.call1(&JsValue::NULL, &js_error(error));
             return promise;
         }
         let pending = Pending {

@@ -134,7 +134,7 @@ pub(crate) async fn drive(state: Rc<State>) {
         if host.is_idle() {
             let next = state.speculative.borrow_mut().pop_front();
             let Some(pending) = next else { break };
-            run_speculative(&state, &loaded, &mut host, pending);
+            run_speculative(&state, &loaded, &mut host, pending).await;
         } else {
             // Failures are settled after the step, once the device had a chance to say why.
             let mut failed: Vec<(u32, WasmError)> = Vec::new();
@@ -219,15 +219,19 @@ fn apply_cancels(state: &State, host: &mut EngineHost) {
     }
 }
 
-/// Runs a speculative request to its end (synchronously: the CPU engine), streaming as it goes.
-fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
+/// Runs a speculative request to its end, streaming as it goes. On WebGPU each verification pass
+/// awaits the device (other calls queue meanwhile and start once it ends); on the CPU it never awaits.
+async fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
     let Some(speculative) = p.options.speculative.clone() else { return };
     let mut on_text = |delta: &str| {
         state.stream(p.key, delta);
         !state.cancels.borrow().contains(&p.key)
     };
-    let result = host.generate_speculative(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text);
+    let result = host.generate_speculative_async(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text).await;
     state.cancels.borrow_mut().retain(|&k| k != p.key);
+    if result.is_err() {
+        wait_for_device_fault(loaded).await;
+    }
     state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
 }
 

@@ -361,9 +361,27 @@ impl EngineHost {
     }
 
     /// One request with speculative decoding (prompt lookup or the draft model), run alone while
-    /// nothing else is queued. Synchronous: the backend must finish steps inside `submit` (the
-    /// CPU backend; natively every backend).
+    /// nothing else is queued. Synchronous: [`EngineHost::generate_speculative_async`] polled once
+    /// (the backend must finish steps inside `submit`: the CPU backend; natively every backend).
     pub fn generate_speculative(
+        &mut self,
+        input: &PromptInput,
+        options: &RequestOptions,
+        speculative: &SpeculativeRequest,
+        default_seed: u64,
+        now_unix: Option<i64>,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Report> {
+        // The inner result is the request's; the outer one fails only if the backend was async.
+        let run = async { Ok(self.generate_speculative_async(input, options, speculative, default_seed, now_unix, on_text).await) };
+        hearth_core::block_on::block_on(run)?
+    }
+
+    /// [`EngineHost::generate_speculative`] on any backend (WebGPU in a browser: the target's
+    /// forward passes are awaited). The draft model, when used, runs on its own (CPU) backend.
+    /// The returned future must be run to completion: the scheduler is lent to the generation
+    /// and given back at its end.
+    pub async fn generate_speculative_async(
         &mut self,
         input: &PromptInput,
         options: &RequestOptions,
@@ -391,7 +409,7 @@ impl EngineHost {
         let (runner, tokenizer) = scheduler.into_parts();
         let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
         let mut engine = Engine::from_parts(session, tokenizer, None);
-        let result = engine.generate_speculative(&prompt, &generate_options, drafter, &speculative_options, on_text);
+        let result = engine.generate_speculative_async(&prompt, &generate_options, drafter, &speculative_options, on_text).await;
         let (session, tokenizer, _) = engine.into_parts();
         let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk, ..SchedulerOptions::default() };
         self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));

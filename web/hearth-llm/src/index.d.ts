@@ -66,7 +66,8 @@ export interface CreateEngineOptions {
   /** Requests evaluated together in one forward pass (default 4); more wait their turn. */
   maxBatch?: number;
   /** A draft model with the same vocabulary as `model` (rejects with 'bad-argument' otherwise),
-   * for requests with `speculative: { mode: 'draft-model' }`. It runs on the CPU engine. */
+   * for requests with `speculative: { mode: 'draft-model' }`. It runs on the wasm CPU engine
+   * (copied into wasm memory), whichever engine runs `model`. */
   draftModel?: ModelSource;
 }
 
@@ -100,7 +101,7 @@ export interface SamplingRequest {
   ignore_eos?: boolean;
   /** Speculative decoding (greedy output is unchanged; sampling keeps the target's distribution),
    * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`. Runs alone (not batched), on
-   * the CPU engine: with backend 'webgpu' it rejects with 'bad-argument'. */
+   * the WebGPU or the CPU engine. */
   speculative?: SpeculativeRequest;
   signal?: AbortSignal;
   model?: string;

@@ -6,6 +6,7 @@
 
 use super::verify::{verify_proposal, Distribution};
 use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
+use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::backend::Readback;
@@ -16,7 +17,23 @@ impl Engine {
     /// Like [`Engine::generate`], with `drafter` proposing up to `speculative.max_draft_tokens`
     /// tokens per target forward pass. Greedy output is identical to `generate`'s; with sampling
     /// the output follows the same distribution (not the same tokens for a given seed).
+    /// Synchronous: [`Engine::generate_speculative_async`] polled once (see [`crate::block_on`]).
     pub fn generate_speculative(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        speculative: &SpeculativeOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        block_on(self.generate_speculative_async(prompt, options, drafter, speculative, on_text))
+    }
+
+    /// [`Engine::generate_speculative`] for backends whose logits arrive later (WebGPU in a
+    /// browser): the target's forward passes are awaited. The drafter stays synchronous (prompt
+    /// lookup computes nothing; a [`DraftModel`](super::DraftModel) must run on a backend that
+    /// finishes steps synchronously, e.g. the CPU).
+    pub async fn generate_speculative_async(
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
@@ -37,7 +54,7 @@ impl Engine {
         // token is sampled from it; drafting starts after it.
         let mut sampler = Sampler::new(options.sampling.clone());
         let common = session.prepare_prompt(prompt)?;
-        let first = session.eval_for(&prompt[common..], sampler.readback(prompt))?;
+        let first = session.eval_for_async(&prompt[common..], sampler.readback(prompt)).await?;
         let first_token = match first {
             StepOutput::Logits(logits) => sampler.sample(&mut logits.to_vec(), prompt),
             StepOutput::TopK(top) => {
@@ -104,7 +121,7 @@ impl Engine {
             // Rows: [batch.len(), n_vocab] logits or batch.len() rows of candidates. Read in place
             // (no copy of the k + 1 rows); only the logits rows verification reaches are copied,
             // one at a time, into `row_scratch` for the sampler to modify.
-            let output = session.eval_all_for(&batch, readback)?;
+            let output = session.eval_all_for_async(&batch, readback).await?;
             let mut target = |i: usize| -> Result<Distribution> {
                 history.clear();
                 history.extend_from_slice(&context);
