@@ -7,7 +7,7 @@ use hearth_core::backend::KvLayout;
 use hearth_core::graph::SeqStep;
 use crate::attention::PagedKv;
 use hearth_core::kv::{hadamard32, BlockCopy};
-use hearth_core::quant::{dequantize_row, quantize_row, GgmlType};
+use hearth_core::quant::{quantize_row, GgmlType};
 
 struct LayerKv {
     group: usize,
@@ -132,6 +132,7 @@ impl KvStore {
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
+        use hearth_core::quant::dequantize_row;
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let n = hi + 1 - lo;

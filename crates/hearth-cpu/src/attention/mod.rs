@@ -65,7 +65,7 @@ struct Task {
 /// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` covers.
 pub fn attention(q: &[f32], kv: PagedKv<'_>, p: &AttentionParams, pos0: usize, n_tokens: usize, out: &mut [f32]) -> Result<(), CpuError> {
     let hd = p.head_dim;
-    if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 || hd == 0 {
+    if p.n_head.checked_rem(p.n_head_kv) != Some(0) || hd == 0 {
         return Err(CpuError::BadKv(format!("attention with {} query heads over {} KV heads of {hd}", p.n_head, p.n_head_kv)));
     }
     let q_width = p.n_head * hd;
