@@ -97,7 +97,7 @@ fn split_tasks(p: &AttentionParams, n_tokens: usize) -> Vec<Task> {
     #[cfg(not(target_arch = "wasm32"))]
     let threads = rayon::current_num_threads();
     #[cfg(target_arch = "wasm32")]
-    let threads = 1;
+    let threads: usize = 1;
     let splits = threads.div_ceil(token_chunks * p.n_head_kv).clamp(1, group);
     let heads_per_task = group.div_ceil(splits);
     let mut tasks = Vec::new();
