@@ -209,20 +209,17 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let q_width = cols(*q);
-                let (mut k_rows, mut v_rows) = (std::mem::take(&mut compiled.k_scratch), std::mem::take(&mut compiled.v_scratch));
+                let v_offset = params.v_offset.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
                 let mut t0 = 0;
                 for seq in seqs {
-                    // The positions this sequence's queries see, gathered as f32 rows.
+                    // The positions this sequence's queries see, read in place from its blocks.
                     let hi = seq.pos0 + seq.n_tokens - 1;
                     let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
-                    let v_offset = params.v_offset.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
-                    kv.gather(params.layer, seq, lo, hi, &mut k_rows, &mut v_rows, v_offset)?;
+                    let paged = kv.paged(params.layer, seq, lo, hi, v_offset)?;
                     let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
-                    let span = attention::KvSpan { k: &k_rows, v: &v_rows, first_pos: lo };
-                    attention::attention(&bufs[q.0 as usize][rows.clone()], span, params, seq.pos0, seq.n_tokens, &mut o[rows]);
+                    attention::attention(&bufs[q.0 as usize][rows.clone()], paged, params, seq.pos0, seq.n_tokens, &mut o[rows])?;
                     t0 += seq.n_tokens;
                 }
-                (compiled.k_scratch, compiled.v_scratch) = (k_rows, v_rows);
                 bufs[out.0 as usize] = o;
             }
             Op::Add { a, b, out } => {

@@ -1,13 +1,13 @@
 //! The paged KV pool in host memory: per layer, K and V as `[n_blocks, block_size, row]` in the
-//! pool's storage type (f32, f16, q8_0 or q4_0 rows). Attention gathers a sequence's visible
-//! positions into contiguous f32 rows once per layer and step, so the attention kernels (and
-//! their numerics) do not depend on the storage type or the paging.
+//! pool's storage type (f32, f16, q8_0 or q4_0 rows). Attention reads a sequence's rows in place
+//! through its block table ([`KvStore::paged`]), decoding them block by block.
 
 use crate::CpuError;
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::SeqStep;
+use crate::attention::PagedKv;
 use hearth_core::kv::{hadamard32, BlockCopy};
-use hearth_core::quant::{dequantize_row, quantize_row, GgmlType};
+use hearth_core::quant::{quantize_row, GgmlType};
 
 struct LayerKv {
     group: usize,
@@ -99,11 +99,40 @@ impl KvStore {
         }
     }
 
-    /// Positions `lo..=hi` of a sequence in `layer` as contiguous f32 rows: k_out: [n, k_width]
+    /// `layer`'s K/V of a sequence for attention over positions `lo..=hi`, after checking that
+    /// its block table maps every one of them into the pool. A quantized pool adds `v_offset`
+    /// back to the values it decodes.
+    pub fn paged<'a>(&'a self, layer: usize, seq: &SeqStep<'a>, lo: usize, hi: usize, v_offset: Option<&'a [f32]>) -> Result<PagedKv<'a>, CpuError> {
+        let bs = self.layout.block_size;
+        let l = self.layers.get(layer).ok_or_else(|| CpuError::BadKv(format!("attention on layer {layer} outside the KV pool")))?;
+        let n_blocks = self.layout.groups[l.group].n_blocks;
+        let table = seq.block_tables.get(l.group).map_or(&[][..], |t| &t[..]);
+        for b in lo / bs..=hi / bs {
+            if table.get(b).is_none_or(|&block| block as usize >= n_blocks) {
+                return Err(CpuError::BadKv(format!("positions {lo}..={hi} of layer {layer}: block {b} of the sequence is not in the pool")));
+            }
+        }
+        let v_offset = self.offset(v_offset, self.layout.v_width)?;
+        Ok(PagedKv {
+            k: &l.k,
+            v: &l.v,
+            k_row: self.k_row,
+            v_row: self.v_row,
+            kv_type: self.layout.kv_type,
+            block_size: bs,
+            block_table: table,
+            v_offset,
+        })
+    }
+
+    /// Test oracle (the gather attention used before it read the pages in place): positions
+    /// `lo..=hi` of a sequence in `layer` as contiguous f32 rows: k_out: [n, k_width]
     /// (as stored: minus the key offset, which attention cannot see), v_out: [n, v_width] (with
     /// the value offset `v_offset` added back).
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
+        use hearth_core::quant::dequantize_row;
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let n = hi + 1 - lo;

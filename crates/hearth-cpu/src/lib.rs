@@ -48,9 +48,6 @@ impl From<CpuError> for CoreError {
 pub(crate) struct CompiledGraph {
     graph: Graph,
     bufs: Vec<Vec<f32>>,
-    /// Gathered K and V rows of the sequence being attended (reused between steps).
-    k_scratch: Vec<f32>,
-    v_scratch: Vec<f32>,
     /// The last mat-mul input converted to 8-bit blocks (reused by the next mat-mul on it).
     activations: matmul::QuantizedActivations,
     released: bool,
@@ -160,7 +157,7 @@ impl Backend for CpuBackend {
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         self.validate(graph)?;
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
-        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, k_scratch: Vec::new(), v_scratch: Vec::new(), activations: Default::default(), released: false });
+        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, activations: Default::default(), released: false });
         self.counters.graphs_compiled += 1;
         Ok(GraphId(self.graphs.len() as u32 - 1))
     }

@@ -80,6 +80,7 @@ pub struct KvGroup {
 
 /// In-place orthonormal Walsh-Hadamard transform of each 32-value block of `row` (its own
 /// inverse): butterflies of stride 1, 2, 4, 8, 16, then a 1/sqrt(32) scale.
+#[inline]
 pub fn hadamard32(row: &mut [f32]) {
     const SCALE: f32 = 0.176_776_69; // 1 / sqrt(32)
     for block in row.chunks_exact_mut(32) {

@@ -1,0 +1,239 @@
+//! Causal attention over the paged KV cache, with GQA (query heads share KV heads) and sliding
+//! windows.
+//!
+//! Keys and values are read straight from the pool's blocks through the sequence's block table,
+//! in their stored type: each task decodes one block (16 positions) of its KV head's slice at a
+//! time into a small f32 tile that stays in L1, and uses it for every query head and token of the
+//! task. Nothing proportional to the context is copied per layer and step.
+//!
+//! One path for every query, in f32: scores, an exact two-pass softmax, then the weighted sum of
+//! V, each over the positions in order. A query's result depends only on its sequence and
+//! position — never on how many other queries share the step, nor on how the work is split into
+//! tasks — so continuous batching, chunked prefill and speculative verification cannot change
+//! outputs. (ggml's CPU kernel instead switches between an f16 path for small batches and f32 for
+//! large ones; our goldens and perplexity stay within their tolerances of llama.cpp either way,
+//! see tests/.)
+
+mod rows;
+#[cfg(test)]
+mod tests;
+
+use crate::fma::with_fma;
+use crate::CpuError;
+use hearth_core::graph::AttentionParams;
+use hearth_core::kv::KvType;
+use rows::{decode_tile, HeadCols};
+use std::cell::RefCell;
+
+#[cfg(not(target_arch = "wasm32"))]
+use rayon::prelude::*;
+
+/// One layer's K/V of one sequence, as stored in the pool. `KvStore::paged` builds it and
+/// checks that the block table covers the positions attention will read.
+#[derive(Clone, Copy)]
+pub struct PagedKv<'a> {
+    /// The layer's K and V pools: [n_blocks, block_size, row] stored rows.
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+    /// Bytes of one stored K / V row.
+    pub k_row: usize,
+    pub v_row: usize,
+    pub kv_type: KvType,
+    pub block_size: usize,
+    /// Block of positions `i * block_size..` at index i.
+    pub block_table: &'a [u32],
+    /// Added back to every decoded value: [n_head_kv * head_dim] (only for a pool that
+    /// subtracted it at store time).
+    pub v_offset: Option<&'a [f32]>,
+}
+
+/// Tokens per task in a multi-token step: bounds the task's scores to
+/// TOKENS_PER_TASK * heads * context floats while sharing each decoded tile among them.
+const TOKENS_PER_TASK: usize = 16;
+
+/// One unit of parallel work: tokens `t0..t0 + n_tokens` of the sequence and query heads
+/// `h0..h0 + n_heads`, all of which read the same KV head.
+#[derive(Clone, Copy)]
+struct Task {
+    t0: usize,
+    n_tokens: usize,
+    h0: usize,
+    n_heads: usize,
+}
+
+/// One sequence's queries: q, out: [n_tokens, n_head * head_dim]. Token t sits at position
+/// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` covers.
+pub fn attention(q: &[f32], kv: PagedKv<'_>, p: &AttentionParams, pos0: usize, n_tokens: usize, out: &mut [f32]) -> Result<(), CpuError> {
+    let hd = p.head_dim;
+    if p.n_head.checked_rem(p.n_head_kv) != Some(0) || hd == 0 {
+        return Err(CpuError::BadKv(format!("attention with {} query heads over {} KV heads of {hd}", p.n_head, p.n_head_kv)));
+    }
+    let q_width = p.n_head * hd;
+    if q.len() < n_tokens * q_width || out.len() < n_tokens * q_width {
+        return Err(CpuError::BadKv(format!("attention of {n_tokens} tokens over query rows of {} values", q.len())));
+    }
+    let tasks = split_tasks(p, n_tokens);
+    let head = HeadContext { q, kv, p, pos0 };
+    let task = |t: &Task| with_fma!(attend_task(&head, *t));
+    // [task tokens, task heads, head_dim] per task.
+    #[cfg(not(target_arch = "wasm32"))]
+    let results: Vec<Vec<f32>> = tasks.par_iter().map(task).collect();
+    #[cfg(target_arch = "wasm32")]
+    let results: Vec<Vec<f32>> = tasks.iter().map(task).collect();
+    for (t, result) in tasks.iter().zip(&results) {
+        for (i, rows) in result.chunks_exact(t.n_heads * hd).enumerate() {
+            let start = (t.t0 + i) * q_width + t.h0 * hd;
+            out[start..start + rows.len()].copy_from_slice(rows);
+        }
+    }
+    Ok(())
+}
+
+/// Tasks of at most TOKENS_PER_TASK tokens and one KV head's query heads, the latter split
+/// further when there are fewer tasks than threads (decode of a model with few KV heads).
+fn split_tasks(p: &AttentionParams, n_tokens: usize) -> Vec<Task> {
+    let group = p.n_head / p.n_head_kv;
+    let token_chunks = n_tokens.div_ceil(TOKENS_PER_TASK);
+    #[cfg(not(target_arch = "wasm32"))]
+    let threads = rayon::current_num_threads();
+    #[cfg(target_arch = "wasm32")]
+    let threads: usize = 1;
+    let splits = threads.div_ceil(token_chunks * p.n_head_kv).clamp(1, group);
+    let heads_per_task = group.div_ceil(splits);
+    let mut tasks = Vec::new();
+    for t0 in (0..n_tokens).step_by(TOKENS_PER_TASK) {
+        for kv_head in 0..p.n_head_kv {
+            for h0 in (kv_head * group..(kv_head + 1) * group).step_by(heads_per_task) {
+                let n_heads = heads_per_task.min((kv_head + 1) * group - h0);
+                tasks.push(Task { t0, n_tokens: TOKENS_PER_TASK.min(n_tokens - t0), h0, n_heads });
+            }
+        }
+    }
+    tasks
+}
+
+struct HeadContext<'a> {
+    q: &'a [f32],
+    kv: PagedKv<'a>,
+    p: &'a AttentionParams,
+    pos0: usize,
+}
+
+/// A task's working memory, reused across tasks of a thread.
+#[derive(Default)]
+struct Scratch {
+    /// [task tokens, task heads, span] scores, then softmax weights, of each query over the
+    /// task's span of positions.
+    scores: Vec<f32>,
+    /// [task tokens, task heads] running maximum, then sum of exponentials.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// [positions of one block, decoded columns] K or V rows of the task's KV head.
+    tile: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The blocks of positions `lo..=hi`: (first, last) position of each, in order.
+fn blocks(lo: usize, hi: usize, block_size: usize) -> impl Iterator<Item = (usize, usize)> {
+    (lo / block_size..=hi / block_size).map(move |b| ((b * block_size).max(lo), (b * block_size + block_size - 1).min(hi)))
+}
+
+/// One task; returns [task tokens, task heads, head_dim].
+#[inline(always)]
+fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
+    let p = c.p;
+    let hd = p.head_dim;
+    let q_width = p.n_head * hd;
+    let kv_head = task.h0 / (p.n_head / p.n_head_kv);
+    let cols = HeadCols::new(c.kv.kv_type, kv_head * hd, hd);
+    let width = cols.width();
+    // Token t sees positions lo(t)..=pos(t); the task's span covers all of its tokens.
+    let pos_of = |t: usize| c.pos0 + t;
+    let lo_of = |t: usize| p.window.map_or(0, |w| (pos_of(t) + 1).saturating_sub(w));
+    let (span_lo, span_hi) = (lo_of(task.t0), pos_of(task.t0 + task.n_tokens - 1));
+    let span = span_hi + 1 - span_lo;
+    let n_queries = task.n_tokens * task.n_heads;
+    let query = |i: usize| {
+        let (t, h) = (task.t0 + i / task.n_heads, task.h0 + i % task.n_heads);
+        &c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd]
+    };
+    let mut out = vec![0f32; n_queries * hd];
+    // The scratch is taken out of the thread-local so that the loops below stay in this
+    // function, which is inlined into its caller's AVX2 context (code inside a `with` closure is
+    // compiled without it: scalar, not vectorised, in the profile).
+    let mut s = SCRATCH.with_borrow_mut(std::mem::take);
+    s.scores.resize(n_queries * span, 0.0);
+    s.max.clear();
+    s.max.resize(n_queries, f32::NEG_INFINITY);
+    s.sum.clear();
+    s.sum.resize(n_queries, 0.0);
+
+    // Scores, block by block of K.
+    for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
+        decode_tile(&c.kv, false, cols, first, last, &mut s.tile);
+        for i in 0..n_queries {
+            let t = task.t0 + i / task.n_heads;
+            let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
+            let q = query(i);
+            for j in lo..=hi {
+                let k = &s.tile[(j - first) * width + cols.skip..][..hd];
+                let score = dot(q, k) * p.scale;
+                let score = match p.softcap {
+                    Some(cap) => cap * (score / cap).tanh(),
+                    None => score,
+                };
+                s.max[i] = s.max[i].max(score);
+                s.scores[i * span + j - span_lo] = score;
+            }
+        }
+    }
+    // Softmax weights, each query over its positions in order.
+    for i in 0..n_queries {
+        let t = task.t0 + i / task.n_heads;
+        let (max, mut sum) = (s.max[i], 0f32);
+        for w in &mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo] {
+            *w = (*w - max).exp();
+            sum += *w;
+        }
+        s.sum[i] = sum;
+    }
+    // Weighted sum of V, block by block.
+    for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
+        decode_tile(&c.kv, true, cols, first, last, &mut s.tile);
+        for (i, out) in out.chunks_exact_mut(hd).enumerate() {
+            let t = task.t0 + i / task.n_heads;
+            for j in lo_of(t).max(first)..=pos_of(t).min(last) {
+                let w = s.scores[i * span + j - span_lo];
+                let v = &s.tile[(j - first) * width + cols.skip..][..hd];
+                out.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+            }
+        }
+    }
+    for (out, &sum) in out.chunks_exact_mut(hd).zip(&s.sum) {
+        let inv = 1.0 / sum;
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
+    SCRATCH.with_borrow_mut(|scratch| *scratch = s);
+    out
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators let the compiler vectorise without reassociation flags; the
+    // order is fixed, so every build and batch gives the same result.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in chunks * 8..a.len().min(b.len()) {
+        s += a[i] * b[i];
+    }
+    s
+}

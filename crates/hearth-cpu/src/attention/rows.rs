@@ -1,0 +1,123 @@
+//! Decoding stored KV rows (f32, f16, q8_0, q4_0) into f32, exactly as `hearth_core::quant::
+//! dequantize_row` does (every value is the same bits), but inlinable into the attention loops'
+//! AVX2 context and, for f16, with F16C when the CPU has it.
+
+use super::PagedKv;
+use hearth_core::kv::{hadamard32, KvType};
+
+/// Values per block of q8_0 and q4_0 (and per rotation block).
+const QK: usize = 32;
+
+/// Values `c0..c1` of one stored row (`bytes`: the whole row) into out: [c1 - c0]. For the
+/// quantized types c0 and c1 are multiples of 32 (whole blocks).
+#[inline(always)]
+pub(super) fn decode(ty: KvType, bytes: &[u8], c0: usize, c1: usize, out: &mut [f32]) {
+    match ty {
+        KvType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes[c0 * 4..c1 * 4].chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        KvType::F16 => f16_to_f32(&bytes[c0 * 2..c1 * 2], out),
+        KvType::Q8_0 => {
+            const BYTES: usize = 2 + QK;
+            let blocks = bytes[c0 / QK * BYTES..c1 / QK * BYTES].chunks_exact(BYTES);
+            for (block, out) in blocks.zip(out.chunks_exact_mut(QK)) {
+                let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                for (o, &q) in out.iter_mut().zip(&block[2..]) {
+                    *o = q as i8 as f32 * d;
+                }
+            }
+        }
+        KvType::Q4_0 => {
+            const BYTES: usize = 2 + QK / 2;
+            let blocks = bytes[c0 / QK * BYTES..c1 / QK * BYTES].chunks_exact(BYTES);
+            for (block, out) in blocks.zip(out.chunks_exact_mut(QK)) {
+                let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let (lo, hi) = out.split_at_mut(QK / 2);
+                for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&block[2..]) {
+                    *l = ((q & 0x0F) as i32 - 8) as f32 * d;
+                    *h = ((q >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+    }
+}
+
+/// f16 little-endian values to f32 (exact either way).
+#[inline(always)]
+fn f16_to_f32(bytes: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::detected_isa() != crate::kernels::Isa::Scalar {
+        // SAFETY: F16C and AVX are present (`detected_isa` checks them).
+        unsafe { f16_to_f32_f16c(bytes, out) };
+        return;
+    }
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_to_f32_f16c(bytes: &[u8], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = out.len().min(bytes.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so 16 bytes from 2i and 8 floats from i are in bounds.
+        let h = _mm_loadu_si128(bytes.as_ptr().add(2 * i) as *const __m128i);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    for j in i..n {
+        out[j] = half::f16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]).to_f32();
+    }
+}
+
+/// Which part of a stored row one KV head's slice needs decoding: the stored columns
+/// `c0..c1` (whole 32-value blocks for the quantized types, whose rotation works per block) and
+/// where the head's `head_dim` values start inside them.
+#[derive(Clone, Copy)]
+pub(super) struct HeadCols {
+    pub c0: usize,
+    pub c1: usize,
+    pub skip: usize,
+}
+
+impl HeadCols {
+    pub fn new(ty: KvType, col: usize, head_dim: usize) -> Self {
+        let (c0, c1) = match ty {
+            KvType::F32 | KvType::F16 => (col, col + head_dim),
+            KvType::Q8_0 | KvType::Q4_0 => (col / QK * QK, (col + head_dim).div_ceil(QK) * QK),
+        };
+        HeadCols { c0, c1, skip: col - c0 }
+    }
+
+    pub fn width(&self) -> usize {
+        self.c1 - self.c0
+    }
+}
+
+/// Decodes positions `first..=last` (all in one block) of K (`values` = false) or V into
+/// tile: [last - first + 1, cols.width()], undoing the rotation and, for V, adding the value
+/// offset back — the values the old whole-span gather produced, bit for bit.
+#[inline(always)]
+pub(super) fn decode_tile(kv: &PagedKv<'_>, values: bool, cols: HeadCols, first: usize, last: usize, tile: &mut Vec<f32>) {
+    let bs = kv.block_size;
+    let (data, row) = if values { (kv.v, kv.v_row) } else { (kv.k, kv.k_row) };
+    let width = cols.width();
+    tile.resize((last + 1 - first) * width, 0.0);
+    let block = kv.block_table[first / bs] as usize;
+    for (pos, out) in (first..=last).zip(tile.chunks_exact_mut(width)) {
+        let slot = block * bs + pos % bs;
+        decode(kv.kv_type, &data[slot * row..(slot + 1) * row], cols.c0, cols.c1, out);
+        if kv.kv_type.rotates() {
+            // The rotation is its own inverse.
+            hadamard32(out);
+        }
+        if let (true, Some(offset)) = (values, kv.v_offset) {
+            out.iter_mut().zip(&offset[cols.c0..cols.c1]).for_each(|(v, o)| *v += o);
+        }
+    }
+}
