@@ -47,7 +47,7 @@ pub struct ServeArgs {
     /// While requests stream, a step that also prefills new prompts may take at most this many
     /// times as long as the decode step alone (the step cost is learned as the server runs).
     /// Lower: smoother streams, slower first tokens for new requests. At least 1.
-    #[arg(long = "max-stall", default_value_t = 1.5)]
+    #[arg(long = "max-stall", default_value_t = 2.0)]
     pub max_stall: f64,
 }
 

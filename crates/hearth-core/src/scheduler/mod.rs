@@ -40,7 +40,7 @@ pub struct SchedulerOptions {
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        SchedulerOptions { max_batch: 8, prefill_chunk: 256, max_stall: 1.5 }
+        SchedulerOptions { max_batch: 8, prefill_chunk: 256, max_stall: 2.0 }
     }
 }
 
