@@ -13,7 +13,8 @@ mod dot;
 use super::legacy::f16_at;
 use super::{GgmlType, QK_K};
 
-pub(super) use dot::{quantize_q8_k, vec_dot};
+pub use dot::quantize_q8_k;
+pub(super) use dot::vec_dot;
 
 /// Q4_K/Q5_K: the 6-bit (scale, min) pair of sub-block `j` (0..8), ggml's `get_scale_min_k4`.
 #[inline]

@@ -10,6 +10,9 @@ mod float;
 mod kquants;
 mod legacy;
 
+/// The Q8_K activation quantizer without size checks, for backends that compile it for their ISA.
+pub use kquants::quantize_q8_k as quantize_q8_k_blocks;
+
 use crate::error::{CoreError, Result};
 
 /// GGML tensor type ids, as stored in GGUF tensor infos.

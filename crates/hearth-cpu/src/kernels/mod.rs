@@ -201,42 +201,16 @@ fn quantize_q8_legacy_body(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// ggml's `quantize_row_q8_K_ref` (`hearth_core::quant`'s reference, the same code) compiled
-/// for AVX2, so that rounding half to even is an instruction, not a libm `rintf` call per element.
-/// `dst` must be `Q8_K.row_bytes(src.len())` bytes.
+/// ggml's `quantize_row_q8_K_ref`: `hearth_core::quant`'s reference body, inlined here and
+/// compiled for AVX2, so that rounding half to even is an instruction, not a libm `rintf` call
+/// per element. `dst` must be `Q8_K.row_bytes(src.len())` bytes.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
-    const QK_K: usize = 256;
-    const QS: usize = 4;
-    const BSUMS: usize = 4 + QK_K;
-    for (x, block) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(GgmlType::Q8_K.block_bytes())) {
-        // The first element of largest magnitude maps to -127.
-        let mut amax = 0f32;
-        let mut max = 0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
-            block.fill(0);
-            continue;
-        }
-        let iscale = -127.0 / max;
-        for (q, &v) in block[QS..BSUMS].iter_mut().zip(x) {
-            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8 as u8;
-        }
-        for j in 0..QK_K / 16 {
-            let sum: i32 = block[QS + 16 * j..QS + 16 * j + 16].iter().map(|&q| q as i8 as i32).sum();
-            block[BSUMS + 2 * j..BSUMS + 2 * j + 2].copy_from_slice(&(sum as i16).to_le_bytes());
-        }
-        block[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
-    }
+    hearth_core::quant::quantize_q8_k_blocks(src, dst)
 }
 
 /// Weight rows that [`vec_dot_tile`] handles per pass for types with tile kernels.

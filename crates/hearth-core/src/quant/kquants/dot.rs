@@ -11,8 +11,11 @@ pub(crate) const Q8K_BSUMS: usize = 4 + QK_K;
 
 /// ggml's `quantize_row_q8_K_ref`: the element of largest magnitude (first one on ties) maps to
 /// -127 via `iscale = -127/max`; codes are rounded half-to-even (ggml's `nearest_int`) and capped
-/// at 127; `d = 1/iscale` is stored as f32.
-pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+/// at 127; `d = 1/iscale` is stored as f32. Whole blocks only: `dst` holds
+/// `Q8_K.row_bytes(src.len())` bytes. Always inlined so that a caller compiled for a wider ISA
+/// (hearth-cpu's AVX2 wrapper) gets the rounding as an instruction, not a libm call per element.
+#[inline(always)]
+pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     for (x, block) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(GgmlType::Q8_K.block_bytes())) {
         let mut amax = 0f32;
         let mut max = 0f32;
