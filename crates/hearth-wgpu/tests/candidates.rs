@@ -92,7 +92,7 @@ fn gemma_270m_scheduler_steps_read_back_candidates_and_match_full_logits() {
         candidates_only.iter().map(|s| GenerateOptions { max_tokens, ignore_eos: true, sampling: s.clone(), ..GenerateOptions::default() }).collect();
     let want: Vec<Vec<u32>> = prompts.iter().zip(&requests).map(|(p, o)| full_logits_tokens(&mut oracle, p, o)).collect();
 
-    let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK });
+    let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK, ..SchedulerOptions::default() });
     let ids: Vec<RequestId> = prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
     let (got, step_bytes) = run_scheduler(&mut s, &ids);
     eprintln!("candidate steps read back {step_bytes:?} bytes (3 rows, full logits would be {})", 3 * n_vocab * 4);
