@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decode speed of qwen2.5-coder-1.5b with and without speculative decoding (greedy, 2 threads):
-# no speculation, the 0.5B as draft model, prompt lookup; on a code-editing and a prose prompt.
+# no speculation, the 0.5B as draft model, prompt lookup; on a code-editing and a prose prompt;
+# each speculative mode with the default cost-driven draft lengths and with --fixed-draft-length.
 # Each prompt's three runs go back to back; the load average is printed before and after (the
 # machine may be shared: compare rows of one run, not runs).
 # Usage: scripts/bench-speculative.sh [path/to/hearth] [max tokens]
@@ -27,6 +28,8 @@ for p in code prose; do
   if [ $p = code ]; then prompt=$CODE; else prompt=$PROSE; fi
   run "$p, no speculation" "$prompt"
   run "$p, draft qwen2.5-coder-0.5b" "$prompt" --draft-model qwen2.5-coder-0.5b
+  run "$p, draft qwen2.5-coder-0.5b, fixed length" "$prompt" --draft-model qwen2.5-coder-0.5b --fixed-draft-length
   run "$p, prompt lookup" "$prompt" --lookup
+  run "$p, prompt lookup, fixed length" "$prompt" --lookup --fixed-draft-length
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -33,10 +33,16 @@ pub struct RunArgs {
     /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
     #[arg(long = "draft-model")]
     pub draft_model: Option<String>,
-    /// Most draft tokens per step. With --draft-model (default 5) the draft length adapts to the
-    /// acceptance rate within 1..=K; with --lookup (default 15) the match length sets it.
+    /// Most draft tokens per step (default 5 with --draft-model, 15 with --lookup, whose match
+    /// length also caps each proposal). Each step drafts and verifies the number within 0..=K
+    /// that gives the most tokens per second at the acceptance rate and the pass costs measured
+    /// so far (0 = a plain step where speculation would be slower).
     #[arg(long = "draft-tokens")]
     pub draft_tokens: Option<usize>,
+    /// Draft and verify up to --draft-tokens every step instead of adapting (with sampling,
+    /// this makes a seeded run reproducible: adaptive lengths depend on measured timings).
+    #[arg(long = "fixed-draft-length")]
+    pub fixed_draft_length: bool,
     /// With --draft-model: stop drafting where the draft model's top token is less likely than
     /// this (0 drafts the full length).
     #[arg(long = "draft-min-p", default_value_t = hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)]
@@ -130,7 +136,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let speculative = if args.lookup { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
     let speculative = SpeculativeOptions {
         max_draft_tokens: args.draft_tokens.unwrap_or(speculative.max_draft_tokens).max(1),
-        ..speculative
+        adaptive: !args.fixed_draft_length,
     };
     let stream = !args.json;
     let mut stdout = std::io::stdout();

@@ -9,7 +9,7 @@ use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, Proposal, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, PromptLookup, Proposal, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::time::Instant;
@@ -158,6 +158,12 @@ fn main() {
                     simulate(&lookup, &prompt, &plain.tokens, k, &costs);
                 eprintln!("sim min_ngram {mn} per_matched {tpm} multiple {wm} k {k}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
             }
+            // The default lookup under the default cost-driven policy, its observed pass costs
+            // disturbed by a multiplicative noise of up to ±NOISE (a shared machine).
+            for noise in [0.0, 0.2, 0.5] {
+                let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, &costs, noise);
+                eprintln!("policy (noise {noise}): {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
+            }
         }
         return;
     }
@@ -258,6 +264,55 @@ fn simulate(
             let m = lookup.longest_suffix_match(&context).map_or(0, |m| m.len);
             eprintln!("  pos {pos} match {m} draft {} ok {ok}", draft.len());
         }
+        pos += ok + 1;
+    }
+    (passes, proposed, accepted, ms)
+}
+
+/// `simulate` with [`DraftPolicy`] choosing how much of each lookup proposal to verify, fed the
+/// pass costs of `costs` (index: width - 1) times a pseudo-random factor in 1 ± `noise`.
+fn simulate_policy(
+    lookup: &PromptLookup,
+    prompt: &[u32],
+    output: &[u32],
+    k: usize,
+    costs: &[f64],
+    noise: f64,
+) -> (usize, usize, usize, f64) {
+    let mut policy = DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: k, adaptive: true });
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut jitter = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        1.0 + noise * (2.0 * ((state >> 11) as f64 / (1u64 << 53) as f64) - 1.0)
+    };
+    let mut pos = 1;
+    let (mut passes, mut proposed, mut accepted, mut ms) = (0, 0, 0, 0.0);
+    while pos < output.len() {
+        let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
+        let budget = policy.request().min(output.len() - pos - 1);
+        let draft = if budget > 0 { lookup.lookup(&context, budget) } else { Vec::new() };
+        policy.observe_draft(budget, 0.0);
+        let verify = policy.verify_length(draft.len());
+        let ok = draft[..verify].iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
+        let cost = costs[verify.min(costs.len() - 1)];
+        policy.observe_pass(1 + verify, cost * jitter());
+        policy.observe_outcome(draft.len(), verify, ok);
+        if ok == verify {
+            policy.track_unverified(draft.len(), &draft[verify..]);
+        }
+        if let Some(&next) = output.get(pos + ok) {
+            policy.observe_token(next);
+        }
+        if std::env::var("VERBOSE").is_ok() {
+            let would = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
+            eprintln!("  pos {pos} proposed {} verified {verify} kept {ok} (would keep {would}), acceptance {:.2}", draft.len(), policy.acceptance());
+        }
+        passes += 1;
+        proposed += verify;
+        accepted += ok;
+        ms += cost;
         pos += ok + 1;
     }
     (passes, proposed, accepted, ms)

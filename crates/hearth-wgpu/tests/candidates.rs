@@ -138,7 +138,7 @@ fn gemma_270m_greedy_verification_reads_back_the_argmax_per_row() {
     let greedy = GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::default() };
     let before = engine.session().backend().counters().bytes_read_back;
     let spec = engine
-        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions::lookup(), &mut |_| true)
+        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 15, adaptive: false }, &mut |_| true)
         .expect("generate_speculative");
     let bytes = engine.session().backend().counters().bytes_read_back - before;
     let metrics = spec.speculative.clone().expect("metrics");

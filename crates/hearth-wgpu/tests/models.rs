@@ -298,7 +298,7 @@ fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
     engine.session_mut().reset();
     let spec = engine
-        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions::default(), &mut |_| true)
+        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 5, adaptive: false }, &mut |_| true)
         .expect("generate_speculative");
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("wgpu lookup: {metrics:?}\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);

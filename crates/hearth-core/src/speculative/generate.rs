@@ -5,7 +5,7 @@
 //! `1 + k` tokens yields the logits for all k draft positions and the bonus position.
 
 use super::verify::{verify_proposal, Distribution};
-use super::{AdaptiveDraftLength, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
+use super::{DraftPolicy, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
 use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
@@ -66,7 +66,7 @@ impl Engine {
 
         let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
         let mut output = TextOutput::new(tokenizer, &options.stop, options.ignore_eos, on_text);
-        let mut length = AdaptiveDraftLength::new(speculative);
+        let mut policy = DraftPolicy::new(speculative);
         let mut metrics = SpeculativeMetrics::default();
         // Prompt and accepted output; its last token is the pending one.
         let mut context = prompt.to_vec();
@@ -102,13 +102,24 @@ impl Engine {
             if session.remaining() == 0 {
                 break FinishReason::ContextFull;
             }
-            // Each step yields accepted + 1 tokens and evaluates 1 + proposed.
-            let budget = length.current().min(options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
+            // Each step yields accepted + 1 tokens and evaluates 1 + verified drafts.
+            let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
+            let budget = policy.request().min(room);
+            let drafting = Instant::now();
             let mut proposal =
                 if budget > 0 { drafter.propose(&context, budget, &options.sampling)? } else { Proposal::default() };
+            policy.observe_draft(budget, ms(drafting));
             proposal.tokens.truncate(budget);
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
+            }
+            // Verify only the drafts that pay at this machine's pass costs; the ones left out
+            // are still scored against the target's tokens as they come.
+            let proposed_len = proposal.tokens.len();
+            let verify = policy.verify_length(proposed_len);
+            let unverified = proposal.tokens.split_off(verify.min(proposed_len));
+            if let Some(distributions) = proposal.distributions.as_mut() {
+                distributions.truncate(verify);
             }
             let kept = context.len() - 1;
             let mut batch = Vec::with_capacity(1 + proposal.tokens.len());
@@ -121,7 +132,9 @@ impl Engine {
             // Rows: [batch.len(), n_vocab] logits or batch.len() rows of candidates. Read in place
             // (no copy of the k + 1 rows); only the logits rows verification reaches are copied,
             // one at a time, into `row_scratch` for the sampler to modify.
+            let pass = Instant::now();
             let output = session.eval_all_for_async(&batch, readback).await?;
+            policy.observe_pass(batch.len(), ms(pass));
             let mut target = |i: usize| -> Result<Distribution> {
                 history.clear();
                 history.extend_from_slice(&context);
@@ -146,7 +159,11 @@ impl Engine {
             let outcome = verify_proposal(drafts, proposal.distributions.as_deref(), &mut target, &mut rng)?;
             session.rollback(kept + 1 + outcome.accepted)?;
             metrics.record(&outcome);
-            length.update(outcome.accepted, outcome.proposed);
+            policy.observe_outcome(proposed_len, outcome.proposed, outcome.accepted);
+            if outcome.accepted == outcome.proposed {
+                policy.track_unverified(proposed_len, &unverified);
+            }
+            policy.observe_token(outcome.continuation_token);
 
             new_tokens.extend_from_slice(&drafts[..outcome.accepted]);
             new_tokens.push(outcome.continuation_token);

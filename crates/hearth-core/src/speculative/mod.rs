@@ -7,16 +7,20 @@
 //! - [`verify`]: who decides. Greedy keeps exactly the target's greedy output; with sampling it
 //!   is the rejection sampling of Leviathan et al. 2023 / Chen et al. 2023, so the output follows
 //!   the target's (post-filter) distribution whatever the drafter proposes.
-//! - [`AdaptiveDraftLength`]: how many tokens to ask for, from the running acceptance rate.
+//! - [`DraftPolicy`]: how many tokens to draft and verify each step, from the running acceptance
+//!   rate and the measured costs of drafting and of verification passes by width (none, where
+//!   speculation would be slower than plain decoding).
 //! - `Engine::generate_speculative` (in `generate.rs`): the loop, with the streaming, stop-string
 //!   and timing behaviour of `Engine::generate`.
 
 mod draft_model;
 mod generate;
+mod policy;
 mod prompt_lookup;
 pub mod verify;
 
 pub use draft_model::{check_vocab_compatible, DraftModel, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use policy::{DraftPolicy, PROBE_EVERY};
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
@@ -44,14 +48,15 @@ pub trait Drafter {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpeculativeOptions {
-    /// Upper bound of the draft length (the adaptive length moves within 1..=this).
+    /// Upper bound of the draft length (the adaptive length moves within 0..=this).
     pub max_draft_tokens: usize,
-    /// Adapt the draft length to the acceptance rate; false keeps it at `max_draft_tokens`.
+    /// Choose each step's draft length with [`DraftPolicy`] (0 where speculation would not pay);
+    /// false drafts and verifies up to `max_draft_tokens` every step.
     pub adaptive: bool,
 }
 
-/// For a draft model: up to 5 tokens, adapted to the acceptance rate (each draft token costs a
-/// draft-model pass, so the length follows how many are kept).
+/// For a draft model: up to 5 tokens, adapted to the acceptance rate and the measured costs (each
+/// draft token costs a draft-model pass).
 impl Default for SpeculativeOptions {
     fn default() -> Self {
         SpeculativeOptions { max_draft_tokens: 5, adaptive: true }
@@ -60,9 +65,10 @@ impl Default for SpeculativeOptions {
 
 impl SpeculativeOptions {
     /// For [`PromptLookup`]: drafting is free and the drafter sizes each proposal from its match
-    /// length, so the ceiling is high (a 16-token verification pass) and not adapted.
+    /// length, so the ceiling is high (a 16-token verification pass); the policy verifies as much
+    /// of each proposal as pays on this machine.
     pub fn lookup() -> Self {
-        SpeculativeOptions { max_draft_tokens: 15, adaptive: false }
+        SpeculativeOptions { max_draft_tokens: 15, adaptive: true }
     }
 }
 
@@ -96,85 +102,5 @@ fn ratio(a: usize, b: usize) -> f64 {
         0.0
     } else {
         a as f64 / b as f64
-    }
-}
-
-/// Draft length driven by an exponential moving average of the per-step acceptance rate: long
-/// drafts pay off only when most of them are kept, and every rejected token costs target compute.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AdaptiveDraftLength {
-    current: usize,
-    max: usize,
-    adaptive: bool,
-    /// Running acceptance rate in [0, 1].
-    rate: f64,
-}
-
-impl AdaptiveDraftLength {
-    /// Weight of the newest step in the running rate.
-    const SMOOTHING: f64 = 0.3;
-    /// Above this running rate the draft grows by one token...
-    const GROW_ABOVE: f64 = 0.7;
-    /// ...below this one it shrinks by one.
-    const SHRINK_BELOW: f64 = 0.35;
-
-    pub fn new(options: &SpeculativeOptions) -> Self {
-        let max = options.max_draft_tokens.max(1);
-        AdaptiveDraftLength { current: max, max, adaptive: options.adaptive, rate: 0.5 }
-    }
-
-    pub fn current(&self) -> usize {
-        self.current
-    }
-
-    pub fn rate(&self) -> f64 {
-        self.rate
-    }
-
-    /// Feeds one verification step. Steps with nothing proposed carry no information.
-    pub fn update(&mut self, accepted: usize, proposed: usize) {
-        if proposed == 0 {
-            return;
-        }
-        let step_rate = accepted.min(proposed) as f64 / proposed as f64;
-        self.rate = (1.0 - Self::SMOOTHING) * self.rate + Self::SMOOTHING * step_rate;
-        if !self.adaptive {
-            return;
-        }
-        if self.rate > Self::GROW_ABOVE {
-            self.current = (self.current + 1).min(self.max);
-        } else if self.rate < Self::SHRINK_BELOW {
-            self.current = self.current.saturating_sub(1).max(1);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn draft_length_grows_and_shrinks_within_bounds() {
-        let mut length = AdaptiveDraftLength::new(&SpeculativeOptions { max_draft_tokens: 4, adaptive: true });
-        assert_eq!(length.current(), 4);
-        for _ in 0..10 {
-            length.update(0, length.current());
-        }
-        assert_eq!(length.current(), 1, "all rejected: shrinks to the minimum");
-        for _ in 0..10 {
-            length.update(length.current(), length.current());
-        }
-        assert_eq!(length.current(), 4, "all accepted: grows back to the maximum");
-        length.update(0, 0);
-        assert_eq!(length.current(), 4, "an empty proposal changes nothing");
-    }
-
-    #[test]
-    fn fixed_length_when_not_adaptive() {
-        let mut length = AdaptiveDraftLength::new(&SpeculativeOptions { max_draft_tokens: 3, adaptive: false });
-        for _ in 0..10 {
-            length.update(0, 3);
-        }
-        assert_eq!(length.current(), 3);
     }
 }

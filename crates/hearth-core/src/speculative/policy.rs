@@ -1,0 +1,308 @@
+//! How many tokens to draft and verify per step: the number that maximises the expected tokens
+//! per millisecond, from running estimates of what drafts are worth (how often they are kept) and
+//! of what drafting and verifying cost on this machine (measured online, per verification width).
+//!
+//! Speculation only pays where a pass of `1 + k` rows costs little more than a pass of one: on a
+//! GPU, nearly always; on a CPU with a few cores, only when most drafts are kept (a 4-row pass of
+//! Qwen2.5-1.5B cost 2.2 single passes on 2 cores). A fixed rule is wrong on one of them, so the
+//! policy measures both sides and falls back to plain decoding (k = 0) whenever speculation would
+//! be slower, so turning it on never costs more than the probes that keep the estimates fresh.
+//!
+//! Model: draft token i (1-based) of a proposal is kept with probability p^i (each is kept given
+//! the previous one was, with probability p), so verifying k drafts yields on average
+//! `E(k) = 1 + p + p² + … + p^k` tokens (the `1` is the target's own token), and costs
+//! `draft(k) + pass(1 + k)` ms. p is estimated per proposal length (a drafter's length says how
+//! sure it is: prompt lookup drafts as many tokens as it matched, a draft model stops when
+//! unsure), pulled towards the overall rate where a length has few observations.
+
+/// Proposal lengths with an acceptance estimate of their own; longer ones share the last.
+const LENGTH_CLASSES: usize = 16;
+/// Verification widths whose cost is tracked (wider passes count as the widest).
+const TRACKED_WIDTHS: usize = 65;
+/// Weight of the newest observation in the running estimates.
+const NEW_WEIGHT: f64 = 0.25;
+/// Pseudo-observations that pull a proposal length's acceptance towards the overall rate.
+const PRIOR_STRENGTH: f64 = 2.0;
+/// Plain steps after which a drafter that costs time is tried again, at the soonest, so that a
+/// change in acceptance (the output started copying the prompt) is noticed; expensive probes
+/// wait longer (see [`PROBE_SHARE`]).
+pub const PROBE_EVERY: usize = 16;
+/// The share of decoding time that probes of an expensive drafter may take.
+const PROBE_SHARE: f64 = 0.1;
+/// A drafter counts as free when a full proposal costs less than this share of a single pass:
+/// it is then asked every step, and its unverified proposals are scored against the output.
+const FREE_DRAFT_SHARE: f64 = 0.02;
+
+/// Exponentially forgetting counts of kept and rejected draft tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Counts {
+    kept: f64,
+    rejected: f64,
+}
+
+impl Counts {
+    fn add(&mut self, kept: f64, rejected: f64) {
+        let keep = 1.0 - NEW_WEIGHT;
+        self.kept = self.kept * keep + kept;
+        self.rejected = self.rejected * keep + rejected;
+    }
+
+    fn total(&self) -> f64 {
+        self.kept + self.rejected
+    }
+}
+
+/// Running cost of a verification pass by its width (rows).
+#[derive(Clone, Debug)]
+struct PassCosts {
+    by_width: Vec<Option<f64>>,
+}
+
+impl PassCosts {
+    fn new() -> Self {
+        PassCosts { by_width: vec![None; TRACKED_WIDTHS] }
+    }
+
+    fn observe(&mut self, width: usize, ms: f64) {
+        if !ms.is_finite() || ms < 0.0 {
+            return;
+        }
+        if let Some(slot) = self.by_width.get_mut(width.min(TRACKED_WIDTHS - 1)) {
+            *slot = Some(slot.map_or(ms, |old| old * (1.0 - NEW_WEIGHT) + ms * NEW_WEIGHT));
+        }
+    }
+
+    fn measured(&self, width: usize) -> Option<f64> {
+        self.by_width.get(width).copied().flatten()
+    }
+
+    /// The estimated cost of a pass of `width` rows: measured, or interpolated linearly between
+    /// the nearest measured widths (a CPU's cost is not linear over all widths: its mat-muls
+    /// work in groups of rows), or extrapolated with the slope of the two widest measured. With
+    /// nothing measured on one side the nearest measured cost stands in: optimistic, so that
+    /// the width gets tried and measured.
+    fn estimate(&self, width: usize) -> f64 {
+        let width = width.min(TRACKED_WIDTHS - 1);
+        if let Some(ms) = self.measured(width) {
+            return ms;
+        }
+        let below = (1..width).rev().find_map(|w| self.measured(w).map(|ms| (w, ms)));
+        let above = (width + 1..TRACKED_WIDTHS).find_map(|w| self.measured(w).map(|ms| (w, ms)));
+        let line = |(w0, c0): (usize, f64), (w1, c1): (usize, f64)| c0 + (c1 - c0) * (width as f64 - w0 as f64) / (w1 as f64 - w0 as f64);
+        match (below, above) {
+            (Some(b), Some(a)) => line(b, a),
+            (Some(b), None) => {
+                // The slope of the two widest measured widths, never negative.
+                let before = (1..b.0).rev().find_map(|w| self.measured(w).map(|ms| (w, ms)));
+                before.map_or(b.1, |p| line(p, b).max(b.1))
+            }
+            (None, Some(a)) => a.1,
+            (None, None) => 1.0,
+        }
+    }
+}
+
+/// Chooses the draft length of each speculative step (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct DraftPolicy {
+    max: usize,
+    adaptive: bool,
+    overall: Counts,
+    by_length: [Counts; LENGTH_CLASSES],
+    pass: PassCosts,
+    /// Running ms of drafting per requested token; `None` before the first proposal.
+    draft_ms_per_token: Option<f64>,
+    steps: usize,
+    plain_steps: usize,
+    probing: bool,
+    /// The unverified rest of the last proposal (its length class, the drafts not yet
+    /// compared), scored against the target's tokens while steps are plain.
+    unverified: Option<(usize, Vec<u32>)>,
+}
+
+impl DraftPolicy {
+    pub fn new(options: &super::SpeculativeOptions) -> Self {
+        DraftPolicy {
+            max: options.max_draft_tokens.max(1),
+            adaptive: options.adaptive,
+            overall: Counts::default(),
+            by_length: [Counts::default(); LENGTH_CLASSES],
+            pass: PassCosts::new(),
+            draft_ms_per_token: None,
+            steps: 0,
+            plain_steps: 0,
+            probing: false,
+            unverified: None,
+        }
+    }
+
+    /// The overall acceptance estimate: the share of draft tokens kept given the previous one
+    /// was. Starts at 2/3 (one rejection and two kept pseudo-observations): optimistic enough to
+    /// try drafting, weak enough to be overruled by the first few steps.
+    pub fn acceptance(&self) -> f64 {
+        (self.overall.kept + 2.0) / (self.overall.total() + 3.0)
+    }
+
+    /// The acceptance estimate for drafts of a proposal of `length` tokens: that length's own
+    /// record, pulled towards (L + 1) / (L + 2) where it has few observations: Laplace's rule of
+    /// succession for a drafter that was sure of L tokens in a row (prompt lookup drafts as many
+    /// tokens as it matched, a draft model stops where it is unsure).
+    fn acceptance_for(&self, length: usize) -> f64 {
+        let c = self.by_length[length.clamp(1, LENGTH_CLASSES) - 1];
+        let prior = (length as f64 + 1.0) / (length as f64 + 2.0);
+        (c.kept + PRIOR_STRENGTH * prior) / (c.total() + PRIOR_STRENGTH)
+    }
+
+    /// Expected tokens from verifying k drafts kept with probability p each (given the
+    /// previous): 1 + p + … + p^k.
+    fn expected_tokens(p: f64, k: usize) -> f64 {
+        let (mut sum, mut term) = (1.0, 1.0);
+        for _ in 0..k {
+            term *= p;
+            sum += term;
+        }
+        sum
+    }
+
+    fn draft_ms(&self, k: usize) -> f64 {
+        self.draft_ms_per_token.unwrap_or(0.0) * k as f64
+    }
+
+    /// Whether drafting is known to cost next to nothing (prompt lookup), so that the drafter
+    /// is asked every step and its unverified proposals still teach the acceptance estimate.
+    pub fn drafting_is_free(&self) -> bool {
+        self.draft_ms_per_token.is_some_and(|_| self.draft_ms(self.max) < FREE_DRAFT_SHARE * self.pass.estimate(1))
+    }
+
+    /// The k in `0..=limit` with the most expected tokens per ms, drafts kept with probability
+    /// p and `draft_ms(k)` spent proposing them (ties go to the shorter draft).
+    fn best_length(&self, p: f64, limit: usize, draft_ms: impl Fn(usize) -> f64) -> usize {
+        let rate = |k: usize| Self::expected_tokens(p, k) / (draft_ms(k) + self.pass.estimate(1 + k)).max(1e-9);
+        let mut best = 0;
+        for k in 1..=limit {
+            if rate(k) > rate(best) * (1.0 + 1e-9) {
+                best = k;
+            }
+        }
+        best
+    }
+
+    /// How many tokens to ask the drafter for this step (0: a plain step without drafting).
+    pub fn request(&mut self) -> usize {
+        self.steps += 1;
+        self.probing = false;
+        if !self.adaptive || self.steps == 1 {
+            // The first step drafts in full, so that the costs and the acceptance get measured.
+            return self.max;
+        }
+        let free = self.drafting_is_free();
+        if self.pass.measured(1).is_none() {
+            // The second step measures a plain pass: every other cost is judged against it.
+            // A free drafter still proposes, to be scored against the target's token.
+            return if free { self.max } else { 0 };
+        }
+        let best = self.best_length(self.acceptance(), self.max, |k| self.draft_ms(k));
+        if best > 0 || free {
+            self.plain_steps = 0;
+            return if free { self.max } else { best };
+        }
+        self.plain_steps += 1;
+        if self.plain_steps >= self.probe_interval() {
+            self.plain_steps = 0;
+            self.probing = true;
+            return self.max;
+        }
+        0
+    }
+
+    /// Plain steps between probes of a drafter that costs time: at least [`PROBE_EVERY`], and
+    /// enough that a probe (drafting in full, then a full-width pass instead of a plain one)
+    /// costs at most [`PROBE_SHARE`] of the time in between.
+    fn probe_interval(&self) -> usize {
+        let plain = self.pass.estimate(1).max(1e-9);
+        let probe_cost = self.draft_ms(self.max) + (self.pass.estimate(1 + self.max) - plain).max(0.0);
+        let interval = (probe_cost / (PROBE_SHARE * plain)).ceil();
+        if interval.is_finite() { (interval as usize).clamp(PROBE_EVERY, 1 << 20) } else { PROBE_EVERY }
+    }
+
+    /// Of a proposal of `available` tokens, how many to verify (all or none): drafting is paid
+    /// for by now, so only the pass costs and the acceptance for proposals of this length count.
+    pub fn verify_length(&self, available: usize) -> usize {
+        if !self.adaptive || self.probing || self.steps == 1 {
+            return available;
+        }
+        if self.pass.measured(1).is_none() {
+            return 0;
+        }
+        // All or nothing: the drafter sized the proposal from its own confidence (lookup's
+        // match length, the draft model's stop), which says more about this proposal than the
+        // running estimates; they decide whether verifying it pays at all. (Replayed on the
+        // code edit at measured CPU pass costs, shortening proposals to the estimate's best
+        // length cost 3-5 more passes than verifying them whole.)
+        let p = self.acceptance_for(available);
+        let whole = Self::expected_tokens(p, available) / self.pass.estimate(1 + available).max(1e-9);
+        let plain = 1.0 / self.pass.estimate(1).max(1e-9);
+        if whole > plain * (1.0 + 1e-9) { available } else { 0 }
+    }
+
+    /// Drafting `requested` tokens took `ms`.
+    pub fn observe_draft(&mut self, requested: usize, ms: f64) {
+        if requested == 0 || !ms.is_finite() || ms < 0.0 {
+            return;
+        }
+        let per_token = ms / requested as f64;
+        self.draft_ms_per_token = Some(self.draft_ms_per_token.map_or(per_token, |old| old * (1.0 - NEW_WEIGHT) + per_token * NEW_WEIGHT));
+    }
+
+    /// A verification pass of `width` rows (1 + verified drafts) took `ms`.
+    pub fn observe_pass(&mut self, width: usize, ms: f64) {
+        self.pass.observe(width, ms);
+    }
+
+    /// `accepted` of the `verified` drafts (the first ones of a proposal of `length`) were kept.
+    pub fn observe_outcome(&mut self, length: usize, verified: usize, accepted: usize) {
+        if verified == 0 {
+            return;
+        }
+        self.drop_unverified();
+        let accepted = accepted.min(verified);
+        let rejected = if accepted < verified { 1.0 } else { 0.0 };
+        self.record(length, accepted as f64, rejected);
+    }
+
+    /// Remembers `drafts`, the unverified rest of a proposal of `length` tokens whose verified
+    /// drafts were all kept, to score them against the target's next tokens
+    /// ([`Self::observe_token`]): free information about drafts that were not worth a wider pass.
+    /// An empty `drafts` keeps the drafts tracked before (a plain step without a proposal).
+    pub fn track_unverified(&mut self, length: usize, drafts: &[u32]) {
+        if !drafts.is_empty() {
+            self.unverified = Some((length, drafts.iter().rev().copied().collect()));
+        }
+    }
+
+    /// The target chose `token` at the next position: scores the tracked unverified draft there
+    /// (kept, or rejected and the rest dropped, as verification would have).
+    pub fn observe_token(&mut self, token: u32) {
+        let Some((length, mut rest)) = self.unverified.take() else { return };
+        let Some(draft) = rest.pop() else { return };
+        let kept = draft == token;
+        self.record(length, if kept { 1.0 } else { 0.0 }, if kept { 0.0 } else { 1.0 });
+        if kept && !rest.is_empty() {
+            self.unverified = Some((length, rest));
+        }
+    }
+
+    /// A new proposal is being verified: its outcome covers the positions still tracked.
+    fn drop_unverified(&mut self) {
+        self.unverified = None;
+    }
+
+    fn record(&mut self, length: usize, kept: f64, rejected: f64) {
+        self.overall.add(kept, rejected);
+        self.by_length[length.clamp(1, LENGTH_CLASSES) - 1].add(kept, rejected);
+    }
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

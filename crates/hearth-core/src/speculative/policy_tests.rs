@@ -1,0 +1,197 @@
+use super::*;
+use crate::speculative::SpeculativeOptions;
+
+/// Pass costs of Qwen2.5-Coder-1.5B on 2 CPU cores (tests/examples/spec_profile.rs, ms by width).
+fn cpu_pass_ms(width: usize) -> f64 {
+    [39.0, 82.0, 101.0, 87.0, 109.0, 135.0, 163.0, 152.0, 173.0, 200.0, 227.0, 220.0, 238.0, 265.0, 292.0, 286.0]
+        .get(width - 1)
+        .copied()
+        .unwrap_or(20.0 * width as f64)
+}
+
+/// A GPU: the weights are read once per pass, rows are nearly free.
+fn gpu_pass_ms(width: usize) -> f64 {
+    6.0 + 0.05 * width as f64
+}
+
+fn policy(max: usize) -> DraftPolicy {
+    DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: max, adaptive: true })
+}
+
+/// Runs `steps` steps of a drafter whose tokens are each kept with probability `p` given the
+/// previous (coins from a fixed xorshift sequence, so every run is the same), with the given
+/// costs; returns the number of drafts verified at each step.
+fn simulate(policy: &mut DraftPolicy, steps: usize, p: f64, pass_ms: impl Fn(usize) -> f64, draft_ms_per_token: f64) -> Vec<usize> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut coin = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut chosen = Vec::new();
+    for _ in 0..steps {
+        let requested = policy.request();
+        if requested > 0 {
+            policy.observe_draft(requested, draft_ms_per_token * requested as f64);
+        }
+        let verified = policy.verify_length(requested);
+        // How far this proposal's drafts (all token 1) would be kept: each with probability p
+        // after the last; the target's token after them is 2.
+        let reach = (0..requested).take_while(|_| coin() < p).count();
+        policy.observe_pass(1 + verified, pass_ms(1 + verified));
+        let accepted = reach.min(verified);
+        policy.observe_outcome(requested, verified, accepted);
+        if accepted == verified {
+            policy.track_unverified(requested, &vec![1; requested - verified]);
+        }
+        policy.observe_token(if reach > verified { 1 } else { 2 });
+        chosen.push(verified);
+    }
+    chosen
+}
+
+fn mean(xs: &[usize]) -> f64 {
+    xs.iter().sum::<usize>() as f64 / xs.len().max(1) as f64
+}
+
+#[test]
+fn expected_tokens_follow_the_geometric_model() {
+    assert_eq!(DraftPolicy::expected_tokens(0.5, 0), 1.0);
+    assert!((DraftPolicy::expected_tokens(0.5, 3) - 1.875).abs() < 1e-12);
+    assert!((DraftPolicy::expected_tokens(1.0, 7) - 8.0).abs() < 1e-12);
+}
+
+#[test]
+fn the_first_step_drafts_in_full_and_the_second_measures_a_plain_pass() {
+    let mut p = policy(5);
+    assert_eq!(p.request(), 5);
+    assert_eq!(p.verify_length(5), 5);
+    p.observe_draft(5, 100.0);
+    p.observe_pass(6, 135.0);
+    p.observe_outcome(5, 5, 2);
+    // A drafter that costs time is not asked while the plain pass is measured.
+    assert_eq!(p.request(), 0);
+    assert_eq!(p.verify_length(0), 0);
+}
+
+#[test]
+fn a_cpu_with_rarely_kept_drafts_decodes_plainly_except_for_probes() {
+    // Prose with prompt lookup on 2 cores: ~30% of drafts kept, a 4-row pass costs 2.2 plain ones.
+    let mut p = policy(15);
+    let chosen = simulate(&mut p, 200, 0.3, cpu_pass_ms, 0.0);
+    let speculative_steps = chosen[10..].iter().filter(|&&k| k > 0).count();
+    assert!(speculative_steps <= 10, "verified drafts in {speculative_steps} of 190 steps: {chosen:?}");
+    assert!(p.acceptance() < 0.45, "{}", p.acceptance());
+}
+
+#[test]
+fn a_cpu_with_mostly_kept_drafts_speculates() {
+    let mut p = policy(15);
+    let chosen = simulate(&mut p, 200, 0.9, cpu_pass_ms, 0.0);
+    assert!(mean(&chosen[10..]) >= 3.0, "{chosen:?}");
+}
+
+#[test]
+fn a_gpu_speculates_even_when_few_drafts_are_kept() {
+    // Verifying 8 rows costs 3% more than one: even a 30% acceptance gains.
+    let mut p = policy(7);
+    let chosen = simulate(&mut p, 200, 0.3, gpu_pass_ms, 0.0);
+    assert!(mean(&chosen[10..]) >= 1.0, "{chosen:?}");
+    assert!(chosen[10..].iter().all(|&k| k > 0), "{chosen:?}");
+}
+
+#[test]
+fn an_expensive_drafter_is_dropped_where_it_cannot_pay_and_probed_again() {
+    // A draft model costing 0.58 target passes per token (0.5B for 1.5B on a CPU), 89% kept.
+    let mut p = policy(5);
+    let chosen = simulate(&mut p, 100, 0.89, cpu_pass_ms, 22.5);
+    assert!(!p.drafting_is_free());
+    // After a few steps that measure the unknown widths, only the periodic probes draft.
+    let drafting_steps: Vec<usize> = (20..100).filter(|&i| chosen[i] > 0).collect();
+    assert!(!drafting_steps.is_empty(), "never probed again: {chosen:?}");
+    assert!(drafting_steps.len() <= 80 / PROBE_EVERY + 1, "drafted in {} of 80 steps: {chosen:?}", drafting_steps.len());
+}
+
+#[test]
+fn a_cheap_drafter_with_kept_drafts_is_used() {
+    // The same acceptance from a drafter that costs 5% of a plain pass per token.
+    let mut p = policy(5);
+    let chosen = simulate(&mut p, 100, 0.89, gpu_pass_ms, 0.3);
+    assert!(mean(&chosen[10..]) >= 3.0, "{chosen:?}");
+}
+
+#[test]
+fn a_free_drafter_is_asked_every_step_and_scored_while_unverified() {
+    // Drafts are kept 30% of the time, then the output starts copying (95%): the unverified
+    // proposals, scored against the target's tokens, bring speculation back without probes.
+    let mut p = policy(15);
+    let plain = simulate(&mut p, 60, 0.3, cpu_pass_ms, 0.0);
+    assert!(p.drafting_is_free());
+    assert!(plain[10..].iter().filter(|&&k| k > 0).count() <= 5, "{plain:?}");
+    let copying = simulate(&mut p, 40, 0.95, cpu_pass_ms, 0.0);
+    let resumed = copying.iter().position(|&k| k > 0).expect("speculation resumed");
+    assert!(resumed <= 8, "resumed after {resumed} steps: {copying:?}");
+}
+
+#[test]
+fn long_proposals_are_trusted_by_their_own_record() {
+    // Proposals of 11 tokens (long matches) are all kept, proposals of 3 always rejected: the
+    // long ones are verified whole, although the overall rate alone would not pay for them.
+    let mut p = policy(15);
+    for w in 1..=16 {
+        p.observe_pass(w, cpu_pass_ms(w));
+    }
+    for _ in 0..20 {
+        p.observe_outcome(3, 3, 0);
+        p.observe_outcome(11, 11, 11);
+    }
+    p.steps = 5;
+    assert_eq!(p.verify_length(11), 11);
+    assert_eq!(p.verify_length(3), 0);
+}
+
+#[test]
+fn a_fixed_length_ignores_costs() {
+    let mut p = DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 4, adaptive: false });
+    let chosen = simulate(&mut p, 30, 0.0, cpu_pass_ms, 50.0);
+    assert!(chosen.iter().all(|&k| k == 4), "{chosen:?}");
+}
+
+#[test]
+fn unmeasured_widths_are_estimated_from_measured_neighbours() {
+    let mut costs = PassCosts::new();
+    assert_eq!(costs.estimate(5), 1.0, "nothing known: all widths equal");
+    costs.observe(4, 80.0);
+    assert_eq!(costs.estimate(8), 80.0, "one width known: wider ones as cheap (to be tried)");
+    assert_eq!(costs.estimate(1), 80.0, "...and narrower ones too");
+    costs.observe(1, 40.0);
+    assert!((costs.estimate(2) - 160.0 / 3.0).abs() < 1e-9, "between 1 and 4: {}", costs.estimate(2));
+    assert!((costs.estimate(7) - 120.0).abs() < 1e-9, "beyond 4 with the slope from 1 to 4: {}", costs.estimate(7));
+    costs.observe(8, 60.0);
+    assert_eq!(costs.estimate(12), 60.0, "a falling slope is not extrapolated");
+    for _ in 0..50 {
+        costs.observe(8, 100.0);
+    }
+    assert!((costs.measured(8).unwrap() - 100.0).abs() < 1e-3, "a width's cost follows its newest measurements");
+}
+
+#[test]
+fn unverified_drafts_are_scored_until_the_first_mismatch() {
+    let mut p = policy(8);
+    let before = p.acceptance();
+    p.track_unverified(4, &[7, 8, 9, 10]);
+    p.observe_token(7);
+    p.observe_token(8);
+    let after_two = p.acceptance();
+    assert!(after_two > before, "{before} -> {after_two}");
+    p.observe_token(5);
+    let after_miss = p.acceptance();
+    assert!(after_miss < after_two, "{after_two} -> {after_miss}");
+    p.observe_token(10);
+    assert_eq!(p.acceptance(), after_miss, "after a mismatch the rest is not scored");
+    p.track_unverified(4, &[1, 2]);
+    p.track_unverified(4, &[]);
+    p.observe_token(1);
+    assert!(p.acceptance() > after_miss, "an empty proposal keeps the tracked drafts");
+}
