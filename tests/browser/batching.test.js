@@ -115,7 +115,7 @@ test('speculative decoding by prompt lookup keeps the greedy output and reports 
     const out = {};
     for (const [name, prompt] of [['fixture', prompts[0]], ['repetitive', repetitive]]) {
       const plain = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, ignore_eos: true });
-      const lookup = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, ignore_eos: true, speculative: { mode: 'lookup', draftTokens: 4 } });
+      const lookup = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, ignore_eos: true, speculative: { mode: 'lookup', draftTokens: 4, fixedLength: true } });
       out[name] = { plain, lookup };
     }
     const badMode = await engine.completions.create({ prompt: 'x', speculative: { mode: 'guess' } }).then(() => 'no error', (e) => `${e.name} ${e.code}: ${e.message}`);
@@ -145,7 +145,7 @@ test('speculative decoding with a draft model keeps the greedy output; another v
     const { createEngine } = await import('/dist/index.js');
     // Gemma drafting for itself: the same vocabulary, and its drafts are the target's greedy tokens.
     const engine = await createEngine({ model: modelUrl, draftModel: modelUrl, backend: 'cpu', worker: true, cache: false });
-    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, speculative: { mode: 'draft-model', draftTokens: 3 } });
+    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, speculative: { mode: 'draft-model', draftTokens: 3, fixedLength: true } });
     const stats = await engine.runtimeStats();
     await engine.unload();
     // A synthetic llama model with its own small vocabulary.

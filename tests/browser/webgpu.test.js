@@ -92,7 +92,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
     for await (const chunk of stream) chunks.push(chunk);
     const stats = await engine.runtimeStats();
     console.log(`plain greedy: ${JSON.stringify(chunks.at(-1).hearth.token_ids)}, usage ${JSON.stringify(chunks.at(-1).usage)}`);
-    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: maxTokens, speculative: { mode: 'draft-model', draftTokens: 4 } });
+    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: maxTokens, speculative: { mode: 'draft-model', draftTokens: 4, fixedLength: true } });
     console.log(`draft-model: ${JSON.stringify(drafted.hearth.token_ids)}, usage ${JSON.stringify(drafted.usage)}`);
     const statsAfter = await engine.runtimeStats();
     await engine.unload();

@@ -395,7 +395,7 @@ impl EngineHost {
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
-        let speculative_options = SpeculativeOptions { max_draft_tokens: speculative.draft_tokens(), adaptive: true };
+        let speculative_options = SpeculativeOptions { max_draft_tokens: speculative.draft_tokens(), adaptive: !speculative.fixed_length };
         let mut lookup = PromptLookup::default();
         let drafter: &mut dyn Drafter = match speculative.mode {
             SpeculativeMode::Lookup => &mut lookup,

@@ -114,13 +114,16 @@ pub struct RequestOptions {
     pub speculative: Option<SpeculativeRequest>,
 }
 
-/// `{"mode": "lookup" | "draft-model", "draft_tokens": K}`.
+/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "fixed_length": bool}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeRequest {
     pub mode: SpeculativeMode,
-    /// Most draft tokens per step (the length adapts within 1..=K); default 5 as the CLI.
+    /// Most draft tokens per step (the length adapts within 0..=K); default 5 as the CLI.
     pub draft_tokens: Option<usize>,
+    /// Draft and verify K tokens every step instead of adapting (`--fixed-draft-length`).
+    #[serde(default)]
+    pub fixed_length: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -221,13 +221,19 @@ fn speculative_requests_keep_the_greedy_output() {
     let plain = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true}"#).unwrap();
     let reference = host.generate(&input, &plain, 0, None, &mut |_| true).unwrap();
     assert!(reference.speculative.is_none());
-    let lookup = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "lookup", "draft_tokens": 4}}"#).unwrap();
+    // Fixed lengths, so that drafts are verified whatever this machine's pass costs.
+    let lookup = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "lookup", "draft_tokens": 4, "fixed_length": true}}"#).unwrap();
     let report = host.generate(&input, &lookup, 0, None, &mut |_| true).unwrap();
     assert_eq!(report.token_ids, reference.token_ids);
     let metrics = report.speculative.unwrap();
     assert!(metrics.accepted > 0 && metrics.target_forward_passes < report.completion_tokens - 1, "{metrics:?}");
+    // The default, cost-driven lengths: whatever they choose, the greedy output stays.
+    let adaptive = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "lookup", "draft_tokens": 4}}"#).unwrap();
+    assert_eq!(host.generate(&input, &adaptive, 0, None, &mut |_| true).unwrap().token_ids, reference.token_ids);
+    let bad = RequestOptions::parse(r#"{"speculative": {"mode": "lookup", "fixed_length": 3}}"#).unwrap_err();
+    assert_eq!(bad.code(), "bad-argument", "{bad}");
 
-    let draft = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model"}}"#).unwrap();
+    let draft = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "fixed_length": true}}"#).unwrap();
     let no_draft = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap_err();
     assert_eq!(no_draft.code(), "bad-argument");
 

@@ -111,8 +111,13 @@ export interface SamplingRequest {
 export interface SpeculativeRequest {
   /** 'lookup': drafts copied from the prompt and output; 'draft-model': from `createEngine({ draftModel })`. */
   mode: 'lookup' | 'draft-model';
-  /** Most draft tokens per step, 1..64 (default 5); the length adapts to the acceptance rate. */
+  /** Most draft tokens per step, 1..64 (default 5). Each step drafts and verifies the number in
+   * 0..draftTokens that gives the most tokens per second at the acceptance rate and the pass costs
+   * measured so far (0: a plain step, where speculation would be slower). */
   draftTokens?: number;
+  /** Draft and verify up to `draftTokens` every step instead (default false). With sampling this
+   * makes a seeded request reproducible: adaptive lengths depend on measured timings. */
+  fixedLength?: boolean;
 }
 
 /** What speculation did during one request. */

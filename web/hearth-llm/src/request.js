@@ -50,14 +50,20 @@ export function samplingOptions(request) {
   return options;
 }
 
-/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens? }` (as `hearth run --lookup` /
- * `--draft-model` / `--draft-tokens K`) → the engine's `{ mode, draft_tokens }`. */
+/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens?, fixedLength? }` (as `hearth run
+ * --lookup` / `--draft-model` / `--draft-tokens K` / `--fixed-draft-length`) → the engine's
+ * `{ mode, draft_tokens, fixed_length }`. */
 function speculativeOptions(speculative) {
   if (typeof speculative !== 'object' || Array.isArray(speculative)) fail(TypeError, '`speculative` must be an object like { mode: \'lookup\', draftTokens: 5 }');
-  for (const key of Object.keys(speculative)) if (key !== 'mode' && key !== 'draftTokens') fail(TypeError, `speculative: unknown field \`${key}\``);
+  for (const key of Object.keys(speculative)) if (!['mode', 'draftTokens', 'fixedLength'].includes(key)) fail(TypeError, `speculative: unknown field \`${key}\``);
   if (!SPECULATIVE_MODES.includes(speculative.mode)) fail(TypeError, `speculative.mode must be 'lookup' or 'draft-model', got ${JSON.stringify(speculative.mode)}`);
   const draftTokens = number(speculative, 'draftTokens', { min: 1, max: 64, integer: true });
-  return draftTokens === undefined ? { mode: speculative.mode } : { mode: speculative.mode, draft_tokens: draftTokens };
+  const fixedLength = speculative.fixedLength;
+  if (fixedLength !== undefined && typeof fixedLength !== 'boolean') fail(TypeError, `speculative.fixedLength must be a boolean, got ${JSON.stringify(fixedLength)}`);
+  const options = { mode: speculative.mode };
+  if (draftTokens !== undefined) options.draft_tokens = draftTokens;
+  if (fixedLength !== undefined) options.fixed_length = fixedLength;
+  return options;
 }
 
 /** Validates a request; returns { prompt, options, stream, signal }. `kind`: 'chat' | 'text'. */
