@@ -11,14 +11,10 @@ use hearth_core::quant::GgmlType;
 /// The most activation rows one kernel pass takes (the kernels are instantiated for 1..=8).
 pub(super) const MAX_GROUP_ROWS: usize = 8;
 
-/// Weight rows per tile, by the activation rows of a group.
-const fn weight_rows_for(group_rows: usize) -> usize {
-    if group_rows <= 4 {
-        4
-    } else {
-        2
-    }
-}
+/// Weight rows per tile. Measured (benches/verify_tiles.rs, Zen 4, 2 threads, from memory) for
+/// groups of 2-8 rows: 2 beat 1 (1.5x on 8960-element rows of 2-4 activation rows) and 4 (up to
+/// 1.3x on Q6_K); the sweep prefetch is worth up to 4.8x here (interleaved rows stream badly).
+const WEIGHT_ROWS: usize = 2;
 
 /// The sizes of the activation row groups of a pass over `rows` rows (≥ 2): as equal as
 /// possible, at most [`MAX_GROUP_ROWS`] each, e.g. 9 -> 5 + 4, 16 -> 8 + 8.
@@ -49,10 +45,7 @@ pub(super) fn kquant_pass(
     for (r0, len) in row_groups(rows) {
         let pass = Pass { vnni, ty, n, weights, w_row, activations, act_row, rows, r0 };
         // The weights of a group stay in cache for the next group (a task's 16 weight rows).
-        w_done = match weight_rows_for(len) {
-            4 => pass.weight_tiles::<4>(len, 0, out),
-            _ => pass.weight_tiles::<2>(len, 0, out),
-        };
+        w_done = pass.weight_tiles::<WEIGHT_ROWS>(len, 0, out);
         w_done = pass.weight_tiles::<1>(len, w_done, out);
     }
     debug_assert!(rows < 2 || w_done == n_w);
