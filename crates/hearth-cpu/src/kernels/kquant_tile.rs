@@ -1,6 +1,6 @@
-//! [`super::vec_dot_tile_with`] for Q4_K and Q6_K weights and two or more activation rows: the
-//! few-row mat-muls of speculative verification and batched decode (1 + k or C rows), and
-//! prefill's token tiles. Weight rows go in tiles of W, activation rows in near-equal groups of
+//! [`super::vec_dot_tile_with`] for Q4_K weights and two or more activation rows, and for Q6_K
+//! weights and any: the few-row mat-muls of speculative verification and batched decode (1 + k
+//! or C rows), prefill's token tiles, and Q6_K's decode (one row). Weight rows go in tiles of W, activation rows in near-equal groups of
 //! at most [`MAX_GROUP_ROWS`] (never a lone row), each (W, R) pair one pass of a W × R kernel
 //! (x86/ktile.rs, x86/ktile512.rs) that loads each activation block once per W weight rows and
 //! unpacks each weight block once per R activation rows.
@@ -16,8 +16,8 @@ pub(super) const MAX_GROUP_ROWS: usize = 8;
 /// 1.3x on Q6_K); the sweep prefetch is worth up to 4.8x here (interleaved rows stream badly).
 const WEIGHT_ROWS: usize = 2;
 
-/// The sizes of the activation row groups of a pass over `rows` rows (≥ 2): as equal as
-/// possible, at most [`MAX_GROUP_ROWS`] each, e.g. 9 -> 5 + 4, 16 -> 8 + 8.
+/// The sizes of the activation row groups of a pass over `rows` rows: as equal as possible, at
+/// most [`MAX_GROUP_ROWS`] each (a lone row only when `rows` is 1), e.g. 9 -> 5 + 4, 16 -> 8 + 8.
 pub(super) fn row_groups(rows: usize) -> impl Iterator<Item = (usize, usize)> {
     let groups = rows.div_ceil(MAX_GROUP_ROWS).max(1);
     (0..groups).map(move |g| {
@@ -27,8 +27,7 @@ pub(super) fn row_groups(rows: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Every weight row of `weights` ([n_w, w_row] bytes) × every activation row of `activations`
-/// ([rows, act_row] bytes, rows ≥ 2) into `out` ([n_w, rows]); returns the weight rows done
-/// (all of them).
+/// ([rows, act_row] bytes) into `out` ([n_w, rows]); returns the weight rows done (all of them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn kquant_pass(
     vnni: bool,
@@ -48,7 +47,7 @@ pub(super) fn kquant_pass(
         w_done = pass.weight_tiles::<WEIGHT_ROWS>(len, 0, out);
         w_done = pass.weight_tiles::<1>(len, w_done, out);
     }
-    debug_assert!(rows < 2 || w_done == n_w);
+    debug_assert!(rows == 0 || w_done == n_w);
     w_done
 }
 
