@@ -21,8 +21,9 @@ fn main() {
         .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 2, 3, 4, 5, 6, 8, 12, 16]);
     println!("{isa:?}; ms per sweep (ratio to 1 row), best of 5, 2 threads");
-    // Qwen2.5-1.5B shapes: attention/ffn_up rows of 1536, ffn_down rows of 8960, Q6_K output.
-    for (ty, k) in [(GgmlType::Q4_K, 1536), (GgmlType::Q4_K, 8960), (GgmlType::Q6_K, 1536)] {
+    // Qwen2.5-1.5B shapes: attention/ffn_up/output rows of 1536, ffn_down rows of 8960 (Q4_K_M
+    // has Q4_K and Q6_K ones).
+    for (ty, k) in [(GgmlType::Q4_K, 1536), (GgmlType::Q4_K, 8960), (GgmlType::Q6_K, 1536), (GgmlType::Q6_K, 8960)] {
         let row = ty.row_bytes(k).expect("row");
         let mib: usize = std::env::var("MB").ok().and_then(|m| m.parse().ok()).unwrap_or(192).clamp(1, 192);
         let n_w = (mib << 20) / row / 32 * 32;

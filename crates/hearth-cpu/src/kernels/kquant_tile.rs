@@ -1,6 +1,6 @@
 //! [`super::vec_dot_tile_with`] for Q4_K weights and two or more activation rows, and for Q6_K
 //! weights and any: the few-row mat-muls of speculative verification and batched decode (1 + k
-//! or C rows), prefill's token tiles, and Q6_K's decode (one row). Weight rows go in tiles of W, activation rows in near-equal groups of
+//! or C rows), prefill's token tiles, and Q6_K's decode (one row) of short rows. Weight rows go in tiles of W, activation rows in near-equal groups of
 //! at most [`MAX_GROUP_ROWS`] (never a lone row), each (W, R) pair one pass of a W × R kernel
 //! (x86/ktile.rs, x86/ktile512.rs) that loads each activation block once per W weight rows and
 //! unpacks each weight block once per R activation rows.

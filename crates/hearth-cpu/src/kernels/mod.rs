@@ -233,8 +233,9 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
 /// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
 /// each weight block once per [`MULTI_ROWS`] activation rows), and so does Q4_K for one activation
-/// row (decode) of up to 2048 elements; Q4_K with 2+ activation rows and Q6_K with any go in
-/// tiles of 2 weight rows × up to 8 activation rows (`kquant_tile`); other types row by row.
+/// row (decode) of up to 2048 elements; Q4_K with 2+ activation rows and Q6_K with 2+ or one of
+/// up to 2048 elements go in tiles of 2 weight rows × up to 8 activation rows (`kquant_tile`);
+/// other types row by row.
 pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
     vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
 }
@@ -255,6 +256,7 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
+        // (`supports_tile` keeps one-row Q6_K to rows of up to 2048 elements.)
         w_done = if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
             kquant_tile::kquant_pass(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else if rows < MULTI_ROWS || vnni {

@@ -343,18 +343,17 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
 }
 
 /// Weight types whose [`vec_dot_tile`] shares work across weight rows too, for `rows` activation
-/// rows of `n` elements: Q5_0, Q8_0 and Q6_K always; Q4_K for two or more activation rows
+/// rows of `n` elements: Q5_0 and Q8_0 always; Q4_K and Q6_K for two or more activation rows
 /// (ktile.rs, ktile512.rs), and for a single activation row (decode) of short rows, where the
-/// single-row kernel is latency-bound (one dependent integer chain per row). Interleaving W rows
-/// streams worse from memory than one row after the other without the sweep prefetch: on long
-/// Q4_K rows (Qwen2.5's ffn_down, 4864 and 8960) the decode tiles were slower (4-row 256-bit and
-/// 2-row 512-bit alike); on Q6_K rows of 1536 the 2-row 512-bit tile measured ~10% faster than
-/// the single-row kernel in decode (benches/verify_tiles.rs, from memory).
+/// single-row kernel is latency-bound (one dependent integer chain per row). On long rows
+/// (Qwen2.5's ffn_down, 4864 and 8960) the decode tiles streamed worse from memory than one row
+/// after the other (Q4_K: the 4-row 256-bit and the 2-row 512-bit tile; Q6_K: the 2-row tile,
+/// ~10% slower at 8960), while on Q6_K rows of 1536 the 2-row sweep-prefetched tile measured
+/// ~10% faster than the single-row kernel (benches/verify_tiles.rs, from memory).
 pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize, n: usize) -> bool {
     match ty {
         GgmlType::Q5_0 | GgmlType::Q8_0 => true,
-        GgmlType::Q4_K => rows >= 2 || n <= 2048,
-        GgmlType::Q6_K => true,
+        GgmlType::Q4_K | GgmlType::Q6_K => rows >= 2 || n <= 2048,
         _ => false,
     }
 }
