@@ -310,7 +310,7 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
 
 /// The verification-sized Q4_K/Q6_K tiles (W weight rows × R activation rows, R up to 8, row
 /// counts split into near-equal groups): every row count 1..=17 (odd counts, remainders, groups
-/// straddling the 8-row limit), weight counts that leave remainders of every tile width, short
+/// straddling the 8-row limit) and 64 (a prefill tile), weight counts that leave remainders of every tile width, short
 /// and long rows, under both SIMD flavours; each output against the single-row dot product.
 #[test]
 fn verification_tiles_equal_single_row_dots_bit_for_bit() {
@@ -323,13 +323,15 @@ fn verification_tiles_equal_single_row_dots_bit_for_bit() {
             let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
             let act_ty = ty.vec_dot_type();
             let act_row = act_ty.row_bytes(n).expect("act bytes");
-            let max_rows = 17;
+            // 1..=17 rows, and prefill's tile of 64 (8 groups of 8).
+            let row_counts = (1..=17).chain([64]);
+            let max_rows = 64;
             let mut acts = vec![0u8; act_row * max_rows];
             for a in acts.chunks_exact_mut(act_row) {
                 quantize_activation(act_ty, &random_activation(n, &mut rng), a);
             }
             for isa in available_isas() {
-                for rows in 1..=max_rows {
+                for rows in row_counts.clone() {
                     let acts = &acts[..rows * act_row];
                     for n_w in [n_w, 16, 3, 1] {
                         let weights = &weights[..n_w * w_row];
