@@ -1,24 +1,26 @@
 //! [`super::vec_dot_tile_with`] for Q4_K weights and two or more activation rows, and for Q6_K
-//! weights and any: the few-row mat-muls of speculative verification and batched decode (1 + k
-//! or C rows), prefill's token tiles, and Q6_K's decode (one row) of short rows. Weight rows go in tiles of W, activation rows in near-equal groups of
-//! at most [`MAX_GROUP_ROWS`] (never a lone row), each (W, R) pair one pass of a W × R kernel
-//! (x86/ktile.rs, x86/ktile512.rs) that loads each activation block once per W weight rows and
-//! unpacks each weight block once per R activation rows.
+//! weights and two or more rows or one short row: the few-row mat-muls of speculative
+//! verification and batched decode (1 + k or C rows), prefill's token tiles, and Q6_K's decode
+//! of rows up to 2048 elements (the output head). Weight rows go in tiles of W, activation rows
+//! in near-equal groups of at most [`MAX_GROUP_ROWS`] (a lone row only in a one-row pass), each
+//! (W, R) pair one pass of a W × R kernel (x86/ktile.rs, x86/ktile512.rs) that loads each
+//! activation block once per W weight rows and unpacks each weight block once per R rows.
 
 use super::x86;
 use hearth_core::quant::GgmlType;
 
 /// The most activation rows one kernel pass takes (the kernels are instantiated for 1..=8).
-pub(super) const MAX_GROUP_ROWS: usize = 8;
+const MAX_GROUP_ROWS: usize = 8;
 
-/// Weight rows per tile. Measured (benches/verify_tiles.rs, Zen 4, 2 threads, from memory) for
-/// groups of 2-8 rows: 2 beat 1 (1.5x on 8960-element rows of 2-4 activation rows) and 4 (up to
-/// 1.3x on Q6_K); the sweep prefetch is worth up to 4.8x here (interleaved rows stream badly).
+/// Weight rows per tile. Measured (benches/verify_tiles.rs, Zen 4, 2 threads, from memory, all
+/// prefetching) for groups of 2-4 rows: 2 against 1 within ±7% on Q4_K, up to 13% faster on
+/// Q6_K; 4 up to 1.4x slower on Q6_K. Without the sweep prefetch, interleaved rows ran up to
+/// 4.8x slower.
 const WEIGHT_ROWS: usize = 2;
 
 /// The sizes of the activation row groups of a pass over `rows` rows: as equal as possible, at
 /// most [`MAX_GROUP_ROWS`] each (a lone row only when `rows` is 1), e.g. 9 -> 5 + 4, 16 -> 8 + 8.
-pub(super) fn row_groups(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+fn row_groups(rows: usize) -> impl Iterator<Item = (usize, usize)> {
     let groups = rows.div_ceil(MAX_GROUP_ROWS).max(1);
     (0..groups).map(move |g| {
         let (start, end) = (g * rows / groups, (g + 1) * rows / groups);

@@ -359,8 +359,8 @@ pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize, n: usize) -> 
 }
 
 /// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
-/// `PREFETCH`: the Q4_K/Q6_K tiles of two or more rows prefetch the weights of the tiles of W
-/// rows that follow (decode tiles always do).
+/// `PREFETCH`: the W × R Q4_K/Q6_K kernels (ktile.rs, ktile512.rs) prefetch the weights of the
+/// tiles of W rows that follow (the one-row Q4_K decode tile always does; Q5_0/Q8_0 ignore it).
 ///
 /// # Safety
 /// As [`vec_dot_multi`], for every weight row; `supports_tile(ty, R, n)` must hold, or R = 1 with
