@@ -307,3 +307,53 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
         }
     }
 }
+
+/// The verification-sized Q4_K/Q6_K tiles (W weight rows × R activation rows, R up to 8, row
+/// counts split into near-equal groups): every row count 1..=17 (odd counts, remainders, groups
+/// straddling the 8-row limit) and 64 (a prefill tile), weight counts that leave remainders of every tile width, short
+/// and long rows, under both SIMD flavours; each output against the single-row dot product.
+#[test]
+fn verification_tiles_equal_single_row_dots_bit_for_bit() {
+    let mut rng = Rng(2718);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for n in [256, 1536, 2304] {
+            let w_row = ty.row_bytes(n).expect("row bytes");
+            // 16 weight rows (a mat-mul task) plus 3: remainders after tiles of 4, 2 and 1.
+            let n_w = 19;
+            let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+            let act_ty = ty.vec_dot_type();
+            let act_row = act_ty.row_bytes(n).expect("act bytes");
+            // 1..=17 rows, and prefill's tile of 64 (8 groups of 8).
+            let row_counts = (1..=17).chain([64]);
+            let max_rows = 64;
+            let mut acts = vec![0u8; act_row * max_rows];
+            for a in acts.chunks_exact_mut(act_row) {
+                quantize_activation(act_ty, &random_activation(n, &mut rng), a);
+            }
+            for isa in available_isas() {
+                for rows in row_counts.clone() {
+                    let acts = &acts[..rows * act_row];
+                    for n_w in [n_w, 16, 3, 1] {
+                        let weights = &weights[..n_w * w_row];
+                        let mut out = vec![f32::NAN; n_w * rows];
+                        vec_dot_tile_with(isa, ty, n, weights, acts, &mut out);
+                        for (wi, wr) in weights.chunks_exact(w_row).enumerate() {
+                            for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                                let single = vec_dot_with(isa, ty, n, wr, a);
+                                let got = out[wi * rows + r];
+                                assert_eq!(got.to_bits(), single.to_bits(), "{ty} n={n} {isa:?} {n_w}x{rows}: w {wi} r {r}: {got} vs {single}");
+                            }
+                        }
+                    }
+                    // And the one-weight-row path (vec_dot_rows), remainders of 1-3 rows included.
+                    let mut out = vec![f32::NAN; rows];
+                    vec_dot_rows_with(isa, ty, n, &weights[..w_row], acts, &mut out);
+                    for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                        let single = vec_dot_with(isa, ty, n, &weights[..w_row], a);
+                        assert_eq!(out[r].to_bits(), single.to_bits(), "{ty} n={n} {isa:?} rows {rows}: r {r}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -9,6 +9,8 @@
 //! with NaN (never UB, never a panic) in release builds.
 
 #[cfg(target_arch = "x86_64")]
+mod kquant_tile;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 use hearth_core::quant::{self, GgmlType};
@@ -128,6 +130,17 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
             out[done..done + MULTI_ROWS].copy_from_slice(&dots);
             done += MULTI_ROWS;
         }
+        // The last 1-3 rows in one pass too, not row by row.
+        let row = |i: usize| base.wrapping_add((done + i) * act_row);
+        let w = weights.as_ptr();
+        // SAFETY: as above, for the remaining whole rows.
+        match out.len() - done {
+            3 => out[done..].copy_from_slice(&unsafe { x86::vec_dot_multi::<3>(vnni, ty, n, w, [row(0), row(1), row(2)]) }),
+            2 => out[done..].copy_from_slice(&unsafe { x86::vec_dot_multi::<2>(vnni, ty, n, w, [row(0), row(1)]) }),
+            1 => out[done] = unsafe { x86::vec_dot_multi::<1>(vnni, ty, n, w, [row(0)]) }[0],
+            _ => {}
+        }
+        return;
     }
     for (o, a) in out[done..].iter_mut().zip(activations[done * act_row..].chunks_exact(act_row)) {
         *o = vec_dot_with(isa, ty, n, weights, a);
@@ -220,7 +233,9 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
 /// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
 /// each weight block once per [`MULTI_ROWS`] activation rows), and so does Q4_K for one activation
-/// row (decode) of up to 2048 elements; other types go row by row.
+/// row (decode) of up to 2048 elements; Q4_K with 2+ activation rows and Q6_K with 2+ or one of
+/// up to 2048 elements go in tiles of 2 weight rows × up to 8 activation rows (`kquant_tile`);
+/// other types row by row.
 pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
     vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
 }
@@ -241,7 +256,10 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         let vnni = isa == Isa::Avx512Vnni;
         // Decode (fewer rows than a token tile) shares each activation block over more weight
         // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
-        w_done = if rows < MULTI_ROWS || vnni {
+        // (`supports_tile` keeps one-row Q6_K to rows of up to 2048 elements.)
+        w_done = if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
+            kquant_tile::kquant_pass(vnni, ty, n, weights, w_row, activations, act_row, out)
+        } else if rows < MULTI_ROWS || vnni {
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {
             tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
@@ -289,13 +307,13 @@ fn tile_pass<const W: usize>(
             // row inside `weights` or `activations`.
             if r + MULTI_ROWS <= rows {
                 let ap: [*const u8; MULTI_ROWS] = std::array::from_fn(|i| abase.wrapping_add((r + i) * act_row));
-                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, ap) };
+                let dots = unsafe { x86::vec_dot_tile::<W, MULTI_ROWS, false>(vnni, ty, n, wp, ap) };
                 for (i, d) in dots.iter().enumerate() {
                     out[(w_done + i) * rows + r..][..MULTI_ROWS].copy_from_slice(d);
                 }
                 r += MULTI_ROWS;
             } else {
-                let dots = unsafe { x86::vec_dot_tile(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
+                let dots = unsafe { x86::vec_dot_tile::<W, 1, false>(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
                 for (i, d) in dots.iter().enumerate() {
                     out[(w_done + i) * rows + r] = d[0];
                 }

@@ -3,6 +3,8 @@
 
 mod kquants;
 mod kquants512;
+mod ktile;
+mod ktile512;
 mod legacy;
 mod legacy512;
 mod multi;

@@ -11,13 +11,13 @@
 
 use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
+use super::ktile::{q4_k_tile_avx2, q6_k_tile_avx2, TILE_PREFETCH_TILES};
+use super::ktile512::{q4_k_tile_512, q6_k_tile_512};
 use super::legacy512::legacy_tile_512;
 use super::*;
 
 const Q8_0_BYTES: usize = 34;
 
-/// How many tiles ahead the decode tile kernels prefetch their weights.
-const TILE_PREFETCH_TILES: usize = 2;
 
 macro_rules! multi_kernels {
     ($module:ident, $features:literal, $vnni:literal) => {
@@ -343,25 +343,30 @@ pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: G
 }
 
 /// Weight types whose [`vec_dot_tile`] shares work across weight rows too, for `rows` activation
-/// rows of `n` elements: Q5_0 and Q8_0 always; Q4_K for a single activation row (decode) of
-/// short rows, where the single-row kernel is latency-bound (one dependent integer chain per row).
-/// Interleaving W rows streams worse from memory than one row after the other: on long rows
-/// (Qwen2.5-0.5B's ffn_down, 4864) and on Q6_K the 4-row tile was slower in decode, though
-/// 1.5x faster from cache.
+/// rows of `n` elements: Q5_0 and Q8_0 always; Q4_K and Q6_K for two or more activation rows
+/// (ktile.rs, ktile512.rs), and for a single activation row (decode) of short rows, where the
+/// single-row kernel is latency-bound (one dependent integer chain per row). On long rows
+/// (Qwen2.5's ffn_down, 4864 and 8960) the decode tiles streamed worse from memory than one row
+/// after the other (Q4_K: the 4-row 256-bit and the 2-row 512-bit tile; Q6_K: the 2-row tile,
+/// ~10% slower at 8960), while on Q6_K rows of 1536 the 2-row sweep-prefetched tile measured
+/// ~10% faster than the single-row kernel (benches/verify_tiles.rs, from memory).
 pub(in crate::kernels) fn supports_tile(ty: GgmlType, rows: usize, n: usize) -> bool {
     match ty {
         GgmlType::Q5_0 | GgmlType::Q8_0 => true,
-        GgmlType::Q4_K => rows == 1 && n <= 2048,
+        GgmlType::Q4_K | GgmlType::Q6_K => rows >= 2 || n <= 2048,
         _ => false,
     }
 }
 
 /// W weight rows × R activation rows; `out[w][r]` equals `vec_dot_multi` of row w bit for bit.
+/// `PREFETCH`: the W × R Q4_K/Q6_K kernels (ktile.rs, ktile512.rs) prefetch the weights of the
+/// tiles of W rows that follow (the one-row Q4_K decode tile always does; Q5_0/Q8_0 ignore it).
 ///
 /// # Safety
-/// As [`vec_dot_multi`], for every weight row; `supports_tile(ty)` must hold.
+/// As [`vec_dot_multi`], for every weight row; `supports_tile(ty, R, n)` must hold, or R = 1 with
+/// Q4_K/Q6_K weights.
 #[inline]
-pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
+pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize, const PREFETCH: bool>(
     vnni: bool,
     ty: GgmlType,
     n: usize,
@@ -376,7 +381,10 @@ pub(in crate::kernels) unsafe fn vec_dot_tile<const W: usize, const R: usize>(
         (true, GgmlType::Q8_0) => legacy_tile_512::<true, W, R>(nb, w, y),
         (false, GgmlType::Q4_K) if R == 1 => spread(avx2::q4_k_tile(nb, w, y[0])),
         (true, GgmlType::Q4_K) if R == 1 => spread(vnni::q4_k_tile(nb, w, y[0])),
-        (_, GgmlType::Q4_K) => w.map(|wr| vec_dot_multi::<R>(vnni, ty, n, wr, y)),
+        (false, GgmlType::Q4_K) => q4_k_tile_avx2::<W, R, PREFETCH>(nb, w, y),
+        (true, GgmlType::Q4_K) => q4_k_tile_512::<W, R, PREFETCH>(nb, w, y),
+        (false, GgmlType::Q6_K) => q6_k_tile_avx2::<W, R, PREFETCH>(nb, w, y),
+        (true, GgmlType::Q6_K) => q6_k_tile_512::<W, R, PREFETCH>(nb, w, y),
         _ => [[f32::NAN; R]; W], // unreachable: guarded by `supports_tile`
     }
 }
