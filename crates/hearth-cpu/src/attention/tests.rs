@@ -266,3 +266,31 @@ fn a_block_missing_from_the_table_is_an_error() {
     let step = SeqStep { n_tokens: 1, pos0: 40, block_tables: &tables };
     assert!(kv.paged(1, &step, 0, 40, None).is_err());
 }
+
+#[test]
+fn row_decoding_matches_dequantize_row() {
+    // The AVX2 decoders (taken when the CPU has them) against the portable reference, on every
+    // block of random rows quantized by the pool's own quantizer, scales of all magnitudes.
+    use super::rows::decode;
+    use hearth_core::quant::{dequantize_row, quantize_row};
+    let mut rng = Rng(5);
+    let width = 256;
+    for kv_type in KV_TYPES {
+        for scale in [1e-3f32, 1.0, 300.0] {
+            let values = rng.vec(width, scale);
+            let ty = kv_type.ggml_type();
+            let mut row = vec![0u8; kv_type.row_bytes(width).expect("row bytes")];
+            quantize_row(ty, &values, &mut row).expect("quantize");
+            let mut expected = vec![0f32; width];
+            dequantize_row(ty, &row, &mut expected).expect("dequantize");
+            // The whole row, and a slice of whole blocks inside it.
+            for (c0, c1) in [(0, width), (64, 160)] {
+                let mut got = vec![f32::NAN; c1 - c0];
+                decode(kv_type, &row, c0, c1, &mut got);
+                for (i, (a, b)) in got.iter().zip(&expected[c0..c1]).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{kv_type:?} scale {scale}: value {}", c0 + i);
+                }
+            }
+        }
+    }
+}
