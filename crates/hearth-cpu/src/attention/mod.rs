@@ -196,7 +196,9 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         }
     }
 
-    // Scores, block by block of K.
+    // Scores, block by block of K. (Locals, so that the loop does not reload them after every
+    // store of a score.)
+    let (scale, softcap) = (p.scale, p.softcap);
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, false, cols, first, last, &mut s.tile);
         for i in 0..n_queries {
@@ -204,16 +206,18 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
             let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
             // Both [width]: the unrotated types decode exactly the head's columns.
             let q = if rotated { &s.rotated_queries[i * width..(i + 1) * width] } else { query(i) };
+            let mut max = s.max[i];
             for j in lo..=hi {
                 let k = &s.tile[(j - first) * width..(j - first + 1) * width];
-                let score = dot(q, k) * p.scale;
-                let score = match p.softcap {
+                let score = dot(q, k) * scale;
+                let score = match softcap {
                     Some(cap) => cap * (score / cap).tanh(),
                     None => score,
                 };
-                s.max[i] = s.max[i].max(score);
+                max = max.max(score);
                 s.scores[i * span + j - span_lo] = score;
             }
+            s.max[i] = max;
         }
     }
     // Softmax weights, each query over its positions in order.
@@ -268,6 +272,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += ca[l] * cb[l];
         }
     }
+    // Identity, as a barrier: without it LLVM shapes the loop after the pairwise sum below and
+    // keeps the accumulators in four 2-lane halves of xmm registers with two shuffles per
+    // multiply; behind it the loop is one multiply and one add per 8 lanes of a ymm register
+    // (same operations in the same order: same bits).
+    let acc = std::hint::black_box(acc);
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for i in chunks * 8..a.len().min(b.len()) {
         s += a[i] * b[i];
