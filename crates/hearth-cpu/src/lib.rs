@@ -19,6 +19,9 @@ use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
 
 pub use kv_store::KvStore;
+/// Attention of one sequence's queries over a [`KvStore::paged`] view (for benchmarks; the
+/// backend runs it from `Op::Attention`).
+pub use attention::{attention as paged_attention, PagedKv};
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]

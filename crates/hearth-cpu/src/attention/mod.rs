@@ -6,6 +6,15 @@
 //! time into a small f32 tile that stays in L1, and uses it for every query head and token of the
 //! task. Nothing proportional to the context is copied per layer and step.
 //!
+//! The quantized types store every 32-value block rotated by H = `hadamard32` (orthonormal and
+//! symmetric, so H = H⁻¹ = Hᵀ), and attention works in that rotated domain instead of undoing the
+//! rotation row by row: a score is q · k = (H q) · (H k), so each query is rotated once per task
+//! and dotted with the stored rows as decoded; the output is Σ p_j v_j = H (Σ p_j (H v_j)), so
+//! the weighted sum runs over the stored rows and is rotated back once per query. The value
+//! offset such a pool subtracted is added to the output once (the weights sum to 1). Same result
+//! as decoding every row back to its unrotated values in real arithmetic; in f32 the two differ by
+//! rounding only (see tests.rs for the measured error).
+//!
 //! One path for every query, in f32: scores, an exact two-pass softmax, then the weighted sum of
 //! V, each over the positions in order. A query's result depends only on its sequence and
 //! position — never on how many other queries share the step, nor on how the work is split into
@@ -21,7 +30,7 @@ mod tests;
 use crate::fma::with_fma;
 use crate::CpuError;
 use hearth_core::graph::AttentionParams;
-use hearth_core::kv::KvType;
+use hearth_core::kv::{hadamard32, KvType};
 use rows::{decode_tile, HeadCols};
 use std::cell::RefCell;
 
@@ -128,8 +137,12 @@ struct Scratch {
     /// [task tokens, task heads] running maximum, then sum of exponentials.
     max: Vec<f32>,
     sum: Vec<f32>,
-    /// [positions of one block, decoded columns] K or V rows of the task's KV head.
+    /// [positions of one block, decoded columns] K or V rows of the task's KV head, as stored
+    /// (rotated, for the quantized types).
     tile: Vec<f32>,
+    /// [task tokens, task heads, decoded columns] the queries placed at their head's columns of
+    /// the decoded blocks and rotated like the stored rows (quantized types only).
+    rotated_queries: Vec<f32>,
 }
 
 thread_local! {
@@ -160,7 +173,9 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         let (t, h) = (task.t0 + i / task.n_heads, task.h0 + i % task.n_heads);
         &c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd]
     };
-    let mut out = vec![0f32; n_queries * hd];
+    // [task tokens, task heads, width] weighted sums of V rows as decoded (still rotated for the
+    // quantized types); width == head_dim for the others.
+    let mut acc = vec![0f32; n_queries * width];
     // The scratch is taken out of the thread-local so that the loops below stay in this
     // function, which is inlined into its caller's AVX2 context (code inside a `with` closure is
     // compiled without it: scalar, not vectorised, in the profile).
@@ -170,24 +185,39 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     s.max.resize(n_queries, f32::NEG_INFINITY);
     s.sum.clear();
     s.sum.resize(n_queries, 0.0);
+    let rotated = c.kv.kv_type.rotates();
+    if rotated {
+        // H q over the decoded columns: zero outside the head, so q_ext · k_row = q · k_head.
+        s.rotated_queries.clear();
+        s.rotated_queries.resize(n_queries * width, 0.0);
+        for (i, q) in s.rotated_queries.chunks_exact_mut(width).enumerate() {
+            q[cols.skip..cols.skip + hd].copy_from_slice(query(i));
+            hadamard32(q);
+        }
+    }
 
-    // Scores, block by block of K.
+    // Scores, block by block of K. (Locals, so that the loop does not reload them after every
+    // store of a score.)
+    let (scale, softcap) = (p.scale, p.softcap);
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, false, cols, first, last, &mut s.tile);
         for i in 0..n_queries {
             let t = task.t0 + i / task.n_heads;
             let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
-            let q = query(i);
+            // Both [width]: the unrotated types decode exactly the head's columns.
+            let q = if rotated { &s.rotated_queries[i * width..(i + 1) * width] } else { query(i) };
+            let mut max = s.max[i];
             for j in lo..=hi {
-                let k = &s.tile[(j - first) * width + cols.skip..][..hd];
-                let score = dot(q, k) * p.scale;
-                let score = match p.softcap {
+                let k = &s.tile[(j - first) * width..(j - first + 1) * width];
+                let score = dot(q, k) * scale;
+                let score = match softcap {
                     Some(cap) => cap * (score / cap).tanh(),
                     None => score,
                 };
-                s.max[i] = s.max[i].max(score);
+                max = max.max(score);
                 s.scores[i * span + j - span_lo] = score;
             }
+            s.max[i] = max;
         }
     }
     // Softmax weights, each query over its positions in order.
@@ -203,20 +233,31 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     // Weighted sum of V, block by block.
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, true, cols, first, last, &mut s.tile);
-        for (i, out) in out.chunks_exact_mut(hd).enumerate() {
+        for (i, acc) in acc.chunks_exact_mut(width).enumerate() {
             let t = task.t0 + i / task.n_heads;
             for j in lo_of(t).max(first)..=pos_of(t).min(last) {
                 let w = s.scores[i * span + j - span_lo];
-                let v = &s.tile[(j - first) * width + cols.skip..][..hd];
-                out.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+                let v = &s.tile[(j - first) * width..(j - first + 1) * width];
+                acc.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
             }
         }
     }
-    for (out, &sum) in out.chunks_exact_mut(hd).zip(&s.sum) {
+    for (acc, &sum) in acc.chunks_exact_mut(width).zip(&s.sum) {
+        if rotated {
+            hadamard32(acc);
+        }
         let inv = 1.0 / sum;
-        out.iter_mut().for_each(|o| *o *= inv);
+        acc.iter_mut().for_each(|o| *o *= inv);
     }
     SCRATCH.with_borrow_mut(|scratch| *scratch = s);
+    let mut out = if width == hd { acc } else { acc.chunks_exact(width).flat_map(|row| &row[cols.skip..cols.skip + hd]).copied().collect() };
+    if let Some(offset) = c.kv.v_offset {
+        // [head_dim] of the task's KV head, added once per query: Σ p_j (v_j + o) / Σ p_j = … + o.
+        let offset = &offset[kv_head * hd..(kv_head + 1) * hd];
+        for out in out.chunks_exact_mut(hd) {
+            out.iter_mut().zip(offset).for_each(|(o, b)| *o += b);
+        }
+    }
     out
 }
 
@@ -231,6 +272,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += ca[l] * cb[l];
         }
     }
+    // Identity, as a barrier: without it LLVM shapes the loop after the pairwise sum below and
+    // keeps the accumulators in four 2-lane halves of xmm registers with two shuffles per
+    // multiply; behind it the loop is one multiply and one add per 8 lanes of a ymm register
+    // (same operations in the same order: same bits).
+    let acc = std::hint::black_box(acc);
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for i in chunks * 8..a.len().min(b.len()) {
         s += a[i] * b[i];
