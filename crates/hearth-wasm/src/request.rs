@@ -5,6 +5,7 @@ use crate::error::{Result, WasmError};
 use hearth_core::engine::{EngineOptions, GenerateOptions};
 use hearth_core::kv::KvType;
 use hearth_core::sampling::SamplingParams;
+use hearth_core::speculative::DEFAULT_MIN_CONFIDENCE;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,13 +115,16 @@ pub struct RequestOptions {
     pub speculative: Option<SpeculativeRequest>,
 }
 
-/// `{"mode": "lookup" | "draft-model", "draft_tokens": K}`.
+/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "draft_min_p": P}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeRequest {
     pub mode: SpeculativeMode,
     /// Most draft tokens per step (the length adapts within 1..=K); default 5 as the CLI.
     pub draft_tokens: Option<usize>,
+    /// Draft model: stop drafting where its top token is less likely than this (0 drafts the full
+    /// length), as `hearth run --draft-min-p`; default [`DEFAULT_MIN_CONFIDENCE`].
+    pub draft_min_p: Option<f32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -138,6 +142,10 @@ pub const DEFAULT_DRAFT_TOKENS: usize = 5;
 impl SpeculativeRequest {
     pub fn draft_tokens(&self) -> usize {
         self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS).max(1)
+    }
+
+    pub fn draft_min_p(&self) -> f32 {
+        self.draft_min_p.unwrap_or(DEFAULT_MIN_CONFIDENCE)
     }
 }
 
@@ -188,6 +196,11 @@ impl RequestOptions {
         if let Some(SpeculativeRequest { draft_tokens: Some(k), .. }) = &self.speculative {
             if !(1..=64).contains(k) {
                 return Err(bad(format!("speculative.draft_tokens must be in [1, 64], got {k}")));
+            }
+        }
+        if let Some(SpeculativeRequest { draft_min_p: Some(p), .. }) = &self.speculative {
+            if !(0.0..=1.0).contains(p) {
+                return Err(bad(format!("speculative.draft_min_p must be in [0, 1], got {p}")));
             }
         }
         if stop.iter().any(|s| s.is_empty()) {

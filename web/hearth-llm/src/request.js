@@ -50,14 +50,19 @@ export function samplingOptions(request) {
   return options;
 }
 
-/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens? }` (as `hearth run --lookup` /
- * `--draft-model` / `--draft-tokens K`) → the engine's `{ mode, draft_tokens }`. */
+/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens?, draftMinP? }` (as `hearth run
+ * --lookup` / `--draft-model` / `--draft-tokens K` / `--draft-min-p P`) → the engine's
+ * `{ mode, draft_tokens, draft_min_p }`. */
 function speculativeOptions(speculative) {
   if (typeof speculative !== 'object' || Array.isArray(speculative)) fail(TypeError, '`speculative` must be an object like { mode: \'lookup\', draftTokens: 5 }');
-  for (const key of Object.keys(speculative)) if (key !== 'mode' && key !== 'draftTokens') fail(TypeError, `speculative: unknown field \`${key}\``);
+  for (const key of Object.keys(speculative)) if (!['mode', 'draftTokens', 'draftMinP'].includes(key)) fail(TypeError, `speculative: unknown field \`${key}\``);
   if (!SPECULATIVE_MODES.includes(speculative.mode)) fail(TypeError, `speculative.mode must be 'lookup' or 'draft-model', got ${JSON.stringify(speculative.mode)}`);
   const draftTokens = number(speculative, 'draftTokens', { min: 1, max: 64, integer: true });
-  return draftTokens === undefined ? { mode: speculative.mode } : { mode: speculative.mode, draft_tokens: draftTokens };
+  const draftMinP = number(speculative, 'draftMinP', { min: 0, max: 1 });
+  const options = { mode: speculative.mode };
+  if (draftTokens !== undefined) options.draft_tokens = draftTokens;
+  if (draftMinP !== undefined) options.draft_min_p = draftMinP;
+  return options;
 }
 
 /** Validates a request; returns { prompt, options, stream, signal }. `kind`: 'chat' | 'text'. */

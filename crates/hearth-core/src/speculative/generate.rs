@@ -105,7 +105,7 @@ impl Engine {
             // Each step yields accepted + 1 tokens and evaluates 1 + proposed.
             let budget = length.current().min(options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
             let mut proposal =
-                if budget > 0 { drafter.propose(&context, budget, &options.sampling)? } else { Proposal::default() };
+                if budget > 0 { drafter.propose_async(&context, budget, &options.sampling).await? } else { Proposal::default() };
             proposal.tokens.truncate(budget);
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
