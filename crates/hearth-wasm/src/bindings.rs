@@ -128,25 +128,38 @@ impl WasmEngine {
                 return Err(busy());
             }
             let loaded = state.loaded.borrow().clone().ok_or_else(|| js_error(WasmError::NotLoaded))?;
-            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
             // A draft of another vocabulary is refused from its header, before its weights load.
             let header = hearth_core::gguf::GgufFile::read(model.source()).map_err(|e| failed(js_error(e.into())))?;
-            host.check_draft_vocabulary(&header).map_err(js_error)?;
+            loaded.host.try_borrow().map_err(|_| busy())?.check_draft_vocabulary(&header).map_err(js_error)?;
             drop(header);
+            // The host is never borrowed across an await: a `generate` call meanwhile starts the
+            // driver, which borrows it.
+            let (gpu, fallback_reason) = open_backend(&backend).await?;
+            if state.driving.get() {
+                return Err(busy());
+            }
+            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
             // The previous draft (and its device) goes first.
+            host.unload_draft();
             *loaded.draft.borrow_mut() = None;
             let mut report = |done: u64, total: u64| {
                 if let Some(f) = &on_progress {
                     let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
                 }
             };
-            let (gpu, fallback_reason) = open_backend(&backend).await?;
             let draft = match gpu {
                 Some(gpu) => {
                     let watch = gpu.watch();
                     let info = gpu.info().clone();
                     host.load_draft(model.source(), Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
-                    watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
+                    drop(host);
+                    // Allocation failures of the upload are reported asynchronously.
+                    if let Err(e) = watch.settle().await {
+                        if let Ok(mut host) = loaded.host.try_borrow_mut() {
+                            host.unload_draft();
+                        }
+                        return Err(js_error(classify(&watch, WasmError::Core(e.into()))));
+                    }
                     DraftRuntime { gpu: Some((watch, info)), fallback_reason }
                 }
                 None => {

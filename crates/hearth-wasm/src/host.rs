@@ -357,6 +357,11 @@ impl EngineHost {
         Ok(draft_tokenizer)
     }
 
+    /// Frees the draft model (and its backend).
+    pub fn unload_draft(&mut self) {
+        self.draft = None;
+    }
+
     pub fn has_draft(&self) -> bool {
         self.draft.is_some()
     }
