@@ -138,37 +138,39 @@ impl WasmEngine {
             if state.driving.get() {
                 return Err(busy());
             }
-            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
-            // The previous draft (and its device) goes first.
-            host.unload_draft();
-            *loaded.draft.borrow_mut() = None;
             let mut report = |done: u64, total: u64| {
                 if let Some(f) = &on_progress {
                     let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
                 }
             };
-            let draft = match gpu {
-                Some(gpu) => {
-                    let watch = gpu.watch();
-                    let info = gpu.info().clone();
-                    host.load_draft(model.source(), Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
-                    drop(host);
-                    // Allocation failures of the upload are reported asynchronously.
-                    if let Err(e) = watch.settle().await {
-                        if let Ok(mut host) = loaded.host.try_borrow_mut() {
-                            host.unload_draft();
-                        }
-                        return Err(js_error(classify(&watch, WasmError::Core(e.into()))));
+            let draft = {
+                let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
+                // The previous draft (and its device) goes first.
+                host.unload_draft();
+                *loaded.draft.borrow_mut() = None;
+                match gpu {
+                    Some(gpu) => {
+                        let (watch, info) = (gpu.watch(), gpu.info().clone());
+                        host.load_draft(model.source(), Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
+                        DraftRuntime { gpu: Some((watch, info)), fallback_reason }
                     }
-                    DraftRuntime { gpu: Some((watch, info)), fallback_reason }
-                }
-                None => {
-                    let bytes = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
-                    let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
-                    host.load_draft(Arc::new(OwnedBytes(bytes)), cpu, &mut report).map_err(js_error)?;
-                    DraftRuntime { gpu: None, fallback_reason }
+                    None => {
+                        let bytes = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
+                        let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+                        host.load_draft(Arc::new(OwnedBytes(bytes)), cpu, &mut report).map_err(js_error)?;
+                        DraftRuntime { gpu: None, fallback_reason }
+                    }
                 }
             };
+            // Allocation failures of a WebGPU upload are reported asynchronously.
+            if let Some((watch, _)) = &draft.gpu {
+                if let Err(e) = watch.settle().await {
+                    if let Ok(mut host) = loaded.host.try_borrow_mut() {
+                        host.unload_draft();
+                    }
+                    return Err(js_error(classify(watch, WasmError::Core(e.into()))));
+                }
+            }
             *loaded.draft.borrow_mut() = Some(draft);
             Ok(JsValue::UNDEFINED)
         })
