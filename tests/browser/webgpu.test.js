@@ -8,12 +8,12 @@
 // applies: the tokens must agree wherever the CPU's top-1/top-2 margin (the fixture's `margins`)
 // is at least DECISIVE_MARGIN nats, and the comparison ends at the first divergence at a
 // non-decisive step (the contexts differ from there on).
-// The same engine then runs a speculative request (a draft model on the wasm CPU engine drafting
-// for the GPU target), which must give exactly its plain greedy tokens: every wgpu kernel computes
-// a row the same way whatever the batch (crates/hearth-wgpu/tests/speculative.rs). Prompt lookup
-// takes the same verification path (only the drafter differs, and it runs on the CPU either way);
-// it is left out here because on this output it would cost ~15 more passes at tens of seconds each
-// on SwiftShader (batching.test.js covers it on the CPU engine).
+// The same engine then runs a speculative request (a draft model on the wasm CPU engine,
+// `draftBackend: 'cpu'`, drafting for the GPU target), which must give exactly its plain greedy
+// tokens: every wgpu kernel computes a row the same way whatever the batch
+// (crates/hearth-wgpu/tests/speculative.rs). A draft on WebGPU (the default for a WebGPU target)
+// and prompt lookup on WebGPU are tested on a tiny synthetic model in webgpu-speculative.test.js:
+// with Gemma each draft pass would cost tens of seconds more on SwiftShader.
 // It also reports the kernel variant the engine picked against the adapter's features: SwiftShader
 // offers `subgroups` (not `shader-f16`), but wgpu 30 cannot request `subgroups` in a browser, so
 // the variant is the 'f32' fallback there (asserted below; issue #3).
@@ -84,7 +84,7 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
     const features = [...adapter.features].sort();
     // The draft (the same Gemma, drafting for itself) runs on the wasm CPU engine; it is read
     // from another path so that the target's range requests can be told apart.
-    const engine = await createEngine({ model: modelUrl, draftModel: draftUrl, backend: 'webgpu', worker: true, cache: false });
+    const engine = await createEngine({ model: modelUrl, draftModel: draftUrl, backend: 'webgpu', draftBackend: 'cpu', worker: true, cache: false });
     // Progress on the console (the test prints it): a run on SwiftShader takes many minutes.
     console.log(`loaded: adapter features ${JSON.stringify(features)}, engine adapter ${JSON.stringify((await engine.runtimeStats()).adapter)}`);
     const stream = await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: maxTokens });
@@ -147,6 +147,8 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
   // Speculative requests on the WebGPU engine: exactly its plain greedy tokens.
   assert.equal(result.statsAfter.backend, 'webgpu');
   assert.equal(result.statsAfter.draft_model, true);
+  assert.equal(result.statsAfter.draft?.backend, 'cpu-wasm', JSON.stringify(result.statsAfter.draft));
+  assert.equal(result.statsAfter.draft.adapter, null);
   for (const [name, spec] of [['draft-model', result.drafted]]) {
     assert.deepEqual(spec.hearth.token_ids, ids, name);
     assert.equal(spec.choices[0].text, text, name);

@@ -6,11 +6,11 @@
 use crate::error::WasmError;
 use crate::gpu::classify;
 use crate::source::JsModel;
-use crate::driver::{drive, JsRequest, Loaded, Pending, State};
+use crate::driver::{drive, DraftRuntime, JsRequest, Loaded, Pending, State};
 use crate::host::{EngineHost, OwnedBytes};
 use crate::request::{LoadOptions, PromptInput, RequestOptions};
 use hearth_core::backend::Backend;
-use hearth_wgpu::{WgpuBackend, WgpuOptions};
+use hearth_wgpu::{DeviceInfo, WgpuBackend, WgpuOptions};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -85,22 +85,7 @@ impl WasmEngine {
                     let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
                 }
             };
-            let (gpu, fallback_reason) = match backend.as_str() {
-                "cpu" => (None, None),
-                "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
-                "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
-                "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
-                    // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
-                    // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
-                    Ok(gpu) if backend == "auto" && gpu.info().device_type == "Cpu" => {
-                        (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
-                    }
-                    Ok(gpu) => (Some(gpu), None),
-                    Err(e) if backend == "auto" => (None, Some(e.to_string())),
-                    Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
-                },
-                other => return Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{other}'")))),
-            };
+            let (gpu, fallback_reason) = open_backend(&backend).await?;
             let loaded = match gpu {
                 Some(gpu) => {
                     let watch = gpu.watch();
@@ -108,13 +93,13 @@ impl WasmEngine {
                     let host = EngineHost::load_source(model.source(), &options, Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
                     // Allocation failures of the upload are reported asynchronously.
                     watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
-                    Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason }
+                    Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason, draft: RefCell::new(None) }
                 }
                 None => {
                     let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
                     let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
                     let host = EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?;
-                    Loaded { host: RefCell::new(host), gpu: None, fallback_reason }
+                    Loaded { host: RefCell::new(host), gpu: None, fallback_reason, draft: RefCell::new(None) }
                 }
             };
             {
@@ -127,12 +112,15 @@ impl WasmEngine {
     }
 
     /// Loads a draft model for speculative requests with mode 'draft-model'. It must share the
-    /// loaded model's vocabulary (checked before its weights load: code `bad-argument` otherwise);
-    /// it runs on the CPU engine (copied into wasm memory), whichever engine runs the model (on
-    /// WebGPU the draft drafts on the CPU and the target verifies on the GPU). Resolves to undefined.
-    pub fn load_draft(&self, model: &JsValue, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+    /// loaded model's vocabulary (checked before its weights load: code `bad-argument` otherwise).
+    /// `model`: as in [`WasmEngine::load`]. `backend`: "webgpu" | "cpu" | "auto", the rules of
+    /// `load` (the package passes the target's backend option unless told otherwise). On WebGPU
+    /// the draft gets a device of its own, reads its weights range by range like the target, and
+    /// its passes are awaited; on the CPU it is copied into wasm memory. Resolves to undefined.
+    pub fn load_draft(&self, model: &JsValue, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
         let state = self.state.clone();
         let model = model.clone();
+        let backend = backend.to_string();
         future_to_promise(async move {
             let model = JsModel::from_js(&model).map_err(js_error)?;
             let failed = |error: JsValue| model.take_failure().unwrap_or(error);
@@ -140,19 +128,50 @@ impl WasmEngine {
                 return Err(busy());
             }
             let loaded = state.loaded.borrow().clone().ok_or_else(|| js_error(WasmError::NotLoaded))?;
-            let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
-            // A draft of another vocabulary is refused from its header, before the copy.
+            // A draft of another vocabulary is refused from its header, before its weights load.
             let header = hearth_core::gguf::GgufFile::read(model.source()).map_err(|e| failed(js_error(e.into())))?;
-            host.check_draft_vocabulary(&header).map_err(js_error)?;
+            loaded.host.try_borrow().map_err(|_| busy())?.check_draft_vocabulary(&header).map_err(js_error)?;
             drop(header);
+            // The host is never borrowed across an await: a `generate` call meanwhile starts the
+            // driver, which borrows it.
+            let (gpu, fallback_reason) = open_backend(&backend).await?;
+            if state.driving.get() {
+                return Err(busy());
+            }
             let mut report = |done: u64, total: u64| {
                 if let Some(f) = &on_progress {
                     let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
                 }
             };
-            let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
-            let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
-            host.load_draft(Arc::new(OwnedBytes(model)), cpu, &mut report).map_err(js_error)?;
+            let draft = {
+                let mut host = loaded.host.try_borrow_mut().map_err(|_| busy())?;
+                // The previous draft (and its device) goes first.
+                host.unload_draft();
+                *loaded.draft.borrow_mut() = None;
+                match gpu {
+                    Some(gpu) => {
+                        let (watch, info) = (gpu.watch(), gpu.info().clone());
+                        host.load_draft(model.source(), Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
+                        DraftRuntime { gpu: Some((watch, info)), fallback_reason }
+                    }
+                    None => {
+                        let bytes = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
+                        let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+                        host.load_draft(Arc::new(OwnedBytes(bytes)), cpu, &mut report).map_err(js_error)?;
+                        DraftRuntime { gpu: None, fallback_reason }
+                    }
+                }
+            };
+            // Allocation failures of a WebGPU upload are reported asynchronously.
+            if let Some((watch, _)) = &draft.gpu {
+                if let Err(e) = watch.settle().await {
+                    if let Ok(mut host) = loaded.host.try_borrow_mut() {
+                        host.unload_draft();
+                    }
+                    return Err(js_error(classify(watch, WasmError::Core(e.into()))));
+                }
+            }
+            *loaded.draft.borrow_mut() = Some(draft);
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -236,30 +255,34 @@ impl WasmEngine {
 
     /// `{"backend": "webgpu" | "cpu-wasm", "adapter": {...} | null, "fallback_reason": string |
     /// null, "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "backend_memory_bytes": n,
-    /// "model": {...}, "batch": {...}, "draft_model": bool}`.
+    /// "model": {...}, "batch": {...}, "draft_model": bool, "draft": null | {"backend": "webgpu" |
+    /// "cpu-wasm", "adapter": {...} | null, "fallback_reason": string | null,
+    /// "backend_memory_bytes": n | null}}`.
     pub fn runtime_stats(&self) -> Result<String, JsValue> {
         let loaded = self.state.loaded.borrow().clone();
         let memory = wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>();
         let wasm_memory_bytes = memory.buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length();
         let gpu = loaded.as_ref().and_then(|l| l.gpu.as_ref());
-        let adapter = gpu.map(|(_, i)| {
-            serde_json::json!({
-                "name": i.adapter_name,
-                "backend": i.backend,
-                "device_type": i.device_type,
-                "shader_f16": i.shader_f16,
-                "subgroups": i.subgroups,
-                "variant": i.variant(),
-                "max_storage_buffer_binding_size": i.max_storage_binding,
-                "max_buffer_size": i.max_buffer_size,
-            })
-        });
+        let adapter = gpu.map(|(_, i)| adapter_json(i));
         // During a step the driver holds the host: report the figures of the last step.
         let host = loaded.as_ref().and_then(|l| l.host.try_borrow().ok());
         let (backend_memory_bytes, batch) = match &host {
             Some(h) => (h.backend_memory_bytes(), h.batch_stats()),
             None => self.state.last_stats.get(),
         };
+        // The draft's memory is read while the host is free (the driver holds it during a step).
+        let draft_memory = host.as_ref().and_then(|h| h.draft_backend()).map(|(_, bytes)| bytes);
+        let draft = loaded.as_ref().and_then(|l| {
+            let runtime = l.draft.borrow();
+            runtime.as_ref().map(|d| {
+                serde_json::json!({
+                    "backend": if d.gpu.is_some() { "webgpu" } else { "cpu-wasm" },
+                    "adapter": d.gpu.as_ref().map(|(_, i)| adapter_json(i)),
+                    "fallback_reason": d.fallback_reason,
+                    "backend_memory_bytes": draft_memory,
+                })
+            })
+        });
         let stats = serde_json::json!({
             "backend": if gpu.is_some() { "webgpu" } else { "cpu-wasm" },
             "adapter": adapter,
@@ -271,9 +294,45 @@ impl WasmEngine {
             "model": host.as_ref().map(|h| h.info().clone()),
             "batch": loaded.as_ref().map(|_| batch),
             "draft_model": host.as_ref().is_some_and(|h| h.has_draft()),
+            "draft": draft,
         });
         Ok(stats.to_string())
     }
+}
+
+/// The WebGPU device for `backend` ("webgpu", "cpu" or "auto"), or `None` for the CPU engine with
+/// why 'auto' fell back. 'webgpu' without a device is `no-webgpu`.
+async fn open_backend(backend: &str) -> Result<(Option<WgpuBackend>, Option<String>), JsValue> {
+    Ok(match backend {
+        "cpu" => (None, None),
+        "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
+        "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
+        "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
+            // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
+            // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
+            Ok(gpu) if backend == "auto" && gpu.info().device_type == "Cpu" => {
+                (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
+            }
+            Ok(gpu) => (Some(gpu), None),
+            Err(e) if backend == "auto" => (None, Some(e.to_string())),
+            Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
+        },
+        other => return Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{other}'")))),
+    })
+}
+
+/// The adapter as `runtime_stats` reports it.
+fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
+    serde_json::json!({
+        "name": i.adapter_name,
+        "backend": i.backend,
+        "device_type": i.device_type,
+        "shader_f16": i.shader_f16,
+        "subgroups": i.subgroups,
+        "variant": i.variant(),
+        "max_storage_buffer_binding_size": i.max_storage_binding,
+        "max_buffer_size": i.max_buffer_size,
+    })
 }
 
 /// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).

@@ -25,14 +25,48 @@ pub(crate) struct Loaded {
     pub gpu: Option<(GpuWatch, DeviceInfo)>,
     /// backend 'auto' that fell back to the CPU: why.
     pub fallback_reason: Option<String>,
+    /// Where the draft model (held by `host`) runs, once one is loaded.
+    pub draft: RefCell<Option<DraftRuntime>>,
+}
+
+/// What runs the draft model.
+pub(crate) struct DraftRuntime {
+    /// WebGPU: its own device's fault watch and what was opened.
+    pub gpu: Option<(GpuWatch, DeviceInfo)>,
+    /// backend 'auto' that fell back to the CPU: why.
+    pub fallback_reason: Option<String>,
 }
 
 impl Loaded {
-    /// A failure of a WebGPU step reported with the device's own reason when it has one.
+    /// A failure of a WebGPU step reported with the device's own reason when one has it (the
+    /// target's device, then the draft's).
     pub fn classify(&self, error: WasmError) -> WasmError {
-        match &self.gpu {
+        let error = match &self.gpu {
             Some((watch, _)) => classify(watch, error),
             None => error,
+        };
+        if matches!(error, WasmError::DeviceLost(_) | WasmError::OutOfMemory(_)) {
+            return error;
+        }
+        match self.draft.borrow().as_ref().and_then(|d| d.gpu.as_ref()) {
+            Some((watch, _)) => classify(watch, error),
+            None => error,
+        }
+    }
+
+    /// Whether a device (the target's or the draft's) has recorded a fault.
+    fn device_fault(&self) -> bool {
+        let draft = self.draft.borrow();
+        let draft_watch = draft.as_ref().and_then(|d| d.gpu.as_ref()).map(|(w, _)| w);
+        self.gpu.as_ref().map(|(w, _)| w).into_iter().chain(draft_watch).any(|w| w.check().is_err())
+    }
+
+    /// Pokes every device so that a pending loss notification is delivered.
+    fn probe_devices(&self) {
+        let draft = self.draft.borrow();
+        let draft_watch = draft.as_ref().and_then(|d| d.gpu.as_ref()).map(|(w, _)| w);
+        for watch in self.gpu.as_ref().map(|(w, _)| w).into_iter().chain(draft_watch) {
+            watch.probe();
         }
     }
 }
@@ -241,15 +275,18 @@ const FAULT_WAIT_MS: f64 = 50.0;
 
 /// After a failed WebGPU step: the browser may reject the step's buffer mapping before it
 /// delivers the device-lost notification (seen with `device.destroy()`; it came with the next
-/// submission), so poke the device and give the callback up to a second to record the loss
+/// submission), so poke the devices (target and draft) and give the callback up to a second to record the loss
 /// before the failure is classified.
 async fn wait_for_device_fault(loaded: &Loaded) {
-    let Some((watch, _)) = &loaded.gpu else { return };
+    let on_gpu = loaded.gpu.is_some() || loaded.draft.borrow().as_ref().is_some_and(|d| d.gpu.is_some());
+    if !on_gpu {
+        return;
+    }
     for _ in 0..FAULT_WAIT_TURNS {
-        if watch.check().is_err() {
+        if loaded.device_fault() {
             return;
         }
-        watch.probe();
+        loaded.probe_devices();
         sleep_ms(FAULT_WAIT_MS).await;
     }
 }

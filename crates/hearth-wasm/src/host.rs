@@ -337,6 +337,7 @@ impl EngineHost {
 
     /// Loads a draft model (same vocabulary as this model) onto `backend` for speculative
     /// requests with mode `draft-model`. The vocabularies are compared before any weight loads.
+    /// Any backend: in a browser a WebGPU draft has its passes awaited like the target's.
     pub fn load_draft(&mut self, source: Arc<dyn ByteSource>, backend: Box<dyn Backend>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         self.draft = None;
         let file = GgufFile::read(source)?;
@@ -356,8 +357,18 @@ impl EngineHost {
         Ok(draft_tokenizer)
     }
 
+    /// Frees the draft model (and its backend).
+    pub fn unload_draft(&mut self) {
+        self.draft = None;
+    }
+
     pub fn has_draft(&self) -> bool {
         self.draft.is_some()
+    }
+
+    /// The draft model's backend ("wgpu", "cpu") and its memory in bytes, when one is loaded.
+    pub fn draft_backend(&self) -> Option<(String, u64)> {
+        self.draft.as_ref().map(|d| (d.session().backend().name().to_string(), d.session().backend().memory_bytes()))
     }
 
     /// One request with speculative decoding (prompt lookup or the draft model), run alone while
@@ -378,7 +389,7 @@ impl EngineHost {
     }
 
     /// [`EngineHost::generate_speculative`] on any backend (WebGPU in a browser: the target's
-    /// forward passes are awaited). The draft model, when used, runs on its own (CPU) backend.
+    /// forward passes are awaited, and so are the draft model's, on its own backend).
     /// The returned future must be run to completion: the scheduler is lent to the generation
     /// and given back at its end.
     pub async fn generate_speculative_async(
@@ -400,7 +411,10 @@ impl EngineHost {
         let drafter: &mut dyn Drafter = match speculative.mode {
             SpeculativeMode::Lookup => &mut lookup,
             SpeculativeMode::DraftModel => match self.draft.as_mut() {
-                Some(draft) => draft,
+                Some(draft) => {
+                    draft.min_confidence = speculative.draft_min_p();
+                    draft
+                }
                 None => return Err(WasmError::bad_request("speculative", "mode 'draft-model' needs a draft model (createEngine({ draftModel }))")),
             },
         };

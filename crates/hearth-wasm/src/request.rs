@@ -5,6 +5,7 @@ use crate::error::{Result, WasmError};
 use hearth_core::engine::{EngineOptions, GenerateOptions};
 use hearth_core::kv::KvType;
 use hearth_core::sampling::SamplingParams;
+use hearth_core::speculative::DEFAULT_MIN_CONFIDENCE;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,7 +115,7 @@ pub struct RequestOptions {
     pub speculative: Option<SpeculativeRequest>,
 }
 
-/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "fixed_length": bool}`.
+/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "draft_min_p": P, "fixed_length": bool}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeRequest {
@@ -124,6 +125,9 @@ pub struct SpeculativeRequest {
     /// Draft and verify K tokens every step instead of adapting (`--fixed-draft-length`).
     #[serde(default)]
     pub fixed_length: bool,
+    /// Draft model: stop drafting where its top token is less likely than this (0 drafts the full
+    /// length), as `hearth run --draft-min-p`; default [`DEFAULT_MIN_CONFIDENCE`].
+    pub draft_min_p: Option<f32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -141,6 +145,10 @@ pub const DEFAULT_DRAFT_TOKENS: usize = 5;
 impl SpeculativeRequest {
     pub fn draft_tokens(&self) -> usize {
         self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS).max(1)
+    }
+
+    pub fn draft_min_p(&self) -> f32 {
+        self.draft_min_p.unwrap_or(DEFAULT_MIN_CONFIDENCE)
     }
 }
 
@@ -191,6 +199,11 @@ impl RequestOptions {
         if let Some(SpeculativeRequest { draft_tokens: Some(k), .. }) = &self.speculative {
             if !(1..=64).contains(k) {
                 return Err(bad(format!("speculative.draft_tokens must be in [1, 64], got {k}")));
+            }
+        }
+        if let Some(SpeculativeRequest { draft_min_p: Some(p), .. }) = &self.speculative {
+            if !(0.0..=1.0).contains(p) {
+                return Err(bad(format!("speculative.draft_min_p must be in [0, 1], got {p}")));
             }
         }
         if stop.iter().any(|s| s.is_empty()) {

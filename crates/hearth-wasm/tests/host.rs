@@ -244,9 +244,21 @@ fn speculative_requests_keep_the_greedy_output() {
     assert!(mismatch.to_string().contains("cannot draft for this model"), "{mismatch}");
 
     host.load_draft(std::sync::Arc::new(OwnedBytes(gemma_bytes())), cpu(), &mut |_, _| {}).unwrap();
+    assert_eq!(host.draft_backend().map(|(name, bytes)| (name, bytes > 0)), Some(("cpu".to_string(), true)));
     let report = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap();
     assert_eq!(report.token_ids, reference.token_ids);
     assert!(report.speculative.unwrap().accepted > 0);
+    // draft_min_p 0 drafts the full length whatever the draft's confidence; out of [0, 1] is refused.
+    let full = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "draft_tokens": 3, "draft_min_p": 0}}"#).unwrap();
+    let report = host.generate(&input, &full, 0, None, &mut |_| true).unwrap();
+    assert_eq!(report.token_ids, reference.token_ids);
+    let metrics = report.speculative.unwrap();
+    // Every step proposes (a last step with one token left has no budget for a draft).
+    assert!(metrics.proposed + 1 >= metrics.target_forward_passes && metrics.accepted > 0, "{metrics:?}");
+    let bad = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 4, "speculative": {"mode": "draft-model", "draft_min_p": 1.5}}"#).unwrap();
+    let error = host.generate(&input, &bad, 0, None, &mut |_| true).unwrap_err();
+    assert_eq!(error.code(), "bad-argument");
+    assert!(error.to_string().contains("draft_min_p"), "{error}");
     // The batch path works again after a speculative request borrowed the model.
     assert_eq!(host.generate(&input, &plain, 0, None, &mut |_| true).unwrap().token_ids, reference.token_ids);
 }

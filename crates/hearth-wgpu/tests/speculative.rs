@@ -3,14 +3,17 @@
 //! and rolls rejected ones back; every wgpu kernel computes a row the same way whatever the batch
 //! (one attention path, row-wise mat-muls), so any difference is a verification or rollback bug.
 //! Few tokens each: lavapipe runs the 1.5B at a few tokens per second.
+//! The draft model runs on wgpu too (a device of its own), its proposals awaited through
+//! `Drafter::propose_async` as in a browser.
 
 mod common;
 
+use hearth_core::block_on::block_on;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
-use hearth_tests::{model_path, QWEN_05B, QWEN_15B};
+use hearth_tests::{as_ids, fixtures_dir, model_path, read_json, QWEN_05B, QWEN_15B};
 use hearth_wgpu::WgpuOptions;
 
 const N_CTX: usize = 256;
@@ -75,4 +78,42 @@ fn qwen_15b_with_qwen_05b_draft_greedy_equals_plain_greedy() {
     drafter.min_confidence = 0.0;
     let speculative = SpeculativeOptions { max_draft_tokens: 4, adaptive: false };
     assert_same_as_greedy(&mut engine, NEXT_FUNCTION, &mut drafter, &speculative, 6, "wgpu qwen 1.5B + 0.5B draft");
+}
+
+/// The tiny synthetic qwen2 model (f32 weights) drafting for itself, both on wgpu, through the
+/// async path (`generate_speculative_async` awaiting `DraftModel::propose_async`): the tokens are
+/// plain greedy's and the native CPU backend's (the browser fixture of webgpu-speculative.test.js,
+/// every step decisive by at least 0.6 nats), and every draft is accepted, since the draft computes
+/// each row exactly as the verification pass does.
+#[test]
+fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
+    let reference = read_json("browser/synthetic_qwen2_repeat_greedy.json");
+    let path = fixtures_dir().join("synthetic").join(reference["model_file"].as_str().expect("model_file"));
+    let (prompt, expected) = (as_ids(&reference["prompt_tokens"]), as_ids(&reference["tokens"]));
+    let file = GgufFile::open(&path).expect("open synthetic model");
+    let options = EngineOptions { n_ctx: 64, ..EngineOptions::default() };
+    let Some(target_gpu) = common::open(WgpuOptions::from_env()) else { return };
+    let mut engine = Engine::load(&file, Box::new(target_gpu), &options, &mut |_, _| {}).expect("load target on wgpu");
+    let Some(draft_gpu) = common::open(WgpuOptions::from_env()) else { return };
+    let session = Session::load(&file, Box::new(draft_gpu), &options, &mut |_, _| {}).expect("load draft on wgpu");
+    let draft_tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
+    let mut drafter = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("same vocabulary");
+    // A random-weights model is rarely confident: draft the full length.
+    drafter.min_confidence = 0.0;
+
+    let greedy = GenerateOptions { max_tokens: expected.len(), ignore_eos: true, ..GenerateOptions::default() };
+    let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
+    assert_eq!(plain.tokens, expected, "wgpu greedy vs the CPU backend");
+    engine.session_mut().reset();
+    let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
+    let spec = block_on(engine.generate_speculative_async(&prompt, &greedy, &mut drafter, &speculative, &mut |_| true)).expect("speculative");
+    let metrics = spec.speculative.expect("metrics");
+    eprintln!("wgpu self-drafting synthetic qwen2: {metrics:?}");
+    assert_eq!(spec.tokens, expected, "speculative greedy with a wgpu draft");
+    assert!(metrics.proposed > 0, "{metrics:?}");
+    assert_eq!(metrics.accepted, metrics.proposed, "a model drafting for itself: {metrics:?}");
+    assert_eq!(1 + metrics.accepted + metrics.target_forward_passes, expected.len(), "{metrics:?}");
+    // The draft session holds the accepted context (it rolls back to it and moves on lazily).
+    let history = drafter.session().history();
+    assert!(history.len() > prompt.len() && history[..prompt.len()] == prompt[..], "draft history {history:?}");
 }

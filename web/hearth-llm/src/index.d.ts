@@ -66,9 +66,14 @@ export interface CreateEngineOptions {
   /** Requests evaluated together in one forward pass (default 4); more wait their turn. */
   maxBatch?: number;
   /** A draft model with the same vocabulary as `model` (rejects with 'bad-argument' otherwise),
-   * for requests with `speculative: { mode: 'draft-model' }`. It runs on the wasm CPU engine
-   * (copied into wasm memory), whichever engine runs `model`. */
+   * for requests with `speculative: { mode: 'draft-model' }`. It runs where `draftBackend` says,
+   * read like `model` (streamed into GPU buffers on WebGPU, copied into wasm memory on the CPU). */
   draftModel?: ModelSource;
+  /** Where the draft model runs, with the rules of `backend` (default: the value of `backend`, so
+   * a draft for a model on WebGPU drafts on WebGPU, on a device of its own, its passes awaited like
+   * the model's). 'cpu' drafts on the WebAssembly CPU engine while the model runs on WebGPU.
+   * `runtimeStats().draft` says where it runs. */
+  draftBackend?: 'auto' | 'cpu' | 'webgpu';
 }
 
 export interface CachedModel {
@@ -118,6 +123,9 @@ export interface SpeculativeRequest {
   /** Draft and verify up to `draftTokens` every step instead (default false). With sampling this
    * makes a seeded request reproducible: adaptive lengths depend on measured timings. */
   fixedLength?: boolean;
+  /** 'draft-model': stop drafting where the draft model's top token is less likely than this,
+   * 0..1 (default 0.6; 0 always drafts `draftTokens`), as `hearth run --draft-min-p`. */
+  draftMinP?: number;
 }
 
 /** What speculation did during one request. */
@@ -226,6 +234,18 @@ export interface RuntimeStats {
   batch: BatchStats | null;
   /** A draft model is loaded. */
   draft_model: boolean;
+  /** Where the draft model runs (null without one). */
+  draft: DraftStats | null;
+}
+
+export interface DraftStats {
+  backend: 'webgpu' | 'cpu-wasm';
+  /** WebGPU: the draft's own device. */
+  adapter: AdapterInfo | null;
+  /** draftBackend 'auto' running on the CPU: why WebGPU was not used. */
+  fallback_reason: string | null;
+  /** null while a request runs. */
+  backend_memory_bytes: number | null;
 }
 
 export interface BatchStats {

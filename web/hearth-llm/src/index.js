@@ -23,20 +23,23 @@ const BACKENDS = ['auto', 'cpu', 'webgpu'];
  * `cache` (true | false | 'revalidate'; URL models are kept in OPFS), `backend` ('auto' | 'cpu' |
  * 'webgpu'), `signal` (AbortSignal), `maxBatch` (requests evaluated together, default 4),
  * `draftModel` (a second model with the same vocabulary, for requests with
- * `speculative: { mode: 'draft-model' }`; same source types as `model`). Failures reject with a
- * HearthError (see errors.js for codes).
+ * `speculative: { mode: 'draft-model' }`; same source types as `model`), `draftBackend` (where the
+ * draft runs: 'auto' | 'cpu' | 'webgpu' with the rules of `backend`; default: `backend`'s value, so
+ * a draft for a WebGPU model drafts on WebGPU). Failures reject with a HearthError (see errors.js
+ * for codes).
  */
 export async function createEngine(options) {
   if (options === null || typeof options !== 'object') throw hearthError('bad-argument', 'createEngine: expected an options object like { model: url }');
-  const { model, onProgress, worker = true, nCtx = 0, cache = true, backend = 'auto', signal, maxBatch = 4, draftModel } = options;
+  const { model, onProgress, worker = true, nCtx = 0, cache = true, backend = 'auto', signal, maxBatch = 4, draftModel, draftBackend = backend } = options;
   if (model === undefined || model === null) throw hearthError('bad-argument', 'createEngine: `model` is required (a URL, File/Blob, Uint8Array or ArrayBuffer)');
   if (onProgress !== undefined && typeof onProgress !== 'function') throw hearthError('bad-argument', 'createEngine: `onProgress` must be a function');
   if (!Number.isInteger(maxBatch) || maxBatch < 1) throw hearthError('bad-argument', `createEngine: \`maxBatch\` must be a positive integer, got ${JSON.stringify(maxBatch)}`);
   if (!Number.isInteger(nCtx) || nCtx < 0) throw hearthError('bad-argument', `createEngine: \`nCtx\` must be a non-negative integer, got ${JSON.stringify(nCtx)}`);
   if (cache !== true && cache !== false && cache !== 'revalidate') throw hearthError('bad-argument', 'createEngine: `cache` must be true, false or \'revalidate\'');
   if (!BACKENDS.includes(backend)) throw hearthError('bad-argument', `createEngine: \`backend\` must be one of ${BACKENDS.map((b) => `'${b}'`).join(', ')}, got ${JSON.stringify(backend)}`);
+  if (!BACKENDS.includes(draftBackend)) throw hearthError('bad-argument', `createEngine: \`draftBackend\` must be one of ${BACKENDS.map((b) => `'${b}'`).join(', ')}, got ${JSON.stringify(draftBackend)}`);
   if (signal !== undefined && !(typeof AbortSignal !== 'undefined' && signal instanceof AbortSignal)) throw hearthError('bad-argument', 'createEngine: `signal` must be an AbortSignal');
-  if (backend === 'webgpu') await requireWebGpu();
+  if (backend === 'webgpu' || (draftModel != null && draftBackend === 'webgpu')) await requireWebGpu();
   if (signal?.aborted) throw hearthError('aborted', 'createEngine was aborted', signal.reason);
   const useWorker = Boolean(worker) && typeof Worker !== 'undefined';
   // A throwing progress callback is the caller's bug, but must not break the load.
@@ -49,7 +52,7 @@ export async function createEngine(options) {
   });
   // In a worker a GPU load reads the model range by range (a File, the OPFS-cached copy, or HTTP
   // range requests) straight into GPU buffers: the whole file is never held in memory.
-  const streamed = useWorker && (backend === 'webgpu' || (backend === 'auto' && Boolean(globalThis.navigator?.gpu)));
+  const streamed = streamsOn(backend, useWorker);
   // Only the wasm CPU engine must hold the model in its (32-bit) memory.
   const sizeLimited = backend !== 'webgpu';
   const opened = await readModel(model, { onProgress: report, cache, signal, streamed, sizeLimited }).catch((error) => {
@@ -64,10 +67,11 @@ export async function createEngine(options) {
   try {
     await engineBackend.load(bytes ?? source, { n_ctx: nCtx, max_batch: maxBatch, backend }, report && ((p) => report({ ...p, fromCache })), owned);
     if (draftModel !== undefined && draftModel !== null) {
-      // The draft runs on the wasm CPU engine: its bytes go into wasm memory (not streamed).
-      const draft = await readModel(draftModel, { onProgress: report, cache, signal });
-      checkModelSize(draft.bytes.byteLength);
-      await engineBackend.loadDraft(draft.bytes, report && ((p) => report({ ...p, fromCache: draft.fromCache })), draft.owned);
+      // As the model: streamed into GPU buffers on WebGPU, copied into wasm memory on the CPU.
+      const draftSizeLimited = draftBackend !== 'webgpu';
+      const draft = await readModel(draftModel, { onProgress: report, cache, signal, streamed: streamsOn(draftBackend, useWorker), sizeLimited: draftSizeLimited });
+      if (draftSizeLimited) checkModelSize(draft.bytes ? draft.bytes.byteLength : draft.size);
+      await engineBackend.loadDraft(draft.bytes ?? draft.source, draftBackend, report && ((p) => report({ ...p, fromCache: draft.fromCache })), draft.owned);
     }
   } catch (error) {
     engineBackend.terminate?.();
@@ -78,6 +82,11 @@ export async function createEngine(options) {
   engine.fromCache = fromCache;
   engine.warnings = warning ? [warning] : [];
   return engine;
+}
+
+/** Whether a model for `backend` is read range by range (in a worker, for a GPU backend). */
+function streamsOn(backend, useWorker) {
+  return useWorker && (backend === 'webgpu' || (backend === 'auto' && Boolean(globalThis.navigator?.gpu)));
 }
 
 /** backend: 'webgpu' needs an adapter: checked before any download. */
@@ -128,7 +137,7 @@ export class Engine {
     });
   }
 
-  /** `{ backend: 'webgpu' | 'cpu-wasm', adapter, fallback_reason, simd128, threads, worker, wasm_memory_bytes, backend_memory_bytes, model, batch, draft_model }`. */
+  /** `{ backend: 'webgpu' | 'cpu-wasm', adapter, fallback_reason, simd128, threads, worker, wasm_memory_bytes, backend_memory_bytes, model, batch, draft_model, draft }`. */
   async runtimeStats() {
     this.#checkLoaded();
     const stats = await this.#backend.stats();

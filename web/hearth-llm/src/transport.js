@@ -47,9 +47,11 @@ export class WorkerEngine {
     return this.#call({ type: 'load', model, options }, { onProgress }, transfer);
   }
 
-  loadDraft(bytes, onProgress, owned = false) {
-    const transfer = owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
-    return this.#call({ type: 'load-draft', bytes }, { onProgress }, transfer);
+  /** `model`: as in load(); `backend`: 'auto' | 'webgpu' | 'cpu'. */
+  loadDraft(model, backend, onProgress, owned = false) {
+    const bytes = model instanceof Uint8Array ? model : null;
+    const transfer = bytes && owned && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? [bytes.buffer] : [];
+    return this.#call({ type: 'load-draft', model, backend }, { onProgress }, transfer);
   }
 
   /** Resolves to the report; `key` (unique per request) names it for cancel(key). */

@@ -1,7 +1,8 @@
 // The wasm engine behind a small async interface shared by the same-thread mode and worker.js:
 //   load(model, { backend: 'auto'|'webgpu'|'cpu', ...engine options }, onProgress)
 //     model: bytes, or a streamed source { blob } | { url, size } (worker only, range-reader.js)
-//   loadDraft(bytes, onProgress)  (a draft model for speculative requests)
+//   loadDraft(model, backend, onProgress)  (a draft model for speculative requests; model as in load,
+//     backend: 'auto'|'webgpu'|'cpu')
 //   generate(prompt, options, onChunk, key) → report  (concurrent calls run as one batch)
 //   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
 // `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
@@ -31,9 +32,10 @@ export class LocalEngine {
     await this.#engine.load(input, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
-  async loadDraft(bytes, onProgress) {
+  async loadDraft(model, backend, onProgress) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    await this.#engine.load_draft(bytes, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+    const input = isLazySource(model) ? openReader(model) : model;
+    await this.#engine.load_draft(input, backend ?? 'auto', (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
   /** `onChunk(text)` returning false cancels; `key` names the request for cancel(key). */

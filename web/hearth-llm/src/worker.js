@@ -2,7 +2,7 @@
 // Protocol (generate calls may overlap: the engine batches them and yields to this event loop
 // between steps, so 'cancel' messages arrive while they run):
 //   page → worker: { id, type: 'load', model, options } (model: bytes, or { blob } | { url, size })
-//                  | { id, type: 'load-draft', bytes }
+//                  | { id, type: 'load-draft', model, backend } (model as in 'load'; backend: 'auto' | 'webgpu' | 'cpu')
 //                  | { id, type: 'generate', prompt, options, key } | { type: 'cancel', key } (key: unique per request)
 //                  | { type: 'interrupt' } | { id, type: 'unload' } | { id, type: 'stats' } | { id, type: 'lose-device-for-test' }
 //   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text }
@@ -21,7 +21,7 @@ self.onmessage = async (event) => {
     if (type === 'load') {
       await engine.load(event.data.model, event.data.options, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'load-draft') {
-      await engine.loadDraft(event.data.bytes, (progress) => reply({ type: 'progress', progress }));
+      await engine.loadDraft(event.data.model, event.data.backend, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'generate') {
       result = await engine.generate(event.data.prompt, event.data.options, (text) => reply({ type: 'chunk', text }), event.data.key);
     } else if (type === 'cancel') {

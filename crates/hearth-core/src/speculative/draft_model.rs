@@ -1,7 +1,8 @@
 //! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
 
 use super::verify::{sample_from, Distribution};
-use super::{Drafter, Proposal};
+use super::{Drafter, Proposal, ProposalFuture};
+use crate::block_on::block_on;
 use crate::engine::Session;
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
@@ -91,7 +92,22 @@ impl DraftModel {
 }
 
 impl Drafter for DraftModel {
+    /// Synchronous: [`DraftModel::propose_now`] polled once (see [`crate::block_on`]), so the
+    /// draft session's backend must finish steps synchronously (the CPU; natively every backend).
     fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
+        block_on(self.propose_now(context, max_tokens, sampling))
+    }
+
+    /// Awaits the draft session's forward passes (WebGPU in a browser).
+    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+        Box::pin(self.propose_now(context, max_tokens, sampling))
+    }
+}
+
+impl DraftModel {
+    /// The proposal of both [`Drafter`] methods: one `eval_async` for the new context tokens, then
+    /// one per draft token but the last.
+    async fn propose_now(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
         if context.is_empty() || max_tokens == 0 {
             return Ok(Proposal::default());
         }
@@ -106,7 +122,7 @@ impl Drafter for DraftModel {
         let max_tokens = max_tokens.min(room - new_tokens + 1);
         let mut logits = std::mem::take(&mut self.logits);
         let shared = self.shared_vocab;
-        copy_shared(&mut logits, self.session.eval(&context[common..], LogitsMode::Last)?, shared);
+        copy_shared(&mut logits, self.session.eval_async(&context[common..], LogitsMode::Last).await?, shared);
         let greedy = sampling.temperature <= 0.0;
         let mut history = context.to_vec();
         let mut tokens = Vec::with_capacity(max_tokens);
@@ -128,7 +144,7 @@ impl Drafter for DraftModel {
             distributions.push(distribution);
             history.push(token);
             if tokens.len() < max_tokens {
-                copy_shared(&mut logits, self.session.eval(&[token], LogitsMode::Last)?, shared);
+                copy_shared(&mut logits, self.session.eval_async(&[token], LogitsMode::Last).await?, shared);
             }
         }
         self.logits = logits;

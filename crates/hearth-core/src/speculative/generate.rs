@@ -30,9 +30,9 @@ impl Engine {
     }
 
     /// [`Engine::generate_speculative`] for backends whose logits arrive later (WebGPU in a
-    /// browser): the target's forward passes are awaited. The drafter stays synchronous (prompt
-    /// lookup computes nothing; a [`DraftModel`](super::DraftModel) must run on a backend that
-    /// finishes steps synchronously, e.g. the CPU).
+    /// browser): the target's forward passes and the drafter's proposals
+    /// ([`Drafter::propose_async`]: a [`DraftModel`](super::DraftModel) awaits its own passes, so
+    /// it may run on WebGPU too) are awaited.
     pub async fn generate_speculative_async(
         &mut self,
         prompt: &[u32],
@@ -107,7 +107,7 @@ impl Engine {
             let budget = policy.request().min(room);
             let drafting = Instant::now();
             let mut proposal =
-                if budget > 0 { drafter.propose(&context, budget, &options.sampling)? } else { Proposal::default() };
+                if budget > 0 { drafter.propose_async(&context, budget, &options.sampling).await? } else { Proposal::default() };
             policy.observe_draft(budget, ms(drafting));
             proposal.tokens.truncate(budget);
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {

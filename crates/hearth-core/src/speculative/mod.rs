@@ -27,6 +27,8 @@ pub use verify::{Distribution, VerificationOutcome};
 use crate::error::Result;
 use crate::sampling::SamplingParams;
 use serde::Serialize;
+use std::future::Future;
+use std::pin::Pin;
 
 /// Tokens a drafter guesses will follow the context.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,6 +39,10 @@ pub struct Proposal {
     pub distributions: Option<Vec<Distribution>>,
 }
 
+/// The future of [`Drafter::propose_async`]: boxed so that the trait stays object-safe (the
+/// generation loop takes `&mut dyn Drafter`); not `Send` (a WebGPU drafter in a browser is not).
+pub type ProposalFuture<'a> = Pin<Box<dyn Future<Output = Result<Proposal>> + 'a>>;
+
 /// Proposes continuations. Called once per verification step with everything accepted so far,
 /// so a stateful drafter can resynchronise itself (e.g. roll its KV cache back to the common prefix).
 pub trait Drafter {
@@ -44,6 +50,13 @@ pub trait Drafter {
     /// first). `sampling` is the target's sampling configuration: a model drafter draws from the
     /// same filtered distribution so its proposals are accepted as often as possible.
     fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal>;
+
+    /// [`Drafter::propose`] for drafters whose work completes later (a [`DraftModel`] on WebGPU
+    /// in a browser awaits its forward passes); what `Engine::generate_speculative_async` awaits.
+    /// The default is the synchronous `propose`, ready at once (prompt lookup computes nothing).
+    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+        Box::pin(std::future::ready(self.propose(context, max_tokens, sampling)))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

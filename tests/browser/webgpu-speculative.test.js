@@ -1,0 +1,115 @@
+// Speculative decoding entirely on WebGPU in headless Chromium (--enable-unsafe-webgpu:
+// SwiftShader, Vulkan on the CPU, so about correctness only): the target AND its draft model run
+// on WebGPU (the draft on a device of its own, `draftBackend` defaulting to the target's backend),
+// the draft's forward passes awaited like the target's; and a prompt-lookup request on the same
+// WebGPU engine. Each must give exactly the plain greedy tokens, which must be the native CPU
+// backend's (tests/fixtures/browser/synthetic_qwen2_repeat_greedy.json, made by generate.sh).
+//
+// To keep SwiftShader time small the model is the tiny synthetic qwen2 of tests/fixtures/synthetic
+// (f32 weights, random, 380 tokens), drafting for itself: the draft computes each row exactly as
+// the verification pass does (every wgpu kernel computes a row the same way whatever the batch,
+// crates/hearth-wgpu/tests/speculative.rs), so its drafts are all accepted. The prompt is a
+// repeated pattern on which the model's greedy output settles into a repetition after one token,
+// so prompt lookup finds 2-token matches early. Every step of the fixture is decisive (CPU top-1 /
+// top-2 margin >= 0.6 nats), so WebGPU's other summation order cannot flip a token: the tokens are
+// compared exactly.
+//
+// Needs scripts/build-web.sh, playwright-core (npm install) and Chromium; no downloaded model.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+import { serve } from './server.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
+const dist = join(root, 'web/hearth-llm/dist');
+const synthetic = join(root, 'tests/fixtures/synthetic');
+const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/synthetic_qwen2_repeat_greedy.json'), 'utf8'));
+// Below this CPU margin (nats) a different f32 summation order could flip the greedy choice
+// (the rule of webgpu.test.js); the fixture must be above it at every step.
+const DECISIVE_MARGIN = 0.5;
+
+let server, origin, log, browser, page;
+
+before(async () => {
+  assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
+  // The draft is the same file under another path, so that its range requests can be told apart.
+  ({ server, origin, log } = await serve({ '/dist/': dist, '/models/': synthetic, '/draft/': synthetic, '/': dirname(fileURLToPath(import.meta.url)) }));
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
+  });
+  page = await (await browser.newContext()).newPage();
+  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
+  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
+  await page.goto(`${origin}/page.html`);
+});
+
+after(async () => {
+  await browser?.close();
+  server?.close();
+});
+
+test('a draft model on WebGPU drafting for a WebGPU target, and prompt lookup on WebGPU, keep the greedy tokens of the native CPU backend', { timeout: 1_800_000 }, async () => {
+  assert.deepEqual(expected.margins.filter((m) => m < DECISIVE_MARGIN), [], 'the fixture has a near-tie: pick another prompt in generate.sh');
+  const result = await page.evaluate(async ({ modelUrl, draftUrl, prompt, maxTokens }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const describe = (e) => `${e.name} ${e.code}: ${e.message}`;
+    const badDraftBackend = await createEngine({ model: modelUrl, draftModel: draftUrl, draftBackend: 'gpu' }).then(() => 'no error', describe);
+    // No draftBackend: the draft runs where the target does (WebGPU).
+    const engine = await createEngine({ model: modelUrl, draftModel: draftUrl, backend: 'webgpu', worker: true, cache: false });
+    const stats = await engine.runtimeStats();
+    const greedy = { prompt, temperature: 0, max_tokens: maxTokens, ignore_eos: true };
+    const plain = await engine.completions.create(greedy);
+    console.log(`plain greedy: ${JSON.stringify(plain.hearth.token_ids)}`);
+    // A random-weights draft is rarely confident: draftMinP 0 drafts the full length.
+    const drafted = await engine.completions.create({ ...greedy, speculative: { mode: 'draft-model', draftTokens: 3, draftMinP: 0, fixedLength: true } });
+    console.log(`draft-model: ${JSON.stringify(drafted.hearth.token_ids)}, ${JSON.stringify(drafted.usage.speculative)}`);
+    const lookup = await engine.completions.create({ ...greedy, speculative: { mode: 'lookup', draftTokens: 4, fixedLength: true } });
+    console.log(`lookup: ${JSON.stringify(lookup.hearth.token_ids)}, ${JSON.stringify(lookup.usage.speculative)}`);
+    const badMinP = await engine.completions.create({ ...greedy, speculative: { mode: 'draft-model', draftMinP: 2 } }).then(() => 'no error', describe);
+    const statsAfter = await engine.runtimeStats();
+    await engine.unload();
+    return { badDraftBackend, stats, plain, drafted, lookup, badMinP, statsAfter };
+  }, { modelUrl: `/models/${expected.model_file}`, draftUrl: `/draft/${expected.model_file}`, prompt: expected.prompt, maxTokens: expected.tokens.length });
+
+  assert.match(result.badDraftBackend, /^HearthError bad-argument: .*draftBackend/);
+  assert.match(result.badMinP, /^HearthError bad-argument: .*draftMinP/);
+
+  // Both models on WebGPU, each on its own device.
+  for (const stats of [result.stats, result.statsAfter]) {
+    assert.equal(stats.backend, 'webgpu', JSON.stringify(stats));
+    assert.equal(stats.draft_model, true);
+    assert.equal(stats.draft?.backend, 'webgpu', JSON.stringify(stats.draft));
+    assert.equal(stats.draft.adapter?.backend, 'BrowserWebGpu', JSON.stringify(stats.draft));
+    assert.equal(stats.draft.fallback_reason, null);
+  }
+  assert.ok(result.stats.draft.backend_memory_bytes > 0, JSON.stringify(result.stats.draft));
+  // In the worker the draft was read with range requests straight into its GPU buffers, as the target.
+  const draftReads = log.filter((entry) => entry.path === `/draft/${expected.model_file}`);
+  assert.ok(draftReads.length > 0, JSON.stringify(log));
+  assert.deepEqual(draftReads.filter((entry) => entry.status !== 206), [], 'every draft request is a range request');
+
+  // Plain greedy on WebGPU: the CPU's tokens (every step decisive).
+  assert.deepEqual(result.plain.hearth.prompt_token_ids, expected.prompt_tokens);
+  assert.deepEqual(result.plain.hearth.token_ids, expected.tokens);
+  assert.equal(result.plain.usage.speculative, undefined);
+
+  for (const [name, spec] of [['draft-model', result.drafted], ['lookup', result.lookup]]) {
+    assert.deepEqual(spec.hearth.token_ids, expected.tokens, name);
+    assert.equal(spec.choices[0].text, result.plain.choices[0].text, name);
+    assert.equal(spec.choices[0].finish_reason, 'length', name);
+    const metrics = spec.usage.speculative;
+    process.stderr.write(`WebGPU ${name}: ${JSON.stringify(metrics)}, decode ${spec.usage.decode_tok_s.toFixed(2)} tok/s (plain ${result.plain.usage.decode_tok_s.toFixed(2)})\n`);
+    assert.ok(metrics.proposed > 0 && metrics.accepted > 0, `${name}: ${JSON.stringify(metrics)}`);
+    assert.ok(metrics.accepted <= metrics.proposed, `${name}: ${JSON.stringify(metrics)}`);
+    // Each pass yields its accepted drafts plus one token of the target's; the first comes from the prompt.
+    assert.equal(1 + metrics.accepted + metrics.target_forward_passes, expected.tokens.length, `${name}: ${JSON.stringify(metrics)}`);
+  }
+  // The model drafting for itself on the same kernels: every draft is accepted.
+  const drafted = result.drafted.usage.speculative;
+  assert.equal(drafted.accepted, drafted.proposed, JSON.stringify(drafted));
+});
