@@ -67,6 +67,10 @@ impl Drafter for Timed<'_> {
         self.calls += 1;
         p
     }
+
+    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
+        self.inner.prepare_async(context)
+    }
 }
 
 fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {

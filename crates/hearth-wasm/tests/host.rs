@@ -248,8 +248,9 @@ fn speculative_requests_keep_the_greedy_output() {
     let report = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap();
     assert_eq!(report.token_ids, reference.token_ids);
     assert!(report.speculative.unwrap().accepted > 0);
-    // draft_min_p 0 drafts the full length whatever the draft's confidence; out of [0, 1] is refused.
-    let full = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "draft_tokens": 3, "draft_min_p": 0}}"#).unwrap();
+    // draft_min_p 0 (with a fixed length) drafts the full length whatever the draft's confidence;
+    // out of [0, 1] is refused.
+    let full = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "draft_tokens": 3, "draft_min_p": 0, "fixed_length": true}}"#).unwrap();
     let report = host.generate(&input, &full, 0, None, &mut |_| true).unwrap();
     assert_eq!(report.token_ids, reference.token_ids);
     let metrics = report.speculative.unwrap();

@@ -1,7 +1,7 @@
 //! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
 
 use super::verify::{sample_from, Distribution};
-use super::{Drafter, Proposal, ProposalFuture};
+use super::{Drafter, PrepareFuture, Proposal, ProposalFuture};
 use crate::block_on::block_on;
 use crate::engine::Session;
 use crate::error::{CoreError, Result};
@@ -102,9 +102,27 @@ impl Drafter for DraftModel {
     fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
         Box::pin(self.propose_now(context, max_tokens, sampling))
     }
+
+    /// Evaluates the prompt into the draft's KV cache (the next proposal then reads only the
+    /// tokens accepted since).
+    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
+        Box::pin(self.prepare_now(context))
+    }
 }
 
 impl DraftModel {
+    async fn prepare_now(&mut self, context: &[u32]) -> Result<()> {
+        let common = self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count();
+        self.session.rollback(common)?;
+        let new_tokens = &context[common..];
+        // A context the draft cannot hold is left to `propose_now`, which then proposes nothing.
+        if new_tokens.is_empty() || self.session.remaining() < new_tokens.len() {
+            return Ok(());
+        }
+        self.session.eval_async(new_tokens, LogitsMode::Last).await?;
+        Ok(())
+    }
+
     /// The proposal of both [`Drafter`] methods: one `eval_async` for the new context tokens, then
     /// one per draft token but the last.
     async fn propose_now(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {

@@ -62,6 +62,9 @@ impl Engine {
                 sampler.sample_candidates(ids, logits, prompt)
             }
         };
+        // The drafter reads the prompt as part of the prompt phase (a draft model's prefill),
+        // so that the decode steps, which the draft policy times, carry only drafting.
+        drafter.prepare_async(prompt).await?;
         let prompt_ms = ms(start);
 
         let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);

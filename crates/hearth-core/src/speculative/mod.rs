@@ -57,7 +57,18 @@ pub trait Drafter {
     fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
         Box::pin(std::future::ready(self.propose(context, max_tokens, sampling)))
     }
+
+    /// Reads `context` (the prompt) ahead of the first proposal, during the prompt phase: a
+    /// draft model evaluates it into its own KV cache here, so that the first decode step does
+    /// not pay for it. The default does nothing (prompt lookup keeps no state).
+    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
+        let _ = context;
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// The future of [`Drafter::prepare_async`] (boxed, not `Send`, as [`ProposalFuture`]).
+pub type PrepareFuture<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpeculativeOptions {
