@@ -194,10 +194,13 @@ fn qwen_15b_greedy_matches_cpu() {
 /// (tests/paged_kv.rs), but here the inputs differ by matmul rounding, and a value that lands on
 /// the other side of a rounding boundary moves by a whole quantization step — 1/8 of its block's
 /// largest value for q4_0 — so q4_0's log-probs drift more (measured: mean 0.30, max 2.09 nats;
-/// q8_0: mean 0.06, max 0.23, within the f16 bounds). Decisive tokens must still agree.
+/// q8_0: mean 0.06, max 0.23). Decisive tokens must still agree. Since the CPU attends to q8_0 /
+/// q4_0 keys in the rotated domain (the query rotated instead of every key; the same values to
+/// NMSE 1e-11 on equal inputs) while the shader rotates each key back, the two runs' rounding
+/// flips fall differently: q8_0 measured mean 0.085, max 0.44, hence a mean bound of 0.1.
 #[test]
 fn qwen_05b_quantized_kv_greedy_matches_cpu() {
-    same_greedy_tokens(QWEN_05B, KvType::Q8_0, "def fibonacci(n):", 0.25, 12, 0.6, 0.08);
+    same_greedy_tokens(QWEN_05B, KvType::Q8_0, "def fibonacci(n):", 0.25, 12, 0.6, 0.1);
     // q4_0's own continuation is less certain: 11 of the 16 steps are decisive (measured).
     same_greedy_tokens(QWEN_05B, KvType::Q4_0, "def fibonacci(n):", 0.25, 10, 3.0, 0.4);
 }
