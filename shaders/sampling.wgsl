@@ -9,6 +9,10 @@
 // the caller keeps k ≤ n_vocab, so the merged rows hold real entries only.
 // Each of the k rounds: every thread finds its best entry ranked after the previous round's pick,
 // then a tree reduction over the 256 threads picks the best of those (k·len/256 loads per thread).
+// TOPK_LSE (with either pass) adds each row's log Σ exp(logit), NaN as -inf, for a drafter's
+// confidence: TOPK_CHUNKS writes (max, Σ exp(l − max)) per chunk, TOPK_MERGE combines a row's
+// chunks and writes max + log(sum) after the candidates. Matches the host reference
+// (hearth-core sampling::log_sum_exp_rows) to float rounding, not bit for bit.
 
 // [n_rows, n_vocab, chunk_len, n_chunks, k] u32
 @group(0) @binding(0) var<storage, read> P: array<u32>;
@@ -21,8 +25,19 @@
 #ifdef TOPK_MERGE
 // [n_rows, n_chunks, k, 2] u32: as written by TOPK_CHUNKS
 @group(0) @binding(2) var<storage, read> CAND: array<u32>;
-// [n_rows, k, 2] u32: (token id, logit bits) per row, best first; read back to the host
+// [n_rows, k, 2] u32: (token id, logit bits) per row, best first; then with TOPK_LSE [n_rows]
+// log-sum-exp bits; read back to the host
 @group(0) @binding(3) var<storage, read_write> OUT: array<u32>;
+#endif
+#ifdef TOPK_LSE
+#ifdef TOPK_CHUNKS
+// [n_rows, n_chunks, 2] f32: (max, Σ exp(l − max)) of each chunk
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;
+#endif
+#ifdef TOPK_MERGE
+// [n_rows, n_chunks, 2] f32: as written by TOPK_CHUNKS
+@group(0) @binding(4) var<storage, read> PART: array<f32>;
+#endif
 #endif
 
 const WG: u32 = 256u;
@@ -131,6 +146,37 @@ fn top_k_rounds(lid: u32, len: u32, k: u32, has_list: bool, dst_base: u32) {
     }
 }
 
+#ifdef TOPK_LSE
+var<workgroup> red_max: array<f32, 256>;
+var<workgroup> red_sum: array<f32, 256>;
+
+// -inf and NaN logits enter the sums as this finite stand-in (exp(LOW − m) is 0 for any logit m
+// above it), so no float operation here sees an infinity unless a logit is +inf.
+const LOW: f32 = -3.0e38;
+const POS_INF_BITS: u32 = 0x7f800000u;
+
+// (max, Σ exp(x − max)) of two partial sums; an empty part is (LOW, 0).
+fn combine(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let m = max(a.x, b.x);
+    return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
+}
+
+// Tree reduction of every thread's partial (max, sum); the result is in red_max[0], red_sum[0].
+fn reduce_log_sum(lid: u32, part: vec2<f32>) {
+    red_max[lid] = part.x;
+    red_sum[lid] = part.y;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            let c = combine(vec2<f32>(red_max[lid], red_sum[lid]), vec2<f32>(red_max[lid + stride], red_sum[lid + stride]));
+            red_max[lid] = c.x;
+            red_sum[lid] = c.y;
+        }
+        workgroupBarrier();
+    }
+}
+#endif
+
 #ifdef TOPK_CHUNKS
 @compute @workgroup_size(256)
 fn top_k_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -147,6 +193,26 @@ fn top_k_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     id_base = first;
     let len = min(chunk_len, n_vocab - min(first, n_vocab));
     top_k_rounds(lid.x, len, k, has_list, (row * n_chunks + chunk) * k);
+#ifdef TOPK_LSE
+    // Each thread's running (max, sum) over its strided entries, rescaled when the max grows.
+    var part = vec2<f32>(LOW, 0.0);
+    if (has_list) {
+        for (var j = lid.x; j < len; j += WG) {
+            let bits = canonical(bitcast<u32>(LOGITS[src_base + j]));
+            var x = bitcast<f32>(bits);
+            if (bits == NEG_INF_BITS) {
+                x = LOW;
+            }
+            part = combine(part, vec2<f32>(max(x, LOW), 1.0));
+        }
+    }
+    reduce_log_sum(lid.x, part);
+    if (has_list && lid.x == 0u) {
+        let o = 2u * (row * n_chunks + chunk);
+        PART[o] = red_max[0];
+        PART[o + 1u] = red_sum[0];
+    }
+#endif
 }
 #endif
 
@@ -160,5 +226,26 @@ fn top_k_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     src_base = row * n_chunks * k;
     id_base = 0u;
     top_k_rounds(lid.x, n_chunks * k, k, row < n_rows, row * k);
+#ifdef TOPK_LSE
+    var part = vec2<f32>(LOW, 0.0);
+    if (row < n_rows) {
+        for (var c = lid.x; c < n_chunks; c += WG) {
+            let o = 2u * (row * n_chunks + c);
+            part = combine(part, vec2<f32>(PART[o], PART[o + 1u]));
+        }
+    }
+    reduce_log_sum(lid.x, part);
+    if (row < n_rows && lid.x == 0u) {
+        // No logit above -inf: -inf; a +inf logit: +inf; else max + log(sum), the sum ≥ 1 (the
+        // max's own term).
+        var lse_bits = NEG_INF_BITS;
+        if (bitcast<u32>(red_max[0]) == POS_INF_BITS) {
+            lse_bits = POS_INF_BITS;
+        } else if (red_max[0] > LOW) {
+            lse_bits = bitcast<u32>(red_max[0] + log(red_sum[0]));
+        }
+        OUT[2u * n_rows * k + row] = lse_bits;
+    }
+#endif
 }
 #endif

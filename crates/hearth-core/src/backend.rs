@@ -92,6 +92,30 @@ pub struct BackendCounters {
 pub enum Readback {
     Logits,
     TopK(usize),
+    /// [`Readback::TopK`] plus each row's `log Σ exp(logit)` ([`TopK::log_sum_exp`]): the
+    /// candidates' probabilities under the softmax of the whole row, for 4 more bytes per row. A
+    /// drafter needs them for its confidence (the top candidate's probability), which otherwise
+    /// took a readback of the whole vocabulary per draft token.
+    TopKAndLogSumExp(usize),
+}
+
+impl Readback {
+    /// The k of a candidates readback; `None` for the logits.
+    pub fn top_k(self) -> Option<usize> {
+        match self {
+            Readback::Logits => None,
+            Readback::TopK(k) | Readback::TopKAndLogSumExp(k) => Some(k),
+        }
+    }
+
+    /// This readback with its k replaced (the kind kept).
+    pub fn with_k(self, k: usize) -> Readback {
+        match self {
+            Readback::Logits => Readback::Logits,
+            Readback::TopK(_) => Readback::TopK(k),
+            Readback::TopKAndLogSumExp(_) => Readback::TopKAndLogSumExp(k),
+        }
+    }
 }
 
 /// The largest logits of each output row, most likely first; equal logits ordered by lowest
@@ -103,6 +127,11 @@ pub struct TopK {
     pub k: usize,
     pub ids: Vec<u32>,
     pub logits: Vec<f32>,
+    /// `[n_rows]`: `log Σ exp(logit)` over each whole row, NaN counted as `-inf` (see
+    /// [`crate::sampling::log_sum_exp_rows`], the reference). Filled only for
+    /// [`Readback::TopKAndLogSumExp`], empty otherwise. Backends agree with the host reference
+    /// to float rounding, not bit for bit.
+    pub log_sum_exp: Vec<f32>,
 }
 
 impl TopK {
@@ -114,6 +143,14 @@ impl TopK {
     pub fn row(&self, r: usize) -> (&[u32], &[f32]) {
         let range = r * self.k..(r + 1) * self.k;
         (&self.ids[range.clone()], &self.logits[range])
+    }
+
+    /// The softmax probability of row `r`'s best candidate over the whole row, when the step was
+    /// read back with [`Readback::TopKAndLogSumExp`]: 0 when the best logit or the sum is not finite.
+    pub fn top_probability(&self, r: usize) -> Option<f32> {
+        let lse = *self.log_sum_exp.get(r)?;
+        let best = *self.logits.get(r * self.k)?;
+        Some(if best.is_finite() && lse.is_finite() { (best - lse).exp() } else { 0.0 })
     }
 }
 
@@ -191,9 +228,7 @@ pub trait Backend: Send {
     /// the default may use). `n_vocab`: the width of a logits row.
     fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()> {
         self.take_logits(logits)?;
-        if let Readback::TopK(k) = readback {
-            crate::sampling::top_k_rows(logits, n_vocab, k, top_k);
-        }
+        crate::sampling::reduce_rows(readback, logits, n_vocab, top_k);
         Ok(())
     }
 

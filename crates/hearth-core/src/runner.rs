@@ -157,9 +157,9 @@ impl Runner {
     /// device and reads back only those). `TopK(0)` is taken as `TopK(1)`.
     pub async fn step_for_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<StepOutput<'_>> {
         let n_vocab = self.model.config.n_vocab;
-        let readback = match readback {
-            Readback::TopK(k) => Readback::TopK(k.clamp(1, n_vocab.max(1))),
-            Readback::Logits => Readback::Logits,
+        let readback = match readback.top_k() {
+            Some(k) => readback.with_k(k.clamp(1, n_vocab.max(1))),
+            None => readback,
         };
         let lens = self.submit_step(batch, mode, readback)?;
         let waited = Instant::now();
@@ -180,7 +180,7 @@ impl Runner {
         }
         Ok(match readback {
             Readback::Logits => StepOutput::Logits(&self.logits),
-            Readback::TopK(_) => StepOutput::TopK(&self.top_k),
+            Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(&self.top_k),
         })
     }
 

@@ -75,7 +75,7 @@ pub(crate) struct CompiledGraph {
     pub step_words: Vec<u32>,
     pub table_words: Vec<u32>,
     /// Per k: the top-k reduction of the logits (`sample.rs`), built on first use.
-    pub top_k_plans: HashMap<usize, crate::sample::TopKPlan>,
+    pub top_k_plans: HashMap<crate::sample::TopKSpec, crate::sample::TopKPlan>,
 }
 
 

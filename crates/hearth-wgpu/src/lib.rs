@@ -115,7 +115,7 @@ pub struct WgpuBackend {
     counters: BackendCounters,
     /// The submitted step whose output is being mapped: (graph index, map signal, the top-k
     /// reduced on the device if any).
-    pending: Option<(usize, replay::MapSignal, Option<usize>)>,
+    pending: Option<(usize, replay::MapSignal, Option<sample::TopKSpec>)>,
 }
 
 /// Whether any WebGPU adapter can be opened here (for `--backend auto`).
@@ -237,12 +237,9 @@ impl Backend for WgpuBackend {
         let made = compiled.ensure_kv_binding(&self.gpu, &mut self.pipelines, kv, kv_store)?;
         self.counters.bind_groups_created += made;
         // Wider reductions than the shader is meant for read the logits (take_output reduces).
-        let top_k = match readback {
-            Readback::TopK(k) if k <= sample::MAX_K => Some(k),
-            _ => None,
-        };
-        if let Some(k) = top_k {
-            self.counters.bind_groups_created += compiled.ensure_top_k(&self.gpu, &mut self.pipelines, k)?;
+        let top_k = sample::TopKSpec::for_readback(readback);
+        if let Some(spec) = top_k {
+            self.counters.bind_groups_created += compiled.ensure_top_k(&self.gpu, &mut self.pipelines, spec)?;
         }
         let n_ops = compiled.graph.ops.len() as u64;
         let (signal, bytes) = compiled.submit(&self.gpu, kv_store, kv, input, top_k)?;
@@ -275,14 +272,14 @@ impl Backend for WgpuBackend {
     fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top: &mut TopK) -> Result<()> {
         let (gi, signal, top_k) = self.pending.take().ok_or(WgpuError::Execution("take_logits without a submitted step".into()))?;
         let copied = match top_k {
-            Some(k) => self.graphs[gi].take_top_k(k, &signal, top),
+            Some(spec) => self.graphs[gi].take_top_k(spec, &signal, top),
             None => self.graphs[gi].take_logits(&signal, logits),
         };
         // A fault (device lost, out of memory) makes the step's output meaningless.
         self.gpu.faults.check()?;
         copied?;
-        if let (Readback::TopK(k), None) = (readback, top_k) {
-            hearth_core::sampling::top_k_rows(logits, n_vocab, k, top);
+        if top_k.is_none() {
+            hearth_core::sampling::reduce_rows(readback, logits, n_vocab, top);
         }
         Ok(())
     }

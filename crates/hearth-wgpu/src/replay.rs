@@ -5,6 +5,7 @@
 use crate::compile::{CompiledGraph, Dispatch, Res};
 use crate::device::Gpu;
 use crate::kv::GpuKv;
+use crate::sample::TopKSpec;
 use crate::shader::PipelineCache;
 use crate::WgpuError;
 use hearth_core::backend::{KvId, TopK};
@@ -212,13 +213,13 @@ impl CompiledGraph {
 
     /// Builds, once per k, the top-k reduction of this graph's logits; returns the bind groups
     /// created.
-    pub fn ensure_top_k(&mut self, gpu: &Gpu, pipelines: &mut PipelineCache, k: usize) -> Result<u64, WgpuError> {
-        if self.top_k_plans.contains_key(&k) {
+    pub fn ensure_top_k(&mut self, gpu: &Gpu, pipelines: &mut PipelineCache, spec: TopKSpec) -> Result<u64, WgpuError> {
+        if self.top_k_plans.contains_key(&spec) {
             return Ok(0);
         }
         let desc = &self.graph.bufs[self.graph.logits.0 as usize];
-        let plan = crate::sample::TopKPlan::new(gpu, pipelines, &self.bufs[self.graph.logits.0 as usize], desc.rows, desc.cols, k)?;
-        self.top_k_plans.insert(k, plan);
+        let plan = crate::sample::TopKPlan::new(gpu, pipelines, &self.bufs[self.graph.logits.0 as usize], desc.rows, desc.cols, spec)?;
+        self.top_k_plans.insert(spec, plan);
         Ok(crate::sample::TopKPlan::BIND_GROUPS)
     }
 
@@ -226,9 +227,9 @@ impl CompiledGraph {
     /// `top_k = Some(k)` (after [`CompiledGraph::ensure_top_k`]) the top-k reduction recorded in
     /// the same pass. Returns the signal [`CompiledGraph::take_logits`] / [`CompiledGraph::take_top_k`]
     /// wait for, and the bytes being read back.
-    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, top_k: Option<usize>) -> Result<(MapSignal, u64), WgpuError> {
-        if let Some(k) = top_k.filter(|k| !self.top_k_plans.contains_key(k)) {
-            return Err(WgpuError::Execution(format!("top-{k} reduction not built")));
+    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, top_k: Option<TopKSpec>) -> Result<(MapSignal, u64), WgpuError> {
+        if let Some(spec) = top_k.filter(|spec| !self.top_k_plans.contains_key(spec)) {
+            return Err(WgpuError::Execution(format!("{spec:?} reduction not built")));
         }
         // Token ids are checked against the embedding tables below.
         input.validate(&self.graph, &kv.layout, usize::MAX).map_err(WgpuError::BadStep)?;
@@ -283,8 +284,8 @@ impl CompiledGraph {
     }
 
     /// Copies the top-k candidates of a step submitted with `top_k = Some(k)` and unmaps.
-    pub fn take_top_k(&self, k: usize, signal: &MapSignal, top: &mut TopK) -> Result<(), WgpuError> {
-        let plan = self.top_k_plans.get(&k).ok_or(WgpuError::Execution(format!("top-{k} reduction not built")))?;
+    pub fn take_top_k(&self, spec: TopKSpec, signal: &MapSignal, top: &mut TopK) -> Result<(), WgpuError> {
+        let plan = self.top_k_plans.get(&spec).ok_or(WgpuError::Execution(format!("{spec:?} reduction not built")))?;
         plan.take(signal, top)
     }
 

@@ -124,3 +124,48 @@ fn top_k_steps_replay_without_creating_anything() {
     assert_eq!(after.submits, before.submits + 1);
     assert_eq!(after.bytes_read_back - before.bytes_read_back, 2 * 40 * 8, "2 rows of 40 (id, logit) pairs");
 }
+
+/// `Readback::TopKAndLogSumExp`: the same candidates as `TopK`, plus each row's log-sum-exp equal
+/// to the host reference within float rounding (-inf and +inf rows exactly), including rows with
+/// NaN and infinities and vocabularies around the chunk length; the CPU backend too.
+#[test]
+fn device_log_sum_exp_matches_host_reference() {
+    let mut rng = Rng(0x15e);
+    for n_vocab in [1usize, 7, 4095, 4097, 151_936] {
+        let values = table(n_vocab, &mut rng);
+        let n_table_rows = values.len() / n_vocab;
+        let mut case = Case::new(n_table_rows);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        case.weights.push((hearth_core::graph::WeightDesc { name: "rows".into(), ty: GgmlType::F32, dims: vec![n_vocab as u64, n_table_rows as u64] }, bytes));
+        let out = case.graph.buf("logits", n_table_rows, n_vocab);
+        case.graph.push(Op::Embed { table: hearth_core::graph::WeightId(0), out });
+        case.graph.logits = out;
+        let tokens: Vec<u32> = (0..n_table_rows as u32).rev().collect();
+        let Some(mut gpu) = open(WgpuOptions::default()) else { return };
+        let gpu_ids = case.load(&mut gpu);
+        let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
+        let cpu_ids = case.load(&mut cpu);
+        let rows: Vec<f32> = tokens.iter().flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied()).collect();
+        let mut want_lse = Vec::new();
+        hearth_core::sampling::log_sum_exp_rows(&rows, n_vocab, &mut want_lse);
+        assert_eq!(want_lse.len(), n_table_rows);
+        for k in [1usize, 3] {
+            let k = k.min(n_vocab);
+            let mut want = TopK::default();
+            top_k_rows(&rows, n_vocab, k, &mut want);
+            for (name, backend, ids) in [("wgpu", &mut gpu as &mut dyn Backend, gpu_ids), ("cpu", &mut cpu as &mut dyn Backend, cpu_ids)] {
+                let (_, got) = run_top_k(backend, ids, &tokens, n_vocab, Readback::TopKAndLogSumExp(k));
+                assert_eq!(bits(&got), bits(&want), "{name} n_vocab {n_vocab} k {k}: candidates");
+                assert_eq!(got.log_sum_exp.len(), n_table_rows, "{name}: one log-sum-exp per row");
+                for (r, (&g, &w)) in got.log_sum_exp.iter().zip(&want_lse).enumerate() {
+                    if w.is_finite() {
+                        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{name} n_vocab {n_vocab} row {r}: {g} vs {w}");
+                    } else {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{name} n_vocab {n_vocab} row {r}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+        eprintln!("n_vocab {n_vocab}: ok");
+    }
+}

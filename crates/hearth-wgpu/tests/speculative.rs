@@ -116,4 +116,11 @@ fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
     // The draft session holds the accepted context (it rolls back to it and moves on lazily).
     let history = drafter.session().history();
     assert!(history.len() > prompt.len() && history[..prompt.len()] == prompt[..], "draft history {history:?}");
+    // Greedy drafting reads back one candidate and the row's log-sum-exp per step (12 bytes;
+    // reading the prompt, one candidate: 8), never the logits (4 bytes per vocabulary entry).
+    let counters = drafter.session().backend().counters();
+    let n_vocab = drafter.session().config().n_vocab as u64;
+    assert!(counters.steps_executed > 0, "{counters:?}");
+    let steps = counters.steps_executed;
+    assert!((8 * steps..=12 * steps).contains(&counters.bytes_read_back), "draft readback {counters:?} (vocabulary {n_vocab})");
 }

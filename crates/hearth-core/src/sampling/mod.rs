@@ -17,7 +17,7 @@ mod top_k;
 pub use rng::{splitmix64, Xoshiro256StarStar};
 pub use stop::{StopOutcome, StopStrings};
 pub use candidates::MAX_ADJUSTED_CANDIDATES;
-pub use top_k::{top_k_rows, MAX_CANDIDATES};
+pub use top_k::{log_sum_exp_rows, reduce_rows, top_k_rows, MAX_CANDIDATES};
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;

@@ -341,7 +341,7 @@ impl Scheduler {
             }
             let active = &self.running[*i];
             match active.sampler.readback(&active.tokens) {
-                Readback::TopK(row_k) => k = k.max(row_k),
+                Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
                 Readback::Logits => return Readback::Logits,
             }
         }
@@ -370,7 +370,7 @@ impl Scheduler {
             // is not touched until every row is sampled. Every sampling row asked for at most the
             // step's k candidates; more than it asked for changes nothing.
             let token = match readback {
-                Readback::TopK(_) => {
+                Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => {
                     let (ids, logits) = self.runner.last_top_k().row(row);
                     active.sampler.sample_candidates(ids, logits, &active.tokens)
                 }

@@ -2,10 +2,11 @@
 
 use super::verify::{sample_from, Distribution};
 use super::{Drafter, PrepareFuture, Proposal, ProposalFuture};
+use crate::backend::Readback;
 use crate::block_on::block_on;
 use crate::engine::Session;
 use crate::error::{CoreError, Result};
-use crate::graph::LogitsMode;
+use crate::runner::StepOutput;
 use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
 
@@ -50,8 +51,8 @@ pub struct DraftModel {
     /// same distribution, since the stop is decided before the draw). Greedy: the plain softmax
     /// probability of the top token; sampling: the top probability after the filters.
     pub min_confidence: f32,
-    /// The drafter's logits for the next position, `[shared vocabulary]` (reused between tokens).
-    logits: Vec<f32>,
+    /// What the last draft step read back, for the next draft token.
+    row: DraftRow,
 }
 
 /// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
@@ -69,7 +70,7 @@ impl DraftModel {
             sampler: None,
             rng: Xoshiro256StarStar::seed_from_u64(0),
             min_confidence: DEFAULT_MIN_CONFIDENCE,
-            logits: Vec::new(),
+            row: DraftRow::default(),
         })
     }
 
@@ -119,7 +120,8 @@ impl DraftModel {
         if new_tokens.is_empty() || self.session.remaining() < new_tokens.len() {
             return Ok(());
         }
-        self.session.eval_async(new_tokens, LogitsMode::Last).await?;
+        // Only the KV matters here: read back one candidate, not the vocabulary.
+        self.session.eval_for_async(new_tokens, Readback::TopK(1)).await?;
         Ok(())
     }
 
@@ -138,17 +140,14 @@ impl DraftModel {
             return Ok(Proposal::default()); // the draft's context is full: stop drafting
         }
         let max_tokens = max_tokens.min(room - new_tokens + 1);
-        let mut logits = std::mem::take(&mut self.logits);
-        let shared = self.shared_vocab;
-        copy_shared(&mut logits, self.session.eval_async(&context[common..], LogitsMode::Last).await?, shared);
         let greedy = sampling.temperature <= 0.0;
         let mut history = context.to_vec();
+        self.eval_row(&context[common..], &history, sampling).await?;
         let mut tokens = Vec::with_capacity(max_tokens);
         let mut distributions: Vec<Distribution> = Vec::with_capacity(max_tokens);
         while tokens.len() < max_tokens {
-            // Before the sampler changes the row (penalties): the plain softmax top-1 probability.
-            let top_probability = if greedy { softmax_max(&logits) } else { 1.0 };
-            let distribution = self.sampler(sampling).distribution(&mut logits, &history);
+            let top_probability = self.row.top_probability;
+            let distribution = self.row_distribution(sampling, &history);
             // Decided before drawing, from the top candidate: a stop that depended on the drawn
             // token would change the proposal distribution away from the q verification uses.
             let confidence = if greedy { top_probability } else { distribution.first().map_or(0.0, |&(_, p)| p) };
@@ -162,20 +161,80 @@ impl DraftModel {
             distributions.push(distribution);
             history.push(token);
             if tokens.len() < max_tokens {
-                copy_shared(&mut logits, self.session.eval_async(&[token], LogitsMode::Last).await?, shared);
+                self.eval_row(&[token], &history, sampling).await?;
             }
         }
-        self.logits = logits;
         // Greedy drafts are one-hot: the verifier needs no distributions for them.
         let distributions = if greedy { None } else { Some(distributions) };
         Ok(Proposal { tokens, distributions })
     }
+
+    /// Evaluates `tokens` (the end of `history`) and keeps what drafting the next token needs in
+    /// `row`: the candidates the sampler asks for (a GPU then reads back a few bytes instead of
+    /// the vocabulary; greedy also the row's log-sum-exp for the confidence), or the logits when
+    /// the sampler needs the whole row.
+    async fn eval_row(&mut self, tokens: &[u32], history: &[u32], sampling: &SamplingParams) -> Result<()> {
+        let greedy = sampling.temperature <= 0.0;
+        // Candidates outside the shared vocabulary are dropped, so ask for as many more as there
+        // are such tokens: the shared ones left are then the top of the shared row.
+        let outside_shared = self.session.config().n_vocab.saturating_sub(self.shared_vocab);
+        let readback = match self.sampler(sampling).readback(history).top_k() {
+            Some(k) if greedy => Readback::TopKAndLogSumExp(k + outside_shared),
+            Some(k) => Readback::TopK(k + outside_shared),
+            None => Readback::Logits,
+        };
+        let DraftModel { session, row, shared_vocab, .. } = self;
+        let shared = *shared_vocab;
+        match session.eval_for_async(tokens, readback).await? {
+            StepOutput::Logits(logits) => {
+                row.candidates = false;
+                row.logits.clear();
+                row.logits.extend_from_slice(&logits[..shared.min(logits.len())]);
+                row.top_probability = if greedy { softmax_max(&row.logits) } else { 1.0 };
+            }
+            StepOutput::TopK(top) => {
+                row.candidates = true;
+                let (ids, logits) = if top.n_rows() > 0 { top.row(0) } else { (&[][..], &[][..]) };
+                row.ids.clear();
+                row.logits.clear();
+                for (&id, &logit) in ids.iter().zip(logits).filter(|(&id, _)| (id as usize) < shared) {
+                    row.ids.push(id);
+                    row.logits.push(logit);
+                }
+                // The best shared candidate's probability under the whole row's softmax.
+                row.top_probability = match (row.logits.first(), top.log_sum_exp.first()) {
+                    (Some(&best), Some(&lse)) if best.is_finite() && lse.is_finite() => (best - lse).exp(),
+                    _ => 0.0,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The sampler's (token, probability) pairs for the next draft token from `row`.
+    fn row_distribution(&mut self, sampling: &SamplingParams, history: &[u32]) -> Distribution {
+        let mut row = std::mem::take(&mut self.row);
+        let sampler = self.sampler(sampling);
+        let distribution = if row.candidates {
+            sampler.distribution_candidates(&row.ids, &row.logits, history)
+        } else {
+            sampler.distribution(&mut row.logits, history)
+        };
+        self.row = row;
+        distribution
+    }
 }
 
-/// `out` = the first `shared` logits of `row` (tokens the target also has).
-fn copy_shared(out: &mut Vec<f32>, row: &[f32], shared: usize) {
-    out.clear();
-    out.extend_from_slice(&row[..shared.min(row.len())]);
+/// What the last draft step read back (buffers reused between steps).
+#[derive(Default)]
+struct DraftRow {
+    /// Whether `ids`/`logits` are candidates (best first, shared vocabulary only) or `logits` the
+    /// shared part of the whole row.
+    candidates: bool,
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    /// Greedy: the softmax probability of the best token over the whole row, before penalties.
+    top_probability: f32,
 }
 
 /// The largest softmax probability of `logits`: 1 / Σ exp(l − max). 0 for an empty row or one

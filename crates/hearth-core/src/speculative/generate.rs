@@ -194,7 +194,7 @@ fn verify_readback(sampler: &Sampler, context: &[u32], drafts: &[u32]) -> Readba
     let mut k = 1;
     for i in 0..=drafts.len() {
         match sampler.readback_after(context, &drafts[..i]) {
-            Readback::TopK(row_k) => k = k.max(row_k),
+            Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
             Readback::Logits => return Readback::Logits,
         }
     }
