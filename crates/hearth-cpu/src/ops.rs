@@ -93,7 +93,22 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 /// differences flip roundings in the next layer's 8-bit activations and then grow through the model
 /// (~0.05 nats on Qwen2.5-0.5B's log-probs), so we match it value for value.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    with_fma!(swiglu_body(gate, up))
+    for_each_chunk(gate, up, |g, u| with_fma!(swiglu_body(g, u)))
+}
+
+/// Runs `f` over matching chunks of `gate` and `up`, on the rayon pool when there are several
+/// (prompt chunks: `[n_tokens, n_ff]`); a decode row stays on the calling thread, where a
+/// fork-join would cost more than the work. Chunks are a multiple of 16 values, so blockwise
+/// code (SwiGLU's blocks of 16 and libm tail) sees the same blocks as on the whole slice.
+fn for_each_chunk(gate: &mut [f32], up: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
+    const CHUNK: usize = 16 * 1024;
+    #[cfg(not(target_arch = "wasm32"))]
+    if gate.len() > CHUNK {
+        use rayon::prelude::*;
+        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(|(g, u)| f(g, u));
+        return;
+    }
+    f(gate, up)
 }
 
 #[inline(always)]
@@ -166,9 +181,55 @@ fn gelu_f16(table: &[u16], x: f32) -> f32 {
 /// ggml's table-driven CPU GELU does.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
     let table = gelu_f16_table();
+    for_each_chunk(gate, up, |gate, up| {
+        #[cfg(target_arch = "x86_64")]
+        if f16c_available() {
+            // SAFETY: AVX2 and F16C are present (checked).
+            unsafe { geglu_f16c(table, gate, up) };
+            return;
+        }
+        geglu_scalar(table, gate, up)
+    })
+}
+
+fn geglu_scalar(table: &[u16], gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = gelu_f16(table, *g) * u;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn f16c_available() -> bool {
+    use std::sync::OnceLock;
+    static F16C: OnceLock<bool> = OnceLock::new();
+    *F16C.get_or_init(|| is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx2"))
+}
+
+/// [`geglu_scalar`] 8 values at a time: F16C rounds to f16 (nearest even, as `half` does) and
+/// widens the looked-up results; the table lookups stay scalar. Equal to the scalar path bit for
+/// bit (NaN in, NaN out). `half`'s scalar conversions made GeGLU 4.5% of Gemma-3's prefill.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn geglu_f16c(table: &[u16], gate: &mut [f32], up: &[f32]) {
+    use core::arch::x86_64::*;
+    let n = gate.len().min(up.len());
+    let vec_len = n / 8 * 8;
+    let (low, high) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let mut i = 0;
+    while i < vec_len {
+        let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let halves = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+        let mut idx = [0u16; 8];
+        _mm_storeu_si128(idx.as_mut_ptr() as *mut __m128i, halves);
+        let looked_up = idx.map(|h| table[h as usize]);
+        let mut y = _mm256_cvtph_ps(_mm_loadu_si128(looked_up.as_ptr() as *const __m128i));
+        // x >= 10: x itself; x <= -10: 0 (NaN compares false both ways: the table's NaN).
+        y = _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, high));
+        y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, low), y);
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(y, _mm256_loadu_ps(up.as_ptr().add(i))));
+        i += 8;
+    }
+    geglu_scalar(table, &mut gate[vec_len..n], &up[vec_len..n]);
 }
 
 #[cfg(test)]
@@ -191,6 +252,18 @@ mod tests {
                 f16::from_f32(gelu_tanh(x)).to_f32()
             };
             assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "x = {x}: {got} vs {want}");
+        }
+        // The vectorised path equals the scalar one on every f16 value, values between them,
+        // the cut-offs and odd lengths.
+        let mut inputs: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect();
+        inputs.extend((0..5000).map(|i| (i as f32 - 2500.0) * 0.004_321));
+        inputs.extend([-10.0, 10.0, -10.000_001, 9.999_999, f32::INFINITY, f32::NEG_INFINITY, 65520.0, 1e-9]);
+        let up: Vec<f32> = (0..inputs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let (mut got, mut want) = (inputs.clone(), inputs.clone());
+        geglu(&mut got, &up);
+        geglu_scalar(table, &mut want, &up);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(), "x = {}: {g} vs {w}", inputs[i]);
         }
         // Inputs between f16 values are rounded first, as ggml does.
         let x = 0.300_01_f32;
