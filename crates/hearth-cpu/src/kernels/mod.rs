@@ -12,6 +12,8 @@
 mod kquant_tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 
 use hearth_core::quant::{self, GgmlType};
 use std::sync::OnceLock;
@@ -26,10 +28,18 @@ pub enum Isa {
     /// [`Isa::Avx2`] plus AVX-512 F/BW/VL and VNNI: the AVX2 kernels with VNNI dot instructions
     /// (bit-identical results) for the hottest weight types.
     Avx512Vnni,
+    /// wasm32 with simd128 (enabled at compile time for the browser build).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
 }
 
 /// The best instruction set of this CPU, detected once.
 pub fn detected_isa() -> Isa {
+    // simd128 is a compile-time feature of the wasm build: nothing to detect.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if true {
+        return Isa::Simd128;
+    }
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -57,6 +67,8 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
             let _ = ty;
             false
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => wasm::supports(ty),
     }
 }
 
@@ -66,6 +78,8 @@ fn isa_available(isa: Isa) -> bool {
         Isa::Scalar => true,
         Isa::Avx2 => detected_isa() != Isa::Scalar,
         Isa::Avx512Vnni => detected_isa() == Isa::Avx512Vnni,
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => true,
     }
 }
 
@@ -93,6 +107,11 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
         // SAFETY: the ISA's features are present (detected) and the row sizes were checked.
         return unsafe { x86::vec_dot(isa == Isa::Avx512Vnni, ty, n, weights.as_ptr(), activation.as_ptr()) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        // SAFETY: the row sizes were checked.
+        return unsafe { wasm::vec_dot(ty, n, weights.as_ptr(), activation.as_ptr()) };
+    }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
 }
@@ -116,6 +135,11 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         debug_assert!(false, "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows", weights.len(), activations.len(), out.len());
         out.fill(f32::NAN);
         return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        // SAFETY: one whole weight row and `out.len()` whole activation rows (checked above).
+        return unsafe { wasm::vec_dot_rows(ty, n, weights.as_ptr(), activations, act_row, out) };
     }
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -154,6 +178,10 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
 /// otherwise (a caller bug) it is left untouched.
 pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     match ty {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        GgmlType::Q8_0 if ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => wasm::quantize_q8_0(src, dst),
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        GgmlType::Q8_K if ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => wasm::quantize_q8_k(src, dst),
         GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_q8_legacy_simd_rounding(ty, src, dst),
         #[cfg(target_arch = "x86_64")]
         GgmlType::Q8_K if detected_isa() != Isa::Scalar && ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => {
@@ -248,6 +276,14 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     if w_row == 0 || act_row == 0 || n_w * w_row != weights.len() || rows * act_row != activations.len() || out.len() != n_w * rows {
         debug_assert!(false, "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs", weights.len(), activations.len(), out.len());
         out.fill(f32::NAN);
+        return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        for (w, o) in weights.chunks_exact(w_row).zip(out.chunks_exact_mut(rows)) {
+            // SAFETY: a whole weight row and `rows` whole activation rows (sizes checked above).
+            unsafe { wasm::vec_dot_rows(ty, n, w.as_ptr(), activations, act_row, o) };
+        }
         return;
     }
     let mut w_done = 0;
