@@ -110,7 +110,9 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if isa == Isa::Simd128 && wasm::supports(ty) {
         // SAFETY: the row sizes were checked.
-        return unsafe { wasm::vec_dot(ty, n, weights.as_ptr(), activation.as_ptr()) };
+        let mut out = [0f32];
+        unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activation, activation.len(), &mut out) };
+        return out[0];
     }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
@@ -139,7 +141,7 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if isa == Isa::Simd128 && wasm::supports(ty) {
         // SAFETY: one whole weight row and `out.len()` whole activation rows (checked above).
-        return unsafe { wasm::vec_dot_rows(ty, n, weights.as_ptr(), activations, act_row, out) };
+        return unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activations, act_row, out) };
     }
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -280,11 +282,8 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if isa == Isa::Simd128 && wasm::supports(ty) {
-        for (w, o) in weights.chunks_exact(w_row).zip(out.chunks_exact_mut(rows)) {
-            // SAFETY: a whole weight row and `rows` whole activation rows (sizes checked above).
-            unsafe { wasm::vec_dot_rows(ty, n, w.as_ptr(), activations, act_row, o) };
-        }
-        return;
+        // SAFETY: whole weight and activation rows, one output per pair (sizes checked above).
+        return unsafe { wasm::vec_dot_tile(ty, n, weights, w_row, activations, act_row, out) };
     }
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]

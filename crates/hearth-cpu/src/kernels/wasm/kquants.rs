@@ -3,13 +3,13 @@
 //! range), so one `i32x4_dot_i16x8` per 8 elements accumulates the whole scaled integer sum; the
 //! float scales then follow the reference's order per super-block.
 
-use super::{f16_at, hsum_i32, mac16};
+use super::{f16_at, hsum_i32, mac16, WideRow};
 use core::arch::wasm32::*;
 
 const QK_K: usize = 256;
-/// Q8_K block: `d` (f32) at 0, `qs[256]` (i8) at 4, `bsums[16]` (i16) at 260.
+/// Q8_K block: `d` (f32) at 0, `qs[256]` (i8) at 4 (read widened from `WideRow::qs`),
+/// `bsums[16]` (i16) at 260.
 const ACT_BLOCK: usize = 4 + QK_K + 32;
-const ACT_QS: usize = 4;
 const ACT_BSUMS: usize = 4 + QK_K;
 
 #[inline(always)]
@@ -60,13 +60,14 @@ unsafe fn q4k_scales_mins(p: *const u8) -> ([u8; 8], [u8; 8]) {
 /// `sumf += (d_w*d_a) * isum; sumf -= (dmin_w*d_a) * Σ bsum_j * min_(j/2)`, as the reference.
 ///
 /// # Safety
-/// `w` points at `n / 256` Q4_K blocks, each of `a` at `n / 256` Q8_K blocks.
+/// `w` points at `n / 256` Q4_K blocks, each of `a` at `n / 256` Q8_K blocks and their widened codes.
 #[inline(always)]
-pub(super) unsafe fn dot_q4_k<const R: usize>(n: usize, w: *const u8, a: [*const u8; R]) -> [f32; R] {
+pub(super) unsafe fn dot_q4_k<const R: usize>(n: usize, w: *const u8, a: [WideRow; R]) -> [f32; R] {
     let mut sumf = [0f32; R];
     for b in 0..n / QK_K {
         let x = w.add(b * 144);
-        let y: [*const u8; R] = a.map(|p| p.add(b * ACT_BLOCK));
+        let y: [*const u8; R] = a.map(|row| row.raw.add(b * ACT_BLOCK));
+        let q8: [*const i16; R] = a.map(|row| row.qs.add(b * QK_K));
         let (scales, mins) = q4k_scales_mins(x.add(4));
         let mut acc = [i32x4_splat(0); R];
         for j in 0..4 {
@@ -81,11 +82,11 @@ pub(super) unsafe fn dot_q4_k<const R: usize>(n: usize, w: *const u8, a: [*const
             let (h0a, h0b) = widen_scaled_u8(u8x16_shr(q0, 4), sc_hi);
             let (h1a, h1b) = widen_scaled_u8(u8x16_shr(q1, 4), sc_hi);
             for r in 0..R {
-                let q8 = y[r].add(ACT_QS + 64 * j);
-                let mut s = mac16(acc[r], l0a, l0b, v128_load(q8 as *const v128));
-                s = mac16(s, l1a, l1b, v128_load(q8.add(16) as *const v128));
-                s = mac16(s, h0a, h0b, v128_load(q8.add(32) as *const v128));
-                acc[r] = mac16(s, h1a, h1b, v128_load(q8.add(48) as *const v128));
+                let q = q8[r].add(64 * j);
+                let mut s = mac16(acc[r], l0a, l0b, q);
+                s = mac16(s, l1a, l1b, q.add(16));
+                s = mac16(s, h0a, h0b, q.add(32));
+                acc[r] = mac16(s, h1a, h1b, q.add(48));
             }
         }
         // bsums j = 0..16 pair with min j/2: the mins, each twice, as i16.
@@ -112,13 +113,14 @@ pub(super) unsafe fn dot_q4_k<const R: usize>(n: usize, w: *const u8, a: [*const
 /// super-block `sumf += (d_w*d_a) * Σ scale_g * Σ code*q8` with codes `(6-bit value) - 32`.
 ///
 /// # Safety
-/// `w` points at `n / 256` Q6_K blocks, each of `a` at `n / 256` Q8_K blocks.
+/// `w` points at `n / 256` Q6_K blocks, each of `a` at `n / 256` Q8_K blocks and their widened codes.
 #[inline(always)]
-pub(super) unsafe fn dot_q6_k<const R: usize>(n: usize, w: *const u8, a: [*const u8; R]) -> [f32; R] {
+pub(super) unsafe fn dot_q6_k<const R: usize>(n: usize, w: *const u8, a: [WideRow; R]) -> [f32; R] {
     let mut sumf = [0f32; R];
     for b in 0..n / QK_K {
         let x = w.add(b * 210);
-        let y: [*const u8; R] = a.map(|p| p.add(b * ACT_BLOCK));
+        let y: [*const u8; R] = a.map(|row| row.raw.add(b * ACT_BLOCK));
+        let q8: [*const i16; R] = a.map(|row| row.qs.add(b * QK_K));
         let mut acc = [i32x4_splat(0); R];
         let (nibble, two_bits, centre) = (u8x16_splat(0x0F), u8x16_splat(0x30), i8x16_splat(32));
         for half in 0..2 {
@@ -141,7 +143,7 @@ pub(super) unsafe fn dot_q6_k<const R: usize>(n: usize, w: *const u8, a: [*const
                     let scale = i16x8_splat(*x.add(192 + element / 16) as i8 as i16);
                     let (wa, wb) = widen_scaled_i8(i8x16_sub(c, centre), scale);
                     for r in 0..R {
-                        acc[r] = mac16(acc[r], wa, wb, v128_load(y[r].add(ACT_QS + element) as *const v128));
+                        acc[r] = mac16(acc[r], wa, wb, q8[r].add(element));
                     }
                 }
             }

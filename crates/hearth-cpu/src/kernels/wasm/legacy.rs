@@ -2,13 +2,11 @@
 //! blocks' integer sums end in one i32x4, scaled by four `d_w * d_a` products in one f32x4 and then
 //! added to the row's sum one block after another, as the reference adds them.
 
-use super::{f16_bits_at, f16x4_to_f32x4, hsum_i32x4_4, mac16};
+use super::{f16_bits_at, f16x4_to_f32x4, hsum_i32x4_4, mac16, WideRow};
 use core::arch::wasm32::*;
 
 /// Elements per block.
 const QK: usize = 32;
-/// Bytes of a Q8_0 activation block: `d` (f16), `qs[32]` (i8).
-const ACT_BLOCK: usize = 2 + QK;
 /// Blocks per step.
 const STEP: usize = 4;
 
@@ -60,14 +58,15 @@ impl Block for Q5_0 {
 /// One weight row of `n` elements of `B` against R Q8_0 activation rows.
 ///
 /// # Safety
-/// `w` points at `n / 32` blocks of `B`, each of `a` at `n / 32` Q8_0 blocks.
+/// `w` points at `n / 32` blocks of `B`, each of `a` at `n` widened codes and `n / 32` scales.
 #[inline(always)]
-pub(super) unsafe fn dot<const R: usize, B: Block>(n: usize, w: *const u8, a: [*const u8; R]) -> [f32; R] {
+pub(super) unsafe fn dot<const R: usize, B: Block>(n: usize, w: *const u8, a: [WideRow; R]) -> [f32; R] {
     let blocks = n / QK;
     let mut sumf = [0f32; R];
     let mut b = 0;
+    let at = |b: usize| a.map(|row| WideRow { qs: row.qs.add(b * QK), d: row.d.add(b), raw: row.raw });
     while b + STEP <= blocks {
-        step::<R, B>(w.add(b * B::BYTES), a.map(|p| p.add(b * ACT_BLOCK)), STEP, &mut sumf);
+        step::<R, B>(w.add(b * B::BYTES), at(b), STEP, &mut sumf);
         b += STEP;
     }
     if b < blocks {
@@ -75,11 +74,15 @@ pub(super) unsafe fn dot<const R: usize, B: Block>(n: usize, w: *const u8, a: [*
         let count = blocks - b;
         let mut wbuf = [0u8; STEP * 34];
         core::ptr::copy_nonoverlapping(w.add(b * B::BYTES), wbuf.as_mut_ptr(), count * B::BYTES);
-        let mut abuf = [[0u8; STEP * ACT_BLOCK]; R];
-        for (buf, p) in abuf.iter_mut().zip(a) {
-            core::ptr::copy_nonoverlapping(p.add(b * ACT_BLOCK), buf.as_mut_ptr(), count * ACT_BLOCK);
+        let mut qbuf = [[0i16; STEP * QK]; R];
+        let mut dbuf = [[0f32; STEP]; R];
+        let tail = at(b);
+        for r in 0..R {
+            core::ptr::copy_nonoverlapping(tail[r].qs, qbuf[r].as_mut_ptr(), count * QK);
+            core::ptr::copy_nonoverlapping(tail[r].d, dbuf[r].as_mut_ptr(), count);
         }
-        step::<R, B>(wbuf.as_ptr(), core::array::from_fn(|r| abuf[r].as_ptr()), count, &mut sumf);
+        let rows = core::array::from_fn(|r| WideRow { qs: qbuf[r].as_ptr(), d: dbuf[r].as_ptr(), raw: tail[r].raw });
+        step::<R, B>(wbuf.as_ptr(), rows, count, &mut sumf);
     }
     sumf
 }
@@ -87,27 +90,28 @@ pub(super) unsafe fn dot<const R: usize, B: Block>(n: usize, w: *const u8, a: [*
 /// Four blocks of the weight row against four blocks of each activation row; adds the first
 /// `count` blocks' `sumi * (d_w * d_a)` to `sumf`, in block order.
 #[inline(always)]
-unsafe fn step<const R: usize, B: Block>(w: *const u8, a: [*const u8; R], count: usize, sumf: &mut [f32; R]) {
+unsafe fn step<const R: usize, B: Block>(w: *const u8, a: [WideRow; R], count: usize, sumf: &mut [f32; R]) {
     let mut isums = [[i32x4_splat(0); STEP]; R];
     for k in 0..STEP {
         let (c0, c1) = B::codes(w.add(k * B::BYTES));
         let (w0, w1) = (i16x8_extend_low_i8x16(c0), i16x8_extend_high_i8x16(c0));
         let (w2, w3) = (i16x8_extend_low_i8x16(c1), i16x8_extend_high_i8x16(c1));
         for r in 0..R {
-            let q = a[r].add(k * ACT_BLOCK + 2);
-            let s = mac16(i32x4_splat(0), w0, w1, v128_load(q as *const v128));
-            isums[r][k] = mac16(s, w2, w3, v128_load(q.add(16) as *const v128));
+            let q = a[r].qs.add(k * QK);
+            isums[r][k] = mac16(mac16(i32x4_splat(0), w0, w1, q), w2, w3, q.add(16));
         }
     }
-    let scale_bits = |p: *const u8, stride: usize| {
-        u32x4(f16_bits_at(p), f16_bits_at(p.add(stride)), f16_bits_at(p.add(2 * stride)), f16_bits_at(p.add(3 * stride)))
-    };
-    let dw = f16x4_to_f32x4(scale_bits(w, B::BYTES));
+    let p = w;
+    let dw = f16x4_to_f32x4(u32x4(
+        f16_bits_at(p),
+        f16_bits_at(p.add(B::BYTES)),
+        f16_bits_at(p.add(2 * B::BYTES)),
+        f16_bits_at(p.add(3 * B::BYTES)),
+    ));
     for r in 0..R {
         let [s0, s1, s2, s3] = isums[r];
         let sumi = f32x4_convert_i32x4(hsum_i32x4_4(s0, s1, s2, s3));
-        let da = f16x4_to_f32x4(scale_bits(a[r], ACT_BLOCK));
-        let terms = f32x4_mul(sumi, f32x4_mul(dw, da));
+        let terms = f32x4_mul(sumi, f32x4_mul(dw, v128_load(a[r].d as *const v128)));
         let terms = [
             f32x4_extract_lane::<0>(terms),
             f32x4_extract_lane::<1>(terms),

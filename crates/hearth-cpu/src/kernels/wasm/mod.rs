@@ -28,13 +28,26 @@ pub(super) fn supports(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
+/// An activation row as the kernels read it: its codes widened to i16 once per call (rather than
+/// once per weight row), its Q8_0 block scales converted to f32, and the row itself (Q8_K's `d`
+/// and `bsums`).
+#[derive(Clone, Copy)]
+struct WideRow {
+    /// [n] codes.
+    qs: *const i16,
+    /// [n / 32] Q8_0 block scales (unused for Q8_K).
+    d: *const f32,
+    /// The quantized row.
+    raw: *const u8,
+}
+
 /// One weight row of `n` elements against R activation rows.
 ///
 /// # Safety
-/// `w` points at a whole weight row of `n` elements of `ty` and each of `a` at a whole activation
-/// row of `n` elements of `ty.vec_dot_type()`; `supports(ty)`.
+/// `w` points at a whole weight row of `n` elements of `ty`; each of `a` describes a whole
+/// activation row of `n` elements of `ty.vec_dot_type()` (see [`widen`]); `supports(ty)`.
 #[inline(always)]
-unsafe fn dot_rows<const R: usize>(ty: GgmlType, n: usize, w: *const u8, a: [*const u8; R]) -> [f32; R] {
+unsafe fn dot_rows<const R: usize>(ty: GgmlType, n: usize, w: *const u8, a: [WideRow; R]) -> [f32; R] {
     match ty {
         GgmlType::Q8_0 => legacy::dot::<R, legacy::Q8_0>(n, w, a),
         GgmlType::Q5_0 => legacy::dot::<R, legacy::Q5_0>(n, w, a),
@@ -44,35 +57,63 @@ unsafe fn dot_rows<const R: usize>(ty: GgmlType, n: usize, w: *const u8, a: [*co
     }
 }
 
-/// One weight row against one activation row.
-///
-/// # Safety
-/// As [`dot_rows`].
-pub(super) unsafe fn vec_dot(ty: GgmlType, n: usize, w: *const u8, a: *const u8) -> f32 {
-    dot_rows::<1>(ty, n, w, [a])[0]
+thread_local! {
+    /// The widened activation codes and scales of the current call ([`vec_dot_tile`] is not
+    /// re-entered; the wasm engine runs on one thread).
+    static WIDE: core::cell::RefCell<(Vec<i16>, Vec<f32>)> = const { core::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// `out[r]` = the dot of the weight row at `w` with activation row r of `activations`
-/// (`act_row` bytes each, `out.len()` rows), in passes of [`ROWS`] rows and one pass for the rest.
+/// Widens `rows` activation rows of `act_row` bytes (`n` elements of `act_ty`: Q8_0 or Q8_K)
+/// into `qs` ([rows, n]) and, for Q8_0, their block scales into `d` ([rows, n / 32]).
+fn widen(act_ty: GgmlType, n: usize, activations: &[u8], act_row: usize, qs: &mut Vec<i16>, d: &mut Vec<f32>) {
+    let rows = activations.len() / act_row;
+    let (block_len, block_bytes, qs_at) = if act_ty == GgmlType::Q8_0 { (32, 34, 2) } else { (256, 292, 4) };
+    qs.resize(rows * n, 0);
+    d.resize(if act_ty == GgmlType::Q8_0 { rows * n / 32 } else { 0 }, 0.0);
+    let blocks = activations.chunks_exact(block_bytes);
+    for (b, (block, out)) in blocks.zip(qs.chunks_exact_mut(block_len)).enumerate() {
+        // SAFETY: `block` holds `block_len` codes from `qs_at`, `out` room for as many i16.
+        unsafe {
+            for k in (0..block_len).step_by(16) {
+                let q = v128_load(block.as_ptr().add(qs_at + k) as *const v128);
+                v128_store(out.as_mut_ptr().add(k) as *mut v128, i16x8_extend_low_i8x16(q));
+                v128_store(out.as_mut_ptr().add(k + 8) as *mut v128, i16x8_extend_high_i8x16(q));
+            }
+            if act_ty == GgmlType::Q8_0 {
+                d[b] = f16_at(block.as_ptr());
+            }
+        }
+    }
+}
+
+/// `out[w * rows + r]` = the dot of weight row w (`w_row` bytes each) with activation row r
+/// (`act_row` bytes each): per weight row in passes of [`ROWS`] activation rows and one pass for
+/// the rest.
 ///
 /// # Safety
-/// `w` points at a whole weight row of `n` elements of `ty`; `activations` holds exactly
-/// `out.len()` whole activation rows of `act_row` bytes; `supports(ty)`.
-pub(super) unsafe fn vec_dot_rows(ty: GgmlType, n: usize, w: *const u8, activations: &[u8], act_row: usize, out: &mut [f32]) {
-    let base = activations.as_ptr();
-    let row = |i: usize| base.add(i * act_row);
-    let mut done = 0;
-    while done + ROWS <= out.len() {
-        let dots = dot_rows::<ROWS>(ty, n, w, core::array::from_fn(|i| row(done + i)));
-        out[done..done + ROWS].copy_from_slice(&dots);
-        done += ROWS;
-    }
-    match out.len() - done {
-        3 => out[done..].copy_from_slice(&dot_rows::<3>(ty, n, w, [row(done), row(done + 1), row(done + 2)])),
-        2 => out[done..].copy_from_slice(&dot_rows::<2>(ty, n, w, [row(done), row(done + 1)])),
-        1 => out[done] = dot_rows::<1>(ty, n, w, [row(done)])[0],
-        _ => {}
-    }
+/// `weights` holds whole weight rows of `n` elements of `ty`, `activations` whole activation rows
+/// of `n` elements of `ty.vec_dot_type()`, and `out` one value per pair; `supports(ty)`.
+pub(super) unsafe fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) {
+    let rows = activations.len() / act_row;
+    WIDE.with_borrow_mut(|(qs, d)| {
+        widen(ty.vec_dot_type(), n, activations, act_row, qs, d);
+        let row = |i: usize| WideRow { qs: qs.as_ptr().add(i * n), d: d.as_ptr().add(i * n / 32), raw: activations.as_ptr().add(i * act_row) };
+        for (w, out) in weights.chunks_exact(w_row).zip(out.chunks_exact_mut(rows)) {
+            let w = w.as_ptr();
+            let mut done = 0;
+            while done + ROWS <= rows {
+                let dots = dot_rows::<ROWS>(ty, n, w, core::array::from_fn(|i| row(done + i)));
+                out[done..done + ROWS].copy_from_slice(&dots);
+                done += ROWS;
+            }
+            match rows - done {
+                3 => out[done..].copy_from_slice(&dot_rows::<3>(ty, n, w, [row(done), row(done + 1), row(done + 2)])),
+                2 => out[done..].copy_from_slice(&dot_rows::<2>(ty, n, w, [row(done), row(done + 1)])),
+                1 => out[done] = dot_rows::<1>(ty, n, w, [row(done)])[0],
+                _ => {}
+            }
+        }
+    })
 }
 
 /// Sum of the four i32 lanes (integer: any order gives the same value).
@@ -93,12 +134,15 @@ fn hsum_i32x4_4(a: v128, b: v128, c: v128, d: v128) -> v128 {
     i32x4_add(i32x4_shuffle::<0, 1, 4, 5>(ab, cd), i32x4_shuffle::<2, 3, 6, 7>(ab, cd))
 }
 
-/// Dot of 16 i8 activation bytes with 16 weight values already widened to i16 (`w_lo`: values
-/// 0..8, `w_hi`: 8..16), as i32x4 partial sums, added to `acc`.
+/// Dot of 16 widened activation codes at `a` with 16 weight values widened to i16 (`w_lo`:
+/// values 0..8, `w_hi`: 8..16), as i32x4 partial sums, added to `acc`.
+///
+/// # Safety
+/// `a` points at 16 i16.
 #[inline(always)]
-fn mac16(acc: v128, w_lo: v128, w_hi: v128, a: v128) -> v128 {
-    let lo = i32x4_dot_i16x8(w_lo, i16x8_extend_low_i8x16(a));
-    let hi = i32x4_dot_i16x8(w_hi, i16x8_extend_high_i8x16(a));
+unsafe fn mac16(acc: v128, w_lo: v128, w_hi: v128, a: *const i16) -> v128 {
+    let lo = i32x4_dot_i16x8(w_lo, v128_load(a as *const v128));
+    let hi = i32x4_dot_i16x8(w_hi, v128_load(a.add(8) as *const v128));
     i32x4_add(acc, i32x4_add(lo, hi))
 }
 
