@@ -217,3 +217,23 @@ fn activation_quantizers_equal_their_reference_rules() {
         assert_eq!(q8_0, q8_0_expected(x), "Q8_0");
     }
 }
+
+#[wasm_bindgen_test]
+fn activations_changed_in_place_are_not_served_from_the_widened_copy() {
+    // The kernels keep the last activation rows widened to i16 while later calls pass the same
+    // bytes; a buffer rewritten in place (as the engine's activation buffer is) must be re-read.
+    let mut rng = Rng(31);
+    for ty in SIMD_TYPES {
+        let n = 5 * ty.block_len();
+        let w = random_weights(ty, n, &mut rng);
+        let mut a = quantized_rows(ty, n, 1, &mut rng);
+        let last = a.len() - 1;
+        for at in [last, a.len() / 2, 3] {
+            let before = vec_dot_with(Isa::Simd128, ty, n, &w, &a);
+            assert_eq!(before.to_bits(), quant::vec_dot(ty, n, &w, &a).expect("reference").to_bits(), "{ty}");
+            a[at] = a[at].wrapping_add(1);
+            let after = vec_dot_with(Isa::Simd128, ty, n, &w, &a);
+            assert_eq!(after.to_bits(), quant::vec_dot(ty, n, &w, &a).expect("reference").to_bits(), "{ty} byte {at}");
+        }
+    }
+}

@@ -57,30 +57,59 @@ unsafe fn dot_rows<const R: usize>(ty: GgmlType, n: usize, w: *const u8, a: [Wid
     }
 }
 
-thread_local! {
-    /// The widened activation codes and scales of the current call ([`vec_dot_tile`] is not
-    /// re-entered; the wasm engine runs on one thread).
-    static WIDE: core::cell::RefCell<(Vec<i16>, Vec<f32>)> = const { core::cell::RefCell::new((Vec::new(), Vec::new())) };
+/// The widened form of the last activation rows seen, kept while later calls pass the same bytes:
+/// a mat-mul calls [`vec_dot_tile`] once per 16 weight rows, each time with the same activations.
+struct Wide {
+    /// The activation type and row length that `qs` and `d` were made for, from the bytes `raw`.
+    key: Option<(GgmlType, usize)>,
+    raw: Vec<u8>,
+    qs: Vec<i16>,
+    d: Vec<f32>,
 }
 
-/// Widens `rows` activation rows of `act_row` bytes (`n` elements of `act_ty`: Q8_0 or Q8_K)
-/// into `qs` ([rows, n]) and, for Q8_0, their block scales into `d` ([rows, n / 32]).
-fn widen(act_ty: GgmlType, n: usize, activations: &[u8], act_row: usize, qs: &mut Vec<i16>, d: &mut Vec<f32>) {
-    let rows = activations.len() / act_row;
-    let (block_len, block_bytes, qs_at) = if act_ty == GgmlType::Q8_0 { (32, 34, 2) } else { (256, 292, 4) };
-    qs.resize(rows * n, 0);
-    d.resize(if act_ty == GgmlType::Q8_0 { rows * n / 32 } else { 0 }, 0.0);
-    let blocks = activations.chunks_exact(block_bytes);
-    for (b, (block, out)) in blocks.zip(qs.chunks_exact_mut(block_len)).enumerate() {
-        // SAFETY: `block` holds `block_len` codes from `qs_at`, `out` room for as many i16.
+thread_local! {
+    /// [`vec_dot_tile`] is not re-entered, and the wasm engine runs on one thread.
+    static WIDE: core::cell::RefCell<Wide> =
+        const { core::cell::RefCell::new(Wide { key: None, raw: Vec::new(), qs: Vec::new(), d: Vec::new() }) };
+}
+
+/// Whether `a` and `b` hold the same bytes.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let whole = a.len() / 16 * 16;
+    let mut diff = u8x16_splat(0);
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= whole <= len of both.
         unsafe {
-            for k in (0..block_len).step_by(16) {
-                let q = v128_load(block.as_ptr().add(qs_at + k) as *const v128);
+            let x = v128_load(a.as_ptr().add(i) as *const v128);
+            let y = v128_load(b.as_ptr().add(i) as *const v128);
+            diff = v128_or(diff, v128_xor(x, y));
+        }
+    }
+    !v128_any_true(diff) && a[whole..] == b[whole..]
+}
+
+/// Widens the activation rows in `activations` (`n` elements of `act_ty`: Q8_0 or Q8_K, each
+/// `BLOCK_BYTES`-byte block holding `BLOCK_LEN` codes from byte `QS_AT`) into `qs` ([rows, n])
+/// and, for Q8_0, their block scales into `d` ([rows, n / 32]).
+fn widen<const BLOCK_LEN: usize, const BLOCK_BYTES: usize, const QS_AT: usize>(activations: &[u8], qs: &mut Vec<i16>, d: &mut Vec<f32>) {
+    let blocks = activations.len() / BLOCK_BYTES;
+    qs.resize(blocks * BLOCK_LEN, 0);
+    let q8_0 = BLOCK_LEN == 32;
+    d.resize(if q8_0 { blocks } else { 0 }, 0.0);
+    for (b, (block, out)) in activations.chunks_exact(BLOCK_BYTES).zip(qs.chunks_exact_mut(BLOCK_LEN)).enumerate() {
+        // SAFETY: `block` holds `BLOCK_LEN` codes from `QS_AT`, `out` room for as many i16, and
+        // `d` one scale per block.
+        unsafe {
+            for k in (0..BLOCK_LEN).step_by(16) {
+                let q = v128_load(block.as_ptr().add(QS_AT + k) as *const v128);
                 v128_store(out.as_mut_ptr().add(k) as *mut v128, i16x8_extend_low_i8x16(q));
                 v128_store(out.as_mut_ptr().add(k + 8) as *mut v128, i16x8_extend_high_i8x16(q));
             }
-            if act_ty == GgmlType::Q8_0 {
-                d[b] = f16_at(block.as_ptr());
+            if q8_0 {
+                *d.get_unchecked_mut(b) = f16_at(block.as_ptr());
             }
         }
     }
@@ -95,8 +124,18 @@ fn widen(act_ty: GgmlType, n: usize, activations: &[u8], act_row: usize, qs: &mu
 /// of `n` elements of `ty.vec_dot_type()`, and `out` one value per pair; `supports(ty)`.
 pub(super) unsafe fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) {
     let rows = activations.len() / act_row;
-    WIDE.with_borrow_mut(|(qs, d)| {
-        widen(ty.vec_dot_type(), n, activations, act_row, qs, d);
+    let act_ty = ty.vec_dot_type();
+    WIDE.with_borrow_mut(|wide| {
+        if wide.key != Some((act_ty, n)) || !same_bytes(&wide.raw, activations) {
+            match act_ty {
+                GgmlType::Q8_0 => widen::<32, 34, 2>(activations, &mut wide.qs, &mut wide.d),
+                _ => widen::<256, 292, 4>(activations, &mut wide.qs, &mut wide.d),
+            }
+            wide.raw.clear();
+            wide.raw.extend_from_slice(activations);
+            wide.key = Some((act_ty, n));
+        }
+        let (qs, d) = (&wide.qs, &wide.d);
         let row = |i: usize| WideRow { qs: qs.as_ptr().add(i * n), d: d.as_ptr().add(i * n / 32), raw: activations.as_ptr().add(i * act_row) };
         for (w, out) in weights.chunks_exact(w_row).zip(out.chunks_exact_mut(rows)) {
             let w = w.as_ptr();
