@@ -237,3 +237,16 @@ fn activations_changed_in_place_are_not_served_from_the_widened_copy() {
         }
     }
 }
+
+#[wasm_bindgen_test]
+fn no_activation_rows_give_no_outputs_and_no_panic() {
+    let mut rng = Rng(3);
+    for ty in SIMD_TYPES {
+        let n = ty.block_len();
+        let w = random_weights(ty, n, &mut rng);
+        let mut out: Vec<f32> = Vec::new();
+        vec_dot_tile_with(Isa::Simd128, ty, n, &w, &[], &mut out);
+        vec_dot_rows_with(Isa::Simd128, ty, n, &w, &[], &mut out);
+        assert!(out.is_empty(), "{ty}");
+    }
+}

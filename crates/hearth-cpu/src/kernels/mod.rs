@@ -3,10 +3,12 @@
 //! [`vec_dot`] dispatches once-detected x86_64 kernels — AVX2+FMA+F16C (llama.cpp's AVX2 kernel
 //! structure) or, for the hottest types, the same kernels with AVX-512 BW/VNNI instructions
 //! (bit-identical) — and falls back to the scalar reference in `hearth_core::quant` for every
-//! other type or CPU. [`vec_dot_rows`] and [`vec_dot_tile`] compute several dot products per pass
-//! over a weight row, each equal to [`vec_dot`] bit for bit. Row sizes are validated by the caller
-//! at load time; a mismatch here is a bug, caught by `debug_assert!` in debug builds and answered
-//! with NaN (never UB, never a panic) in release builds.
+//! other type or CPU. The browser build (wasm32 with simd128) dispatches its own simd128 kernels
+//! (`Isa::Simd128`, `wasm/`), bit-identical to the scalar reference. [`vec_dot_rows`] and
+//! [`vec_dot_tile`] compute several dot products per pass over a weight row, each equal to
+//! [`vec_dot`] bit for bit. Row sizes are validated by the caller at load time; a mismatch here is
+//! a bug, caught by `debug_assert!` in debug builds and answered with NaN (never UB, never a panic)
+//! in release builds.
 
 #[cfg(target_arch = "x86_64")]
 mod kquant_tile;
@@ -35,7 +37,8 @@ pub enum Isa {
 
 /// The best instruction set of this CPU, detected once.
 pub fn detected_isa() -> Isa {
-    // simd128 is a compile-time feature of the wasm build: nothing to detect.
+    // simd128 is a compile-time feature of the wasm build: nothing to detect. (`if true` keeps
+    // the lines below reachable, without an unreachable-code warning.)
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if true {
         return Isa::Simd128;
@@ -109,8 +112,8 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if isa == Isa::Simd128 && wasm::supports(ty) {
-        // SAFETY: the row sizes were checked.
         let mut out = [0f32];
+        // SAFETY: the row sizes were checked.
         unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activation, activation.len(), &mut out) };
         return out[0];
     }
@@ -175,8 +178,8 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
 
 /// Converts an f32 activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), bit-identical to
 /// `hearth_core::quant::quantize_row` (ggml's `quantize_row_*_ref`; Q8_0/Q8_1 with llama.cpp's SIMD
-/// rounding, see below). Q8_0/Q8_1/Q8_K run the same code compiled for AVX2 where available;
-/// the other types the scalar reference. `dst` must be `ty.row_bytes(src.len())` bytes;
+/// rounding, see below). Q8_0/Q8_1/Q8_K run the same code compiled for AVX2 where available
+/// (and Q8_0/Q8_K simd128 forms of the same rules on wasm32); the other types the scalar reference. `dst` must be `ty.row_bytes(src.len())` bytes;
 /// otherwise (a caller bug) it is left untouched.
 pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     match ty {

@@ -124,6 +124,9 @@ fn widen<const BLOCK_LEN: usize, const BLOCK_BYTES: usize, const QS_AT: usize>(a
 /// of `n` elements of `ty.vec_dot_type()`, and `out` one value per pair; `supports(ty)`.
 pub(super) unsafe fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) {
     let rows = activations.len() / act_row;
+    if rows == 0 {
+        return;
+    }
     let act_ty = ty.vec_dot_type();
     WIDE.with_borrow_mut(|wide| {
         if wide.key != Some((act_ty, n)) || !same_bytes(&wide.raw, activations) {
