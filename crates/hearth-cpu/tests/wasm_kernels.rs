@@ -53,7 +53,7 @@ fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut row: Vec<u8> = (0..ty.row_bytes(n).expect("whole blocks")).map(|_| rng.next_u32() as u8).collect();
     for block in row.chunks_exact_mut(ty.block_bytes()) {
         for &off in f16_fields(ty) {
-            let magnitude = if rng.next_u32() % 8 == 0 { 1e-6 } else { 0.05 };
+            let magnitude = if rng.next_u32().is_multiple_of(8) { 1e-6 } else { 0.05 };
             block[off..off + 2].copy_from_slice(&f16::from_f32(rng.unit() * magnitude).to_le_bytes());
         }
     }

@@ -96,17 +96,16 @@ unsafe fn step<const R: usize, B: Block>(w: *const u8, a: [WideRow; R], count: u
         let (c0, c1) = B::codes(w.add(k * B::BYTES));
         let (w0, w1) = (i16x8_extend_low_i8x16(c0), i16x8_extend_high_i8x16(c0));
         let (w2, w3) = (i16x8_extend_low_i8x16(c1), i16x8_extend_high_i8x16(c1));
-        for r in 0..R {
-            let q = a[r].qs.add(k * QK);
-            isums[r][k] = mac16(mac16(i32x4_splat(0), w0, w1, q), w2, w3, q.add(16));
+        for (row, sums) in a.iter().zip(isums.iter_mut()) {
+            let q = row.qs.add(k * QK);
+            sums[k] = mac16(mac16(i32x4_splat(0), w0, w1, q), w2, w3, q.add(16));
         }
     }
-    let p = w;
     let dw = f16x4_to_f32x4(u32x4(
-        f16_bits_at(p),
-        f16_bits_at(p.add(B::BYTES)),
-        f16_bits_at(p.add(2 * B::BYTES)),
-        f16_bits_at(p.add(3 * B::BYTES)),
+        f16_bits_at(w),
+        f16_bits_at(w.add(B::BYTES)),
+        f16_bits_at(w.add(2 * B::BYTES)),
+        f16_bits_at(w.add(3 * B::BYTES)),
     ));
     for r in 0..R {
         let [s0, s1, s2, s3] = isums[r];
