@@ -3,15 +3,19 @@
 //! [`vec_dot`] dispatches once-detected x86_64 kernels — AVX2+FMA+F16C (llama.cpp's AVX2 kernel
 //! structure) or, for the hottest types, the same kernels with AVX-512 BW/VNNI instructions
 //! (bit-identical) — and falls back to the scalar reference in `hearth_core::quant` for every
-//! other type or CPU. [`vec_dot_rows`] and [`vec_dot_tile`] compute several dot products per pass
-//! over a weight row, each equal to [`vec_dot`] bit for bit. Row sizes are validated by the caller
-//! at load time; a mismatch here is a bug, caught by `debug_assert!` in debug builds and answered
-//! with NaN (never UB, never a panic) in release builds.
+//! other type or CPU. The browser build (wasm32 with simd128) dispatches its own simd128 kernels
+//! (`Isa::Simd128`, `wasm/`), bit-identical to the scalar reference. [`vec_dot_rows`] and
+//! [`vec_dot_tile`] compute several dot products per pass over a weight row, each equal to
+//! [`vec_dot`] bit for bit. Row sizes are validated by the caller at load time; a mismatch here is
+//! a bug, caught by `debug_assert!` in debug builds and answered with NaN (never UB, never a panic)
+//! in release builds.
 
 #[cfg(target_arch = "x86_64")]
 mod kquant_tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 
 use hearth_core::quant::{self, GgmlType};
 use std::sync::OnceLock;
@@ -26,10 +30,19 @@ pub enum Isa {
     /// [`Isa::Avx2`] plus AVX-512 F/BW/VL and VNNI: the AVX2 kernels with VNNI dot instructions
     /// (bit-identical results) for the hottest weight types.
     Avx512Vnni,
+    /// wasm32 with simd128 (enabled at compile time for the browser build).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
 }
 
 /// The best instruction set of this CPU, detected once.
 pub fn detected_isa() -> Isa {
+    // simd128 is a compile-time feature of the wasm build: nothing to detect. (`if true` keeps
+    // the lines below reachable, without an unreachable-code warning.)
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if true {
+        return Isa::Simd128;
+    }
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -57,6 +70,8 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
             let _ = ty;
             false
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => wasm::supports(ty),
     }
 }
 
@@ -66,6 +81,8 @@ fn isa_available(isa: Isa) -> bool {
         Isa::Scalar => true,
         Isa::Avx2 => detected_isa() != Isa::Scalar,
         Isa::Avx512Vnni => detected_isa() == Isa::Avx512Vnni,
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => true,
     }
 }
 
@@ -93,6 +110,13 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
         // SAFETY: the ISA's features are present (detected) and the row sizes were checked.
         return unsafe { x86::vec_dot(isa == Isa::Avx512Vnni, ty, n, weights.as_ptr(), activation.as_ptr()) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        let mut out = [0f32];
+        // SAFETY: the row sizes were checked.
+        unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activation, activation.len(), &mut out) };
+        return out[0];
+    }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
 }
@@ -116,6 +140,11 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         debug_assert!(false, "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows", weights.len(), activations.len(), out.len());
         out.fill(f32::NAN);
         return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        // SAFETY: one whole weight row and `out.len()` whole activation rows (checked above).
+        return unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activations, act_row, out) };
     }
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -149,11 +178,15 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
 
 /// Converts an f32 activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), bit-identical to
 /// `hearth_core::quant::quantize_row` (ggml's `quantize_row_*_ref`; Q8_0/Q8_1 with llama.cpp's SIMD
-/// rounding, see below). Q8_0/Q8_1/Q8_K run the same code compiled for AVX2 where available;
-/// the other types the scalar reference. `dst` must be `ty.row_bytes(src.len())` bytes;
+/// rounding, see below). Q8_0/Q8_1/Q8_K run the same code compiled for AVX2 where available
+/// (and Q8_0/Q8_K simd128 forms of the same rules on wasm32); the other types the scalar reference. `dst` must be `ty.row_bytes(src.len())` bytes;
 /// otherwise (a caller bug) it is left untouched.
 pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     match ty {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        GgmlType::Q8_0 if ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => wasm::quantize_q8_0(src, dst),
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        GgmlType::Q8_K if ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => wasm::quantize_q8_k(src, dst),
         GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_q8_legacy_simd_rounding(ty, src, dst),
         #[cfg(target_arch = "x86_64")]
         GgmlType::Q8_K if detected_isa() != Isa::Scalar && ty.row_bytes(src.len()).is_ok_and(|b| b == dst.len()) => {
@@ -249,6 +282,11 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         debug_assert!(false, "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs", weights.len(), activations.len(), out.len());
         out.fill(f32::NAN);
         return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 && wasm::supports(ty) {
+        // SAFETY: whole weight and activation rows, one output per pair (sizes checked above).
+        return unsafe { wasm::vec_dot_tile(ty, n, weights, w_row, activations, act_row, out) };
     }
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
