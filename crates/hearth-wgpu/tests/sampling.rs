@@ -33,6 +33,19 @@ fn table(n_vocab: usize, rng: &mut Rng) -> Vec<f32> {
     rows
 }
 
+/// A graph whose logits are rows of `values` (`[rows, n_vocab]`), picked by token id through an
+/// `Embed` of an F32 table; returns it with the number of rows.
+fn logits_case(values: &[f32], n_vocab: usize) -> (Case, usize) {
+    let n_table_rows = values.len() / n_vocab;
+    let mut case = Case::new(n_table_rows);
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    case.weights.push((hearth_core::graph::WeightDesc { name: "rows".into(), ty: GgmlType::F32, dims: vec![n_vocab as u64, n_table_rows as u64] }, bytes));
+    let out = case.graph.buf("logits", n_table_rows, n_vocab);
+    case.graph.push(Op::Embed { table: hearth_core::graph::WeightId(0), out });
+    case.graph.logits = out;
+    (case, n_table_rows)
+}
+
 /// (ids, logit bits) of a step's candidates.
 fn bits(top: &TopK) -> (Vec<u32>, Vec<u32>) {
     (top.ids.clone(), top.logits.iter().map(|l| l.to_bits()).collect())
@@ -59,13 +72,7 @@ fn device_top_k_equals_host_reference_bit_for_bit() {
     // Around the 4096-logit chunk (1 and 2 chunks, a short last chunk), tiny, and Qwen's size.
     for n_vocab in [1usize, 7, 64, 4095, 4096, 4097, 12289, 151_936] {
         let values = table(n_vocab, &mut rng);
-        let n_table_rows = values.len() / n_vocab;
-        let mut case = Case::new(n_table_rows);
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        case.weights.push((hearth_core::graph::WeightDesc { name: "rows".into(), ty: GgmlType::F32, dims: vec![n_vocab as u64, n_table_rows as u64] }, bytes));
-        let out = case.graph.buf("logits", n_table_rows, n_vocab);
-        case.graph.push(Op::Embed { table: hearth_core::graph::WeightId(0), out });
-        case.graph.logits = out;
+        let (case, n_table_rows) = logits_case(&values, n_vocab);
         // Every table row once, in a shuffled order.
         let mut tokens: Vec<u32> = (0..n_table_rows as u32).collect();
         for i in (1..tokens.len()).rev() {
@@ -133,13 +140,7 @@ fn device_log_sum_exp_matches_host_reference() {
     let mut rng = Rng(0x15e);
     for n_vocab in [1usize, 7, 4095, 4097, 151_936] {
         let values = table(n_vocab, &mut rng);
-        let n_table_rows = values.len() / n_vocab;
-        let mut case = Case::new(n_table_rows);
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        case.weights.push((hearth_core::graph::WeightDesc { name: "rows".into(), ty: GgmlType::F32, dims: vec![n_vocab as u64, n_table_rows as u64] }, bytes));
-        let out = case.graph.buf("logits", n_table_rows, n_vocab);
-        case.graph.push(Op::Embed { table: hearth_core::graph::WeightId(0), out });
-        case.graph.logits = out;
+        let (case, n_table_rows) = logits_case(&values, n_vocab);
         let tokens: Vec<u32> = (0..n_table_rows as u32).rev().collect();
         let Some(mut gpu) = open(WgpuOptions::default()) else { return };
         let gpu_ids = case.load(&mut gpu);
