@@ -163,13 +163,35 @@ unsafe fn dot_f16(n: usize, x: *const u8, y: *const u8) -> f32 {
 }
 
 /// Decode streams every weight from memory once: prefetch `lines` cache lines at `p` plus
-/// `ahead` bytes (a few rows further on), past the page boundaries where the hardware
-/// prefetcher stops. Measured on the Q8_0 output mat-mul of Gemma-3-270M, 2 threads: 15.9 ->
-/// 11.5 ms. A prefetch never faults, so addresses past the matrix are harmless.
+/// `ahead` bytes, past the page boundaries where the hardware prefetcher stops. A prefetch never
+/// faults, so addresses past the matrix are harmless.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn prefetch_ahead(p: *const u8, ahead: usize, lines: usize) {
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + 64 * l) as *const i8);
+    }
+}
+
+/// How far ahead (bytes) the one-row Q4_K/Q6_K kernels prefetch their weights. Measured on
+/// Qwen2.5-1.5B's ffn_down (rows of 8960), one thread, from memory: 4 rows ahead (~20-29 KB)
+/// 0.81 ms (Q6_K) / 0.56 ms (Q4_K); 1 KiB 0.78 / 0.52; 2 KiB 0.67-0.75 / 0.46-0.48; 4 KiB
+/// 0.66-0.77 / 0.46-0.53; 8 KiB 0.77-0.84 / 0.51-0.52 (benches/decode_shapes.rs, busy machine).
+const ROW_PREFETCH_BYTES: usize = 2048;
+
+/// Prefetches every cache line that holds one of the `bytes` bytes at `p`, in address order.
+/// The decode tiles read W rows interleaved, which the hardware prefetcher follows poorly; a sweep
+/// over the next tile's lines in address order, spread over the current tile's blocks, keeps the
+/// stream at memory speed: Gemma-3-270M's Q8_0 output mat-mul (640 x 262144), one thread, from
+/// memory: 19.7 ms with one prefetch per row and block -> 7.7 ms (benches/decode_shapes.rs).
+/// A prefetch never faults, so addresses past the matrix are harmless.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch_span(p: *const u8, bytes: usize) {
+    let end = (p as usize).wrapping_add(bytes);
+    let mut line = (p as usize) & !63;
+    while line < end {
+        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+        line += 64;
     }
 }

@@ -79,6 +79,10 @@ macro_rules! multi_kernels {
                 let (block_bytes, offset) = if Q8 { (Q8_0_BYTES, 0x80u8 as i8) } else { (22, 16) };
                 let mut acc = [[_mm256_setzero_ps(); R]; W];
                 for ib in 0..nb {
+                    if R == 1 {
+                        // Decode: the next tile of W rows, in address order (`prefetch_span`).
+                        prefetch_span(x[0].wrapping_add(W * nb * block_bytes + ib * W * block_bytes), W * block_bytes);
+                    }
                     let mut dy = [_mm256_setzero_ps(); R];
                     let mut yq = [_mm256_setzero_si256(); R];
                     let mut yoff = [_mm256_setzero_si256(); R];
@@ -142,7 +146,7 @@ macro_rules! multi_kernels {
                 for i in 0..nb {
                     let xb = x.add(i * 144);
                     if R == 1 {
-                        prefetch_ahead(xb, 4 * nb * 144, 3);
+                        prefetch_ahead(xb, ROW_PREFETCH_BYTES, 3);
                     }
                     let (xd, xdmin) = (f16_at(xb), f16_at(xb.add(2)));
                     let ms = mins_and_scales(xb.add(4));
@@ -191,7 +195,7 @@ macro_rules! multi_kernels {
                 for i in 0..nb {
                     let xb = x.add(i * 210);
                     if R == 1 {
-                        prefetch_ahead(xb, 4 * nb * 210, 4);
+                        prefetch_ahead(xb, ROW_PREFETCH_BYTES, 4);
                     }
                     let xd = f16_at(xb.add(208));
                     let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
