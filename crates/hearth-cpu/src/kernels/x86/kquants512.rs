@@ -74,7 +74,7 @@ pub(super) unsafe fn q6_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
     for i in 0..nb {
         let xb = x.add(i * 210);
         if R == 1 {
-            prefetch_ahead(xb, ROW_PREFETCH_BYTES, 4);
+            prefetch_ahead_l2(xb, Q6K_ROW_PREFETCH_BYTES, 4);
         }
         let xd = f16_at(xb.add(208));
         let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);

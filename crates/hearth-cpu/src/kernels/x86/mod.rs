@@ -173,11 +173,21 @@ unsafe fn prefetch_ahead(p: *const u8, ahead: usize, lines: usize) {
     }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch_ahead_l2(p: *const u8, ahead: usize, lines: usize) {
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * l) as *const i8);
+    }
+}
+
 /// How far ahead (bytes) the one-row Q4_K/Q6_K kernels prefetch their weights. Measured on
 /// Qwen2.5-1.5B's ffn_down (rows of 8960), one thread, from memory: 4 rows ahead (~20-29 KB)
 /// 0.81 ms (Q6_K) / 0.56 ms (Q4_K); 1 KiB 0.78 / 0.52; 2 KiB 0.67-0.75 / 0.46-0.48; 4 KiB
 /// 0.66-0.77 / 0.46-0.53; 8 KiB 0.77-0.84 / 0.51-0.52 (benches/decode_shapes.rs, busy machine).
 const ROW_PREFETCH_BYTES: usize = 2048;
+
+const Q6K_ROW_PREFETCH_BYTES: usize = 8192;
 
 /// Prefetches every cache line that holds one of the `bytes` bytes at `p`, in address order.
 /// The decode tiles read W rows interleaved, which the hardware prefetcher follows poorly; a sweep
@@ -194,4 +204,16 @@ unsafe fn prefetch_span(p: *const u8, bytes: usize) {
         _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
         line += 64;
     }
+}
+
+/// `p`, through an empty `asm!` the optimiser cannot see into. For shuffle tables: LLVM knows a
+/// static's contents and rewrites a `vpshufb` with a constant mask that broadcasts one i16 into
+/// two shuffles (`vpshuflw`/`vpshufhw` + `vpshufd`), which doubled the shuffle-port work of the
+/// Q4_K kernels; with the table's address opaque, each stays one `vpshufb` with a memory operand.
+#[inline(always)]
+fn opaque<T>(p: *const T) -> *const T {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence that only "reads and writes" a general register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags)) };
+    p
 }

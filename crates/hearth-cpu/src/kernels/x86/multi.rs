@@ -195,7 +195,7 @@ macro_rules! multi_kernels {
                 for i in 0..nb {
                     let xb = x.add(i * 210);
                     if R == 1 {
-                        prefetch_ahead(xb, ROW_PREFETCH_BYTES, 4);
+                        prefetch_ahead_l2(xb, Q6K_ROW_PREFETCH_BYTES, 4);
                     }
                     let xd = f16_at(xb.add(208));
                     let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
@@ -285,8 +285,8 @@ macro_rules! multi_kernels {
                     for j in 0..4 {
                         let q8l = load256(yb.add(Q8K_QS + 64 * j));
                         let q8h = load256(yb.add(Q8K_QS + 64 * j + 32));
-                        let shuf_l = load256(SCALE_SHUFFLE_K4[2 * j].as_ptr());
-                        let shuf_h = load256(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr());
+                        let shuf_l = load256(opaque(SCALE_SHUFFLE_K4[2 * j].as_ptr()));
+                        let shuf_h = load256(opaque(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr()));
                         for w in 0..W {
                             let q4bits = load256(x[w].add(i * 144 + 16 + 32 * j));
                             let q4l = _mm256_and_si256(q4bits, m4);
