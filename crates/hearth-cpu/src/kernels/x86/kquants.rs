@@ -39,6 +39,32 @@ static SCALE_SHUFFLE_Q6: [[u8; 16]; 8] = {
     t
 };
 
+/// Q6_K's 6-bit codes (0..63, the stored value + 32) of half `j` (0 or 1) of the super-block at
+/// `xb`, as four 32-byte groups: the low 4 bits from `ql` (bytes 64j..64j+64, low then high
+/// nibbles), the high 2 from `qh` (bytes 128+32j..), ggml's AVX2 unpacking. Shared by every
+/// Q6_K kernel (one-row, multi-row, tiles; 256- and 512-bit), so they unpack alike.
+///
+/// # Safety
+/// AVX2 must be available (the callers are AVX2 kernels this inlines into); `xb` points to a
+/// whole Q6_K super-block (210 bytes).
+#[inline(always)]
+pub(super) unsafe fn q6_k_codes(xb: *const u8, j: usize) -> [__m256i; 4] {
+    let m15 = _mm256_set1_epi8(15);
+    let q4bits1 = load256(xb.add(64 * j));
+    let q4bits2 = load256(xb.add(64 * j + 32));
+    let q4bits_h = load256(xb.add(128 + 32 * j));
+    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(3)), 4);
+    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+    [
+        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
+    ]
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn q8k_d(yb: *const u8) -> f32 {

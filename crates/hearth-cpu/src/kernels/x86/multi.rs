@@ -9,7 +9,7 @@
 //! exactly the same i32 lanes (the i16 pair sums never saturate: |u8 code| ≤ 63, |i8| ≤ 127) — and
 //! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, mins_dot_bsums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
 use super::ktile::{q4_k_tile_avx2, q6_k_tile_avx2, TILE_PREFETCH_TILES};
 use super::ktile512::{q4_k_tile_512, q6_k_tile_512};
@@ -189,8 +189,6 @@ macro_rules! multi_kernels {
             #[allow(dead_code)] // the VNNI flavour runs kquants512.rs for Q4_K/Q6_K instead
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q6_k_q8_k<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
-                let m3 = _mm256_set1_epi8(3);
-                let m15 = _mm256_set1_epi8(15);
                 let mut acc = [_mm256_setzero_ps(); R];
                 for i in 0..nb {
                     let xb = x.add(i * 210);
@@ -202,17 +200,7 @@ macro_rules! multi_kernels {
                     let scales16 = _mm256_cvtepi8_epi16(scales);
                     let mut sumi = [_mm256_setzero_si256(); R];
                     for j in 0..2 {
-                        let q4bits1 = load256(xb.add(64 * j));
-                        let q4bits2 = load256(xb.add(64 * j + 32));
-                        let q4bits_h = load256(xb.add(128 + 32 * j));
-                        let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-                        let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-                        let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                        let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-                        let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                        let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                        let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-                        let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                        let [q4_0, q4_1, q4_2, q4_3] = q6_k_codes(xb, j);
                         let is = 4 * j;
                         let (s0, s1) = (q6_scale(scales, is), q6_scale(scales, is + 1));
                         let (s2, s3) = (q6_scale(scales, is + 2), q6_scale(scales, is + 3));
