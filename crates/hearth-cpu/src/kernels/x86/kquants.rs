@@ -85,7 +85,11 @@ pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
     let t2 = u1 & KMASK1;
     let t1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
     let t0 = u0 & KMASK1;
-    _mm256_cvtepu8_epi16(_mm_set_epi32(t3 as i32, t2 as i32, t1 as i32, t0 as i32))
+    // The same 16 bytes as `_mm_set_epi32(t3, t2, t1, t0)`, built in general registers and moved
+    // as two 64-bit halves: two register transfers instead of four (`vmovd` + 3 `vpinsrd`).
+    let lo = (t1 as u64) << 32 | t0 as u64;
+    let hi = (t3 as u64) << 32 | t2 as u64;
+    _mm256_cvtepu8_epi16(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.

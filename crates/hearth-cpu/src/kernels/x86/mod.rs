@@ -70,6 +70,24 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(converted)
 }
 
+/// The two adjacent unaligned little-endian f16 at `p` as lanes 0 and 1 (lanes 2-3 zero),
+/// converted with F16C: the same conversions as two [`f16_at`] calls, one instruction fewer each.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x2_at(p: *const u8) -> __m128 {
+    let bits = (p as *const u32).read_unaligned();
+    let converted: __m128;
+    // In asm for the reason given in `f16_at`.
+    core::arch::asm!(
+        "vmovd {x}, {bits:e}",
+        "vcvtph2ps {x}, {x}",
+        bits = in(reg) bits,
+        x = out(xmm_reg) converted,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    converted
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load256(p: *const u8) -> __m256i {

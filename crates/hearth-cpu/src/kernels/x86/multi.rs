@@ -259,16 +259,20 @@ macro_rules! multi_kernels {
                     // Q8_K's 16 bsums summed in pairs (one per 32-element sub-block), as `mins_dot_bsums`.
                     let q8sums = load256(yb.add(Q8K_BSUMS));
                     let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                    let neg_yd = _mm_set1_ps(-yd);
                     let mut scales = [_mm256_setzero_si256(); W];
                     let mut xd = [0f32; W];
                     for w in 0..W {
                         let xb = x[w].add(i * 144);
                         sweep_prefetch::<W>(x[0], w, i, nb, 144);
-                        xd[w] = f16_at(xb);
-                        let dmin = -yd * f16_at(xb.add(2));
+                        // [d, dmin] converted together; lane 1 of -yd * [d, dmin] is the
+                        // single-row kernel's scalar -yd * dmin (negation is exact).
+                        let d_dmin = f16x2_at(xb);
+                        xd[w] = _mm_cvtss_f32(d_dmin);
+                        let dmin = _mm_permute_ps::<0b0101_0101>(_mm_mul_ps(neg_yd, d_dmin));
                         let ms = mins_and_scales(xb.add(4));
                         let mins = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
-                        acc_m[w] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[w]);
+                        acc_m[w] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m[w]);
                         let sc128 = _mm256_extracti128_si256(ms, 0);
                         scales[w] = _mm256_set_m128i(sc128, sc128);
                     }
