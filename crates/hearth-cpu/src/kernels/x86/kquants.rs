@@ -76,20 +76,20 @@ pub(super) unsafe fn q8k_d(yb: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
-    const KMASK1: u32 = 0x3f3f3f3f;
-    const KMASK2: u32 = 0x0f0f0f0f;
-    const KMASK3: u32 = 0x03030303;
-    let p = packed as *const u32;
-    let (u0, u1, u2) = (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned());
-    let t3 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let t2 = u1 & KMASK1;
-    let t1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let t0 = u0 & KMASK1;
-    // The same 16 bytes as `_mm_set_epi32(t3, t2, t1, t0)`, built in general registers and moved
-    // as two 64-bit halves: two register transfers instead of four (`vmovd` + 3 `vpinsrd`).
-    let lo = (t1 as u64) << 32 | t0 as u64;
-    let hi = (t3 as u64) << 32 | t2 as u64;
-    _mm256_cvtepu8_epi16(_mm_set_epi64x(hi as i64, lo as i64))
+    // ggml's t0 = u0 & 0x3f.., t1 = (u2 & 0x0f..) | ((u0 >> 6) & 0x03..) << 4,
+    // t2 = u1 & 0x3f.., t3 = ((u2 >> 4) & 0x0f..) | ((u1 >> 6) & 0x03..) << 4 (u0, u1, u2 the
+    // three packed words), two words per 64-bit general-register operation: [t0 | t2] and
+    // [t1 | t3], then interleaved as [t0, t1, t2, t3] in a vector register. The masks act per
+    // byte, so the 64-bit shifts move no bit across a word's boundary that survives its mask.
+    // In general registers on purpose (the opaque loads keep LLVM from vectorising it): the
+    // vector pipes are the Q4_K kernels' bottleneck, the integer ones are idle.
+    let u01 = opaque_u64((packed as *const u64).read_unaligned());
+    let u2 = opaque_u64((packed.add(8) as *const u32).read_unaligned() as u64);
+    let t02 = u01 & 0x3f3f3f3f_3f3f3f3f;
+    let u22 = (u2 | (u2 >> 4) << 32) & 0x0f0f0f0f_0f0f0f0f;
+    let t13 = u22 | ((u01 >> 6) & 0x03030303_03030303) << 4;
+    let t = _mm_unpacklo_epi32(_mm_cvtsi64_si128(t02 as i64), _mm_cvtsi64_si128(t13 as i64));
+    _mm256_cvtepu8_epi16(t)
 }
 
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.

@@ -224,6 +224,15 @@ unsafe fn prefetch_span(p: *const u8, bytes: usize) {
     }
 }
 
+/// `v`, through an empty `asm!` the optimiser cannot see into (so it stays in a general register).
+#[inline(always)]
+fn opaque_u64(v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: an empty instruction sequence that only "reads and writes" a general register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags)) };
+    v
+}
+
 /// `p`, through an empty `asm!` the optimiser cannot see into. For shuffle tables: LLVM knows a
 /// static's contents and rewrites a `vpshufb` with a constant mask that broadcasts one i16 into
 /// two shuffles (`vpshuflw`/`vpshufhw` + `vpshufd`), which doubled the shuffle-port work of the
