@@ -191,6 +191,7 @@ unsafe fn prefetch_ahead(p: *const u8, ahead: usize, lines: usize) {
     }
 }
 
+/// [`prefetch_ahead`] into L2 only (`prefetcht1`; L2 takes far more misses in flight than L1).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn prefetch_ahead_l2(p: *const u8, ahead: usize, lines: usize) {
@@ -199,12 +200,15 @@ unsafe fn prefetch_ahead_l2(p: *const u8, ahead: usize, lines: usize) {
     }
 }
 
-/// How far ahead (bytes) the one-row Q4_K/Q6_K kernels prefetch their weights. Measured on
-/// Qwen2.5-1.5B's ffn_down (rows of 8960), one thread, from memory: 4 rows ahead (~20-29 KB)
-/// 0.81 ms (Q6_K) / 0.56 ms (Q4_K); 1 KiB 0.78 / 0.52; 2 KiB 0.67-0.75 / 0.46-0.48; 4 KiB
-/// 0.66-0.77 / 0.46-0.53; 8 KiB 0.77-0.84 / 0.51-0.52 (benches/decode_shapes.rs, busy machine).
+/// How far ahead (bytes) the one-row Q4_K kernel prefetches its weights into L1. Measured on
+/// Qwen2.5-1.5B's ffn_down (rows of 8960), one thread, from memory: 4 rows ahead (~20 KB, the
+/// former distance) 0.56 ms; 1 KiB 0.52; 2 KiB 0.46-0.48; 4 KiB 0.46-0.53; 8 KiB 0.51-0.52; into
+/// L2 at 2/4/8 KiB 0.64/0.54-0.58/0.56-0.58 (benches/decode_shapes.rs, busy machine).
 const ROW_PREFETCH_BYTES: usize = 2048;
 
+/// How far ahead (bytes) the one-row Q6_K kernel prefetches its weights, into L2. Same bench,
+/// Q6_K ffn_down: 4 rows ahead (~29 KB) into L1 0.81 ms; 2 KiB into L1 0.67-0.75; into L2 at
+/// 2/4/8 KiB 0.84-0.89/0.66/0.63-0.65; 8 KiB into L2 plus 1 KiB into L1 0.74-0.75.
 const Q6K_ROW_PREFETCH_BYTES: usize = 8192;
 
 /// Prefetches every cache line that holds one of the `bytes` bytes at `p`, in address order.
