@@ -241,6 +241,9 @@ fn opaque_u64(v: u64) -> u64 {
 /// static's contents and rewrites a `vpshufb` with a constant mask that broadcasts one i16 into
 /// two shuffles (`vpshuflw`/`vpshufhw` + `vpshufd`), which doubled the shuffle-port work of the
 /// Q4_K kernels; with the table's address opaque, each stays one `vpshufb` with a memory operand.
+// The asm reads no memory: the pointer only passes through it, and the tables read through the
+// result are immutable statics, so nothing needs ordering against it.
+#[allow(clippy::pointers_in_nomem_asm_block)]
 #[inline(always)]
 fn opaque<T>(p: *const T) -> *const T {
     let mut p = p;
