@@ -9,7 +9,7 @@ use hearth_core::quant::GgmlType;
 use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with, Isa};
 use std::time::Instant;
 
-/// (label, weight type, row length k, weight rows n, matrices swept per step in the model).
+/// (label, weight type, row length k, weight rows n).
 const SHAPES: [(&str, GgmlType, usize, usize); 6] = [
     ("gemma-270m output", GgmlType::Q8_0, 640, 262144),
     ("qwen-1.5b gate/up", GgmlType::Q4_K, 1536, 8960),
