@@ -39,6 +39,32 @@ static SCALE_SHUFFLE_Q6: [[u8; 16]; 8] = {
     t
 };
 
+/// Q6_K's 6-bit codes (0..63, the stored value + 32) of half `j` (0 or 1) of the super-block at
+/// `xb`, as four 32-byte groups: the low 4 bits from `ql` (bytes 64j..64j+64, low then high
+/// nibbles), the high 2 from `qh` (bytes 128+32j..), ggml's AVX2 unpacking. Shared by every
+/// Q6_K kernel (one-row, multi-row, tiles; 256- and 512-bit), so they unpack alike.
+///
+/// # Safety
+/// AVX2 must be available (the callers are AVX2 kernels this inlines into); `xb` points to a
+/// whole Q6_K super-block (210 bytes).
+#[inline(always)]
+pub(super) unsafe fn q6_k_codes(xb: *const u8, j: usize) -> [__m256i; 4] {
+    let m15 = _mm256_set1_epi8(15);
+    let q4bits1 = load256(xb.add(64 * j));
+    let q4bits2 = load256(xb.add(64 * j + 32));
+    let q4bits_h = load256(xb.add(128 + 32 * j));
+    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(3)), 4);
+    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+    [
+        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
+    ]
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn q8k_d(yb: *const u8) -> f32 {
@@ -50,16 +76,20 @@ pub(super) unsafe fn q8k_d(yb: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
-    const KMASK1: u32 = 0x3f3f3f3f;
-    const KMASK2: u32 = 0x0f0f0f0f;
-    const KMASK3: u32 = 0x03030303;
-    let p = packed as *const u32;
-    let (u0, u1, u2) = (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned());
-    let t3 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let t2 = u1 & KMASK1;
-    let t1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let t0 = u0 & KMASK1;
-    _mm256_cvtepu8_epi16(_mm_set_epi32(t3 as i32, t2 as i32, t1 as i32, t0 as i32))
+    // ggml's t0 = u0 & 0x3f.., t1 = (u2 & 0x0f..) | ((u0 >> 6) & 0x03..) << 4,
+    // t2 = u1 & 0x3f.., t3 = ((u2 >> 4) & 0x0f..) | ((u1 >> 6) & 0x03..) << 4 (u0, u1, u2 the
+    // three packed words), two words per 64-bit general-register operation: [t0 | t2] and
+    // [t1 | t3], then interleaved as [t0, t1, t2, t3] in a vector register. The masks act per
+    // byte, so the 64-bit shifts move no bit across a word's boundary that survives its mask.
+    // In general registers on purpose (the opaque loads keep LLVM from vectorising it): the
+    // vector pipes are the Q4_K kernels' bottleneck, the integer ones are idle.
+    let u01 = opaque_u64((packed as *const u64).read_unaligned());
+    let u2 = opaque_u64((packed.add(8) as *const u32).read_unaligned() as u64);
+    let t02 = u01 & 0x3f3f3f3f_3f3f3f3f;
+    let u22 = (u2 | (u2 >> 4) << 32) & 0x0f0f0f0f_0f0f0f0f;
+    let t13 = u22 | ((u01 >> 6) & 0x03030303_03030303) << 4;
+    let t = _mm_unpacklo_epi32(_mm_cvtsi64_si128(t02 as i64), _mm_cvtsi64_si128(t13 as i64));
+    _mm256_cvtepu8_epi16(t)
 }
 
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.

@@ -3,7 +3,7 @@
 //! end of each super-block. Integer sums are exact, so the i32 lanes equal the AVX2 kernels'
 //! lanes, and the float operations that follow are the same: results are bit-identical.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, mins_dot_bsums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -67,31 +67,19 @@ pub(super) unsafe fn q4_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
 /// As [`q4_k_q8_k_512`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q6_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
-    let m3 = _mm256_set1_epi8(3);
-    let m15 = _mm256_set1_epi8(15);
     let pair = |lo: __m256i, hi: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let xb = x.add(i * 210);
         if R == 1 {
-            prefetch_ahead(xb, 4 * nb * 210, 4);
+            prefetch_ahead_l2(xb, Q6K_ROW_PREFETCH_BYTES, 4);
         }
         let xd = f16_at(xb.add(208));
         let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
         let scales16 = _mm256_cvtepi8_epi16(scales);
         let mut sumi = [_mm512_setzero_si512(); R];
         for j in 0..2 {
-            let q4bits1 = load256(xb.add(64 * j));
-            let q4bits2 = load256(xb.add(64 * j + 32));
-            let q4bits_h = load256(xb.add(128 + 32 * j));
-            let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-            let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-            let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-            let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-            let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-            let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-            let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+            let [q4_0, q4_1, q4_2, q4_3] = q6_k_codes(xb, j);
             let (q01, q23) = (pair(q4_0, q4_1), pair(q4_2, q4_3));
             let is = 4 * j;
             let s01 = pair(q6_scale(scales, is), q6_scale(scales, is + 1));

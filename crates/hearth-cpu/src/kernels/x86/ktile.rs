@@ -5,7 +5,7 @@
 //! integer sums) and float accumulators, updated by the same operations in the same order as the
 //! single-row kernels of multi.rs: each output equals the single-row dot product bit for bit.
 
-use super::kquants::{mins_and_scales, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
 /// How many tiles of W weight rows ahead the tile kernels prefetch their weights.
@@ -129,8 +129,6 @@ pub(super) unsafe fn q6_k_tile_avx2<const W: usize, const R: usize, const PREFET
     x: [*const u8; W],
     y: [*const u8; R],
 ) -> [[f32; R]; W] {
-    let m3 = _mm256_set1_epi8(3);
-    let m15 = _mm256_set1_epi8(15);
     let mut acc = [[_mm256_setzero_ps(); R]; W];
     for i in 0..nb {
         let mut xd = [0f32; W];
@@ -147,17 +145,7 @@ pub(super) unsafe fn q6_k_tile_avx2<const W: usize, const R: usize, const PREFET
         for j in 0..2 {
             for w in 0..W {
                 let xb = x[w].add(i * 210);
-                let q4bits1 = load256(xb.add(64 * j));
-                let q4bits2 = load256(xb.add(64 * j + 32));
-                let q4bits_h = load256(xb.add(128 + 32 * j));
-                let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-                let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-                let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-                let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                let [q4_0, q4_1, q4_2, q4_3] = q6_k_codes(xb, j);
                 let is = 4 * j;
                 let (s0, s1) = (q6_scale(scales[w], is), q6_scale(scales[w], is + 1));
                 let (s2, s3) = (q6_scale(scales[w], is + 2), q6_scale(scales[w], is + 3));

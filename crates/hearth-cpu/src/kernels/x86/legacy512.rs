@@ -42,16 +42,15 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
             yq[r] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(yb.add(2))), load256(yb.add(Q8_0_BYTES + 2)), 1);
             yoff[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off512, yq[r]));
         }
+        if R == 1 {
+            // Decode streams every weight from memory once: prefetch the next tile of W rows
+            // (contiguous, W * nb blocks) in address order, at the rate this one is read.
+            let span = W * 2 * block_bytes;
+            prefetch_span(x[0].wrapping_add(W * nb * block_bytes + (ib / 2) * span), span);
+        }
         for w in 0..W {
             let xb = x[w].add(ib * block_bytes);
             let xb1 = xb.add(block_bytes);
-            if R == 1 {
-                // The same blocks of the next tile's rows (W rows further on): decode streams the
-                // weights from memory once, and this keeps the loads ahead of the page boundaries
-                // where the hardware prefetcher stops. A prefetch never faults.
-                _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(W * nb * block_bytes + 64) as *const i8);
-            }
             let dx = [_mm256_set1_ps(f16_at(xb)), _mm256_set1_ps(f16_at(xb1))];
             let code = if Q8 {
                 let q = _mm512_inserti64x4(_mm512_castsi256_si512(load256(xb.add(2))), load256(xb1.add(2)), 1);
@@ -79,6 +78,9 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
     }
     if ib < nb {
         // The odd last block, with 256-bit registers.
+        if R == 1 {
+            prefetch_span(x[0].wrapping_add(W * nb * block_bytes + ib * W * block_bytes), W * block_bytes);
+        }
         for w in 0..W {
             let xb = x[w].add(ib * block_bytes);
             let dx = f16_at(xb);

@@ -70,6 +70,24 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(converted)
 }
 
+/// The two adjacent unaligned little-endian f16 at `p` as lanes 0 and 1 (lanes 2-3 zero),
+/// converted with F16C: the same conversions as two [`f16_at`] calls, one instruction fewer each.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x2_at(p: *const u8) -> __m128 {
+    let bits = (p as *const u32).read_unaligned();
+    let converted: __m128;
+    // In asm for the reason given in `f16_at`.
+    core::arch::asm!(
+        "vmovd {x}, {bits:e}",
+        "vcvtph2ps {x}, {x}",
+        bits = in(reg) bits,
+        x = out(xmm_reg) converted,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    converted
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load256(p: *const u8) -> __m256i {
@@ -163,13 +181,73 @@ unsafe fn dot_f16(n: usize, x: *const u8, y: *const u8) -> f32 {
 }
 
 /// Decode streams every weight from memory once: prefetch `lines` cache lines at `p` plus
-/// `ahead` bytes (a few rows further on), past the page boundaries where the hardware
-/// prefetcher stops. Measured on the Q8_0 output mat-mul of Gemma-3-270M, 2 threads: 15.9 ->
-/// 11.5 ms. A prefetch never faults, so addresses past the matrix are harmless.
+/// `ahead` bytes, past the page boundaries where the hardware prefetcher stops. A prefetch never
+/// faults, so addresses past the matrix are harmless.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn prefetch_ahead(p: *const u8, ahead: usize, lines: usize) {
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + 64 * l) as *const i8);
     }
+}
+
+/// [`prefetch_ahead`] into L2 only (`prefetcht1`; L2 takes far more misses in flight than L1).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch_ahead_l2(p: *const u8, ahead: usize, lines: usize) {
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * l) as *const i8);
+    }
+}
+
+/// How far ahead (bytes) the one-row Q4_K kernel prefetches its weights into L1. Measured on
+/// Qwen2.5-1.5B's ffn_down (rows of 8960), one thread, from memory: 4 rows ahead (~20 KB, the
+/// former distance) 0.56 ms; 1 KiB 0.52; 2 KiB 0.46-0.48; 4 KiB 0.46-0.53; 8 KiB 0.51-0.52; into
+/// L2 at 2/4/8 KiB 0.64/0.54-0.58/0.56-0.58 (benches/decode_shapes.rs, busy machine).
+const ROW_PREFETCH_BYTES: usize = 2048;
+
+/// How far ahead (bytes) the one-row Q6_K kernel prefetches its weights, into L2. Same bench,
+/// Q6_K ffn_down: 4 rows ahead (~29 KB) into L1 0.81 ms; 2 KiB into L1 0.67-0.75; into L2 at
+/// 2/4/8 KiB 0.84-0.89/0.66/0.63-0.65; 8 KiB into L2 plus 1 KiB into L1 0.74-0.75.
+const Q6K_ROW_PREFETCH_BYTES: usize = 8192;
+
+/// Prefetches every cache line that holds one of the `bytes` bytes at `p`, in address order.
+/// The decode tiles read W rows interleaved, which the hardware prefetcher follows poorly; a sweep
+/// over the next tile's lines in address order, spread over the current tile's blocks, keeps the
+/// stream at memory speed: Gemma-3-270M's Q8_0 output mat-mul (640 x 262144), one thread, from
+/// memory: 19.7 ms with one prefetch per row and block -> 7.7 ms (benches/decode_shapes.rs).
+/// A prefetch never faults, so addresses past the matrix are harmless.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch_span(p: *const u8, bytes: usize) {
+    let end = (p as usize).wrapping_add(bytes);
+    let mut line = (p as usize) & !63;
+    while line < end {
+        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+        line += 64;
+    }
+}
+
+/// `v`, through an empty `asm!` the optimiser cannot see into (so it stays in a general register).
+#[inline(always)]
+fn opaque_u64(v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: an empty instruction sequence that only "reads and writes" a general register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags)) };
+    v
+}
+
+/// `p`, through an empty `asm!` the optimiser cannot see into. For shuffle tables: LLVM knows a
+/// static's contents and rewrites a `vpshufb` with a constant mask that broadcasts one i16 into
+/// two shuffles (`vpshuflw`/`vpshufhw` + `vpshufd`), which doubled the shuffle-port work of the
+/// Q4_K kernels; with the table's address opaque, each stays one `vpshufb` with a memory operand.
+// The asm reads no memory: the pointer only passes through it, and the tables read through the
+// result are immutable statics, so nothing needs ordering against it.
+#[allow(clippy::pointers_in_nomem_asm_block)]
+#[inline(always)]
+fn opaque<T>(p: *const T) -> *const T {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence that only "reads and writes" a general register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags)) };
+    p
 }
