@@ -297,6 +297,11 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         // (`supports_tile` keeps one-row Q6_K to rows of up to 2048 elements.)
         w_done = if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
             kquant_tile::kquant_pass(vnni, ty, n, weights, w_row, activations, act_row, out)
+        } else if vnni && rows >= MULTI_ROWS {
+            // Prefill: each tile of weight rows unpacked once for all the tokens.
+            // SAFETY: the ISA's features are present, `supports_tile` admitted only Q5_0/Q8_0
+            // here, and the buffers hold whole rows (sizes checked above).
+            unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
         } else if rows < MULTI_ROWS || vnni {
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {

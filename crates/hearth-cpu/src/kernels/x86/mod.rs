@@ -7,8 +7,10 @@ mod ktile;
 mod ktile512;
 mod legacy;
 mod legacy512;
+mod legacy_unpacked512;
 mod multi;
 
+pub(super) use legacy_unpacked512::legacy_prefill_pass;
 pub(super) use multi::{supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
 
 use core::arch::x86_64::*;
