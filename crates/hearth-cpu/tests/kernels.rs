@@ -281,8 +281,9 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
     for ty in WEIGHT_TYPES {
         for n in row_lengths(ty).into_iter().take(3) {
             let w_row = ty.row_bytes(n).expect("row bytes");
-            // Odd counts on both sides: full tiles plus remainders.
-            let n_w = 4 * TILE_WEIGHT_ROWS + 1;
+            // Odd counts on both sides: full tiles plus remainders (16 + 9 weight rows: Q5_0/Q8_0
+            // prefill with VNNI unpacks tiles of 16 rows, then the packed tiles take the rest).
+            let n_w = 16 + 4 * TILE_WEIGHT_ROWS + 1;
             let rows = MULTI_ROWS + 3;
             let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
             let act_ty = ty.vec_dot_type();

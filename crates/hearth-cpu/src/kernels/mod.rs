@@ -265,7 +265,8 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// `out[w * rows + r] = vec_dot(ty, n, weight row w, activation row r)` bit for bit, for the
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
 /// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
-/// each weight block once per [`MULTI_ROWS`] activation rows), and so does Q4_K for one activation
+/// each weight block once per [`MULTI_ROWS`] activation rows; with AVX-512 VNNI and [`MULTI_ROWS`]
+/// or more activation rows, once per tile of 16 weight rows for all of them), and so does Q4_K for one activation
 /// row (decode) of up to 2048 elements; Q4_K with 2+ activation rows and Q6_K with 2+ or one of
 /// up to 2048 elements go in tiles of 2 weight rows × up to 8 activation rows (`kquant_tile`);
 /// other types row by row.

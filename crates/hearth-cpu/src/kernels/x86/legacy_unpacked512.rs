@@ -2,8 +2,8 @@
 //!
 //! `legacy_tile_512` unpacks each weight block (Q5_0: nibbles + the 5th bit; Q8_0: the sign flip;
 //! both: the f16 scale) once per R activation rows, so a prefill of T tokens unpacks every weight
-//! row T / R times. Here the W rows of a tile are unpacked once into a small buffer (L1-sized:
-//! W × K bytes of codes plus W × K / 32 scales) that then serves every token of the chunk: per
+//! row T / R times. Here the W rows of a tile are unpacked once into a small buffer (W × K bytes
+//! of codes plus W × K / 32 scales: 14 KiB for 16 rows of 896) that then serves every token of the chunk: per
 //! block pair and weight row the kernel does one 512-bit load and two broadcast loads. The codes,
 //! integer lanes and float operations are those of `legacy_tile_512` (the same unsigned codes,
 //! the same `dpbusd` lanes, the same f16 → f32 scale and `dx * dy` products, the same FMA order),
@@ -116,10 +116,14 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
     out
 }
 
-/// Weight rows per unpacked tile.
-pub(in crate::kernels) const UNPACKED_WEIGHT_ROWS: usize = 4;
-/// Activation rows per kernel call on an unpacked tile.
-pub(in crate::kernels) const UNPACKED_ACT_ROWS: usize = 4;
+/// Weight rows per unpacked tile, and activation rows per kernel call on it. The activation side
+/// (scales, bytes, offset sums) is rebuilt per kernel call and block pair, so wide tiles of weight
+/// rows pay: 16 x 64 tile, K = 896, one thread (examples/tile_min_time.rs), Q5_0 G MAC/s for
+/// W x R = 4x3 48.9, 4x4 49.6, 2x8 41.8, 8x1 52.1, 8x2 51.5, 8x3 52.7, 16x1 58.1, 16x2 61.8,
+/// 16x3 61.1, 16x4 57.9 (16 x 2: 32 accumulators; the packed 4 x 4 tile measured 39.1).
+/// 16 is matmul.rs's CHUNK of weight rows per task: a smaller last chunk goes the packed way.
+pub(in crate::kernels) const UNPACKED_WEIGHT_ROWS: usize = 16;
+pub(in crate::kernels) const UNPACKED_ACT_ROWS: usize = 2;
 
 /// Prefill Q5_0 / Q8_0 (`ty`) mat-mul with VNNI: `out[w * rows + r]` for the whole groups of
 /// [`UNPACKED_WEIGHT_ROWS`] weight rows in `weights` (rows of `w_row` bytes, `nb` blocks) against
