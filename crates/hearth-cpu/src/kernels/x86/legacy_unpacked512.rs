@@ -81,7 +81,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
                 yoff[r][h] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, yq[r][h]));
             }
         }
-        for w in 0..W {
+        for (w, acc_w) in acc.iter_mut().enumerate() {
             let cp = codes.add((w * nb + ib) * 32);
             let code = [load256(cp), load256(cp.add(32))];
             let sp = scales.add(w * nb + ib);
@@ -90,7 +90,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
                 // Block ib, then block ib + 1, as the one-block loop does.
                 for h in 0..2 {
                     let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(yoff[r][h], code[h], yq[r][h]));
-                    acc[w][r] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], dy[r][h]), q, acc[w][r]);
+                    acc_w[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], dy[r][h]), q, acc_w[r]);
                 }
             }
         }
@@ -98,7 +98,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
     }
     if ib < nb {
         // The odd last block, with 256-bit registers.
-        for w in 0..W {
+        for (w, acc_w) in acc.iter_mut().enumerate() {
             let code = load256(codes.add((w * nb + ib) * 32));
             let dx = *scales.add(w * nb + ib);
             for r in 0..R {
@@ -106,7 +106,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
                 let yv = load256(yb.add(2));
                 let yoff = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), yv));
                 let sumi = _mm256_dpbusd_epi32(yoff, code, yv);
-                acc[w][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_at(yb)), _mm256_cvtepi32_ps(sumi), acc[w][r]);
+                acc_w[r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_at(yb)), _mm256_cvtepi32_ps(sumi), acc_w[r]);
             }
         }
     }
