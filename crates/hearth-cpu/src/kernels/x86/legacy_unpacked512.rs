@@ -3,10 +3,11 @@
 //! `legacy_tile_512` unpacks each weight block (Q5_0: nibbles + the 5th bit; Q8_0: the sign flip;
 //! both: the f16 scale) once per R activation rows, so a prefill of T tokens unpacks every weight
 //! row T / R times. Here the W rows of a tile are unpacked once into a small buffer (W × K bytes
-//! of codes plus W × K / 32 scales: 14 KiB for 16 rows of 896) that then serves every token of the chunk: per
-//! block pair and weight row the kernel does one 512-bit load and two broadcast loads. The codes,
+//! of codes plus W × K / 32 scales: 14 KiB for 16 rows of 896) that then serves every token of
+//! the chunk: per block and weight row the kernel does one 256-bit load; the scale products
+//! dx * dy go 8 weight rows per multiply and are broadcast from memory into the FMAs. The codes,
 //! integer lanes and float operations are those of `legacy_tile_512` (the same unsigned codes,
-//! the same `dpbusd` lanes, the same f16 → f32 scale and `dx * dy` products, the same FMA order),
+//! the same `dpbusd` lanes, the same f16 → f32 scales and `dx * dy` products, the same FMA order),
 //! so every output equals the one-row kernel bit for bit.
 
 use super::*;
@@ -14,7 +15,7 @@ use super::*;
 const Q8_0_BYTES: usize = 34;
 
 /// W weight rows of `nb` blocks, unpacked: `codes[w * nb * 32 + 32 * ib ..][..32]` the unsigned
-/// codes of block ib of row w (Q5_0: value + 16; Q8_0: value + 128) and `scales[w * nb + ib]` its
+/// codes of block ib of row w (Q5_0: value + 16; Q8_0: value + 128) and `scales[ib * W + w]` its
 /// scale as f32.
 pub(in crate::kernels) struct UnpackedRows<'a> {
     pub codes: &'a mut [u8],
@@ -35,7 +36,7 @@ pub(in crate::kernels) unsafe fn unpack_legacy_rows<const Q8: bool, const W: usi
     for (w, &row) in x.iter().enumerate() {
         for ib in 0..nb {
             let xb = row.add(ib * block_bytes);
-            *scales.add(w * nb + ib) = f16_at(xb);
+            *scales.add(ib * W + w) = f16_at(xb);
             // The codes of legacy_tile_512's 256-bit odd-block path (the same bytes as its
             // 512-bit path's halves).
             let code = if Q8 {
@@ -64,6 +65,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
     offset: i8,
     y: [*const u8; R],
 ) -> [[f32; R]; W] {
+    const { assert!(W.is_multiple_of(8), "the scale products go 8 weight rows per multiply") };
     let off = _mm256_set1_epi8(offset);
     let mut acc = [[_mm256_setzero_ps(); R]; W];
     let mut ib = 0;
@@ -81,16 +83,27 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
                 yoff[r][h] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, yq[r][h]));
             }
         }
+        // dx * dy for every (block, r, w), 8 weight rows per multiply (the same IEEE products as
+        // one multiply per (w, r), which kept the two FMA pipes busy with scale products), each
+        // then broadcast from memory (a load, no vector-pipe work).
+        let mut prod = [[[0f32; W]; R]; 2];
+        for (h, prod_h) in prod.iter_mut().enumerate() {
+            for (r, prod_hr) in prod_h.iter_mut().enumerate() {
+                for w8 in (0..W).step_by(8) {
+                    let dx = _mm256_loadu_ps(scales.add((ib + h) * W + w8));
+                    _mm256_storeu_ps(prod_hr.as_mut_ptr().add(w8), _mm256_mul_ps(dx, dy[r][h]));
+                }
+            }
+        }
         for (w, acc_w) in acc.iter_mut().enumerate() {
             let cp = codes.add((w * nb + ib) * 32);
             let code = [load256(cp), load256(cp.add(32))];
-            let sp = scales.add(w * nb + ib);
-            let dx = [_mm256_set1_ps(*sp), _mm256_set1_ps(*sp.add(1))];
             for r in 0..R {
                 // Block ib, then block ib + 1, as the one-block loop does.
                 for h in 0..2 {
                     let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(yoff[r][h], code[h], yq[r][h]));
-                    acc_w[r] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], dy[r][h]), q, acc_w[r]);
+                    let d = _mm256_broadcast_ss(&prod[h][r][w]);
+                    acc_w[r] = _mm256_fmadd_ps(d, q, acc_w[r]);
                 }
             }
         }
@@ -100,7 +113,7 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
         // The odd last block, with 256-bit registers.
         for (w, acc_w) in acc.iter_mut().enumerate() {
             let code = load256(codes.add((w * nb + ib) * 32));
-            let dx = *scales.add(w * nb + ib);
+            let dx = *scales.add(ib * W + w);
             for r in 0..R {
                 let yb = y[r].add(ib * Q8_0_BYTES);
                 let yv = load256(yb.add(2));
