@@ -292,8 +292,9 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
             for a in acts.chunks_exact_mut(act_row) {
                 quantize_activation(act_ty, &random_activation(n, &mut rng), a);
             }
-            // All rows (token tiles), and a single row (decode, wider weight tiles).
-            for (isa, rows) in available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, 1)]) {
+            // All rows (token tiles, with remainders of 3, 2 and 1 rows), and a single row
+            // (decode, wider weight tiles).
+            for (isa, rows) in available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, rows - 1), (isa, rows - 2), (isa, 1)]) {
                 let acts = &acts[..rows * act_row];
                 let mut out = vec![0f32; n_w * rows];
                 vec_dot_tile_with(isa, ty, n, &weights, acts, &mut out);

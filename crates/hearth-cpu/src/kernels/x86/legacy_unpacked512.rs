@@ -137,10 +137,12 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
 /// rows pay: 16 x 64 tile, K = 896, one thread (examples/tile_min_time.rs), Q5_0 G MAC/s for
 /// W x R = 4x3 48.9, 4x4 49.6, 2x8 41.8, 8x1 52.1, 8x2 51.5, 8x3 52.7, 16x1 58.1, 16x2 61.8,
 /// 16x3 61.1, 16x4 57.9 with 512-bit dpbusd (16 x 2: 32 accumulators; the packed 4 x 4 tile
-/// measured 39.1); with the 256-bit halves 16x1 65.0 (Q8_0 57.1), 16x2 64.5, 16x3 63.6, 8x4 63.5.
+/// measured 39.1); with the 256-bit halves 16x1 65.0 (Q8_0 57.1), 16x2 64.5, 16x3 63.6, 8x4 63.5;
+/// with the scale products 8 rows per multiply 16x1 59.5, 16x2 72.0, 16x3 77.1, 16x4 78.5,
+/// 16x6 76.4, 16x8 76.1, 8x4 73.1, 8x8 75.7.
 /// 16 is matmul.rs's CHUNK of weight rows per task: a smaller last chunk goes the packed way.
 pub(in crate::kernels) const UNPACKED_WEIGHT_ROWS: usize = 16;
-pub(in crate::kernels) const UNPACKED_ACT_ROWS: usize = 2;
+pub(in crate::kernels) const UNPACKED_ACT_ROWS: usize = 4;
 
 /// Prefill Q5_0 / Q8_0 (`ty`) mat-mul with VNNI: `out[w * rows + r]` for the whole groups of
 /// [`UNPACKED_WEIGHT_ROWS`] weight rows in `weights` (rows of `w_row` bytes, `nb` blocks) against
@@ -180,22 +182,44 @@ pub(in crate::kernels) unsafe fn legacy_prefill_pass(
         let (cp, sp) = (codes.as_ptr(), scales.as_ptr());
         let mut r = 0;
         while r < rows {
-            if r + R <= rows {
-                let ap: [*const u8; R] = std::array::from_fn(|i| abase.add((r + i) * act_row));
-                let dots = unpacked_tile_512::<W, R>(nb, cp, sp, offset, ap);
-                for (i, d) in dots.iter().enumerate() {
-                    out[(w_done + i) * rows + r..][..R].copy_from_slice(d);
-                }
-                r += R;
-            } else {
-                let dots = unpacked_tile_512::<W, 1>(nb, cp, sp, offset, [abase.add(r * act_row)]);
-                for (i, d) in dots.iter().enumerate() {
-                    out[(w_done + i) * rows + r] = d[0];
-                }
-                r += 1;
-            }
+            // Tiles of R tokens, then the last 1-3 in one call.
+            let done = match (rows - r).min(R) {
+                R => tile_into::<W, R>(nb, cp, sp, offset, abase, act_row, r, rows, w_done, out),
+                3 => tile_into::<W, 3>(nb, cp, sp, offset, abase, act_row, r, rows, w_done, out),
+                2 => tile_into::<W, 2>(nb, cp, sp, offset, abase, act_row, r, rows, w_done, out),
+                _ => tile_into::<W, 1>(nb, cp, sp, offset, abase, act_row, r, rows, w_done, out),
+            };
+            r += done;
         }
         w_done += W;
     }
     w_done
+}
+
+/// One [`unpacked_tile_512`] call for activation rows `r..r + R` (of `rows`, `act_row` bytes each
+/// at `abase`) against the unpacked weight rows `w_done..w_done + W`, written into `out`
+/// ([weight row, activation row]); returns R.
+///
+/// # Safety
+/// As [`unpacked_tile_512`]; rows `r..r + R` exist and `out` holds `(w_done + W) * rows` floats.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_into<const W: usize, const R: usize>(
+    nb: usize,
+    codes: *const u8,
+    scales: *const f32,
+    offset: i8,
+    abase: *const u8,
+    act_row: usize,
+    r: usize,
+    rows: usize,
+    w_done: usize,
+    out: &mut [f32],
+) -> usize {
+    let ap: [*const u8; R] = std::array::from_fn(|i| abase.add((r + i) * act_row));
+    let dots = unpacked_tile_512::<W, R>(nb, codes, scales, offset, ap);
+    for (i, d) in dots.iter().enumerate() {
+        out[(w_done + i) * rows + r..][..R].copy_from_slice(d);
+    }
+    R
 }
