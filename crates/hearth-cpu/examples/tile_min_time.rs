@@ -3,7 +3,7 @@
 //! `cargo run --release -p hearth-cpu --example tile_min_time`
 
 use hearth_core::quant::GgmlType;
-use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with};
+use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with, Isa};
 use std::time::Instant;
 
 fn main() {
@@ -40,7 +40,9 @@ fn main() {
             let gbs = (rows * row) as f64 / best / 1e9;
             println!("{ty} cold tile 16 x  1: {gbs:.2} GB/s of weights (best of 5)");
         }
-        for tokens in [1usize, 64] {
+        // The detected ISA's tiles, and the AVX2 ones where that is not AVX2 already.
+        let isas = if detected_isa() == Isa::Avx512Vnni { vec![detected_isa(), Isa::Avx2] } else { vec![detected_isa()] };
+        for (isa, tokens) in isas.into_iter().flat_map(|isa| [(isa, 1usize), (isa, 64)]) {
             let acts: Vec<u8> = a.iter().cycle().take(a.len() * tokens).copied().collect();
             let mut out = vec![0f32; 16 * tokens];
             let inner = 256 / tokens;
@@ -49,13 +51,13 @@ fn main() {
                 let start = Instant::now();
                 for _ in 0..inner {
                     for ws in w.chunks_exact(row * 16) {
-                        vec_dot_tile_with(detected_isa(), ty, k, ws, &acts, &mut out);
+                        vec_dot_tile_with(isa, ty, k, ws, &acts, &mut out);
                     }
                 }
                 best = best.min(start.elapsed().as_secs_f64());
             }
             let gmac = (rows * k * inner * tokens) as f64 / best / 1e9;
-            println!("{ty} tile 16 x {tokens:>2}: {gmac:.2} G MAC/s (best of 300)");
+            println!("{ty} {isa:?} tile 16 x {tokens:>2}: {gmac:.2} G MAC/s (best of 300)");
         }
     }
 }
