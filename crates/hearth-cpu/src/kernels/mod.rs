@@ -303,6 +303,9 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
             // SAFETY: the ISA's features are present, `supports_tile` admitted only Q5_0/Q8_0
             // here, and the buffers hold whole rows (sizes checked above).
             unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
+        } else if rows >= MULTI_ROWS {
+            // SAFETY: as above, with AVX2/FMA/F16C present.
+            unsafe { x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
         } else if rows < MULTI_ROWS || vnni {
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {

@@ -8,9 +8,11 @@ mod ktile512;
 mod legacy;
 mod legacy512;
 mod legacy_unpacked512;
+mod legacy_unpacked_avx2;
 mod multi;
 
 pub(super) use legacy_unpacked512::legacy_prefill_pass;
+pub(super) use legacy_unpacked_avx2::legacy_prefill_pass_avx2;
 pub(super) use multi::{supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
 
 use core::arch::x86_64::*;
