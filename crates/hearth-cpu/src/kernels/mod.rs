@@ -264,9 +264,10 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 
 /// `out[w * rows + r] = vec_dot(ty, n, weight row w, activation row r)` bit for bit, for the
 /// weight rows packed in `weights` and the `rows` activation rows packed in `activations`.
-/// Q5_0 and Q8_0 load each activation block once per [`TILE_WEIGHT_ROWS`] weight rows (and unpack
-/// each weight block once per [`MULTI_ROWS`] activation rows; with AVX-512 VNNI and [`MULTI_ROWS`]
-/// or more activation rows, once per tile of 16 weight rows for all of them), and so does Q4_K for one activation
+/// Q5_0 and Q8_0 with [`MULTI_ROWS`] or more activation rows (prefill) unpack each tile of weight
+/// rows (16 with AVX-512 VNNI, 8 with AVX2) once for all the activation rows; with fewer (decode)
+/// they load each activation block once per 2 × [`TILE_WEIGHT_ROWS`] weight rows and unpack each
+/// weight block once per [`MULTI_ROWS`] activation rows, and so does Q4_K for one activation
 /// row (decode) of up to 2048 elements; Q4_K with 2+ activation rows and Q6_K with 2+ or one of
 /// up to 2048 elements go in tiles of 2 weight rows × up to 8 activation rows (`kquant_tile`);
 /// other types row by row.
@@ -293,8 +294,6 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows, n) {
         let vnni = isa == Isa::Avx512Vnni;
-        // Decode (fewer rows than a token tile) shares each activation block over more weight
-        // rows; so does prefill with VNNI (32 vector registers hold the 4 x 4 accumulators).
         // (`supports_tile` keeps one-row Q6_K to rows of up to 2048 elements.)
         w_done = if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
             kquant_tile::kquant_pass(vnni, ty, n, weights, w_row, activations, act_row, out)
@@ -306,10 +305,9 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         } else if rows >= MULTI_ROWS {
             // SAFETY: as above, with AVX2/FMA/F16C present.
             unsafe { x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
-        } else if rows < MULTI_ROWS || vnni {
-            tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else {
-            tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, weights, w_row, activations, act_row, out)
+            // Decode (fewer rows than a token tile): each activation block shared by 4 weight rows.
+            tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)
         };
     }
     #[cfg(target_arch = "x86_64")]
