@@ -301,10 +301,16 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
             // Prefill: each tile of weight rows unpacked once for all the tokens.
             // SAFETY: the ISA's features are present, `supports_tile` admitted only Q5_0/Q8_0
             // here, and the buffers hold whole rows (sizes checked above).
-            unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
+            let done = unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
+            // The last weight rows short of an unpacked tile (a mat-mul whose row count is not a
+            // multiple of 16) in packed tiles.
+            let (rest_w, rest_out) = (&weights[done * w_row..], &mut out[done * rows..]);
+            done + tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, rest_w, w_row, activations, act_row, rest_out)
         } else if rows >= MULTI_ROWS {
             // SAFETY: as above, with AVX2/FMA/F16C present.
-            unsafe { x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) }
+            let done = unsafe { x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
+            let (rest_w, rest_out) = (&weights[done * w_row..], &mut out[done * rows..]);
+            done + tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, rest_w, w_row, activations, act_row, rest_out)
         } else {
             // Decode (fewer rows than a token tile): each activation block shared by 4 weight rows.
             tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, weights, w_row, activations, act_row, out)

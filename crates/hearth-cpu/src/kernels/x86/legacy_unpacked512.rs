@@ -140,7 +140,8 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
 /// measured 39.1); with the 256-bit halves 16x1 65.0 (Q8_0 57.1), 16x2 64.5, 16x3 63.6, 8x4 63.5;
 /// with the scale products 8 rows per multiply 16x1 59.5, 16x2 72.0, 16x3 77.1, 16x4 78.5,
 /// 16x6 76.4, 16x8 76.1, 8x4 73.1, 8x8 75.7.
-/// 16 is matmul.rs's CHUNK of weight rows per task: a smaller last chunk goes the packed way.
+/// 16 is matmul.rs's CHUNK of weight rows per task: a smaller last chunk goes the packed way
+/// (`tile_pass` in kernels/mod.rs).
 pub(in crate::kernels) const UNPACKED_WEIGHT_ROWS: usize = 16;
 pub(in crate::kernels) const UNPACKED_ACT_ROWS: usize = 4;
 
