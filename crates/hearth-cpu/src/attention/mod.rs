@@ -233,7 +233,9 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
                     continue;
                 }
                 // Missing rows repeat the first (their scores are dropped).
-                let queries: [&[f32]; QUERY_ROWS] = std::array::from_fn(|r| query_of(g + if r < rows { r } else { 0 }));
+                // (Not `array::from_fn`: it is not inlined into the FMA copy.)
+                let pick = |r: usize| query_of(g + if r < rows { r } else { 0 });
+                let queries: [&[f32]; QUERY_ROWS] = [pick(0), pick(1), pick(2), pick(3)];
                 let tile_scores = score_tile(queries, &s.keys_t, width);
                 for (r, row_scores) in tile_scores.iter().enumerate().take(rows) {
                     let (i, t) = (g + r, t_of(r));
@@ -338,25 +340,34 @@ fn score_tile(queries: [&[f32]; QUERY_ROWS], keys_t: &[f32], width: usize) -> [[
 }
 
 /// acc: [width] += Σ_j weights[j] * values[j] (values: [weights.len(), width]), one FMA chain
-/// per column over j in order, 32 columns (4 AVX2 registers) at a time.
+/// per column over j in order: 64 columns at a time (8 AVX2 registers, enough independent
+/// chains to hide the FMA latency), then 32, then one; the chains are the same either way.
 #[inline(always)]
 fn accumulate_values(acc: &mut [f32], weights: &[f32], values: &[f32]) {
     let width = acc.len();
-    const COLS: usize = 32;
-    let full = width / COLS * COLS;
-    for c0 in (0..full).step_by(COLS) {
-        let mut sum = [0f32; COLS];
-        sum.copy_from_slice(&acc[c0..c0 + COLS]);
-        for (&w, row) in weights.iter().zip(values.chunks_exact(width)) {
-            for (a, &v) in sum.iter_mut().zip(&row[c0..c0 + COLS]) {
-                *a = madd(w, v, *a);
-            }
-        }
-        acc[c0..c0 + COLS].copy_from_slice(&sum);
-    }
-    for (c, a) in acc.iter_mut().enumerate().skip(full) {
+    let wide = width / 64 * 64;
+    accumulate_columns::<64>(acc, weights, values, 0, wide);
+    let narrow = wide + (width - wide) / 32 * 32;
+    accumulate_columns::<32>(acc, weights, values, wide, narrow);
+    for (c, a) in acc.iter_mut().enumerate().skip(narrow) {
         for (&w, row) in weights.iter().zip(values.chunks_exact(width)) {
             *a = madd(w, row[c], *a);
         }
+    }
+}
+
+/// Columns c0..c1 (a multiple of COLS) of `accumulate_values`, COLS at a time in registers.
+#[inline(always)]
+fn accumulate_columns<const COLS: usize>(acc: &mut [f32], weights: &[f32], values: &[f32], c0: usize, c1: usize) {
+    let width = acc.len();
+    for c in (c0..c1).step_by(COLS) {
+        let mut sum = [0f32; COLS];
+        sum.copy_from_slice(&acc[c..c + COLS]);
+        for (&w, row) in weights.iter().zip(values.chunks_exact(width)) {
+            for (a, &v) in sum.iter_mut().zip(&row[c..c + COLS]) {
+                *a = madd(w, v, *a);
+            }
+        }
+        acc[c..c + COLS].copy_from_slice(&sum);
     }
 }
