@@ -310,15 +310,64 @@ fn madd(a: f32, b: f32, c: f32) -> f32 {
     return a * b + c;
 }
 
-/// rows: [n <= KEYS, width] keys into keys_t: [width, KEYS], zero past row n.
+/// rows: [n <= KEYS, width] keys into keys_t: [width, KEYS], zero past row n. 8x8 blocks go
+/// through AVX shuffles when the CPU has AVX2 (element by element, the transpose cost a decode
+/// step with few queries per task, e.g. Gemma's 256-wide heads, more than its scores).
 #[inline(always)]
 fn transpose_keys(rows: &[f32], width: usize, keys_t: &mut Vec<f32>) {
     keys_t.clear();
     keys_t.resize(width * KEYS, 0.0);
-    for (j, row) in rows.chunks_exact(width).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
+    let n = (rows.len() / width).min(KEYS);
+    #[allow(unused_mut)]
+    let (mut simd_rows, mut simd_cols) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::fma::available() {
+        (simd_rows, simd_cols) = (n / 8 * 8, width / 8 * 8);
+        for j0 in (0..simd_rows).step_by(8) {
+            for d0 in (0..simd_cols).step_by(8) {
+                // SAFETY: AVX is present (checked above); rows j0..j0 + 8 < n and columns
+                // d0..d0 + 8 <= width are inside `rows`, and keys_t[(d0 + i) * KEYS + j0..][..8]
+                // inside keys_t (j0 + 8 <= n <= KEYS, d0 + i < width).
+                unsafe { transpose_8x8(rows.as_ptr().add(j0 * width + d0), width, keys_t.as_mut_ptr().add(d0 * KEYS + j0)) };
+            }
+        }
+    }
+    for (j, row) in rows.chunks_exact(width).take(n).enumerate() {
+        let first_col = if j < simd_rows { simd_cols } else { 0 };
+        for (d, &x) in row.iter().enumerate().skip(first_col) {
             keys_t[d * KEYS + j] = x;
         }
+    }
+}
+
+/// dst[i * KEYS + r] = src[r * src_stride + i] for r, i < 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_8x8(src: *const f32, src_stride: usize, dst: *mut f32) {
+    use std::arch::x86_64::*;
+    let r = |i: usize| _mm256_loadu_ps(src.add(i * src_stride));
+    let (r0, r1, r2, r3, r4, r5, r6, r7) = (r(0), r(1), r(2), r(3), r(4), r(5), r(6), r(7));
+    // Pairs of rows interleaved, then 4-row column pieces per 128-bit half, then halves joined.
+    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+    let (s0, s1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+    let (s2, s3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+    let (s4, s5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+    let (s6, s7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+    let columns = [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ];
+    for (i, column) in columns.into_iter().enumerate() {
+        _mm256_storeu_ps(dst.add(i * KEYS), column);
     }
 }
 
