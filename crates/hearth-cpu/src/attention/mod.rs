@@ -24,15 +24,14 @@
 //! see tests/.)
 
 mod rows;
-mod softmax;
 #[cfg(test)]
 mod tests;
 
+use crate::fma::with_fma;
 use crate::CpuError;
 use hearth_core::graph::AttentionParams;
 use hearth_core::kv::{hadamard32, KvType};
 use rows::{decode_tile, HeadCols};
-use softmax::exp_and_sum;
 use std::cell::RefCell;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -84,7 +83,7 @@ pub fn attention(q: &[f32], kv: PagedKv<'_>, p: &AttentionParams, pos0: usize, n
     }
     let tasks = split_tasks(p, n_tokens);
     let head = HeadContext { q, kv, p, pos0 };
-    let task = |t: &Task| attend_task_dispatch(&head, *t);
+    let task = |t: &Task| with_fma!(attend_task(&head, *t));
     // [task tokens, task heads, head_dim] per task.
     #[cfg(not(target_arch = "wasm32"))]
     let results: Vec<Vec<f32>> = tasks.par_iter().map(task).collect();
@@ -141,8 +140,6 @@ struct Scratch {
     /// [positions of one block, decoded columns] K or V rows of the task's KV head, as stored
     /// (rotated, for the quantized types).
     tile: Vec<f32>,
-    /// [decoded columns, KEYS] up to KEYS rows of `tile`, transposed.
-    keys_t: Vec<f32>,
     /// [task tokens, task heads, decoded columns] the queries placed at their head's columns of
     /// the decoded blocks and rotated like the stored rows (quantized types only).
     rotated_queries: Vec<f32>,
@@ -155,22 +152,6 @@ thread_local! {
 /// The blocks of positions `lo..=hi`: (first, last) position of each, in order.
 fn blocks(lo: usize, hi: usize, block_size: usize) -> impl Iterator<Item = (usize, usize)> {
     (lo / block_size..=hi / block_size).map(move |b| ((b * block_size).max(lo), (b * block_size + block_size - 1).min(hi)))
-}
-
-/// `attend_task` through a copy compiled with AVX2 and FMA when the CPU has them. (Not
-/// `with_fma!`: its closure, which holds the body, stops being inlined into the FMA copy once the
-/// body grows, and then every `mul_add` is a libm call.)
-fn attend_task_dispatch(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fma::available() {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fused(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
-            attend_task(c, task)
-        }
-        // SAFETY: AVX2 and FMA are present (checked above).
-        return unsafe { fused(c, task) };
-    }
-    attend_task(c, task)
 }
 
 /// One task; returns [task tokens, task heads, head_dim].
@@ -215,63 +196,50 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         }
     }
 
-    // Scores, block by block of K, each block transposed once into [width, KEYS] micro-tiles
-    // so that a score is one FMA chain over the columns in order (see `score_tile`).
+    // Scores, block by block of K. (Locals, so that the loop does not reload them after every
+    // store of a score.)
     let (scale, softcap) = (p.scale, p.softcap);
-    let query_of = |i: usize| -> &[f32] { if rotated { &s.rotated_queries[i * width..(i + 1) * width] } else { query(i) } };
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, false, cols, first, last, &mut s.tile);
-        for key0 in (first..=last).step_by(KEYS) {
-            let key1 = (key0 + KEYS - 1).min(last);
-            transpose_keys(&s.tile[(key0 - first) * width..(key1 + 1 - first) * width], width, &mut s.keys_t);
-            for g in (0..n_queries).step_by(QUERY_ROWS) {
-                let rows = QUERY_ROWS.min(n_queries - g);
-                let t_of = |r: usize| task.t0 + (g + r) / task.n_heads;
-                // Rows sorted by token: the group sees some key of this tile iff its last token
-                // reaches key0 and its first token's window reaches key1.
-                if pos_of(t_of(rows - 1)) < key0 || lo_of(t_of(0)) > key1 {
-                    continue;
-                }
-                // Missing rows repeat the first (their scores are dropped).
-                // (Not `array::from_fn`: it is not inlined into the FMA copy.)
-                let pick = |r: usize| query_of(g + if r < rows { r } else { 0 });
-                let queries: [&[f32]; QUERY_ROWS] = [pick(0), pick(1), pick(2), pick(3)];
-                let tile_scores = score_tile(queries, &s.keys_t, width);
-                for (r, row_scores) in tile_scores.iter().enumerate().take(rows) {
-                    let (i, t) = (g + r, t_of(r));
-                    let (lo, hi) = (lo_of(t).max(key0), pos_of(t).min(key1));
-                    let mut max = s.max[i];
-                    for j in lo..=hi {
-                        let score = row_scores[j - key0] * scale;
-                        let score = match softcap {
-                            Some(cap) => cap * (score / cap).tanh(),
-                            None => score,
-                        };
-                        max = max.max(score);
-                        s.scores[i * span + j - span_lo] = score;
-                    }
-                    s.max[i] = max;
-                }
+        for i in 0..n_queries {
+            let t = task.t0 + i / task.n_heads;
+            let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
+            // Both [width]: the unrotated types decode exactly the head's columns.
+            let q = if rotated { &s.rotated_queries[i * width..(i + 1) * width] } else { query(i) };
+            let mut max = s.max[i];
+            for j in lo..=hi {
+                let k = &s.tile[(j - first) * width..(j - first + 1) * width];
+                let score = dot(q, k) * scale;
+                let score = match softcap {
+                    Some(cap) => cap * (score / cap).tanh(),
+                    None => score,
+                };
+                max = max.max(score);
+                s.scores[i * span + j - span_lo] = score;
             }
+            s.max[i] = max;
         }
     }
     // Softmax weights, each query over its positions in order.
     for i in 0..n_queries {
         let t = task.t0 + i / task.n_heads;
-        s.sum[i] = exp_and_sum(&mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo], s.max[i]);
+        let (max, mut sum) = (s.max[i], 0f32);
+        for w in &mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo] {
+            *w = (*w - max).exp();
+            sum += *w;
+        }
+        s.sum[i] = sum;
     }
-    // Weighted sum of V, block by block: per query and column, one FMA chain over the
-    // positions in order.
+    // Weighted sum of V, block by block.
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, true, cols, first, last, &mut s.tile);
         for (i, acc) in acc.chunks_exact_mut(width).enumerate() {
             let t = task.t0 + i / task.n_heads;
-            let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
-            if lo > hi {
-                continue;
+            for j in lo_of(t).max(first)..=pos_of(t).min(last) {
+                let w = s.scores[i * span + j - span_lo];
+                let v = &s.tile[(j - first) * width..(j - first + 1) * width];
+                acc.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
             }
-            let weights = &s.scores[i * span + lo - span_lo..=i * span + hi - span_lo];
-            accumulate_values(acc, weights, &s.tile[(lo - first) * width..(hi + 1 - first) * width]);
         }
     }
     for (acc, &sum) in acc.chunks_exact_mut(width).zip(&s.sum) {
@@ -293,130 +261,25 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     out
 }
 
-/// Keys per score micro-tile, and queries scored against it at once: QUERY_ROWS x KEYS
-/// accumulators (8 AVX2 registers) over the columns.
-const KEYS: usize = 16;
-const QUERY_ROWS: usize = 4;
-
-/// a * b + c, fused (one rounding) where the target has FMA in its baseline or the caller's
-/// `with_fma!` copy runs (x86_64 without FMA: libm's correctly rounded `fmaf`, same bits, slow);
-/// unfused elsewhere (wasm has no FMA, and a software one per multiply would cost more than the
-/// whole kernel). Either way every query's chains are the same, whatever the batch.
 #[inline(always)]
-fn madd(a: f32, b: f32, c: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    return a.mul_add(b, c);
-    #[cfg(not(target_arch = "x86_64"))]
-    return a * b + c;
-}
-
-/// rows: [n <= KEYS, width] keys into keys_t: [width, KEYS], zero past row n. 8x8 blocks go
-/// through AVX shuffles when the CPU has AVX2 (element by element, the transpose cost a decode
-/// step with few queries per task, e.g. Gemma's 256-wide heads, more than its scores).
-#[inline(always)]
-fn transpose_keys(rows: &[f32], width: usize, keys_t: &mut Vec<f32>) {
-    keys_t.clear();
-    keys_t.resize(width * KEYS, 0.0);
-    let n = (rows.len() / width).min(KEYS);
-    #[allow(unused_mut)]
-    let (mut simd_rows, mut simd_cols) = (0, 0);
-    #[cfg(target_arch = "x86_64")]
-    if crate::fma::available() {
-        (simd_rows, simd_cols) = (n / 8 * 8, width / 8 * 8);
-        for j0 in (0..simd_rows).step_by(8) {
-            for d0 in (0..simd_cols).step_by(8) {
-                // SAFETY: AVX is present (checked above); rows j0..j0 + 8 < n and columns
-                // d0..d0 + 8 <= width are inside `rows`, and keys_t[(d0 + i) * KEYS + j0..][..8]
-                // inside keys_t (j0 + 8 <= n <= KEYS, d0 + i < width).
-                unsafe { transpose_8x8(rows.as_ptr().add(j0 * width + d0), width, keys_t.as_mut_ptr().add(d0 * KEYS + j0)) };
-            }
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators let the compiler vectorise without reassociation flags; the
+    // order is fixed, so every build and batch gives the same result.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
         }
     }
-    for (j, row) in rows.chunks_exact(width).take(n).enumerate() {
-        let first_col = if j < simd_rows { simd_cols } else { 0 };
-        for (d, &x) in row.iter().enumerate().skip(first_col) {
-            keys_t[d * KEYS + j] = x;
-        }
+    // Identity, as a barrier: without it LLVM shapes the loop after the pairwise sum below and
+    // keeps the accumulators in four 2-lane halves of xmm registers with two shuffles per
+    // multiply; behind it the loop is one multiply and one add per 8 lanes of a ymm register
+    // (same operations in the same order: same bits).
+    let acc = std::hint::black_box(acc);
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in chunks * 8..a.len().min(b.len()) {
+        s += a[i] * b[i];
     }
-}
-
-/// dst[i * KEYS + r] = src[r * src_stride + i] for r, i < 8.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn transpose_8x8(src: *const f32, src_stride: usize, dst: *mut f32) {
-    use std::arch::x86_64::*;
-    let r = |i: usize| _mm256_loadu_ps(src.add(i * src_stride));
-    let (r0, r1, r2, r3, r4, r5, r6, r7) = (r(0), r(1), r(2), r(3), r(4), r(5), r(6), r(7));
-    // Pairs of rows interleaved, then 4-row column pieces per 128-bit half, then halves joined.
-    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-    let (s0, s1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
-    let (s2, s3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
-    let (s4, s5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
-    let (s6, s7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
-    let columns = [
-        _mm256_permute2f128_ps::<0x20>(s0, s4),
-        _mm256_permute2f128_ps::<0x20>(s1, s5),
-        _mm256_permute2f128_ps::<0x20>(s2, s6),
-        _mm256_permute2f128_ps::<0x20>(s3, s7),
-        _mm256_permute2f128_ps::<0x31>(s0, s4),
-        _mm256_permute2f128_ps::<0x31>(s1, s5),
-        _mm256_permute2f128_ps::<0x31>(s2, s6),
-        _mm256_permute2f128_ps::<0x31>(s3, s7),
-    ];
-    for (i, column) in columns.into_iter().enumerate() {
-        _mm256_storeu_ps(dst.add(i * KEYS), column);
-    }
-}
-
-/// Dot products of QUERY_ROWS queries ([width] each) with the KEYS keys of keys_t: [width, KEYS]:
-/// each one FMA chain over the columns in order, so a score depends on its query and key only.
-#[inline(always)]
-fn score_tile(queries: [&[f32]; QUERY_ROWS], keys_t: &[f32], width: usize) -> [[f32; KEYS]; QUERY_ROWS] {
-    let mut acc = [[0f32; KEYS]; QUERY_ROWS];
-    let queries = queries.map(|q| &q[..width]);
-    for (d, keys) in keys_t[..width * KEYS].chunks_exact(KEYS).enumerate() {
-        for (acc, q) in acc.iter_mut().zip(&queries) {
-            let q = q[d];
-            for (a, &k) in acc.iter_mut().zip(keys) {
-                *a = madd(q, k, *a);
-            }
-        }
-    }
-    acc
-}
-
-/// acc: [width] += Σ_j weights[j] * values[j] (values: [weights.len(), width]), one FMA chain
-/// per column over j in order: 64 columns at a time (8 AVX2 registers, enough independent
-/// chains to hide the FMA latency), then 32, then one; the chains are the same either way.
-#[inline(always)]
-fn accumulate_values(acc: &mut [f32], weights: &[f32], values: &[f32]) {
-    let width = acc.len();
-    let wide = width / 64 * 64;
-    accumulate_columns::<64>(acc, weights, values, 0, wide);
-    let narrow = wide + (width - wide) / 32 * 32;
-    accumulate_columns::<32>(acc, weights, values, wide, narrow);
-    for (c, a) in acc.iter_mut().enumerate().skip(narrow) {
-        for (&w, row) in weights.iter().zip(values.chunks_exact(width)) {
-            *a = madd(w, row[c], *a);
-        }
-    }
-}
-
-/// Columns c0..c1 (a multiple of COLS) of `accumulate_values`, COLS at a time in registers.
-#[inline(always)]
-fn accumulate_columns<const COLS: usize>(acc: &mut [f32], weights: &[f32], values: &[f32], c0: usize, c1: usize) {
-    let width = acc.len();
-    for c in (c0..c1).step_by(COLS) {
-        let mut sum = [0f32; COLS];
-        sum.copy_from_slice(&acc[c..c + COLS]);
-        for (&w, row) in weights.iter().zip(values.chunks_exact(width)) {
-            for (a, &v) in sum.iter_mut().zip(&row[c..c + COLS]) {
-                *a = madd(w, v, *a);
-            }
-        }
-        acc[c..c + COLS].copy_from_slice(&sum);
-    }
+    s
 }
