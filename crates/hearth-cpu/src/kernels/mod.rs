@@ -294,8 +294,21 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows, n) {
         let vnni = isa == Isa::Avx512Vnni;
-        // (`supports_tile` keeps one-row Q6_K to rows of up to 2048 elements.)
-        w_done = if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
+        // (`supports_tile` keeps one-row Q4_K and Q6_K to rows of up to 2048 elements.)
+        w_done = if rows == 1 && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            // Decode: Q4_K in tiles of 4 weight rows, Q6_K in prefetching tiles of 2 (the
+            // sizes `kquant_tile` and `tile_pass` measured best); any last rows one by one below.
+            // SAFETY: the ISA's features are present; whole rows (sizes checked above); `out`
+            // holds one output per weight row.
+            let (x0, y, o) = (weights.as_ptr(), activations.as_ptr(), out.as_mut_ptr());
+            unsafe {
+                if ty == GgmlType::Q4_K {
+                    x86::decode_tiles::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, x0, w_row, n_w, y, o)
+                } else {
+                    x86::decode_tiles::<TILE_WEIGHT_ROWS>(vnni, ty, n, x0, w_row, n_w, y, o)
+                }
+            }
+        } else if ty == GgmlType::Q6_K || (ty == GgmlType::Q4_K && rows >= 2) {
             kquant_tile::kquant_pass(vnni, ty, n, weights, w_row, activations, act_row, out)
         } else if vnni && rows >= MULTI_ROWS {
             // Prefill: each tile of weight rows unpacked once for all the tokens.

@@ -100,5 +100,10 @@ pub(super) unsafe fn q6_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
         }
     }
-    acc.map(|a| hsum_float_8(a))
+    // A loop, not a `map` closure, so that `hsum_float_8` inlines (see ktile512.rs).
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_float_8(acc[r]);
+    }
+    out
 }

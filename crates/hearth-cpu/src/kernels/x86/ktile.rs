@@ -173,5 +173,13 @@ pub(super) unsafe fn q6_k_tile_avx2<const W: usize, const R: usize, const PREFET
             }
         }
     }
-    acc.map(|a| a.map(|a| hsum_float_8(a)))
+    // Loops, not `map` closures: a closure does not inherit this function's target features,
+    // so `hsum_float_8` would be a call per output instead of inlined.
+    let mut out = [[0f32; R]; W];
+    for w in 0..W {
+        for r in 0..R {
+            out[w][r] = hsum_float_8(acc[w][r]);
+        }
+    }
+    out
 }

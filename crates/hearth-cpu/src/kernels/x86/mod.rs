@@ -13,7 +13,7 @@ mod multi;
 
 pub(super) use legacy_unpacked512::legacy_prefill_pass;
 pub(super) use legacy_unpacked_avx2::legacy_prefill_pass_avx2;
-pub(super) use multi::{supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
+pub(super) use multi::{decode_tiles, supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
 
 use core::arch::x86_64::*;
 use hearth_core::quant::GgmlType;
