@@ -1,10 +1,10 @@
 //! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
 
 use super::verify::{sample_from, Distribution};
-use super::{Drafter, PrepareFuture, Proposal, ProposalFuture};
+use super::{DraftTiming, Drafter, PrepareFuture, Proposal, ProposalFuture};
 use crate::backend::Readback;
 use crate::block_on::block_on;
-use crate::engine::Session;
+use crate::engine::{ms, Instant, Session};
 use crate::error::{CoreError, Result};
 use crate::runner::StepOutput;
 use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
@@ -54,6 +54,10 @@ pub struct DraftModel {
     /// What the last draft step read back, for the next draft token.
     row: DraftRow,
 }
+
+/// New context tokens a proposal reads when the previous step was a verification: the target's
+/// token and possibly the last draft, accepted but never evaluated by the drafter.
+const STEADY_CONTEXT_TOKENS: usize = 2;
 
 /// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
 /// the code edit of `scripts/bench-speculative.sh` (5 drafts at most) it cut drafting time by a
@@ -142,7 +146,10 @@ impl DraftModel {
         let max_tokens = max_tokens.min(room - new_tokens + 1);
         let greedy = sampling.temperature <= 0.0;
         let mut history = context.to_vec();
+        let first_pass = Instant::now();
         self.eval_row(&context[common..], &history, sampling).await?;
+        let first_pass_ms = ms(first_pass);
+        let drafting = Instant::now();
         let mut tokens = Vec::with_capacity(max_tokens);
         let mut distributions: Vec<Distribution> = Vec::with_capacity(max_tokens);
         while tokens.len() < max_tokens {
@@ -164,9 +171,16 @@ impl DraftModel {
                 self.eval_row(&[token], &history, sampling).await?;
             }
         }
+        // (Every draft token was evaluated but the last of a full proposal.)
+        let later_passes = if tokens.len() >= max_tokens { tokens.len() - 1 } else { tokens.len() };
+        let timing = DraftTiming {
+            first_pass_ms: (new_tokens <= STEADY_CONTEXT_TOKENS).then_some(first_pass_ms),
+            later_passes,
+            later_ms: ms(drafting),
+        };
         // Greedy drafts are one-hot: the verifier needs no distributions for them.
         let distributions = if greedy { None } else { Some(distributions) };
-        Ok(Proposal { tokens, distributions })
+        Ok(Proposal { tokens, distributions, timing: Some(timing) })
     }
 
     /// Evaluates `tokens` (the end of `history`) and keeps what drafting the next token needs in

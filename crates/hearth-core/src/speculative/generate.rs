@@ -111,7 +111,10 @@ impl Engine {
             let drafting = Instant::now();
             let mut proposal =
                 if budget > 0 { drafter.propose_async(&context, budget, &options.sampling).await? } else { Proposal::default() };
-            policy.observe_draft(budget, ms(drafting));
+            match &proposal.timing {
+                Some(timing) => policy.observe_draft_timing(timing),
+                None => policy.observe_draft(budget, ms(drafting)),
+            }
             proposal.tokens.truncate(budget);
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
@@ -163,6 +166,9 @@ impl Engine {
             session.rollback(kept + 1 + outcome.accepted)?;
             metrics.record(&outcome);
             policy.observe_outcome(proposed_len, outcome.proposed, outcome.accepted);
+            if proposed_len < budget && outcome.accepted == proposed_len {
+                policy.observe_stop();
+            }
             if outcome.accepted == outcome.proposed {
                 policy.track_unverified(proposed_len, &unverified);
             }

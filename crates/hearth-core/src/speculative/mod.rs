@@ -37,6 +37,22 @@ pub struct Proposal {
     /// The draft distribution q each token was drawn from, one per token; `None` when the
     /// drafter is deterministic (q is one-hot on the proposed token).
     pub distributions: Option<Vec<Distribution>>,
+    /// How long its passes took, for a drafter that runs passes (a draft model): the draft
+    /// policy's cost model. `None`: the policy times the whole proposal per token.
+    pub timing: Option<DraftTiming>,
+}
+
+/// The passes of one proposal of a draft model.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DraftTiming {
+    /// The first pass (it reads the target's new token, or two: a last accepted draft the
+    /// drafter never evaluated); `None` when it also read tokens left by plain steps while
+    /// drafting was paused: that catch-up is not a cost of drafting at this length, and
+    /// counted in, it made drafting look dearer the longer it had been paused.
+    pub first_pass_ms: Option<f64>,
+    /// Passes after the first, one token each, and their total ms.
+    pub later_passes: usize,
+    pub later_ms: f64,
 }
 
 /// The future of [`Drafter::propose_async`]: boxed so that the trait stays object-safe (the

@@ -21,6 +21,10 @@ const LENGTH_CLASSES: usize = 16;
 const TRACKED_WIDTHS: usize = 65;
 /// Weight of the newest observation in the running estimates.
 const NEW_WEIGHT: f64 = 0.25;
+/// Weight of the newest observation in the per-request acceptance, which decides whether an
+/// expensive drafter drafts at all: a longer memory than [`NEW_WEIGHT`], because a drafter
+/// paused by a few unlucky rejections learns nothing until the next probe.
+const REQUEST_NEW_WEIGHT: f64 = 0.1;
 /// Pseudo-observations that pull a proposal length's acceptance towards the overall rate.
 const PRIOR_STRENGTH: f64 = 2.0;
 /// Plain steps after which a drafter that costs time is tried again, at the soonest, so that a
@@ -33,6 +37,24 @@ const PROBE_SHARE: f64 = 0.1;
 /// it is then asked every step, and its unverified proposals are scored against the output.
 const FREE_DRAFT_SHARE: f64 = 0.02;
 
+/// How much faster than plain decoding the expected rate of drafting with a drafter that costs
+/// time must be before the policy drafts: the estimates carry noise (a shared machine's pass
+/// times move ±10%), and near break-even a wrong "draft" costs more than a wrong "plain" (pauses
+/// then resumes make a draft model re-read the skipped tokens).
+const MIN_GAIN_TO_DRAFT: f64 = 1.05;
+
+/// Running estimate of a number: exponentially forgetting, `None` before the first observation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Running(Option<f64>);
+
+impl Running {
+    fn observe(&mut self, value: f64) {
+        if value.is_finite() && value >= 0.0 {
+            self.0 = Some(self.0.map_or(value, |old| old * (1.0 - NEW_WEIGHT) + value * NEW_WEIGHT));
+        }
+    }
+}
+
 /// Exponentially forgetting counts of kept and rejected draft tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Counts {
@@ -42,7 +64,11 @@ struct Counts {
 
 impl Counts {
     fn add(&mut self, kept: f64, rejected: f64) {
-        let keep = 1.0 - NEW_WEIGHT;
+        self.add_weighted(kept, rejected, NEW_WEIGHT);
+    }
+
+    fn add_weighted(&mut self, kept: f64, rejected: f64, new_weight: f64) {
+        let keep = 1.0 - new_weight;
         self.kept = self.kept * keep + kept;
         self.rejected = self.rejected * keep + rejected;
     }
@@ -108,10 +134,17 @@ pub struct DraftPolicy {
     max: usize,
     adaptive: bool,
     overall: Counts,
+    /// As `overall`, per requested position: a drafter that stopped short of the request (a
+    /// draft model unsure of the next token) missed there, like a rejected draft.
+    requested: Counts,
     by_length: [Counts; LENGTH_CLASSES],
     pass: PassCosts,
-    /// Running ms of drafting per requested token; `None` before the first proposal.
-    draft_ms_per_token: Option<f64>,
+    /// Running ms of drafting per requested token (drafters that report no [`DraftTiming`]).
+    draft_ms_per_token: Running,
+    /// A draft model's cost per proposal: its first pass (which also reads the target's new
+    /// token) and each further pass, one per further draft token.
+    draft_first_pass_ms: Running,
+    draft_next_pass_ms: Running,
     steps: usize,
     plain_steps: usize,
     probing: bool,
@@ -126,9 +159,12 @@ impl DraftPolicy {
             max: options.max_draft_tokens.max(1),
             adaptive: options.adaptive,
             overall: Counts::default(),
+            requested: Counts::default(),
             by_length: [Counts::default(); LENGTH_CLASSES],
             pass: PassCosts::new(),
-            draft_ms_per_token: None,
+            draft_ms_per_token: Running::default(),
+            draft_first_pass_ms: Running::default(),
+            draft_next_pass_ms: Running::default(),
             steps: 0,
             plain_steps: 0,
             probing: false,
@@ -141,6 +177,14 @@ impl DraftPolicy {
     /// try drafting, weak enough to be overruled by the first few steps.
     pub fn acceptance(&self) -> f64 {
         (self.overall.kept + 2.0) / (self.overall.total() + 3.0)
+    }
+
+    /// [`Self::acceptance`] per requested position (stops count as misses): what a request of k
+    /// tokens yields, which decides how many to request. A draft model stops where it is
+    /// unsure, so its proposals are kept often (prose: 9 in 10) but are short: judged by
+    /// `acceptance`, drafting on prose looked worth it and ran at 0.7x plain decoding.
+    fn acceptance_per_request(&self) -> f64 {
+        (self.requested.kept + 2.0) / (self.requested.total() + 3.0)
     }
 
     /// The acceptance estimate for drafts of a proposal of `length` tokens: that length's own
@@ -164,23 +208,40 @@ impl DraftPolicy {
         sum
     }
 
+    /// The expected ms of drafting k tokens: the first pass plus k - 1 further ones where the
+    /// drafter reports its passes (a proposal's first pass costs more: it reads one or two
+    /// context tokens, and a short proposal pays it all the same), else k times the running
+    /// cost per token.
     fn draft_ms(&self, k: usize) -> f64 {
-        self.draft_ms_per_token.unwrap_or(0.0) * k as f64
+        if k == 0 {
+            return 0.0;
+        }
+        match (self.draft_first_pass_ms.0, self.draft_next_pass_ms.0) {
+            (Some(first), next) => first + next.unwrap_or(first) * (k - 1) as f64,
+            (None, Some(next)) => next * k as f64,
+            (None, None) => self.draft_ms_per_token.0.unwrap_or(0.0) * k as f64,
+        }
+    }
+
+    fn draft_cost_known(&self) -> bool {
+        self.draft_ms_per_token.0.is_some() || self.draft_first_pass_ms.0.is_some() || self.draft_next_pass_ms.0.is_some()
     }
 
     /// Whether drafting is known to cost next to nothing (prompt lookup), so that the drafter
     /// is asked every step and its unverified proposals still teach the acceptance estimate.
     pub fn drafting_is_free(&self) -> bool {
-        self.draft_ms_per_token.is_some_and(|_| self.draft_ms(self.max) < FREE_DRAFT_SHARE * self.pass.estimate(1))
+        self.draft_cost_known() && self.draft_ms(self.max) < FREE_DRAFT_SHARE * self.pass.estimate(1)
     }
 
     /// The k in `0..=limit` with the most expected tokens per ms, drafts kept with probability
-    /// p and `draft_ms(k)` spent proposing them (ties go to the shorter draft).
-    fn best_length(&self, p: f64, limit: usize, draft_ms: impl Fn(usize) -> f64) -> usize {
+    /// p and `draft_ms(k)` spent proposing them (ties go to the shorter draft); drafting must
+    /// beat plain decoding by `min_gain`.
+    fn best_length(&self, p: f64, limit: usize, min_gain: f64, draft_ms: impl Fn(usize) -> f64) -> usize {
         let rate = |k: usize| Self::expected_tokens(p, k) / (draft_ms(k) + self.pass.estimate(1 + k)).max(1e-9);
         let mut best = 0;
         for k in 1..=limit {
-            if rate(k) > rate(best) * (1.0 + 1e-9) {
+            let needed = if best == 0 { min_gain } else { 1.0 + 1e-9 };
+            if rate(k) > rate(best) * needed {
                 best = k;
             }
         }
@@ -201,7 +262,8 @@ impl DraftPolicy {
             // A free drafter still proposes, to be scored against the target's token.
             return if free { self.max } else { 0 };
         }
-        let best = self.best_length(self.acceptance(), self.max, |k| self.draft_ms(k));
+        let min_gain = if free { 1.0 + 1e-9 } else { MIN_GAIN_TO_DRAFT };
+        let best = self.best_length(self.acceptance_per_request(), self.max, min_gain, |k| self.draft_ms(k));
         if best > 0 || free {
             self.plain_steps = 0;
             return if free { self.max } else { best };
@@ -250,8 +312,17 @@ impl DraftPolicy {
         if requested == 0 || !ms.is_finite() || ms < 0.0 {
             return;
         }
-        let per_token = ms / requested as f64;
-        self.draft_ms_per_token = Some(self.draft_ms_per_token.map_or(per_token, |old| old * (1.0 - NEW_WEIGHT) + per_token * NEW_WEIGHT));
+        self.draft_ms_per_token.observe(ms / requested as f64);
+    }
+
+    /// A drafter that reports its passes (a draft model) drafted with these timings.
+    pub fn observe_draft_timing(&mut self, timing: &super::DraftTiming) {
+        if let Some(first) = timing.first_pass_ms {
+            self.draft_first_pass_ms.observe(first);
+        }
+        if timing.later_passes > 0 {
+            self.draft_next_pass_ms.observe(timing.later_ms / timing.later_passes as f64);
+        }
     }
 
     /// A verification pass of `width` rows (1 + verified drafts) took `ms`.
@@ -297,8 +368,15 @@ impl DraftPolicy {
         self.unverified = None;
     }
 
+    /// The drafter proposed fewer tokens than requested and every one of them was kept: the
+    /// position after them counts as a miss of the request.
+    pub fn observe_stop(&mut self) {
+        self.requested.add_weighted(0.0, 1.0, REQUEST_NEW_WEIGHT);
+    }
+
     fn record(&mut self, length: usize, kept: f64, rejected: f64) {
         self.overall.add(kept, rejected);
+        self.requested.add_weighted(kept, rejected, REQUEST_NEW_WEIGHT);
         self.by_length[length.clamp(1, LENGTH_CLASSES) - 1].add(kept, rejected);
     }
 }

@@ -22,13 +22,7 @@ fn policy(max: usize) -> DraftPolicy {
 /// previous (coins from a fixed xorshift sequence, so every run is the same), with the given
 /// costs; returns the number of drafts verified at each step.
 fn simulate(policy: &mut DraftPolicy, steps: usize, p: f64, pass_ms: impl Fn(usize) -> f64, draft_ms_per_token: f64) -> Vec<usize> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut coin = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut coin = coins();
     let mut chosen = Vec::new();
     for _ in 0..steps {
         let requested = policy.request();
@@ -49,6 +43,17 @@ fn simulate(policy: &mut DraftPolicy, steps: usize, p: f64, pass_ms: impl Fn(usi
         chosen.push(verified);
     }
     chosen
+}
+
+/// Uniform draws in [0, 1) from a fixed xorshift sequence, so that every run is the same.
+fn coins() -> impl FnMut() -> f64 {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
 fn mean(xs: &[usize]) -> f64 {
@@ -194,4 +199,68 @@ fn unverified_drafts_are_scored_until_the_first_mismatch() {
     p.track_unverified(4, &[]);
     p.observe_token(1);
     assert!(p.acceptance() > after_miss, "an empty proposal keeps the tracked drafts");
+}
+
+/// Runs `steps` steps of a draft model that proposes at most `proposes` tokens whatever the
+/// request (it stops where it is unsure), each kept with probability `p`; its first pass costs
+/// `first_ms`, each further one `next_ms`. Returns the number of drafts verified at each step.
+fn simulate_stopping(
+    policy: &mut DraftPolicy,
+    steps: usize,
+    proposes: usize,
+    p: f64,
+    (first_ms, next_ms): (f64, f64),
+    pass_ms: impl Fn(usize) -> f64,
+) -> Vec<usize> {
+    let mut coin = coins();
+    let mut chosen = Vec::new();
+    for _ in 0..steps {
+        let requested = policy.request();
+        let proposed = requested.min(proposes);
+        if requested > 0 {
+            let later = proposed.saturating_sub(1);
+            policy.observe_draft_timing(&super::super::DraftTiming { first_pass_ms: Some(first_ms), later_passes: later, later_ms: next_ms * later as f64 });
+        }
+        let verified = policy.verify_length(proposed);
+        let reach = (0..proposed).take_while(|_| coin() < p).count();
+        policy.observe_pass(1 + verified, pass_ms(1 + verified));
+        let accepted = reach.min(verified);
+        policy.observe_outcome(proposed, verified, accepted);
+        if proposed < requested && accepted == proposed {
+            policy.observe_stop();
+        }
+        chosen.push(verified);
+    }
+    chosen
+}
+
+#[test]
+fn a_draft_model_that_stops_short_is_judged_per_request() {
+    // 9 in 10 proposed drafts are kept, but the drafter proposes one token however many are
+    // asked for; a proposal's first pass costs 30 ms, a row of verification 10 ms over a plain
+    // pass of 39. Five full drafts would pay (4.7 tokens for ~140 ms against 39 ms a token); the
+    // one draft it proposes does not (1.9 tokens for 79 ms). Judged by the kept share of
+    // proposed drafts the policy drafted every step; per requested position, only to probe.
+    let mut p = policy(5);
+    let pass_ms = |width: usize| 39.0 + 10.0 * (width - 1) as f64;
+    let chosen = simulate_stopping(&mut p, 100, 1, 0.9, (30.0, 5.0), pass_ms);
+    let drafting_steps = (20..100).filter(|&i| chosen[i] > 0).count();
+    assert!(drafting_steps <= 80 / PROBE_EVERY + 1, "drafted in {drafting_steps} of 80 steps: {chosen:?}");
+    assert!(p.acceptance() > 0.7, "proposed drafts are still counted as mostly kept: {}", p.acceptance());
+    // The same drafter proposing all 5 is used.
+    let mut p = policy(5);
+    let chosen = simulate_stopping(&mut p, 100, 5, 0.9, (30.0, 5.0), pass_ms);
+    assert!(mean(&chosen[20..]) >= 3.0, "{chosen:?}");
+}
+
+#[test]
+fn a_draft_models_first_pass_is_paid_by_every_proposal() {
+    let mut p = policy(5);
+    p.observe_draft_timing(&super::super::DraftTiming { first_pass_ms: Some(30.0), later_passes: 4, later_ms: 40.0 });
+    assert!((p.draft_ms(1) - 30.0).abs() < 1e-9);
+    assert!((p.draft_ms(5) - 70.0).abs() < 1e-9);
+    // A first pass that also caught up on a pause is not a cost of drafting.
+    p.observe_draft_timing(&super::super::DraftTiming { first_pass_ms: None, later_passes: 2, later_ms: 20.0 });
+    assert!((p.draft_ms(1) - 30.0).abs() < 1e-9, "{}", p.draft_ms(1));
+    assert!(!p.drafting_is_free());
 }

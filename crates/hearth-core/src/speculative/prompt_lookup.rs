@@ -96,7 +96,7 @@ impl PromptLookup {
 
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max_tokens: usize, _sampling: &SamplingParams) -> Result<Proposal> {
-        Ok(Proposal { tokens: self.lookup(context, max_tokens), distributions: None })
+        Ok(Proposal { tokens: self.lookup(context, max_tokens), distributions: None, timing: None })
     }
 }
 

@@ -408,6 +408,7 @@ fn spread<const W: usize, const R: usize>(dots: [f32; W]) -> [[f32; R]; W] {
 ///
 /// # Safety
 /// As [`vec_dot_tile`] with R = 1, for all `n_w` rows; `out` has room for `n_w` values.
+#[allow(clippy::too_many_arguments)]
 pub(in crate::kernels) unsafe fn decode_tiles<const W: usize>(
     vnni: bool,
     ty: GgmlType,
