@@ -58,20 +58,7 @@ pub(super) unsafe fn vec_dot(vnni: bool, ty: GgmlType, n: usize, w: *const u8, a
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned() as u32;
-    let converted: __m128;
-    // In asm because LLVM turns `_mm_cvtsi32_si128` + `_mm_cvtph_ps` into a `vpinsrw` that merges
-    // into whatever register it picks — often a loop accumulator, which chained every block of
-    // a dot product behind the previous block's FMA (3-4x slower Q8_0/Q5_0 kernels). `vmovd`
-    // writes the whole register, so there is no false dependency.
-    core::arch::asm!(
-        "vmovd {x}, {bits:e}",
-        "vcvtph2ps {x}, {x}",
-        bits = in(reg) bits,
-        x = out(xmm_reg) converted,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    _mm_cvtss_f32(converted)
+    _mm_cvtss_f32(cvtph_low(u32::from((p as *const u16).read_unaligned())))
 }
 
 /// The two adjacent unaligned little-endian f16 at `p` as lanes 0 and 1 (lanes 2-3 zero),
@@ -79,9 +66,18 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f16x2_at(p: *const u8) -> __m128 {
-    let bits = (p as *const u32).read_unaligned();
+    cvtph_low((p as *const u32).read_unaligned())
+}
+
+/// The two f16 in `bits` (low half first) converted to lanes 0 and 1.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn cvtph_low(bits: u32) -> __m128 {
     let converted: __m128;
-    // In asm for the reason given in `f16_at`.
+    // In asm because LLVM turns `_mm_cvtsi32_si128` + `_mm_cvtph_ps` into a `vpinsrw` that merges
+    // into whatever register it picks — often a loop accumulator, which chained every block of
+    // a dot product behind the previous block's FMA (3-4x slower Q8_0/Q5_0 kernels). `vmovd`
+    // writes the whole register, so there is no false dependency.
     core::arch::asm!(
         "vmovd {x}, {bits:e}",
         "vcvtph2ps {x}, {x}",
