@@ -5,6 +5,8 @@
 //! disturb them less. `cargo bench -p hearth-cpu --bench decode_shapes` (`HEARTH_ISA=avx2`
 //! forces the AVX2 kernels; `SHAPES=0,2` picks shapes by index).
 
+mod common;
+use common::thread_cpu_ns;
 use hearth_core::quant::GgmlType;
 use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with, Isa};
 use std::time::Instant;
@@ -70,27 +72,4 @@ fn main() {
         let gbs = (n * row) as f64 / best / 1e6;
         println!("{idx} {label:<20} {ty} {k}x{n}: {best:.3} ms ({gbs:.1} GB/s) [{check:.3e}]");
     }
-}
-
-/// This thread's time on a CPU so far, in ns (Linux), `None` elsewhere.
-#[cfg(target_os = "linux")]
-fn thread_cpu_ns() -> Option<u64> {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec (64-bit Linux layout) for the call's duration.
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn thread_cpu_ns() -> Option<u64> {
-    None
 }

@@ -8,19 +8,8 @@ use hearth_cpu::kernels::{
 };
 use half::f16;
 
-/// Small deterministic PRNG (PCG-style LCG) so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-}
+mod common;
+use common::Rng;
 
 /// Byte offsets of the f16 scale fields in one block of each weight type.
 fn f16_fields(ty: GgmlType) -> &'static [usize] {

@@ -15,19 +15,8 @@ use hearth_cpu::kernels::{
 };
 use wasm_bindgen_test::wasm_bindgen_test;
 
-/// Small deterministic PRNG (PCG-style LCG) so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-}
+mod common;
+use common::Rng;
 
 const SIMD_TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K];
 

@@ -23,22 +23,9 @@ use std::cell::RefCell;
 
 const BLOCK_SIZE: usize = 16;
 
-/// Small deterministic PRNG (PCG-style LCG) so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * scale).collect()
-    }
-}
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::Rng;
 
 /// The old kernel's span: a sequence's keys and values from position `first_pos` on.
 struct KvSpan<'a> {
