@@ -24,6 +24,7 @@
 //! see tests/.)
 
 mod rows;
+mod simd;
 #[cfg(test)]
 mod tests;
 
@@ -206,39 +207,41 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
             let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
             // Both [width]: the unrotated types decode exactly the head's columns.
             let q = if rotated { &s.rotated_queries[i * width..(i + 1) * width] } else { query(i) };
+            if lo > hi {
+                continue;
+            }
+            let scores = &mut s.scores[i * span + lo - span_lo..=i * span + hi - span_lo];
+            simd::dots(q, &s.tile[(lo - first) * width..(hi - first + 1) * width], width, scores);
             let mut max = s.max[i];
-            for j in lo..=hi {
-                let k = &s.tile[(j - first) * width..(j - first + 1) * width];
-                let score = dot(q, k) * scale;
-                let score = match softcap {
-                    Some(cap) => cap * (score / cap).tanh(),
-                    None => score,
-                };
-                max = max.max(score);
-                s.scores[i * span + j - span_lo] = score;
+            for score in scores {
+                *score *= scale;
+                if let Some(cap) = softcap {
+                    *score = cap * (*score / cap).tanh();
+                }
+                max = max.max(*score);
             }
             s.max[i] = max;
         }
     }
-    // Softmax weights, each query over its positions in order.
+    // Softmax weights, each query over its positions in order: the exponentials first, then
+    // their sum in order. (In one loop, every `exp` call waited for the running sum, spilled
+    // around the call: a third of prefill attention's time at 1k context.)
     for i in 0..n_queries {
         let t = task.t0 + i / task.n_heads;
-        let (max, mut sum) = (s.max[i], 0f32);
-        for w in &mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo] {
-            *w = (*w - max).exp();
-            sum += *w;
-        }
-        s.sum[i] = sum;
+        let max = s.max[i];
+        let weights = &mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo];
+        weights.iter_mut().for_each(|w| *w = (*w - max).exp());
+        s.sum[i] = weights.iter().fold(0f32, |sum, &w| sum + w);
     }
     // Weighted sum of V, block by block.
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, true, cols, first, last, &mut s.tile);
         for (i, acc) in acc.chunks_exact_mut(width).enumerate() {
             let t = task.t0 + i / task.n_heads;
-            for j in lo_of(t).max(first)..=pos_of(t).min(last) {
-                let w = s.scores[i * span + j - span_lo];
-                let v = &s.tile[(j - first) * width..(j - first + 1) * width];
-                acc.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+            let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
+            if lo <= hi {
+                let weights = &s.scores[i * span + lo - span_lo..=i * span + hi - span_lo];
+                simd::weighted_sum(acc, weights, &s.tile[(lo - first) * width..(hi - first + 1) * width]);
             }
         }
     }
@@ -259,27 +262,4 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         }
     }
     out
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without reassociation flags; the
-    // order is fixed, so every build and batch gives the same result.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    // Identity, as a barrier: without it LLVM shapes the loop after the pairwise sum below and
-    // keeps the accumulators in four 2-lane halves of xmm registers with two shuffles per
-    // multiply; behind it the loop is one multiply and one add per 8 lanes of a ymm register
-    // (same operations in the same order: same bits).
-    let acc = std::hint::black_box(acc);
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in chunks * 8..a.len().min(b.len()) {
-        s += a[i] * b[i];
-    }
-    s
 }

@@ -12,7 +12,8 @@
 //! 1e-11 and 1e-5, leave 16x and 3.7x of margin and stay far below what the quantization itself
 //! changes.
 
-use super::{attention, dot};
+use super::attention;
+use super::simd::dot;
 use crate::fma::with_fma;
 use crate::kv_store::KvStore;
 use hearth_core::backend::KvLayout;
