@@ -212,15 +212,13 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
             }
             let scores = &mut s.scores[i * span + lo - span_lo..=i * span + hi - span_lo];
             simd::dots(q, &s.tile[(lo - first) * width..(hi - first + 1) * width], width, scores);
-            let mut max = s.max[i];
-            for score in scores {
-                *score *= scale;
-                if let Some(cap) = softcap {
-                    *score = cap * (*score / cap).tanh();
-                }
-                max = max.max(*score);
-            }
-            s.max[i] = max;
+            s.max[i] = match softcap {
+                None => simd::scale_and_max(scores, scale, s.max[i]),
+                Some(cap) => scores.iter_mut().fold(s.max[i], |max, score| {
+                    *score = cap * (*score * scale / cap).tanh();
+                    max.max(*score)
+                }),
+            };
         }
     }
     // Softmax weights, each query over its positions in order: the exponentials first, then

@@ -2,8 +2,9 @@
 //! against a run of key rows, and the weighted sum of a run of value rows into one query's
 //! output. Bit for bit the results of the plain loops in mod.rs (`dot` per key, then one
 //! multiply-add pass over the output per value row): the same operations in the same order for
-//! every output value, only interleaved over rows, so that their dependency chains overlap and
-//! the output row is loaded and stored once per four value rows instead of once per row.
+//! every output value, only interleaved over rows (keys), so that their dependency chains overlap,
+//! and the output row is held in registers over a run of value rows instead of loaded and stored
+//! per row.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -35,6 +36,39 @@ pub(super) fn weighted_sum(acc: &mut [f32], weights: &[f32], values: &[f32]) {
     for (&w, v) in weights.iter().zip(values.chunks_exact(width)) {
         acc.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
     }
+}
+
+/// Scales `scores` in place and returns the largest of them and `max` (NaNs ignored, as
+/// `f32::max` does). The order of the comparisons may differ from a running `f32::max`, which
+/// can only change the sign of a zero maximum: the softmax subtracts it, and exp(±0) is 1.
+pub(super) fn scale_and_max(scores: &mut [f32], scale: f32, max: f32) -> f32 {
+    scores.iter_mut().for_each(|s| *s *= scale);
+    #[cfg(target_arch = "x86_64")]
+    if crate::fma::available() && !max.is_nan() {
+        // SAFETY: AVX2 is present (checked).
+        return unsafe { max_avx2(scores, max) };
+    }
+    scores.iter().fold(max, |m, &s| m.max(s))
+}
+
+/// The largest of `values` and `init` (not NaN), NaNs ignored.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn max_avx2(values: &[f32], init: f32) -> f32 {
+    // `max_ps(v, m)` returns m when v is NaN, so the lanes never hold a NaN.
+    let mut m = _mm256_set1_ps(init);
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        m = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr()), m);
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+    rest.iter().fold(_mm_cvtss_f32(m1), |m, &s| m.max(s))
 }
 
 /// q · k with eight lane sums (lane l over elements l, l + 8, ...) added in a fixed tree.
@@ -80,7 +114,9 @@ unsafe fn lane_tree(acc: __m256) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2(q: &[f32], keys: &[f32], width: usize, out: &mut [f32]) {
-    const ROWS: usize = 4;
+    // Eight keys in flight: each key's lane sums are a chain of dependent adds (the order that
+    // fixes the result), so fewer keys per pass left the adder waiting on the chains.
+    const ROWS: usize = 8;
     let (qp, kp) = (q.as_ptr(), keys.as_ptr());
     let chunks = width / 8;
     let mut j = 0;
@@ -107,8 +143,8 @@ unsafe fn dots_avx2(q: &[f32], keys: &[f32], width: usize, out: &mut [f32]) {
     }
 }
 
-/// [`weighted_sum`] with AVX2: each 8-column chunk of `acc` stays in a register for four value
-/// rows (per column the same multiply, then add, in row order).
+/// [`weighted_sum`] with AVX2: 64 columns of `acc` at a time stay in registers over all the
+/// value rows (per column the same multiply, then add, in row order).
 ///
 /// # Safety
 /// AVX2 must be available; `acc.len()` is a multiple of 8 and `values` holds one row of
@@ -116,30 +152,32 @@ unsafe fn dots_avx2(q: &[f32], keys: &[f32], width: usize, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn weighted_sum_avx2(acc: &mut [f32], weights: &[f32], values: &[f32]) {
-    const ROWS: usize = 4;
+    const CHUNKS: usize = 8;
     let width = acc.len();
     let (ap, vp) = (acc.as_mut_ptr(), values.as_ptr());
-    let mut j = 0;
-    while j + ROWS <= weights.len() {
-        // (No closures around intrinsics: a closure does not inherit the target features.)
-        let mut w = [_mm256_setzero_ps(); ROWS];
-        for (r, w) in w.iter_mut().enumerate() {
-            *w = _mm256_set1_ps(weights[j + r]);
+    let mut c0 = 0;
+    while c0 + 8 * CHUNKS <= width {
+        let mut a = [_mm256_setzero_ps(); CHUNKS];
+        for (k, a) in a.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(ap.add(c0 + 8 * k));
         }
-        for c in (0..width).step_by(8) {
-            let mut a = _mm256_loadu_ps(ap.add(c));
-            for (r, &w) in w.iter().enumerate() {
-                a = _mm256_add_ps(a, _mm256_mul_ps(w, _mm256_loadu_ps(vp.add((j + r) * width + c))));
+        for (j, &w) in weights.iter().enumerate() {
+            let w = _mm256_set1_ps(w);
+            let row = vp.add(j * width + c0);
+            for (k, a) in a.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(w, _mm256_loadu_ps(row.add(8 * k))));
             }
-            _mm256_storeu_ps(ap.add(c), a);
         }
-        j += ROWS;
+        for (k, &a) in a.iter().enumerate() {
+            _mm256_storeu_ps(ap.add(c0 + 8 * k), a);
+        }
+        c0 += 8 * CHUNKS;
     }
-    for (r, &w) in weights.iter().enumerate().skip(j) {
-        let w = _mm256_set1_ps(w);
-        for c in (0..width).step_by(8) {
-            let a = _mm256_add_ps(_mm256_loadu_ps(ap.add(c)), _mm256_mul_ps(w, _mm256_loadu_ps(vp.add(r * width + c))));
-            _mm256_storeu_ps(ap.add(c), a);
+    for c in (c0..width).step_by(8) {
+        let mut a = _mm256_loadu_ps(ap.add(c));
+        for (j, &w) in weights.iter().enumerate() {
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vp.add(j * width + c))));
         }
+        _mm256_storeu_ps(ap.add(c), a);
     }
 }
