@@ -115,8 +115,10 @@ pub(crate) fn matmul(
                 // SAFETY: j0 < j1 <= n = out.len(), and columns j0..j1 belong to this task only.
                 let dots = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(j0), j1 - j0) };
                 kernels::vec_dot_tile(ty, k, w.rows(j0, j1), act, dots);
-                if let Some(b) = bias {
-                    dots.iter_mut().zip(&b[j0..j1]).for_each(|(d, b)| *d += b);
+                match bias {
+                    Some(b) => dots.iter_mut().zip(&b[j0..j1]).for_each(|(d, b)| *d += b),
+                    // + 0.0 as every other path adds a zero bias: a -0.0 dot becomes +0.0.
+                    None => dots.iter_mut().for_each(|d| *d += 0.0),
                 }
                 return;
             }
