@@ -9,8 +9,9 @@
 //! 1. teacher-forced (prompt in one batch, then one reference token per step, as llama.cpp ran):
 //!    our top-1 must equal llama.cpp's wherever llama.cpp's own top-1/top-2 margin is at least
 //!    `decisive_margin`; the mean and max |Δ log-prob| over its top-5 must stay within bounds;
-//! 2. free-running greedy (our own tokens fed back) must reproduce llama.cpp's tokens up to the
-//!    first step where its margin is below `decisive_margin` (at most 32 tokens).
+//! 2. free-running greedy (our own tokens fed back) must reproduce llama.cpp's tokens for 32
+//!    tokens or up to a step where the two pick differently, which must be a near-tie: llama.cpp's
+//!    margin there below `decisive_margin`.
 
 use hearth_core::engine::Session;
 use hearth_core::graph::LogitsMode;
@@ -84,15 +85,33 @@ pub fn compare_with_llama_cpp(label: &str, session: &mut Session, golden: &serde
             }
         }
 
+        // Free-running: our own tokens fed back, token for token against llama.cpp's until the
+        // first difference, which must be a near-tie (llama.cpp's own margin below
+        // `decisive_margin`); from there the runs follow different texts, and the teacher-forced
+        // pass above has compared the rest.
         session.reset();
-        let mut next = crate::argmax(session.eval(&prompt, LogitsMode::Last).expect("prefill")) as u32;
+        let mut row = session.eval(&prompt, LogitsMode::Last).expect("prefill").to_vec();
         for (step, &want) in expected.iter().take(32).enumerate() {
-            if margin(step) < tol.decisive_margin {
+            let next = crate::argmax(&row[..n_vocab]) as u32;
+            if next != want {
+                let lp = crate::log_softmax(&row[..n_vocab]);
+                assert!(
+                    margin(step) < tol.decisive_margin,
+                    "{label} case {id}: free-running greedy picks {next} at step {step}, llama.cpp {want} with a decisive \
+                     margin of {} nats (our log-probs: {next} {:.4}, {want} {:.4})",
+                    margin(step),
+                    lp[next as usize],
+                    lp[want as usize]
+                );
+                eprintln!(
+                    "{label} case {id}: free-running parts at step {step} on a near-tie (llama.cpp margin {:.4}; ours {:.4})",
+                    margin(step),
+                    lp[next as usize] - lp[want as usize]
+                );
                 break;
             }
-            assert_eq!(next, want, "{label} case {id}: free-running greedy differs at step {step}");
             report.free_running_matched += 1;
-            next = crate::argmax(session.eval(&[next], LogitsMode::Last).expect("decode")) as u32;
+            row = session.eval(&[next], LogitsMode::Last).expect("decode").to_vec();
         }
     }
     report.mean_logprob_err = (err_sum / err_count.max(1) as f64) as f32;
