@@ -300,9 +300,10 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
 }
 
 /// The verification-sized Q4_K/Q6_K tiles (W weight rows × R activation rows, R up to 8, row
-/// counts split into near-equal groups): every row count 1..=17 (odd counts, remainders, groups
-/// straddling the 8-row limit) and 64 (a prefill tile), weight counts that leave remainders of every tile width, short
-/// and long rows, under both SIMD flavours; each output against the single-row dot product.
+/// counts split into near-equal groups): every row count 1..=19 (odd counts, remainders, groups
+/// straddling the 8-row limit; from 16 rows Q4_K's interleaved prefill kernel with its 1-3 row
+/// remainders) and 64 (a prefill tile), weight counts that leave remainders of every tile width,
+/// short and long rows, under both SIMD flavours; each output against the single-row dot product.
 #[test]
 fn verification_tiles_equal_single_row_dots_bit_for_bit() {
     let mut rng = Rng(2718);
@@ -314,8 +315,8 @@ fn verification_tiles_equal_single_row_dots_bit_for_bit() {
             let weights: Vec<u8> = (0..n_w).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
             let act_ty = ty.vec_dot_type();
             let act_row = act_ty.row_bytes(n).expect("act bytes");
-            // 1..=17 rows, and prefill's tile of 64 (8 groups of 8).
-            let row_counts = (1..=17).chain([64]);
+            // 1..=19 rows, and prefill's tile of 64 (8 groups of 8).
+            let row_counts = (1..=19).chain([64]);
             let max_rows = 64;
             let mut acts = vec![0u8; act_row * max_rows];
             for a in acts.chunks_exact_mut(act_row) {

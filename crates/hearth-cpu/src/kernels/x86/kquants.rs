@@ -92,6 +92,49 @@ pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
     _mm256_cvtepu8_epi16(t)
 }
 
+/// One Q4_K output's two exact integer sums of a super-block as i32 lanes [S, M, S, M]: S the sum
+/// of the 8 scaled-code lanes `sumi`, M the sum of the 4 mins · bsums lanes `mins`. Integer sums
+/// are exact in any order, so every kernel's lanes reduce to the same two numbers.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4k_sums(sumi: __m256i, mins: __m128i) -> __m128i {
+    let h = _mm_hadd_epi32(fold_i32(sumi), mins);
+    _mm_hadd_epi32(h, h)
+}
+
+/// Two Q4_K outputs' sums as [Sa, Ma, Sb, Mb] (see [`q4k_sums`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4k_sums2(sumi_a: __m256i, mins_a: __m128i, sumi_b: __m256i, mins_b: __m128i) -> __m128i {
+    _mm_hadd_epi32(_mm_hadd_epi32(fold_i32(sumi_a), mins_a), _mm_hadd_epi32(fold_i32(sumi_b), mins_b))
+}
+
+/// The 8 i32 lanes of `v` added in pairs (low half + high half).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fold_i32(v: __m256i) -> __m128i {
+    _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+}
+
+/// One super-block step of up to two Q4_K outputs: `acc` lanes (2k, 2k + 1) of output k hold
+/// Σ f32(S) · (xd · yd) and Σ f32(M) · (xdmin · yd), one FMA per super-block in order; `sums` as
+/// [`q4k_sums2`], `scales` [xd · yd, xdmin · yd] per output. This is llama.cpp's rounding for
+/// Q4_K on x86 (its repacked `gemv`/`gemm_q4_K_8x8_q8_K`: exact integers per super-block, then
+/// these two FMA chains), the same in every kernel here whatever its lane layout.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4k_accumulate(acc: __m128, sums: __m128i, scales: __m128) -> __m128 {
+    _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scales, acc)
+}
+
+/// The two outputs of a [`q4k_accumulate`] accumulator: lane 0 − lane 1 and lane 2 − lane 3.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4k_results(acc: __m128) -> [f32; 2] {
+    let diff = _mm_sub_ps(acc, _mm_movehdup_ps(acc));
+    [_mm_cvtss_f32(diff), _mm_cvtss_f32(_mm_movehl_ps(diff, diff))]
+}
+
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -1,9 +1,10 @@
 //! Q4_K and Q6_K × Q8_K with AVX-512 (BW + VNNI), R activation rows per pass: two 32-element
 //! sub-blocks per 512-bit register for `maddubs` + `dpwssd`, the two 256-bit halves added at the
 //! end of each super-block. Integer sums are exact, so the i32 lanes equal the AVX2 kernels'
-//! lanes, and the float operations that follow are the same: results are bit-identical.
+//! lanes (and Q4_K's super-block sums theirs), and the float operations that follow are the same:
+//! results are bit-identical.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -19,23 +20,21 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
+/// Q4_K × R Q8_K rows; per row the exact super-block sums and FMA chains of `q4k_accumulate`.
+///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI must be available; whole rows of `nb` super-blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
     let m4 = _mm512_set1_epi8(0xF);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut acc_m = [_mm_setzero_ps(); R];
+    let mut acc = [_mm_setzero_ps(); R];
     for i in 0..nb {
         let xb = x.add(i * 144);
-        let (xd, xdmin) = (f16_at(xb), f16_at(xb.add(2)));
+        // [xd, xdmin, xd, xdmin]
+        let d_dmin = f16x2_at(xb);
+        let d_dmin = _mm_movelh_ps(d_dmin, d_dmin);
         let ms = mins_and_scales(xb.add(4));
         let scales = _mm512_broadcast_i32x4(_mm256_extracti128_si256(ms, 0));
-        for r in 0..R {
-            let yb = y[r].add(i * Q8K_BYTES);
-            let dmin = -q8k_d(yb) * xdmin;
-            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(ms, yb)), acc_m[r]);
-        }
         let mut sumi = [_mm512_setzero_si512(); R];
         for j in 0..4 {
             // Scales of sub-blocks 2j (low half) and 2j+1 (high half): rows 2j and 2j+1 of the table.
@@ -49,16 +48,14 @@ pub(super) unsafe fn q4_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
             }
         }
         for r in 0..R {
-            let d = q8k_d(y[r].add(i * Q8K_BYTES)) * xd;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold_halves(sumi[r])), acc[r]);
+            let yb = y[r].add(i * Q8K_BYTES);
+            let sums = q4k_sums(fold_halves(sumi[r]), mins_dot_bsums(ms, yb));
+            acc[r] = q4k_accumulate(acc[r], sums, _mm_mul_ps(d_dmin, _mm_set1_ps(q8k_d(yb))));
         }
     }
     let mut out = [0f32; R];
     for r in 0..R {
-        let mut m = acc_m[r];
-        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+        out[r] = q4k_results(acc[r])[0];
     }
     out
 }

@@ -5,9 +5,9 @@
 //! pair keeps its own i32 lanes (exact integer sums, the same as the 256-bit kernels' lanes after
 //! `fold_halves`) and its own float accumulators, updated by the same operations in the same
 //! order as `q4_k_q8_k_512::<1>` / `q6_k_q8_k_512::<1>`: each output equals the single-row dot
-//! product bit for bit.
+//! product bit for bit. (From 5 activation rows, Q4_K goes through q4k_interleaved512.rs.)
 
-use super::kquants::{mins_and_scales, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::ktile::sweep_prefetch;
 use super::*;
 
@@ -46,46 +46,42 @@ pub(super) unsafe fn q4_k_tile_512<const W: usize, const R: usize, const PREFETC
     y: [*const u8; R],
 ) -> [[f32; R]; W] {
     let m4 = _mm512_set1_epi8(0xF);
-    let mut acc = [[_mm256_setzero_ps(); R]; W];
-    // The mins' 4 float lanes of activation rows 2p and 2p + 1 share one 256-bit register
-    // (`acc_m[w][p]`, low and high half; an odd last row alone in the low half): the same
-    // lane-wise operations, half the instructions.
-    let mut acc_m = [[_mm256_setzero_ps(); R]; W];
+    // acc[w][p]: weight row w × activation rows 2p and 2p + 1 (an odd last row twice), as
+    // `q4k_accumulate`.
+    let mut acc = [[_mm_setzero_ps(); R]; W];
     let pairs = R.div_ceil(2);
     for i in 0..nb {
-        let mut yd = [_mm256_setzero_ps(); R];
+        let mut yd = [0f32; R];
         let mut q8s = [_mm_setzero_si128(); R];
         for r in 0..R {
             let yb = y[r].add(i * Q8K_BYTES);
-            yd[r] = _mm256_set1_ps(q8k_d(yb));
+            yd[r] = q8k_d(yb);
             q8s[r] = paired_bsums(yb);
         }
-        // Per pair: [q8s of row 2p | of row 2p + 1] and [-yd of row 2p (x4) | of row 2p + 1 (x4)].
+        // Per pair: [q8s of row 2p | of row 2p + 1] and [yd of row 2p (x2), of row 2p + 1 (x2)].
         let mut q8s_pair = [_mm256_setzero_si256(); R];
-        let mut neg_yd_pair = [_mm256_setzero_ps(); R];
+        let mut yd_pair = [_mm_setzero_ps(); R];
         for p in 0..pairs {
             let hi = (2 * p + 1).min(R - 1);
             q8s_pair[p] = _mm256_set_m128i(q8s[hi], q8s[2 * p]);
-            let yd_pair = _mm256_permute2f128_ps::<0x20>(yd[2 * p], yd[hi]);
-            // -yd exactly (a sign flip, as scalar negation; 0 - yd would turn -0 into +0).
-            neg_yd_pair[p] = _mm256_xor_ps(yd_pair, _mm256_set1_ps(-0.0));
+            yd_pair[p] = _mm_movelh_ps(_mm_set1_ps(yd[2 * p]), _mm_set1_ps(yd[hi]));
         }
         let mut scales = [_mm512_setzero_si512(); W];
-        let mut xd = [_mm256_setzero_ps(); W];
+        // [xd, xdmin, xd, xdmin] per weight row; per pair, the mins · bsums of row 2p (low half)
+        // and 2p + 1 (high half).
+        let mut d_dmin = [_mm_setzero_ps(); W];
+        let mut mins = [[_mm256_setzero_si256(); R]; W];
         for w in 0..W {
             let xb = x[w].add(i * 144);
             if PREFETCH {
                 sweep_prefetch(x[0], W, w, i, nb, 144);
             }
-            xd[w] = _mm256_set1_ps(f16_at(xb));
-            let xdmin = _mm256_set1_ps(f16_at(xb.add(2)));
+            let dd = f16x2_at(xb);
+            d_dmin[w] = _mm_movelh_ps(dd, dd);
             let ms = mins_and_scales(xb.add(4));
-            let mins = _mm256_permute2x128_si256::<0x11>(ms, ms);
+            let mins16 = _mm256_permute2x128_si256::<0x11>(ms, ms);
             for p in 0..pairs {
-                // dmin = -yd * xdmin per row, as the single-row kernel's scalar product.
-                let dmin = _mm256_mul_ps(neg_yd_pair[p], xdmin);
-                let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, q8s_pair[p]));
-                acc_m[w][p] = _mm256_fmadd_ps(dmin, m, acc_m[w][p]);
+                mins[w][p] = _mm256_madd_epi16(mins16, q8s_pair[p]);
             }
             scales[w] = _mm512_broadcast_i32x4(_mm256_extracti128_si256(ms, 0));
         }
@@ -109,21 +105,22 @@ pub(super) unsafe fn q4_k_tile_512<const W: usize, const R: usize, const PREFETC
             }
         }
         for w in 0..W {
-            for r in 0..R {
-                // d = yd * xd per lane, as the single-row kernel's scalar product.
-                let d = _mm256_mul_ps(yd[r], xd[w]);
-                acc[w][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi[w][r])), acc[w][r]);
+            for p in 0..pairs {
+                let (a, b) = (2 * p, (2 * p + 1).min(R - 1));
+                let m = mins[w][p];
+                let sums = q4k_sums2(fold_halves(sumi[w][a]), _mm256_castsi256_si128(m), fold_halves(sumi[w][b]), _mm256_extracti128_si256::<1>(m));
+                acc[w][p] = q4k_accumulate(acc[w][p], sums, _mm_mul_ps(d_dmin[w], yd_pair[p]));
             }
         }
     }
     let mut out = [[0f32; R]; W];
     for w in 0..W {
-        for r in 0..R {
-            let pair = acc_m[w][r / 2];
-            let mut m = if r % 2 == 0 { _mm256_castps256_ps128(pair) } else { _mm256_extractf128_ps::<1>(pair) };
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            out[w][r] = hsum_float_8(acc[w][r]) + _mm_cvtss_f32(m);
+        for p in 0..pairs {
+            let [a, b] = q4k_results(acc[w][p]);
+            out[w][2 * p] = a;
+            if 2 * p + 1 < R {
+                out[w][2 * p + 1] = b;
+            }
         }
     }
     out

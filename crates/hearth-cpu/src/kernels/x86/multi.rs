@@ -2,14 +2,19 @@
 //! Each weight block is unpacked once and dotted with all R rows, so a prefill mat-mul does the
 //! bit twiddling once per R tokens instead of once per token. For every activation row the
 //! operations, integer lanes and float accumulation order are those of ggml's AVX2 kernels
-//! (quants.c), so R = 1 is the plain dot product and any R gives the same bits per row.
+//! (quants.c) — for Q4_K, those of its repacked kernels (repack.cpp, which llama.cpp runs for
+//! Q4_K on any AVX2 CPU): exact integer sums per super-block, then two FMA chains
+//! (`q4k_accumulate`) — so R = 1 is the plain dot product and any R gives the same bits per row.
 //!
 //! The kernels are generated twice: for AVX2 and for AVX-512 VNNI (+VL). The VNNI flavour replaces
 //! `madd(1, maddubs(a, b))` by `dpbusd(0, a, b)` and `acc + madd(s, p)` by `dpwssd(acc, s, p)` —
 //! exactly the same i32 lanes (the i16 pair sums never saturate: |u8 code| ≤ 63, |i8| ≤ 127) — and
 //! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{
+    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES,
+    Q8K_QS, SCALE_SHUFFLE_K4,
+};
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
 use super::ktile::{q4_k_tile_avx2, q6_k_tile_avx2};
 use super::ktile512::{q4_k_tile_512, q6_k_tile_512};
@@ -141,26 +146,24 @@ macro_rules! multi_kernels {
                 legacy_tile::<true, W, R>(nb, x, y)
             }
 
+            /// Q4_K × R Q8_K rows; per row the exact super-block sums and FMA chains of
+            /// `q4k_accumulate` (kquants.rs).
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q4_k_q8_k<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
                 let m4 = _mm256_set1_epi8(0xF);
-                let mut acc = [_mm256_setzero_ps(); R];
-                let mut acc_m = [_mm_setzero_ps(); R];
+                let mut acc = [_mm_setzero_ps(); R];
                 for i in 0..nb {
                     let xb = x.add(i * 144);
                     if R == 1 {
                         prefetch_ahead(xb, ROW_PREFETCH_BYTES, 3);
                     }
-                    let (xd, xdmin) = (f16_at(xb), f16_at(xb.add(2)));
+                    // [xd, xdmin, xd, xdmin]
+                    let d_dmin = f16x2_at(xb);
+                    let d_dmin = _mm_movelh_ps(d_dmin, d_dmin);
                     let ms = mins_and_scales(xb.add(4));
                     let sc128 = _mm256_extracti128_si256(ms, 0);
                     let scales = _mm256_set_m128i(sc128, sc128);
                     let mut sumi = [_mm256_setzero_si256(); R];
-                    for r in 0..R {
-                        let yb = y[r].add(i * Q8K_BYTES);
-                        let dmin = -q8k_d(yb) * xdmin;
-                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(ms, yb)), acc_m[r]);
-                    }
                     for j in 0..4 {
                         let scale_l = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j].as_ptr()));
                         let scale_h = _mm256_shuffle_epi8(scales, load256(SCALE_SHUFFLE_K4[2 * j + 1].as_ptr()));
@@ -175,16 +178,14 @@ macro_rules! multi_kernels {
                         }
                     }
                     for r in 0..R {
-                        let d = q8k_d(y[r].add(i * Q8K_BYTES)) * xd;
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                        let yb = y[r].add(i * Q8K_BYTES);
+                        let sums = q4k_sums(sumi[r], mins_dot_bsums(ms, yb));
+                        acc[r] = q4k_accumulate(acc[r], sums, _mm_mul_ps(d_dmin, _mm_set1_ps(q8k_d(yb))));
                     }
                 }
                 let mut out = [0f32; R];
                 for r in 0..R {
-                    let mut m = acc_m[r];
-                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                    out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+                    out[r] = q4k_results(acc[r])[0];
                 }
                 out
             }
@@ -250,34 +251,31 @@ macro_rules! multi_kernels {
 
             /// Q4_K: W weight rows × one Q8_K activation row (decode). The activation side is
             /// loaded once for the W rows, and the W rows' integer chains interleave, so the
-            /// latency of each row's `sumi` chain is hidden behind the others. Per row, the float
-            /// operations are those of `q4_k_q8_k::<1>` in the same order (the i32 lanes are exact
-            /// sums), so every output equals the single-row dot product bit for bit.
+            /// latency of each row's `sumi` chain is hidden behind the others. Rows go in pairs
+            /// through `q4k_sums2` / `q4k_accumulate` (one reduction and one FMA per pair and
+            /// super-block), the exact sums and FMA chains of `q4_k_q8_k::<1>`: every output
+            /// equals the single-row dot product bit for bit.
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q4_k_tile<const W: usize>(nb: usize, x: [*const u8; W], y: *const u8) -> [f32; W] {
                 let m4 = _mm256_set1_epi8(0xF);
-                let mut acc = [_mm256_setzero_ps(); W];
-                let mut acc_m = [_mm_setzero_ps(); W];
+                // acc[p]: rows 2p and 2p + 1 (an odd last row twice).
+                let mut acc = [_mm_setzero_ps(); W];
+                let pairs = W.div_ceil(2);
                 for i in 0..nb {
                     let yb = y.add(i * Q8K_BYTES);
-                    let yd = q8k_d(yb);
+                    let yd = _mm_set1_ps(q8k_d(yb));
                     // Q8_K's 16 bsums summed in pairs (one per 32-element sub-block), as `mins_dot_bsums`.
                     let q8sums = load256(yb.add(Q8K_BSUMS));
                     let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-                    let neg_yd = _mm_set1_ps(-yd);
                     let mut scales = [_mm256_setzero_si256(); W];
-                    let mut xd = [0f32; W];
+                    let mut mins = [_mm_setzero_si128(); W];
+                    let mut d_dmin = [_mm_setzero_ps(); W];
                     for w in 0..W {
                         let xb = x[w].add(i * 144);
                         sweep_prefetch::<W>(x[0], w, i, nb, 144);
-                        // [d, dmin] converted together; lane 1 of -yd * [d, dmin] is the
-                        // single-row kernel's scalar -yd * dmin (negation is exact).
-                        let d_dmin = f16x2_at(xb);
-                        xd[w] = _mm_cvtss_f32(d_dmin);
-                        let dmin = _mm_permute_ps::<0b0101_0101>(_mm_mul_ps(neg_yd, d_dmin));
+                        d_dmin[w] = f16x2_at(xb);
                         let ms = mins_and_scales(xb.add(4));
-                        let mins = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
-                        acc_m[w] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m[w]);
+                        mins[w] = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
                         let sc128 = _mm256_extracti128_si256(ms, 0);
                         scales[w] = _mm256_set_m128i(sc128, sc128);
                     }
@@ -298,17 +296,19 @@ macro_rules! multi_kernels {
                             sumi[w] = add_scaled(add_scaled(sumi[w], scale_l, p16l), scale_h, p16h);
                         }
                     }
-                    for w in 0..W {
-                        let d = yd * xd[w];
-                        acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w]), acc[w]);
+                    for p in 0..pairs {
+                        let (a, b) = (2 * p, (2 * p + 1).min(W - 1));
+                        let sums = q4k_sums2(sumi[a], mins[a], sumi[b], mins[b]);
+                        acc[p] = q4k_accumulate(acc[p], sums, _mm_mul_ps(_mm_movelh_ps(d_dmin[a], d_dmin[b]), yd));
                     }
                 }
                 let mut out = [0f32; W];
-                for w in 0..W {
-                    let mut m = acc_m[w];
-                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                    out[w] = hsum_float_8(acc[w]) + _mm_cvtss_f32(m);
+                for p in 0..pairs {
+                    let [a, b] = q4k_results(acc[p]);
+                    out[2 * p] = a;
+                    if 2 * p + 1 < W {
+                        out[2 * p + 1] = b;
+                    }
                 }
                 out
             }
