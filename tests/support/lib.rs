@@ -105,6 +105,19 @@ pub fn as_ids(v: &serde_json::Value) -> Vec<u32> {
 /// does (chunks of 512, the second half of each scored), over the first `max_chunks` chunks,
 /// with K/V stored as `kv_type`. Returns (perplexity, tokens in the text).
 pub fn perplexity_with(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks: usize) -> (f64, usize) {
+    let (chunks, n_tokens) = chunk_nlls(stem, kv_type, max_chunks);
+    (perplexity_of(&chunks), n_tokens)
+}
+
+/// The perplexity of scored chunks given as (Σ negative log-likelihood, tokens scored).
+pub fn perplexity_of(chunks: &[(f64, usize)]) -> f64 {
+    let (nll, count) = chunks.iter().fold((0f64, 0usize), |(n, c), &(cn, cc)| (n + cn, c + cc));
+    (nll / count as f64).exp()
+}
+
+/// [`perplexity_with`]'s chunks one by one: per chunk (Σ negative log-likelihood, tokens
+/// scored), and the tokens in the text.
+pub fn chunk_nlls(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks: usize) -> (Vec<(f64, usize)>, usize) {
     use hearth_core::graph::LogitsMode;
     const N_CTX: usize = 512;
     let text = std::fs::read_to_string(fixtures_dir().join("golden/ppl_gpl3_4k.txt")).expect("text");
@@ -115,8 +128,7 @@ pub fn perplexity_with(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks:
     let options = EngineOptions { n_ctx: N_CTX, kv_type, ..EngineOptions::default() };
     let (_file, mut session) = cpu_session_with(stem, &options);
     let n_vocab = session.config().n_vocab;
-    let mut nll = 0f64;
-    let mut count = 0usize;
+    let mut chunks = Vec::new();
     for chunk in tokens.chunks_exact(N_CTX).take(max_chunks) {
         let mut input = chunk.to_vec();
         if add_bos {
@@ -125,11 +137,12 @@ pub fn perplexity_with(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks:
         session.reset();
         let logits = session.eval(&input, LogitsMode::All).expect("eval");
         // Only the second half of each chunk is scored: positions 256..511 predict 257..512.
+        let mut nll = 0f64;
         for pos in N_CTX / 2..N_CTX - 1 {
             let lp = log_softmax(&logits[pos * n_vocab..(pos + 1) * n_vocab]);
             nll -= lp[input[pos + 1] as usize] as f64;
-            count += 1;
         }
+        chunks.push((nll, N_CTX / 2 - 1));
     }
-    ((nll / count as f64).exp(), tokens.len())
+    (chunks, tokens.len())
 }

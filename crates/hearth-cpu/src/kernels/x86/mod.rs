@@ -1,6 +1,7 @@
 //! x86_64 AVX2 + FMA + F16C kernels, following ggml-cpu/arch/x86/quants.c.
 //! Every function here requires those features and whole-row buffers (checked by the caller).
 
+mod interleaved512;
 mod kquants;
 mod kquants512;
 mod ktile;
@@ -10,11 +11,10 @@ mod legacy512;
 mod legacy_unpacked512;
 mod legacy_unpacked_avx2;
 mod multi;
-mod q4k_interleaved512;
 
+pub(super) use interleaved512::kquant_prefill_pass;
 pub(super) use legacy_unpacked512::legacy_prefill_pass;
 pub(super) use legacy_unpacked_avx2::legacy_prefill_pass_avx2;
-pub(super) use q4k_interleaved512::q4_k_prefill_pass;
 pub(super) use multi::{decode_tiles, supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};
 
 use core::arch::x86_64::*;
