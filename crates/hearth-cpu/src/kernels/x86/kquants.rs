@@ -94,19 +94,46 @@ pub(super) unsafe fn mins_and_scales(packed: *const u8) -> __m256i {
 
 /// One Q4_K output's two exact integer sums of a super-block as i32 lanes [S, M, S, M]: S the sum
 /// of the 8 scaled-code lanes `sumi`, M the sum of the 4 mins · bsums lanes `mins`. Integer sums
-/// are exact in any order, so every kernel's lanes reduce to the same two numbers.
+/// are exact in any order, so every kernel's lanes reduce to the same two numbers. (Unpacks and
+/// adds, single-uop each, rather than `hadd`s: the decode kernels pay this per super-block.)
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn q4k_sums(sumi: __m256i, mins: __m128i) -> __m128i {
-    let h = _mm_hadd_epi32(fold_i32(sumi), mins);
-    _mm_hadd_epi32(h, h)
+    let s = fold_i32(sumi);
+    // [s0+s2, m0+m2, s1+s3, m1+m3]
+    let t = _mm_add_epi32(_mm_unpacklo_epi32(s, mins), _mm_unpackhi_epi32(s, mins));
+    _mm_add_epi32(t, _mm_unpackhi_epi64(t, t))
 }
 
 /// Two Q4_K outputs' sums as [Sa, Ma, Sb, Mb] (see [`q4k_sums`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn q4k_sums2(sumi_a: __m256i, mins_a: __m128i, sumi_b: __m256i, mins_b: __m128i) -> __m128i {
-    _mm_hadd_epi32(_mm_hadd_epi32(fold_i32(sumi_a), mins_a), _mm_hadd_epi32(fold_i32(sumi_b), mins_b))
+    let (sa, sb) = (fold_i32(sumi_a), fold_i32(sumi_b));
+    let ta = _mm_add_epi32(_mm_unpacklo_epi32(sa, mins_a), _mm_unpackhi_epi32(sa, mins_a));
+    let tb = _mm_add_epi32(_mm_unpacklo_epi32(sb, mins_b), _mm_unpackhi_epi32(sb, mins_b));
+    _mm_add_epi32(_mm_unpacklo_epi64(ta, tb), _mm_unpackhi_epi64(ta, tb))
+}
+
+/// The sums of four outputs' exact super-block integers at once, [Σa, Σb, Σc, Σd] of four vectors
+/// of 8 i32 lanes: a transpose-and-add of single-uop unpacks, cheaper than three `hadd`s a pair.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn sum4x8(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+    // Per 128-bit half: [a0+a2, b0+b2, a1+a3, b1+b3], then [Σa, Σb, Σc, Σd] of that half.
+    let ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    let cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+    let halves = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    _mm_add_epi32(_mm256_castsi256_si128(halves), _mm256_extracti128_si256::<1>(halves))
+}
+
+/// [`sum4x8`] of four vectors of 4 i32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn sum4x4(a: __m128i, b: __m128i, c: __m128i, d: __m128i) -> __m128i {
+    let ab = _mm_add_epi32(_mm_unpacklo_epi32(a, b), _mm_unpackhi_epi32(a, b));
+    let cd = _mm_add_epi32(_mm_unpacklo_epi32(c, d), _mm_unpackhi_epi32(c, d));
+    _mm_add_epi32(_mm_unpacklo_epi64(ab, cd), _mm_unpackhi_epi64(ab, cd))
 }
 
 /// The 8 i32 lanes of `v` added in pairs (low half + high half).
@@ -143,8 +170,9 @@ pub(super) unsafe fn q4k_results(acc: __m128) -> [f32; 2] {
 #[inline]
 pub(super) unsafe fn q6k_accumulate(acc: __m128, sumi: __m256i, d: f32) -> __m128 {
     let folded = fold_i32(sumi);
-    let pairs = _mm_hadd_epi32(folded, folded);
-    _mm_fmadd_ss(_mm_cvtepi32_ps(_mm_hadd_epi32(pairs, pairs)), _mm_set_ss(d), acc)
+    let pairs = _mm_add_epi32(folded, _mm_unpackhi_epi64(folded, folded));
+    let total = _mm_add_epi32(pairs, _mm_shuffle_epi32::<0b01>(pairs));
+    _mm_fmadd_ss(_mm_cvtepi32_ps(total), _mm_set_ss(d), acc)
 }
 
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.
