@@ -7,12 +7,6 @@
 use super::kquants::{mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6k_accumulate, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn load512(p: *const u8) -> __m512i {
-    _mm512_loadu_si512(p as *const __m512i)
-}
-
 /// The 8 i32 lanes of the 256-bit kernels: low half + high half.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]

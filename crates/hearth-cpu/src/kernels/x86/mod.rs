@@ -96,6 +96,13 @@ unsafe fn load256(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// An unaligned 512-bit load (for the AVX-512 kernels).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn load512(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const __m512i)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn hsum_float_8(x: __m256) -> f32 {

@@ -33,12 +33,6 @@ const CODES_BYTES: usize = 64 * 64;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn load512(p: *const u8) -> __m512i {
-    _mm512_loadu_si512(p as *const __m512i)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
 unsafe fn store512(p: *mut u8, v: __m512i) {
     _mm512_storeu_si512(p as *mut __m512i, v)
 }
