@@ -2,9 +2,10 @@
 //!
 //! [`vec_dot`] dispatches once-detected x86_64 kernels — AVX2+FMA+F16C (llama.cpp's AVX2 kernel
 //! structure and roundings; for Q4_K those of its repacked kernels) or, for the hottest types,
-//! the same kernels with AVX-512 BW/VNNI instructions (bit-identical) — and falls back to the scalar reference in `hearth_core::quant` for every
-//! other type or CPU. The browser build (wasm32 with simd128) dispatches its own simd128 kernels
-//! (`Isa::Simd128`, `wasm/`), bit-identical to the scalar reference. [`vec_dot_rows`] and
+//! the same kernels with AVX-512 BW/VNNI instructions (bit-identical) — and falls back to the
+//! scalar reference in `hearth_core::quant` for every other type or CPU. The browser build
+//! (wasm32 with simd128) dispatches its own simd128 kernels (`Isa::Simd128`, `wasm/`),
+//! bit-identical to the scalar reference. [`vec_dot_rows`] and
 //! [`vec_dot_tile`] compute several dot products per pass over a weight row, each equal to
 //! [`vec_dot`] bit for bit. Row sizes are validated by the caller at load time; a mismatch here is
 //! a bug, caught by `debug_assert!` in debug builds and answered with NaN (never UB, never a panic)

@@ -1,4 +1,5 @@
-//! x86_64 AVX2 + FMA + F16C kernels, following ggml-cpu/arch/x86/quants.c.
+//! x86_64 AVX2 + FMA + F16C kernels, following ggml-cpu/arch/x86/quants.c (Q4_K: the roundings
+//! of its repacked kernels, repack.cpp; interleaved512/ interleaves weight rows as they do).
 //! Every function here requires those features and whole-row buffers (checked by the caller).
 
 mod interleaved512;
