@@ -125,20 +125,14 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
 /// Activation rows that [`vec_dot_rows`] dots with one weight row in a single pass.
 pub const MULTI_ROWS: usize = 4;
 
-/// From how many activation rows Q4_K / Q6_K weights go through the interleaved kernels
+/// From how many activation rows Q4_K weights go through the interleaved kernel
 /// (x86/interleaved512/, AVX-512 VNNI) rather than the packed tiles: interleaving a tile of 16
 /// weight rows costs about as much as a few tokens' dot products with it. Sweeping 192 MiB of
 /// Qwen2.5-1.5B-shaped rows from memory on 2 threads (benches/verify_tiles.rs, ms, packed →
-/// interleaved): Q4_K rows of 1536 at 4 tokens 12.8 → 14.2, 6: 18.2 → 16.8, 8: 22.3 → 19.1,
-/// 12: 37.7 → 23.5; rows of 8960 at 4 tokens 16.3 → 13.1, 12: 35.6 → 21.5. Q6_K rows of 1536 at
-/// 8 tokens 14.8 → 17.0, 12: 22.3 → 20.4, 16: 29.2 → 24.2 (8960 alike).
-pub fn interleaved_min_rows(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::Q4_K => 5,
-        GgmlType::Q6_K => 10,
-        _ => usize::MAX,
-    }
-}
+/// interleaved): rows of 1536 at 4 tokens 12.8 → 14.2, 6: 18.2 → 16.8, 8: 22.3 → 19.1,
+/// 12: 37.7 → 23.5; rows of 8960 at 4 tokens 16.3 → 13.1, 12: 35.6 → 21.5. (Q6_K stays in the
+/// packed tiles: see interleaved512/mod.rs for the rounding it must keep.)
+pub const INTERLEAVED_MIN_ROWS: usize = 5;
 
 /// `out[r] = vec_dot(ty, n, weights, activation row r)` for the `out.len()` rows packed in
 /// `activations` (each `ty.vec_dot_type().row_bytes(n)` bytes), bit for bit; weight types with
@@ -284,10 +278,10 @@ pub const TILE_WEIGHT_ROWS: usize = 2;
 /// rows (16 with AVX-512 VNNI, 8 with AVX2) once for all the activation rows; with fewer (decode)
 /// they load each activation block once per 2 × [`TILE_WEIGHT_ROWS`] weight rows and unpack each
 /// weight block once per [`MULTI_ROWS`] activation rows, and so does Q4_K for one activation
-/// row (decode) of up to 2048 elements; Q4_K and Q6_K with [`interleaved_min_rows`] or more
-/// activation rows and AVX-512 VNNI go in tiles of 16 weight rows interleaved once for all of
-/// them; with fewer, Q4_K with 2+ and Q6_K with 2+ or one of up to 2048 elements go in tiles of 2
-/// weight rows × up to 8 activation rows (`kquant_tile`); other types row by row.
+/// row (decode) of up to 2048 elements; Q4_K with [`INTERLEAVED_MIN_ROWS`] or more activation
+/// rows and AVX-512 VNNI goes in tiles of 16 weight rows interleaved once for all of them; with
+/// fewer, Q4_K with 2+ and Q6_K with 2+ or one of up to 2048 elements go in tiles of 2 weight
+/// rows × up to 8 activation rows (`kquant_tile`); other types row by row.
 pub fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], activations: &[u8], out: &mut [f32]) {
     vec_dot_tile_with(detected_isa(), ty, n, weights, activations, out)
 }
@@ -325,11 +319,11 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
                     x86::decode_tiles::<TILE_WEIGHT_ROWS>(vnni, ty, n, x0, w_row, n_w, y, o)
                 }
             }
-        } else if vnni && rows >= interleaved_min_rows(ty) {
+        } else if vnni && ty == GgmlType::Q4_K && rows >= INTERLEAVED_MIN_ROWS {
             // Prefill and verification: tiles of 16 weight rows interleaved once for all the tokens.
             // SAFETY: the ISA's features are present and the buffers hold whole rows (sizes
             // checked above).
-            let done = unsafe { x86::kquant_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
+            let done = unsafe { x86::q4_k_prefill_pass(n / ty.block_len(), weights, w_row, activations, act_row, out) };
             // The last weight rows short of an interleaved tile in packed tiles.
             let (rest_w, rest_out) = (&weights[done * w_row..], &mut out[done * rows..]);
             done + kquant_tile::kquant_pass(vnni, ty, n, rest_w, w_row, activations, act_row, rest_out)

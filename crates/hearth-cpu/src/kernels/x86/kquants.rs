@@ -162,19 +162,6 @@ pub(super) unsafe fn q4k_results(acc: __m128) -> [f32; 2] {
     [_mm_cvtss_f32(diff), _mm_cvtss_f32(_mm_movehl_ps(diff, diff))]
 }
 
-/// One super-block step of a Q6_K output: lane 0 of `acc` += f32(S) · `d` in one FMA, S the exact
-/// sum of the 8 i32 lanes `sumi` (the scaled codes less 32 · Σ scale · bsum) and `d` = yd · xd.
-/// Every Q6_K kernel here, whatever its lane layout, rounds this way (and so does the interleaved
-/// prefill kernel): exact integers per super-block, then one FMA chain.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q6k_accumulate(acc: __m128, sumi: __m256i, d: f32) -> __m128 {
-    let folded = fold_i32(sumi);
-    let pairs = _mm_add_epi32(folded, _mm_unpackhi_epi64(folded, folded));
-    let total = _mm_add_epi32(pairs, _mm_shuffle_epi32::<0b01>(pairs));
-    _mm_fmadd_ss(_mm_cvtepi32_ps(total), _mm_set_ss(d), acc)
-}
-
 /// Σ_j bsums[j] * mins[j/2] as 4 i32 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

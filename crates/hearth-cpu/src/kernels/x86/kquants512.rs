@@ -4,7 +4,7 @@
 //! lanes (and Q4_K's super-block sums theirs), and the float operations that follow are the same:
 //! results are bit-identical.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6k_accumulate, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
 /// The 8 i32 lanes of the 256-bit kernels: low half + high half.
@@ -59,8 +59,7 @@ pub(super) unsafe fn q4_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q6_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
     let pair = |lo: __m256i, hi: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    // Lane 0: the FMA chain of `q6k_accumulate`.
-    let mut acc = [_mm_setzero_ps(); R];
+    let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let xb = x.add(i * 210);
         if R == 1 {
@@ -88,12 +87,14 @@ pub(super) unsafe fn q6_k_q8_k_512<const R: usize>(nb: usize, x: *const u8, y: [
             let q8sums = load256(yb.add(Q8K_BSUMS));
             let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16), 5);
             let s = _mm256_sub_epi32(fold_halves(sumi[r]), q8sclsub);
-            acc[r] = q6k_accumulate(acc[r], s, q8k_d(yb) * xd);
+            let d = q8k_d(yb) * xd;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
         }
     }
+    // A loop, not a `map` closure, so that `hsum_float_8` inlines (see ktile512.rs).
     let mut out = [0f32; R];
     for r in 0..R {
-        out[r] = _mm_cvtss_f32(acc[r]);
+        out[r] = hsum_float_8(acc[r]);
     }
     out
 }

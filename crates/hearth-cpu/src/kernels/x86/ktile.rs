@@ -5,7 +5,7 @@
 //! integer sums) and float accumulators, updated by the same operations in the same order as the
 //! single-row kernels of multi.rs: each output equals the single-row dot product bit for bit.
 
-use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6k_accumulate, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::*;
 
 /// How many tiles of W weight rows ahead the tile kernels prefetch their weights.
@@ -126,8 +126,7 @@ pub(super) unsafe fn q6_k_tile_avx2<const W: usize, const R: usize, const PREFET
     x: [*const u8; W],
     y: [*const u8; R],
 ) -> [[f32; R]; W] {
-    // Lane 0: the FMA chain of `q6k_accumulate`.
-    let mut acc = [[_mm_setzero_ps(); R]; W];
+    let mut acc = [[_mm256_setzero_ps(); R]; W];
     for i in 0..nb {
         let mut xd = [0f32; W];
         let mut scales = [_mm_setzero_si128(); W];
@@ -166,14 +165,17 @@ pub(super) unsafe fn q6_k_tile_avx2<const W: usize, const R: usize, const PREFET
                 // Codes are stored +32; subtract 32 * Σ scale * bsum once instead of per element.
                 let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales[w])), 5);
                 let s = _mm256_sub_epi32(sumi[w][r], q8sclsub);
-                acc[w][r] = q6k_accumulate(acc[w][r], s, yd * xd[w]);
+                let d = yd * xd[w];
+                acc[w][r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[w][r]);
             }
         }
     }
+    // Loops, not `map` closures: a closure does not inherit this function's target features,
+    // so `hsum_float_8` would be a call per output instead of inlined.
     let mut out = [[0f32; R]; W];
     for w in 0..W {
         for r in 0..R {
-            out[w][r] = _mm_cvtss_f32(acc[w][r]);
+            out[w][r] = hsum_float_8(acc[w][r]);
         }
     }
     out

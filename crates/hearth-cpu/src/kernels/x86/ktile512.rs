@@ -7,7 +7,7 @@
 //! order as `q4_k_q8_k_512::<1>` / `q6_k_q8_k_512::<1>`: each output equals the single-row dot
 //! product bit for bit. (From 5 activation rows, Q4_K goes through q4k_interleaved512.rs.)
 
-use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6k_accumulate, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
 use super::ktile::sweep_prefetch;
 use super::*;
 
@@ -131,10 +131,9 @@ pub(super) unsafe fn q6_k_tile_512<const W: usize, const R: usize, const PREFETC
     y: [*const u8; R],
 ) -> [[f32; R]; W] {
     let pair = |lo: __m256i, hi: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    // Lane 0: the FMA chain of `q6k_accumulate`.
-    let mut acc = [[_mm_setzero_ps(); R]; W];
+    let mut acc = [[_mm256_setzero_ps(); R]; W];
     for i in 0..nb {
-        let mut xd = [0f32; W];
+        let mut xd = [_mm256_setzero_ps(); W];
         let mut scales = [_mm_setzero_si128(); W];
         let mut scales16 = [_mm256_setzero_si256(); W];
         for w in 0..W {
@@ -142,7 +141,7 @@ pub(super) unsafe fn q6_k_tile_512<const W: usize, const R: usize, const PREFETC
             if PREFETCH {
                 sweep_prefetch(x[0], W, w, i, nb, 210);
             }
-            xd[w] = f16_at(xb.add(208));
+            xd[w] = _mm256_set1_ps(f16_at(xb.add(208)));
             scales[w] = _mm_loadu_si128(xb.add(192) as *const __m128i);
             scales16[w] = _mm256_cvtepi8_epi16(scales[w]);
         }
@@ -173,20 +172,23 @@ pub(super) unsafe fn q6_k_tile_512<const W: usize, const R: usize, const PREFETC
         for r in 0..R {
             let yb = y[r].add(i * Q8K_BYTES);
             let q8sums = load256(yb.add(Q8K_BSUMS));
-            let yd = q8k_d(yb);
+            let yd = _mm256_set1_ps(q8k_d(yb));
             for w in 0..W {
                 // Codes are stored +32; subtract 32 * Σ scale * bsum once instead of per element.
                 let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16[w]), 5);
                 let s = _mm256_sub_epi32(fold_halves(sumi[w][r]), q8sclsub);
                 // d = yd * xd per lane, as the single-row kernel's scalar product.
-                acc[w][r] = q6k_accumulate(acc[w][r], s, yd * xd[w]);
+                let d = _mm256_mul_ps(yd, xd[w]);
+                acc[w][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[w][r]);
             }
         }
     }
+    // Loops, not `map` closures: a closure does not inherit this function's target features,
+    // so `hsum_float_8` would be a call per output instead of inlined.
     let mut out = [[0f32; R]; W];
     for w in 0..W {
         for r in 0..R {
-            out[w][r] = _mm_cvtss_f32(acc[w][r]);
+            out[w][r] = hsum_float_8(acc[w][r]);
         }
     }
     out

@@ -12,7 +12,7 @@
 //! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
 
 use super::kquants::{
-    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q4k_sums2, q6_k_codes, q6k_accumulate, sum4x4, sum4x8, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES,
+    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q4k_sums2, q6_k_codes, sum4x4, sum4x8, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES,
     Q8K_QS, SCALE_SHUFFLE_K4,
 };
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
@@ -193,8 +193,7 @@ macro_rules! multi_kernels {
             #[allow(dead_code)] // the VNNI flavour runs kquants512.rs for Q4_K/Q6_K instead
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q6_k_q8_k<const R: usize>(nb: usize, x: *const u8, y: [*const u8; R]) -> [f32; R] {
-                // Lane 0: the FMA chain of `q6k_accumulate`.
-                let mut acc = [_mm_setzero_ps(); R];
+                let mut acc = [_mm256_setzero_ps(); R];
                 for i in 0..nb {
                     let xb = x.add(i * 210);
                     if R == 1 {
@@ -225,12 +224,14 @@ macro_rules! multi_kernels {
                         let q8sums = load256(yb.add(Q8K_BSUMS));
                         let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16), 5);
                         let s = _mm256_sub_epi32(sumi[r], q8sclsub);
-                        acc[r] = q6k_accumulate(acc[r], s, q8k_d(yb) * xd);
+                        let d = q8k_d(yb) * xd;
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
                     }
                 }
+                // A loop, not a `map` closure, so that `hsum_float_8` inlines (see ktile512.rs).
                 let mut out = [0f32; R];
                 for r in 0..R {
-                    out[r] = _mm_cvtss_f32(acc[r]);
+                    out[r] = hsum_float_8(acc[r]);
                 }
                 out
             }

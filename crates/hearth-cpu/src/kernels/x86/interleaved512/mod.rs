@@ -1,5 +1,5 @@
-//! Prefill and verification Q4_K / Q6_K × Q8_K with AVX-512 VNNI on 16 weight rows interleaved
-//! lane by lane.
+//! Prefill and verification Q4_K × Q8_K with AVX-512 VNNI on 16 weight rows interleaved lane by
+//! lane.
 //!
 //! The packed tile kernels (ktile512.rs) keep one register per (weight row, activation row) pair
 //! whose 16 i32 lanes each cover a few columns: every sub-block costs a scale multiply per pair,
@@ -10,18 +10,20 @@
 //! (llama.cpp's repacked Q4_K kernels interleave rows the same way.)
 //!
 //! Per output the integers are the exact super-block sums, and the float steps those of the
-//! packed kernels (`q4k_accumulate`, `q6k_accumulate` in kquants.rs): every output equals the
-//! one-row kernel bit for bit.
+//! packed kernels (`q4k_accumulate` in kquants.rs): every output equals the one-row kernel bit for
+//! bit.
 //!
-//! An interleaved super-block of 16 rows starts with their codes, 0..63 as bytes in element
-//! order: [64 groups of 4 elements][16 rows][4] (4 KiB), then each type's scales (q4_k.rs,
-//! q6_k.rs).
+//! Not Q6_K: llama.cpp has no repacked Q6_K kernel on x86, and its `ggml_vec_dot_q6_K_q8_K`
+//! converts 8 partial i32 sums per super-block (lane l: elements 4l..4l+3 of every 32, less the
+//! bsum term of elements 32l..32l+31) to floats separately, a rounding the packed kernels keep
+//! and one lane per row cannot produce without 8 accumulators per output.
+//!
+//! An interleaved super-block of 16 rows starts with their codes, 0..15 as bytes in element
+//! order: [64 groups of 4 elements][16 rows][4] (4 KiB), then the scales (q4_k.rs).
 
 mod q4_k;
-mod q6_k;
 
 use super::*;
-use hearth_core::quant::GgmlType;
 
 /// Weight rows per interleaved tile: one per i32 lane of a 512-bit register.
 const ROWS: usize = 16;
@@ -97,47 +99,30 @@ unsafe fn prefetch_next_tile(x0: *const u8, w_row: usize, offset: usize, block_b
     }
 }
 
-/// Prefill / verification mat-mul of Q4_K or Q6_K weights (`ty`) with VNNI: `out[w * rows + r]`
-/// for the whole groups of 16 weight rows in `weights` (rows of `w_row` bytes, `nb`
-/// super-blocks) against the `rows` Q8_K rows of `act_row` bytes in `activations`; returns how
-/// many weight rows it did (none for other types).
+/// Prefill / verification mat-mul of Q4_K weights with VNNI: `out[w * rows + r]` for the whole
+/// groups of 16 weight rows in `weights` (rows of `w_row` bytes, `nb` super-blocks) against the
+/// `rows` Q8_K rows of `act_row` bytes in `activations`; returns how many weight rows it did.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI must be available; `weights` and `activations` hold
-/// whole rows of `nb` super-blocks and `out` one float per (weight row, activation row).
-pub(in crate::kernels) unsafe fn kquant_prefill_pass(
-    ty: GgmlType,
-    nb: usize,
-    weights: &[u8],
-    w_row: usize,
-    activations: &[u8],
-    act_row: usize,
-    out: &mut [f32],
-) -> usize {
-    let block = match ty {
-        GgmlType::Q4_K => q4_k::BLOCK,
-        GgmlType::Q6_K => q6_k::BLOCK,
-        _ => return 0,
-    };
+/// whole Q4_K / Q8_K rows of `nb` super-blocks and `out` one float per (weight row, activation
+/// row).
+pub(in crate::kernels) unsafe fn q4_k_prefill_pass(nb: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) -> usize {
     // Each thread keeps its buffer: a call takes one task's 16 weight rows, and allocating (and
     // zeroing) 28-166 KiB per call cost as much as interleaving them.
     thread_local! {
         static BLOCKS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     BLOCKS.with_borrow_mut(|blocks| {
-        if blocks.len() < nb * block {
-            blocks.resize(nb * block, 0);
+        if blocks.len() < nb * q4_k::BLOCK {
+            blocks.resize(nb * q4_k::BLOCK, 0);
         }
-        let pass = Pass { nb, activations, act_row, rows: activations.len() / act_row, blocks: &mut blocks[..nb * block] };
-        if ty == GgmlType::Q6_K {
-            pass.run::<true>(weights, w_row, out)
-        } else {
-            pass.run::<false>(weights, w_row, out)
-        }
+        let pass = Pass { nb, activations, act_row, rows: activations.len() / act_row, blocks: &mut blocks[..nb * q4_k::BLOCK] };
+        pass.run(weights, w_row, out)
     })
 }
 
-/// The activation rows and interleaving buffer of a [`kquant_prefill_pass`].
+/// The activation rows and interleaving buffer of a [`q4_k_prefill_pass`].
 struct Pass<'a> {
     nb: usize,
     activations: &'a [u8],
@@ -147,28 +132,24 @@ struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// Every whole tile of 16 weight rows (Q6_K when `Q6`, else Q4_K) against every activation
-    /// row; returns the weight rows done.
+    /// Every whole tile of 16 weight rows against every activation row; returns the weight rows
+    /// done.
     ///
     /// # Safety
-    /// As [`kquant_prefill_pass`].
-    unsafe fn run<const Q6: bool>(self, weights: &[u8], w_row: usize, out: &mut [f32]) -> usize {
+    /// As [`q4_k_prefill_pass`].
+    unsafe fn run(self, weights: &[u8], w_row: usize, out: &mut [f32]) -> usize {
         let n_w = weights.len() / w_row;
         let mut w_done = 0;
         while w_done + ROWS <= n_w {
             let x0 = weights.as_ptr().add(w_done * w_row);
-            if Q6 {
-                q6_k::interleave_rows(self.nb, x0, w_row, self.blocks.as_mut_ptr());
-            } else {
-                q4_k::interleave_rows(self.nb, x0, w_row, self.blocks.as_mut_ptr());
-            }
+            q4_k::interleave_rows(self.nb, x0, w_row, self.blocks.as_mut_ptr());
             let mut r = 0;
             while r < self.rows {
                 r += match self.rows - r {
-                    1 => self.tile_into::<Q6, 1>(r, w_done, out),
-                    2 => self.tile_into::<Q6, 2>(r, w_done, out),
-                    3 => self.tile_into::<Q6, 3>(r, w_done, out),
-                    _ => self.tile_into::<Q6, ACT_ROWS>(r, w_done, out),
+                    1 => self.tile_into::<1>(r, w_done, out),
+                    2 => self.tile_into::<2>(r, w_done, out),
+                    3 => self.tile_into::<3>(r, w_done, out),
+                    _ => self.tile_into::<ACT_ROWS>(r, w_done, out),
                 };
             }
             w_done += ROWS;
@@ -180,12 +161,11 @@ impl Pass<'_> {
     /// `w_done..w_done + 16`, written into `out` ([weight row, activation row]); returns R.
     ///
     /// # Safety
-    /// As [`kquant_prefill_pass`]; rows `r..r + R` exist and the buffer holds the interleaved rows.
+    /// As [`q4_k_prefill_pass`]; rows `r..r + R` exist and the buffer holds the interleaved rows.
     #[inline(always)]
-    unsafe fn tile_into<const Q6: bool, const R: usize>(&self, r: usize, w_done: usize, out: &mut [f32]) -> usize {
+    unsafe fn tile_into<const R: usize>(&self, r: usize, w_done: usize, out: &mut [f32]) -> usize {
         let y: [*const u8; R] = std::array::from_fn(|i| self.activations.as_ptr().add((r + i) * self.act_row));
-        let blocks = self.blocks.as_ptr();
-        let dots = if Q6 { q6_k::tile::<R>(self.nb, blocks, y) } else { q4_k::tile::<R>(self.nb, blocks, y) };
+        let dots = q4_k::tile::<R>(self.nb, self.blocks.as_ptr(), y);
         for (i, row) in dots.iter().enumerate() {
             for (l, &d) in row.iter().enumerate() {
                 out[(w_done + l) * self.rows + r + i] = d;
