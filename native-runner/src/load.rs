@@ -25,8 +25,19 @@ pub fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
     if args.backend != "cpu" && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
-    let cpu = || -> Result<Box<dyn Backend>> { Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?)) };
+    let numerics = match args.numerics.as_str() {
+        "hearth" => hearth_cpu::Numerics::Hearth,
+        "llama-cpp" => hearth_cpu::Numerics::LlamaCpp,
+        other => bail!("unknown numerics '{other}' (expected hearth or llama-cpp)"),
+    };
+    let cpu = || -> Result<Box<dyn Backend>> { Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?.with_numerics(numerics))) };
     let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
+    if numerics == hearth_cpu::Numerics::LlamaCpp {
+        return match args.backend.as_str() {
+            "auto" | "cpu" => cpu(),
+            other => bail!("--numerics llama-cpp is the CPU backend's; it cannot run on backend '{other}'"),
+        };
+    }
     match args.backend.as_str() {
         "cpu" => cpu(),
         "wgpu" => Ok(Box::new(open_wgpu()?)),

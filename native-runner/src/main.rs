@@ -69,6 +69,12 @@ pub struct ModelArgs {
     /// concurrent request when serving). The context that fits is printed at load.
     #[arg(long = "kv-memory", value_parser = parse_bytes)]
     pub kv_memory: Option<u64>,
+    /// The CPU backend's arithmetic where two roundings are both valid: hearth (default: a
+    /// token's result never depends on its batch) or llama-cpp (llama.cpp's CPU backend bit for bit
+    /// on AVX-512 x86 for prompts under 64 tokens and contexts under 512: the same logits, for
+    /// checking a model against it). llama-cpp runs on the CPU backend.
+    #[arg(long, default_value = "hearth")]
+    pub numerics: String,
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,

@@ -7,6 +7,7 @@ use hearth_core::runner::Runner;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_cpu::CpuBackend;
+pub use hearth_cpu::Numerics;
 use std::path::PathBuf;
 
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
@@ -54,8 +55,13 @@ pub fn cpu_session(stem: &str, n_ctx: usize) -> (GgufFile, Session) {
 
 /// Opens the model file at `path` on the CPU backend with the given context size.
 pub fn cpu_session_at(path: &std::path::Path, n_ctx: usize) -> (GgufFile, Session) {
+    cpu_session_numerics(path, n_ctx, Numerics::Hearth)
+}
+
+/// [`cpu_session_at`] with the CPU backend computing in `numerics`.
+pub fn cpu_session_numerics(path: &std::path::Path, n_ctx: usize, numerics: Numerics) -> (GgufFile, Session) {
     let file = GgufFile::open(path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
-    let backend = CpuBackend::new(None).expect("cpu backend");
+    let backend = CpuBackend::new(None).expect("cpu backend").with_numerics(numerics);
     let options = EngineOptions { n_ctx, ..EngineOptions::default() };
     let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
     (file, session)

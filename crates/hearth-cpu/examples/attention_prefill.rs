@@ -8,7 +8,7 @@
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::{AttentionParams, SeqStep};
 use hearth_core::kv::{KvGroup, KvType};
-use hearth_cpu::{paged_attention, KvStore};
+use hearth_cpu::{paged_attention, KvStore, Numerics};
 use std::time::Instant;
 
 const CHUNK: usize = 256;
@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for _ in 0..repetitions {
                     let start = Instant::now();
                     let paged = kv.paged(0, &step, 0, context - 1, offset)?;
-                    paged_attention(&q, paged, &params, pos0, CHUNK, &mut out)?;
+                    paged_attention(&q, paged, &params, pos0, CHUNK, Numerics::Hearth, &mut out)?;
                     best = best.min(start.elapsed().as_secs_f64());
                 }
                 println!("{name:>13} {:>5} context {context:>5}: {:8.3} ms", kv_type.name(), best * 1e3);

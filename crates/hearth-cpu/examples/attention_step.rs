@@ -8,7 +8,7 @@
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::{AttentionParams, SeqStep};
 use hearth_core::kv::{KvGroup, KvType};
-use hearth_cpu::{paged_attention, KvStore};
+use hearth_cpu::{paged_attention, KvStore, Numerics};
 use std::time::Instant;
 
 const N_LAYERS: usize = 24;
@@ -61,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     v_offset: None,
                 };
                 let paged = kv.paged(layer, &step, 0, pos, Some(&offsets))?;
-                paged_attention(&q, paged, &params, pos, 1, &mut out)?;
+                paged_attention(&q, paged, &params, pos, 1, Numerics::Hearth, &mut out)?;
             }
             best = best.min(start.elapsed().as_secs_f64());
         }

@@ -10,6 +10,7 @@ pub(crate) struct ExecContext<'a> {
     pub weights: &'a [CpuWeight],
     pub input: StepInput<'a>,
     pub debug: &'a DebugOptions,
+    pub numerics: crate::Numerics,
 }
 
 /// Debug aids, read from the environment once when the backend is created (not per step):
@@ -195,7 +196,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::MatMul { w: wid, x, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let bias = bias.map(|b| w(b).f32.as_deref().unwrap_or(&[]));
-                matmul::matmul(w(*wid), &bufs[x.0 as usize], *x, cols(*x), bias, &mut compiled.activations, &mut o);
+                matmul::matmul(w(*wid), &bufs[x.0 as usize], *x, cols(*x), bias, &mut compiled.activations, ctx.numerics, &mut o);
                 bufs[out.0 as usize] = o;
             }
             Op::Rope { x, params } => {
@@ -217,7 +218,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                     let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
                     let paged = kv.paged(params.layer, seq, lo, hi, v_offset)?;
                     let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
-                    attention::attention(&bufs[q.0 as usize][rows.clone()], paged, params, seq.pos0, seq.n_tokens, &mut o[rows])?;
+                    attention::attention(&bufs[q.0 as usize][rows.clone()], paged, params, seq.pos0, seq.n_tokens, ctx.numerics, &mut o[rows])?;
                     t0 += seq.n_tokens;
                 }
                 bufs[out.0 as usize] = o;

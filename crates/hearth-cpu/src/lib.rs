@@ -4,6 +4,7 @@
 //! closely; work is split over a rayon pool natively.
 
 mod attention;
+mod compat;
 mod exec;
 mod fma;
 mod kv_store;
@@ -22,6 +23,8 @@ pub use kv_store::KvStore;
 /// Attention of one sequence's queries over a [`KvStore::paged`] view (for benchmarks; the
 /// backend runs it from `Op::Attention`).
 pub use attention::{attention as paged_attention, PagedKv};
+pub use compat::Numerics;
+use compat::GGML_FA_TILE_Q;
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +65,7 @@ pub struct CpuBackend {
     graphs: Vec<CompiledGraph>,
     counters: BackendCounters,
     debug: exec::DebugOptions,
+    numerics: Numerics,
     #[cfg(not(target_arch = "wasm32"))]
     pool: std::sync::Arc<rayon::ThreadPool>,
 }
@@ -101,9 +105,17 @@ impl CpuBackend {
             graphs: Vec::new(),
             counters: BackendCounters::default(),
             debug: exec::DebugOptions::from_env(),
+            numerics: Numerics::Hearth,
             #[cfg(not(target_arch = "wasm32"))]
             pool: shared_pool(threads)?,
         })
+    }
+
+    /// This backend computing in `numerics` (default [`Numerics::Hearth`]); see compat.rs for what
+    /// [`Numerics::LlamaCpp`] changes.
+    pub fn with_numerics(mut self, numerics: Numerics) -> Self {
+        self.numerics = numerics;
+        self
     }
 
     pub fn threads(&self) -> usize {
@@ -175,7 +187,7 @@ impl Backend for CpuBackend {
         let n_ops = compiled.graph.ops.len() as u64;
         // Token ids are checked against the embedding table by the embed op.
         input.validate(&compiled.graph, &kv.layout, usize::MAX).map_err(CpuError::BadStep)?;
-        let ctx = exec::ExecContext { weights: &self.weights, input, debug: &self.debug };
+        let ctx = exec::ExecContext { weights: &self.weights, input, debug: &self.debug, numerics: self.numerics };
         #[cfg(not(target_arch = "wasm32"))]
         self.pool.install(|| exec::run(compiled, kv, &ctx))?;
         #[cfg(target_arch = "wasm32")]

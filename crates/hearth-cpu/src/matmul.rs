@@ -2,8 +2,10 @@
 //! weight's dot type (8-bit blocks for quantized weights), then weight rows are split across
 //! threads; each thread streams its weight rows once and reuses them for every activation row.
 
+use crate::compat::{q4_k_gemm_dot, q6_k_tiled_dot};
 use crate::kernels;
 use crate::weights::CpuWeight;
+use crate::Numerics;
 use hearth_core::quant::GgmlType;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -62,7 +64,49 @@ impl QuantizedActivations {
 
 /// x: [rows, k] (buffer `x_id`), out: [rows, n] for W: [n, k]; `cache` holds x converted to the
 /// weight's dot type when the previous mat-mul already read the same input.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
+    w: &CpuWeight,
+    x: &[f32],
+    x_id: hearth_core::graph::BufId,
+    k: usize,
+    bias: Option<&[f32]>,
+    cache: &mut QuantizedActivations,
+    numerics: Numerics,
+    out: &mut [f32],
+) {
+    matmul_rows(w, x, x_id, k, bias, cache, out);
+    let rows = x.len() / k;
+    // ggml's repacked Q4_K runs the rows in whole groups of 4 through its gemm kernel, which
+    // rounds per 64 elements (the other rows, its gemv, round as ours do); from 8 rows its tiled
+    // mat-mul takes Q6_K (compat.rs).
+    let (ty, compat_rows) = (w.desc.ty, match w.desc.ty {
+        GgmlType::Q4_K if rows >= 4 => rows - rows % 4,
+        GgmlType::Q6_K if rows >= 8 => rows,
+        _ => 0,
+    });
+    if numerics == Numerics::LlamaCpp && compat_rows > 0 {
+        let dot = if ty == GgmlType::Q4_K { q4_k_gemm_dot } else { q6_k_tiled_dot };
+        let act_row = GgmlType::Q8_K.row_bytes(k).unwrap_or(0);
+        let act = cache.get(x_id, GgmlType::Q8_K, x, k);
+        let (n, nb) = (w.desc.n_rows(), k / ty.block_len());
+        let gemm_rows = compat_rows;
+        // [n][gemm_rows] per weight row.
+        let column = |j: usize| -> Vec<f32> { act[..gemm_rows * act_row].chunks_exact(act_row).map(|a| dot(nb, w.rows(j, j + 1), a)).collect() };
+        #[cfg(not(target_arch = "wasm32"))]
+        let columns: Vec<Vec<f32>> = (0..n).into_par_iter().map(column).collect();
+        #[cfg(target_arch = "wasm32")]
+        let columns: Vec<Vec<f32>> = (0..n).map(column).collect();
+        for (j, column) in columns.iter().enumerate() {
+            for (r, &d) in column.iter().enumerate() {
+                out[r * n + j] = d + bias.map_or(0.0, |b| b[j]);
+            }
+        }
+    }
+}
+
+/// [`matmul`] in our own arithmetic.
+fn matmul_rows(
     w: &CpuWeight,
     x: &[f32],
     x_id: hearth_core::graph::BufId,

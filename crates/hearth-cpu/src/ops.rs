@@ -153,8 +153,11 @@ fn ggml_v_expf(x: f32) -> f32 {
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_COEF_A: f32 = 0.044715;
 
+/// ggml's `ggml_gelu_f32` as GCC compiles it (default -ffp-contract=fast): `1 + a·x·x` is one
+/// FMA, fma(a·x, x, 1). Unfused, some table entries came out one f16 step apart, and Gemma 3's
+/// logits parted from llama.cpp's at the first activation that hit one.
 fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// GELU of every f16 value (indexed by its bits), rounded to f16: ggml's `ggml_table_gelu_f16`.

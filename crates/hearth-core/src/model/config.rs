@@ -66,6 +66,10 @@ pub struct ModelConfig {
     pub rope_mode: RopeMode,
     pub n_rot: usize,
     pub attn_scale: f32,
+    /// The attention scale multiplies the queries (after RoPE) instead of the scores (gemma, as
+    /// llama.cpp's graph and the reference implementation do; the same in real arithmetic, and
+    /// where the scale is a power of two, as for Gemma 3's head sizes, in f32 too).
+    pub scale_queries: bool,
     /// Multiplies the token embeddings (gemma: sqrt(n_embd)).
     pub embd_scale: Option<f32>,
     pub ffn_activation: FfnActivation,
@@ -146,6 +150,7 @@ impl ModelConfig {
             rope_mode: RopeMode::Neox,
             n_rot,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            scale_queries: false,
             embd_scale: None,
             ffn_activation: FfnActivation::Silu,
             qkv_bias: false,
@@ -160,6 +165,7 @@ impl ModelConfig {
             Arch::Gemma3 => {
                 cfg.qk_norm = true;
                 cfg.post_norms = true;
+                cfg.scale_queries = true;
                 cfg.ffn_activation = FfnActivation::GeluTanh;
                 cfg.embd_scale = Some((n_embd as f32).sqrt());
                 let window = meta.usize(&key("attention.sliding_window"))?;

@@ -95,6 +95,9 @@ impl Model {
             };
             g.push(Op::Rope { x: q, params: rope.clone() });
             g.push(Op::Rope { x: k, params: rope });
+            if c.scale_queries {
+                g.push(Op::Scale { x: q, factor: c.attn_scale });
+            }
             // Quantized caches store keys and values minus the K and V biases (Qwen2's K bias
             // reaches ~150 where the rest of a key is ~1): exact, as the softmax ignores a shift
             // shared by all of a query's scores and its weights sum to 1 (softcap is None below).
@@ -107,7 +110,7 @@ impl Model {
                 n_head: c.n_head,
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
-                scale: c.attn_scale,
+                scale: if c.scale_queries { 1.0 } else { c.attn_scale },
                 window: la.window,
                 softcap: None,
                 v_offset,

@@ -23,13 +23,14 @@
 //! large ones; our goldens and perplexity stay within their tolerances of llama.cpp either way,
 //! see tests/.)
 
+mod ggml_f16;
 mod rows;
 mod simd;
 #[cfg(test)]
 mod tests;
 
 use crate::fma::with_fma;
-use crate::CpuError;
+use crate::{CpuError, Numerics, GGML_FA_TILE_Q};
 use hearth_core::graph::AttentionParams;
 use hearth_core::kv::{hadamard32, KvType};
 use rows::{decode_tile, HeadCols};
@@ -73,7 +74,18 @@ struct Task {
 
 /// One sequence's queries: q, out: [n_tokens, n_head * head_dim]. Token t sits at position
 /// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` covers.
-pub fn attention(q: &[f32], kv: PagedKv<'_>, p: &AttentionParams, pos0: usize, n_tokens: usize, out: &mut [f32]) -> Result<(), CpuError> {
+///
+/// With [`Numerics::LlamaCpp`], f16 KV, fewer than 64 tokens and a head size that is a multiple of
+/// 64, each task runs ggml's f16 flash attention instead (ggml_f16.rs).
+pub fn attention(
+    q: &[f32],
+    kv: PagedKv<'_>,
+    p: &AttentionParams,
+    pos0: usize,
+    n_tokens: usize,
+    numerics: Numerics,
+    out: &mut [f32],
+) -> Result<(), CpuError> {
     let hd = p.head_dim;
     if p.n_head.checked_rem(p.n_head_kv) != Some(0) || hd == 0 {
         return Err(CpuError::BadKv(format!("attention with {} query heads over {} KV heads of {hd}", p.n_head, p.n_head_kv)));
@@ -84,7 +96,8 @@ pub fn attention(q: &[f32], kv: PagedKv<'_>, p: &AttentionParams, pos0: usize, n
     }
     let tasks = split_tasks(p, n_tokens);
     let head = HeadContext { q, kv, p, pos0 };
-    let task = |t: &Task| with_fma!(attend_task(&head, *t));
+    let ggml_f16 = numerics == Numerics::LlamaCpp && kv.kv_type == KvType::F16 && n_tokens < GGML_FA_TILE_Q && hd.is_multiple_of(64);
+    let task = |t: &Task| if ggml_f16 { ggml_f16::attend_task(&head, *t) } else { with_fma!(attend_task(&head, *t)) };
     // [task tokens, task heads, head_dim] per task.
     #[cfg(not(target_arch = "wasm32"))]
     let results: Vec<Vec<f32>> = tasks.par_iter().map(task).collect();

@@ -144,7 +144,7 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
 
     let mut paged_out = vec![f32::NAN; n_out];
     let paged = kv.paged(0, &step, lo, case.pos0 + case.n_tokens - 1, v_offset).expect("paged view");
-    attention(&q, paged, &params, case.pos0, case.n_tokens, &mut paged_out).expect("attention");
+    attention(&q, paged, &params, case.pos0, case.n_tokens, crate::Numerics::Hearth, &mut paged_out).expect("attention");
 
     let (mut k_rows, mut v_rows) = (Vec::new(), Vec::new());
     kv.gather(0, &step, lo, case.pos0 + case.n_tokens - 1, &mut k_rows, &mut v_rows, v_offset).expect("gather");
