@@ -165,9 +165,11 @@ fn gpu_variant(session: &Session) -> String {
     session.backend().variant().unwrap_or_default()
 }
 
-// Log-prob bounds as in tests/golden_greedy.rs (CPU vs llama.cpp, 16 tokens), except the means
-// of Gemma and Qwen 1.5B: over these 32 tokens they measure 0.161 and 0.082 (the low-ranked
-// log-probs of the top-5, far below the top-1, are where the logits' error shows most).
+// Log-prob bounds as in tests/golden_greedy.rs (CPU vs llama.cpp, 16 tokens), except the means:
+// over these 32 tokens Gemma measures 0.161, Qwen 1.5B 0.082 and Qwen 0.5B 0.083 (0.5B: since
+// session 9's return of the CPU's Q6_K to ggml's 8-partial-sum rounding; the low-ranked log-probs
+// of the top-5, far below the top-1, are where the logits' error shows most), so both Qwens are
+// held to 0.1.
 #[test]
 fn gemma_270m_greedy_matches_cpu() {
     exact_greedy_tokens(GEMMA_270M, "def fibonacci(n):", 1.2, 0.2);
@@ -188,7 +190,7 @@ fn gemma_270m_second_prompt_decisive_tokens_match_cpu() {
 
 #[test]
 fn qwen_05b_greedy_matches_cpu() {
-    exact_greedy_tokens(QWEN_05B, "def fibonacci(n):", 0.6, 0.08);
+    exact_greedy_tokens(QWEN_05B, "def fibonacci(n):", 0.6, 0.1);
 }
 
 #[test]
