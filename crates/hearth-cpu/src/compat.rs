@@ -25,6 +25,11 @@
 //! positions ggml's decode splits the context across threads, which this mode does not reproduce.
 //! The compat mat-mul kernels are scalar: this mode is for checking, not for speed.
 
+use crate::weights::CpuWeight;
+use hearth_core::quant::GgmlType;
+#[cfg(not(target_arch = "wasm32"))]
+use rayon::prelude::*;
+
 /// Which arithmetic the CPU backend uses where two roundings are both valid.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Numerics {
@@ -33,6 +38,38 @@ pub enum Numerics {
     Hearth,
     /// llama.cpp's CPU backend (see the module docs): batch-dependent, attention in f16.
     LlamaCpp,
+}
+
+/// How many of a mat-mul's `rows` token rows llama.cpp rounds differently from us (its first
+/// ones): Q4_K's rows in whole groups of 4 (its repacked gemm; the rest, its gemv, round as ours
+/// do), and from 8 rows all of Q6_K's (its tiled mat-mul).
+pub(crate) fn llama_cpp_rows(ty: GgmlType, rows: usize) -> usize {
+    match ty {
+        GgmlType::Q4_K if rows >= 4 => rows - rows % 4,
+        GgmlType::Q6_K if rows >= 8 => rows,
+        _ => 0,
+    }
+}
+
+/// out[r, j] = dot(W row j, activation row r) (+ bias[j]) for the first `rows` of the Q8_K
+/// activation rows `act` ([rows.., k]) in llama.cpp's rounding for W's type (Q4_K or Q6_K, see
+/// [`llama_cpp_rows`]); out: [.., n] for W: [n, k]. Scalar, in parallel over weight rows.
+pub(crate) fn matmul_rows(w: &CpuWeight, act: &[u8], k: usize, rows: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+    let ty = w.desc.ty;
+    let dot = if ty == GgmlType::Q4_K { q4_k_gemm_dot } else { q6_k_tiled_dot };
+    let act_row = GgmlType::Q8_K.row_bytes(k).unwrap_or(0);
+    let (n, nb) = (w.desc.n_rows(), k / ty.block_len());
+    // [rows] outputs of weight row j.
+    let column = |j: usize| -> Vec<f32> { act[..rows * act_row].chunks_exact(act_row).map(|a| dot(nb, w.rows(j, j + 1), a)).collect() };
+    #[cfg(not(target_arch = "wasm32"))]
+    let columns: Vec<Vec<f32>> = (0..n).into_par_iter().map(column).collect();
+    #[cfg(target_arch = "wasm32")]
+    let columns: Vec<Vec<f32>> = (0..n).map(column).collect();
+    for (j, column) in columns.iter().enumerate() {
+        for (r, &d) in column.iter().enumerate() {
+            out[r * n + j] = d + bias.map_or(0.0, |b| b[j]);
+        }
+    }
 }
 
 /// Queries per batch from which ggml's CPU flash attention leaves the f16 path.
@@ -60,7 +97,7 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
 /// `gemm_q4_K_8x8_q8_K` rounds it: per 64 elements (two sub-blocks), the exact integer sums
 /// S = Σ scale · Σ code · q8 and M = Σ min · bsum go into two FMA chains, f32(S) · (d · yd) and
 /// f32(M) · (dmin · yd); the result is their difference.
-pub(crate) fn q4_k_gemm_dot(nb: usize, w: &[u8], a: &[u8]) -> f32 {
+fn q4_k_gemm_dot(nb: usize, w: &[u8], a: &[u8]) -> f32 {
     let (mut acc_s, mut acc_m) = (0f32, 0f32);
     for (x, y) in w.chunks_exact(Q4K_BYTES).zip(a.chunks_exact(Q8K_BYTES)).take(nb) {
         let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
@@ -88,7 +125,7 @@ pub(crate) fn q4_k_gemm_dot(nb: usize, w: &[u8], a: &[u8]) -> f32 {
 /// One Q6_K weight row · one Q8_K activation row (`nb` super-blocks each) as ggml's tiled
 /// mat-mul rounds it: per super-block the exact sum S = Σ scale · Σ (code − 32) · q8, then
 /// acc = fma(f32(S) · d, yd, acc).
-pub(crate) fn q6_k_tiled_dot(nb: usize, w: &[u8], a: &[u8]) -> f32 {
+fn q6_k_tiled_dot(nb: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (x, y) in w.chunks_exact(Q6K_BYTES).zip(a.chunks_exact(Q8K_BYTES)).take(nb) {
         let (ql, qh, scales) = (&x[0..128], &x[128..192], &x[192..208]);

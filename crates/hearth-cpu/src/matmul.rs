@@ -2,7 +2,7 @@
 //! weight's dot type (8-bit blocks for quantized weights), then weight rows are split across
 //! threads; each thread streams its weight rows once and reuses them for every activation row.
 
-use crate::compat::{q4_k_gemm_dot, q6_k_tiled_dot};
+use crate::compat;
 use crate::kernels;
 use crate::weights::CpuWeight;
 use crate::Numerics;
@@ -75,33 +75,16 @@ pub(crate) fn matmul(
     numerics: Numerics,
     out: &mut [f32],
 ) {
-    matmul_rows(w, x, x_id, k, bias, cache, out);
     let rows = x.len() / k;
-    // ggml's repacked Q4_K runs the rows in whole groups of 4 through its gemm kernel, which
-    // rounds per 64 elements (the other rows, its gemv, round as ours do); from 8 rows its tiled
-    // mat-mul takes Q6_K (compat.rs).
-    let (ty, compat_rows) = (w.desc.ty, match w.desc.ty {
-        GgmlType::Q4_K if rows >= 4 => rows - rows % 4,
-        GgmlType::Q6_K if rows >= 8 => rows,
-        _ => 0,
-    });
-    if numerics == Numerics::LlamaCpp && compat_rows > 0 {
-        let dot = if ty == GgmlType::Q4_K { q4_k_gemm_dot } else { q6_k_tiled_dot };
-        let act_row = GgmlType::Q8_K.row_bytes(k).unwrap_or(0);
+    let llama_cpp_rows = if numerics == Numerics::LlamaCpp { compat::llama_cpp_rows(w.desc.ty, rows) } else { 0 };
+    // Ours for every row unless llama.cpp's rounding covers them all (its first `llama_cpp_rows`
+    // rows are overwritten below).
+    if llama_cpp_rows < rows {
+        matmul_rows(w, x, x_id, k, bias, cache, out);
+    }
+    if llama_cpp_rows > 0 {
         let act = cache.get(x_id, GgmlType::Q8_K, x, k);
-        let (n, nb) = (w.desc.n_rows(), k / ty.block_len());
-        let gemm_rows = compat_rows;
-        // [n][gemm_rows] per weight row.
-        let column = |j: usize| -> Vec<f32> { act[..gemm_rows * act_row].chunks_exact(act_row).map(|a| dot(nb, w.rows(j, j + 1), a)).collect() };
-        #[cfg(not(target_arch = "wasm32"))]
-        let columns: Vec<Vec<f32>> = (0..n).into_par_iter().map(column).collect();
-        #[cfg(target_arch = "wasm32")]
-        let columns: Vec<Vec<f32>> = (0..n).map(column).collect();
-        for (j, column) in columns.iter().enumerate() {
-            for (r, &d) in column.iter().enumerate() {
-                out[r * n + j] = d + bias.map_or(0.0, |b| b[j]);
-            }
-        }
+        compat::matmul_rows(w, act, k, llama_cpp_rows, bias, out);
     }
 }
 
