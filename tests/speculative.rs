@@ -5,12 +5,12 @@
 //! checked against llama.cpp in golden_greedy.rs: speculation must not change a single token.
 
 use hearth_core::chat::ChatMessage;
-use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation};
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
 use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
-use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::CoreError;
 use hearth_tests::*;
@@ -33,6 +33,15 @@ fn draft_model(stem: &str, target: &Engine) -> DraftModel {
     let (file, session) = cpu_session(stem, 1024);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
     DraftModel::new(session, &tokenizer, target.tokenizer()).expect("compatible vocabularies")
+}
+
+/// A CPU session whose head computes the logits of the first `logits_vocab` ids only.
+fn shortlisted_session(stem: &str, logits_vocab: usize) -> (GgufFile, Session) {
+    let file = GgufFile::open(&model_path(stem)).expect("open");
+    let options = EngineOptions { n_ctx: 1024, logits_vocab: Some(logits_vocab), ..EngineOptions::default() };
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load shortlisted");
+    (file, session)
 }
 
 /// The user message in the model's chat template (as `hearth run --chat` does), BOS once; the
@@ -102,6 +111,60 @@ fn draft_model_greedy_equals_greedy_on_qwen_15b() {
     assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &prose, "1.5B + 0.5B draft, prose");
     // ...and the default, cost-driven lengths (on a CPU mostly plain steps and probes).
     assert_same_as_greedy(&mut engine, &mut drafter, &SpeculativeOptions::default(), &prose, "1.5B + 0.5B draft, prose, adaptive");
+}
+
+/// Prompt lookup first, the draft model (with a shortlisted head) where nothing matches: the
+/// same tokens as plain greedy decoding, with both kinds of drafts verified on the code edit.
+#[test]
+fn lookup_then_draft_model_greedy_equals_greedy_on_qwen_15b() {
+    let mut engine = cpu_engine(QWEN_15B);
+    let (file, session) = shortlisted_session(QWEN_05B, 65_536);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
+    let draft = DraftModel::new(session, &tokenizer, engine.tokenizer()).expect("compatible vocabularies");
+    let mut drafter = LookupThen::new(draft);
+    let code = chat_prompt(&engine, CODE_EDIT);
+    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &fixed_length(3), &code, "1.5B + lookup then 0.5B draft, code edit");
+    let m = spec.speculative.expect("metrics");
+    assert!(m.free_passes > 0 && m.free_accepted > 0, "the lookup never drafted the copied body: {m:?}");
+    assert!(m.proposed > m.free_proposed && m.accepted > m.free_accepted, "the draft model never drafted: {m:?}");
+    assert!(m.free_proposed <= m.proposed && m.free_passes <= m.target_forward_passes, "{m:?}");
+    let prose = chat_prompt(&engine, PROSE);
+    assert_same_as_greedy(&mut engine, &mut drafter, &SpeculativeOptions::default(), &prose, "1.5B + lookup then 0.5B draft, prose, adaptive");
+}
+
+/// A shortlisted head computes exactly the first logits of the whole head (the same rows of the
+/// same weights), and a draft model built on it never proposes an id past the shortlist.
+#[test]
+fn shortlisted_head_gives_the_first_logits_of_the_whole_head() {
+    const SHORTLIST: usize = 32_768;
+    let (_, mut whole) = cpu_session(QWEN_05B, 1024);
+    let (_, mut short) = shortlisted_session(QWEN_05B, SHORTLIST);
+    let n_vocab = whole.config().n_vocab;
+    assert_eq!((whole.config().n_logits, short.config().n_logits, short.config().n_vocab), (n_vocab, SHORTLIST, n_vocab));
+    let prompt = chat_prompt(&cpu_engine(QWEN_05B), CODE_EDIT);
+    let full = whole.eval(&prompt, LogitsMode::All).expect("eval whole").to_vec();
+    let part = short.eval(&prompt, LogitsMode::All).expect("eval shortlisted").to_vec();
+    assert_eq!(full.len(), prompt.len() * n_vocab);
+    assert_eq!(part.len(), prompt.len() * SHORTLIST);
+    for (row, (f, p)) in full.chunks_exact(n_vocab).zip(part.chunks_exact(SHORTLIST)).enumerate() {
+        assert!(f[..SHORTLIST].iter().zip(p).all(|(a, b)| a.to_bits() == b.to_bits()), "row {row} differs");
+    }
+    // Tokens past the shortlist are still read (the prompt has some: the chat template's).
+    assert!(prompt.iter().any(|&t| t as usize >= SHORTLIST), "the test prompt should hold a token past the shortlist");
+    // An empty shortlist is refused with a clear error.
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let options = EngineOptions { logits_vocab: Some(0), ..EngineOptions::default() };
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let err = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).err().expect("a logits vocabulary of 0 must fail");
+    assert!(matches!(err, CoreError::InvalidArgument(_)), "{err:?}");
+    // The draft proposes only shortlisted ids.
+    let target = cpu_engine(QWEN_05B);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let mut draft = DraftModel::new(short, &tokenizer, target.tokenizer()).expect("compatible");
+    draft.min_confidence = 0.0;
+    let proposal = draft.propose(&prompt, 8, &SamplingParams::default()).expect("propose");
+    assert_eq!(proposal.tokens.len(), 8);
+    assert!(proposal.tokens.iter().all(|&t| (t as usize) < SHORTLIST), "{:?}", proposal.tokens);
 }
 
 /// Drafts and verifies up to `k` tokens every step, whatever the measured costs: for tests that

@@ -7,7 +7,7 @@ use clap::Args;
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use std::io::Write;
 
@@ -47,8 +47,15 @@ pub struct RunArgs {
     /// this (0 drafts the full length).
     #[arg(long = "draft-min-p", default_value_t = hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)]
     pub draft_min_p: f32,
+    /// With --draft-model: the draft model predicts only the first N token ids (0 = all), a
+    /// shortlist of the common pieces (BPE ids follow merge order) that shrinks its output
+    /// head, the largest mat-mul of a small model.
+    #[arg(long = "draft-vocab", default_value_t = hearth_core::speculative::DEFAULT_DRAFT_VOCAB)]
+    pub draft_vocab: usize,
     /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
-    #[arg(long, conflicts_with = "draft_model")]
+    /// With --draft-model, both: lookup where the output copies, the draft model elsewhere
+    /// (--draft-tokens then bounds the draft model's proposals).
+    #[arg(long)]
     pub lookup: bool,
 }
 
@@ -133,7 +140,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let prompt = load::tokenize_prompt(&engine, &text, templated)?;
     let mut drafter = drafter(&args, &engine)?;
-    let speculative = if args.lookup { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
+    let lookup_only = args.lookup && args.draft_model.is_none();
+    let speculative = if lookup_only { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
     let speculative = SpeculativeOptions {
         max_draft_tokens: args.draft_tokens.unwrap_or(speculative.max_draft_tokens).max(1),
         adaptive: !args.fixed_draft_length,
@@ -179,21 +187,25 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The drafter asked for on the command line: a draft model on the same backend, prompt lookup, or none.
+/// The drafter asked for on the command line: a draft model on the same backend, prompt lookup,
+/// both (lookup first), or none.
 fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
-    if args.lookup {
-        return Ok(Some(Box::new(PromptLookup::default())));
-    }
-    let Some(draft) = &args.draft_model else { return Ok(None) };
+    let Some(draft) = &args.draft_model else {
+        return Ok(args.lookup.then(|| Box::new(PromptLookup::default()) as Box<dyn Drafter>));
+    };
     let draft_args = crate::ModelArgs { model: draft.clone(), ..args.model.clone() };
     let (file, path) = load::open(&draft_args)?;
     let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
-    let options = EngineOptions { n_ctx: args.model.ctx_size, ..EngineOptions::default() };
+    let logits_vocab = (args.draft_vocab > 0).then_some(args.draft_vocab);
+    let options = EngineOptions { n_ctx: args.model.ctx_size, logits_vocab, ..EngineOptions::default() };
     let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
         .with_context(|| format!("loading the draft model {}", path.display()))?;
     let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
         .with_context(|| format!("{} cannot draft for this model", path.display()))?;
     model.min_confidence = args.draft_min_p;
+    if args.lookup {
+        return Ok(Some(Box::new(LookupThen::new(model))));
+    }
     Ok(Some(Box::new(model)))
 }
 

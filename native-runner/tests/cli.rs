@@ -101,6 +101,23 @@ fn same_seed_same_tokens() {
     assert_eq!(a["seed"], 7);
 }
 
+/// `--lookup --draft-model`: prompt lookup where the output copies the prompt, the draft model
+/// elsewhere; greedy gives plain greedy's tokens, and the JSON report counts the lookup's share.
+#[test]
+fn lookup_then_draft_model_gives_the_greedy_tokens() {
+    let prompt = "Rewrite this function with type hints:\ndef add(first, second):\n    total = first + second\n    return total\n";
+    let base = ["run", "-m", "qwen2.5-coder-0.5b", "--chat", "-p", prompt, "-n", "40", "--temperature", "0", "--ignore-eos", "--json", "--quiet"];
+    let plain = run_json(&base);
+    // The 0.5B drafting for itself (same vocabulary), whole-length drafts verified every step.
+    let both: Vec<&str> = base.iter().copied().chain(["--lookup", "--draft-model", "qwen2.5-coder-0.5b", "--draft-tokens", "3", "--fixed-draft-length"]).collect();
+    let spec = run_json(&both);
+    assert_eq!(spec["tokens"], plain["tokens"], "{}\nvs\n{}", spec["text"], plain["text"]);
+    let m = &spec["speculative"];
+    let (passes, free_passes) = (m["target_forward_passes"].as_u64().unwrap_or(0), m["free_passes"].as_u64().unwrap_or(0));
+    assert!(free_passes > 0 && free_passes < passes, "both drafters should have drafted: {m}");
+    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "gemma-3-270m", "--quiet"], "cannot draft");
+}
+
 fn assert_fails_with(args: &[&str], needle: &str) {
     let out = hearth(args);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -70,14 +70,18 @@ test('a draft model on WebGPU drafting for a WebGPU target, and prompt lookup on
     console.log(`draft-model: ${JSON.stringify(drafted.hearth.token_ids)}, ${JSON.stringify(drafted.usage.speculative)}`);
     const lookup = await engine.completions.create({ ...greedy, speculative: { mode: 'lookup', draftTokens: 4, fixedLength: true } });
     console.log(`lookup: ${JSON.stringify(lookup.hearth.token_ids)}, ${JSON.stringify(lookup.usage.speculative)}`);
+    const both = await engine.completions.create({ ...greedy, speculative: { mode: 'draft-model', lookup: true, draftTokens: 3, draftMinP: 0, fixedLength: true } });
+    console.log(`lookup then draft-model: ${JSON.stringify(both.hearth.token_ids)}, ${JSON.stringify(both.usage.speculative)}`);
     const badMinP = await engine.completions.create({ ...greedy, speculative: { mode: 'draft-model', draftMinP: 2 } }).then(() => 'no error', describe);
+    const badLookup = await engine.completions.create({ ...greedy, speculative: { mode: 'lookup', lookup: true } }).then(() => 'no error', describe);
     const statsAfter = await engine.runtimeStats();
     await engine.unload();
-    return { badDraftBackend, stats, plain, drafted, lookup, badMinP, statsAfter };
+    return { badDraftBackend, stats, plain, drafted, lookup, both, badMinP, badLookup, statsAfter };
   }, { modelUrl: `/models/${expected.model_file}`, draftUrl: `/draft/${expected.model_file}`, prompt: expected.prompt, maxTokens: expected.tokens.length });
 
   assert.match(result.badDraftBackend, /^HearthError bad-argument: .*draftBackend/);
   assert.match(result.badMinP, /^HearthError bad-argument: .*draftMinP/);
+  assert.match(result.badLookup, /^HearthError bad-argument: .*speculative.lookup goes with mode 'draft-model'/);
 
   // Both models on WebGPU, each on its own device.
   for (const stats of [result.stats, result.statsAfter]) {
@@ -98,7 +102,7 @@ test('a draft model on WebGPU drafting for a WebGPU target, and prompt lookup on
   assert.deepEqual(result.plain.hearth.token_ids, expected.tokens);
   assert.equal(result.plain.usage.speculative, undefined);
 
-  for (const [name, spec] of [['draft-model', result.drafted], ['lookup', result.lookup]]) {
+  for (const [name, spec] of [['draft-model', result.drafted], ['lookup', result.lookup], ['lookup then draft-model', result.both]]) {
     assert.deepEqual(spec.hearth.token_ids, expected.tokens, name);
     assert.equal(spec.choices[0].text, result.plain.choices[0].text, name);
     assert.equal(spec.choices[0].finish_reason, 'length', name);
@@ -109,6 +113,10 @@ test('a draft model on WebGPU drafting for a WebGPU target, and prompt lookup on
     // Each pass yields its accepted drafts plus one token of the target's; the first comes from the prompt.
     assert.equal(1 + metrics.accepted + metrics.target_forward_passes, expected.tokens.length, `${name}: ${JSON.stringify(metrics)}`);
   }
+  // The lookup's share is counted apart (and only in the combined mode).
+  assert.equal(result.lookup.usage.speculative.free_passes, 0);
+  const both = result.both.usage.speculative;
+  assert.ok(both.free_proposed <= both.proposed && both.free_passes <= both.target_forward_passes, JSON.stringify(both));
   // The model drafting for itself on the same kernels: every draft is accepted.
   const drafted = result.drafted.usage.speculative;
   assert.equal(drafted.accepted, drafted.proposed, JSON.stringify(drafted));

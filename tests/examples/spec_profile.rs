@@ -9,7 +9,7 @@ use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, PromptLookup, Proposal, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::time::Instant;
@@ -71,6 +71,14 @@ impl Drafter for Timed<'_> {
     fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
         self.inner.prepare_async(context)
     }
+
+    fn free_proposal_limit(&self) -> usize {
+        self.inner.free_proposal_limit()
+    }
+
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+        self.inner.propose_free(context, max_tokens)
+    }
 }
 
 fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {
@@ -104,8 +112,14 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
     let mut target = engine(QWEN_15B);
-    let prompt = chat_prompt(&target, CODE_EDIT);
-    let (draft_file, draft_session) = cpu_session(QWEN_05B, 1024);
+    // PROMPT_FILE: a user message of your own instead of the code edit.
+    let user = std::env::var("PROMPT_FILE").map(|f| std::fs::read_to_string(f).expect("PROMPT_FILE")).unwrap_or_else(|_| CODE_EDIT.to_string());
+    let prompt = chat_prompt(&target, &user);
+    let draft_file = hearth_core::gguf::GgufFile::open(&model_path(QWEN_05B)).expect("open draft");
+    // DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
+    let draft_vocab = std::env::var("DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
+    let draft_options = EngineOptions { n_ctx: 1024, logits_vocab: draft_vocab, ..EngineOptions::default() };
+    let draft_session = hearth_core::engine::Session::load(&draft_file, Box::new(hearth_cpu::CpuBackend::new(Some(2)).expect("cpu")), &draft_options, &mut |_, _| {}).expect("load draft");
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
     let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     if std::env::var("SKIP_PASSES").is_err() {
@@ -133,7 +147,7 @@ fn main() {
     if let Ok(costs) = std::env::var("SIMULATE") {
         // Pass costs (ms) for widths 1..: replay prompt lookup offline against the greedy output.
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
-        for user in [CODE_EDIT, PROSE] {
+        for user in [user.as_str(), PROSE] {
             let prompt = chat_prompt(&target, user);
             target.session_mut().reset();
             let plain = target
@@ -190,20 +204,21 @@ fn main() {
     let mut lookup = PromptLookup::default();
     let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, false, 0.0)];
     let configs = std::env::var("DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
+    // K:CONF a draft model, LK:CONF prompt lookup first and the draft model where nothing matches.
     for c in configs.split(',').filter(|c| !c.is_empty()) {
         let (k, conf) = c.split_once(':').expect("K:CONF");
-        runs.push((
-            format!("draft k {k} conf {conf}"),
-            k.parse().expect("k"),
-            true,
-            conf.parse().expect("conf"),
-        ));
+        let (prefix, k) = if let Some(k) = k.strip_prefix('L') { ("lookup+draft", k) } else { ("draft", k) };
+        runs.push((format!("{prefix} k {k} conf {conf}"), k.parse().expect("k"), true, conf.parse().expect("conf")));
     }
     for (label, k, adaptive, conf) in runs {
         target.session_mut().reset();
         draft.min_confidence = conf;
+        let mut both;
         let inner: &mut dyn Drafter = if label == "lookup" {
             &mut lookup
+        } else if label.starts_with("lookup+draft") {
+            both = LookupThen::new(&mut draft);
+            &mut both
         } else {
             &mut draft
         };
@@ -227,7 +242,7 @@ fn main() {
             "{label}: output differs from plain greedy"
         );
         eprintln!(
-            "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}), drafting {:.0} ms in {} calls; {} passes, {}/{} accepted ({:.2}/pass)",
+            "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}), drafting {:.0} ms in {} calls; {} passes, {}/{} accepted ({:.2}/pass); free {} passes {}/{}",
             g.timings.decode_tok_s,
             g.timings.prompt_ms,
             timed.ms,
@@ -235,7 +250,10 @@ fn main() {
             m.target_forward_passes,
             m.accepted,
             m.proposed,
-            m.mean_accepted_per_step
+            m.mean_accepted_per_step,
+            m.free_passes,
+            m.free_accepted,
+            m.free_proposed
         );
     }
     eprintln!("text: {:?}", plain.text);

@@ -33,11 +33,16 @@ pub struct EngineOptions {
     pub kv_memory: Option<u64>,
     /// Sequences expected at once (1 for a session; the batch size of a server).
     pub max_sequences: usize,
+    /// Logits for the first N token ids only (`None`: the whole vocabulary): a draft model's
+    /// shortlist. BPE vocabularies number their tokens in merge order, so the first ids are the
+    /// common pieces, and the output head, a small model's largest mat-mul, shrinks in
+    /// proportion. Tokens past N can still be read, never predicted.
+    pub logits_vocab: Option<usize>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, prefill_chunk: 256, kv_type: KvType::F16, kv_block_size: 16, kv_memory: None, max_sequences: 1 }
+        EngineOptions { n_ctx: 0, prefill_chunk: 256, kv_type: KvType::F16, kv_block_size: 16, kv_memory: None, max_sequences: 1, logits_vocab: None }
     }
 }
 

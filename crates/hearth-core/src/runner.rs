@@ -54,7 +54,7 @@ impl Runner {
         options: &EngineOptions,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
-        let model = Model::load(file, backend.as_mut(), on_progress)?;
+        let model = Model::load(file, backend.as_mut(), options.logits_vocab, on_progress)?;
         let n_ctx = match options.n_ctx {
             0 => model.config.n_ctx_train.min(4096),
             n => n,
@@ -156,9 +156,9 @@ impl Runner {
     /// each output row's `min(k, n_vocab)` largest logits (a GPU backend reduces them on the
     /// device and reads back only those). `TopK(0)` is taken as `TopK(1)`.
     pub async fn step_for_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<StepOutput<'_>> {
-        let n_vocab = self.model.config.n_vocab;
+        let n_logits = self.model.config.n_logits;
         let readback = match readback.top_k() {
-            Some(k) => readback.with_k(k.clamp(1, n_vocab.max(1))),
+            Some(k) => readback.with_k(k.clamp(1, n_logits.max(1))),
             None => readback,
         };
         let lens = self.submit_step(batch, mode, readback)?;
@@ -169,7 +169,7 @@ impl Runner {
         };
         self.device_wait += waited.elapsed();
         // take_output also when waiting failed: the backend then drops the pending step.
-        let taken = self.backend.take_output(readback, n_vocab, &mut self.logits, &mut self.top_k);
+        let taken = self.backend.take_output(readback, n_logits, &mut self.logits, &mut self.top_k);
         let result = result.and(taken);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;

@@ -10,7 +10,7 @@ use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{check_vocab_compatible, DraftModel, Drafter, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
+use hearth_core::speculative::{check_vocab_compatible, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -342,7 +342,9 @@ impl EngineHost {
         self.draft = None;
         let file = GgufFile::read(source)?;
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
-        let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, ..self.engine_options.clone() };
+        // A shortlisted head, as `hearth run --draft-model` (DEFAULT_DRAFT_VOCAB).
+        let logits_vocab = Some(DEFAULT_DRAFT_VOCAB);
+        let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, logits_vocab, ..self.engine_options.clone() };
         let session = Session::load(&file, backend, &options, on_progress)?;
         self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);
         Ok(())
@@ -408,12 +410,18 @@ impl EngineHost {
         let seed = generate_options.sampling.seed;
         let speculative_options = SpeculativeOptions { max_draft_tokens: speculative.draft_tokens(), adaptive: !speculative.fixed_length };
         let mut lookup = PromptLookup::default();
+        let mut lookup_then;
         let drafter: &mut dyn Drafter = match speculative.mode {
             SpeculativeMode::Lookup => &mut lookup,
             SpeculativeMode::DraftModel => match self.draft.as_mut() {
                 Some(draft) => {
                     draft.min_confidence = speculative.draft_min_p();
-                    draft
+                    if speculative.lookup {
+                        lookup_then = LookupThen::new(draft);
+                        &mut lookup_then
+                    } else {
+                        draft
+                    }
                 }
                 None => return Err(WasmError::bad_request("speculative", "mode 'draft-model' needs a draft model (createEngine({ draftModel }))")),
             },

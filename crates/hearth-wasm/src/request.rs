@@ -115,7 +115,8 @@ pub struct RequestOptions {
     pub speculative: Option<SpeculativeRequest>,
 }
 
-/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "draft_min_p": P, "fixed_length": bool}`.
+/// `{"mode": "lookup" | "draft-model", "draft_tokens": K, "draft_min_p": P, "fixed_length": bool,
+/// "lookup": bool}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeRequest {
@@ -128,6 +129,10 @@ pub struct SpeculativeRequest {
     /// Draft model: stop drafting where its top token is less likely than this (0 drafts the full
     /// length), as `hearth run --draft-min-p`; default [`DEFAULT_MIN_CONFIDENCE`].
     pub draft_min_p: Option<f32>,
+    /// Draft model: prompt lookup first, the draft model where nothing matches (`hearth run
+    /// --lookup --draft-model`).
+    #[serde(default)]
+    pub lookup: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

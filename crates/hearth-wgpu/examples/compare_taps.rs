@@ -20,8 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(steps) = std::env::var("DECODE_STEPS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return decode(&file, &tokens, steps, cpu, gpu);
     }
-    let model_c = Model::load(&file, &mut cpu, &mut |_, _| {})?;
-    let model_g = Model::load(&file, &mut gpu, &mut |_, _| {})?;
+    let model_c = Model::load(&file, &mut cpu, None, &mut |_, _| {})?;
+    let model_g = Model::load(&file, &mut gpu, None, &mut |_, _| {})?;
     // One sequence in blocks 0, 1, 2, ... of every group; KV type from HEARTH_KV_TYPE (f16).
     let kv_type = KvType::parse(&std::env::var("HEARTH_KV_TYPE").unwrap_or_else(|_| "f16".into()))?;
     let block_size = 16;

@@ -11,7 +11,7 @@ mod common;
 use hearth_core::block_on::block_on;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::gguf::GgufFile;
-use hearth_core::speculative::{DraftModel, Drafter, PromptLookup, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::{as_ids, fixtures_dir, model_path, read_json, QWEN_05B, QWEN_15B};
 use hearth_wgpu::WgpuOptions;
@@ -62,6 +62,19 @@ fn assert_same_as_greedy(
 fn qwen_05b_prompt_lookup_greedy_equals_plain_greedy() {
     let Some(mut engine) = wgpu_engine(QWEN_05B) else { return };
     assert_same_as_greedy(&mut engine, REWRITE, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 15, adaptive: false }, 16, "wgpu qwen 0.5B lookup");
+    // Prompt lookup first, a draft model where nothing matches (`--lookup --draft-model`; the
+    // draft, the 0.5B itself with a shortlisted head, on the CPU): both kinds of drafts verified on wgpu.
+    let draft_file = GgufFile::open(&model_path(QWEN_05B)).expect("open draft model");
+    let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let session = Session::load(&draft_file, Box::new(backend), &options, &mut |_, _| {}).expect("load draft on the CPU");
+    let draft_tokenizer = Tokenizer::from_gguf(&draft_file.metadata).expect("draft tokenizer");
+    let mut draft = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("same vocabulary");
+    draft.min_confidence = 0.0;
+    let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
+    let spec = assert_same_as_greedy(&mut engine, REWRITE, &mut LookupThen::new(draft), &speculative, 16, "wgpu qwen 0.5B lookup then draft");
+    let m = spec.speculative.expect("metrics");
+    assert!(m.free_accepted > 0 && m.accepted > m.free_accepted, "both drafters should have had drafts accepted: {m:?}");
 }
 
 #[test]
@@ -69,7 +82,9 @@ fn qwen_15b_with_qwen_05b_draft_greedy_equals_plain_greedy() {
     let Some(mut engine) = wgpu_engine(QWEN_15B) else { return };
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let draft_file = GgufFile::open(&model_path(QWEN_05B)).expect("open draft model");
-    let options = EngineOptions { n_ctx: N_CTX, ..EngineOptions::default() };
+    // A shortlisted head, as `hearth run --draft-model` loads it by default: its weight is the
+    // first rows of the tied embedding, its top-k taken over 65,536 logits.
+    let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
     let session = Session::load(&draft_file, Box::new(gpu), &options, &mut |_, _| {}).expect("load draft on wgpu");
     let draft_tokenizer = Tokenizer::from_gguf(&draft_file.metadata).expect("draft tokenizer");
     let mut drafter = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("compatible vocabularies");

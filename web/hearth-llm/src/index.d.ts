@@ -126,6 +126,10 @@ export interface SpeculativeRequest {
   /** 'draft-model': stop drafting where the draft model's top token is less likely than this,
    * 0..1 (default 0.6; 0 always drafts `draftTokens`), as `hearth run --draft-min-p`. */
   draftMinP?: number;
+  /** 'draft-model' only: prompt lookup first (free drafts where the output copies the prompt,
+   * e.g. the unchanged lines of an edited function), the draft model where nothing matches, as
+   * `hearth run --lookup --draft-model` (default false). */
+  lookup?: boolean;
 }
 
 /** What speculation did during one request. */
@@ -135,6 +139,10 @@ export interface SpeculativeUsage {
   target_forward_passes: number;
   acceptance_rate: number;
   mean_accepted_per_step: number;
+  /** Of the above, the prompt lookup's share with `lookup: true` (0 otherwise). */
+  free_proposed: number;
+  free_accepted: number;
+  free_passes: number;
 }
 
 export interface ChatMessage {

@@ -50,18 +50,23 @@ export function samplingOptions(request) {
   return options;
 }
 
-/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens?, draftMinP?, fixedLength? }` (as
- * `hearth run --lookup` / `--draft-model` / `--draft-tokens K` / `--draft-min-p P` /
- * `--fixed-draft-length`) → the engine's `{ mode, draft_tokens, draft_min_p, fixed_length }`. */
+/** `speculative: { mode: 'lookup' | 'draft-model', draftTokens?, draftMinP?, fixedLength?, lookup? }`
+ * (as `hearth run --lookup` / `--draft-model` / `--draft-tokens K` / `--draft-min-p P` /
+ * `--fixed-draft-length` / `--lookup --draft-model`) → the engine's `{ mode, draft_tokens,
+ * draft_min_p, fixed_length, lookup }`. */
 function speculativeOptions(speculative) {
   if (typeof speculative !== 'object' || Array.isArray(speculative)) fail(TypeError, '`speculative` must be an object like { mode: \'lookup\', draftTokens: 5 }');
-  for (const key of Object.keys(speculative)) if (!['mode', 'draftTokens', 'draftMinP', 'fixedLength'].includes(key)) fail(TypeError, `speculative: unknown field \`${key}\``);
+  for (const key of Object.keys(speculative)) if (!['mode', 'draftTokens', 'draftMinP', 'fixedLength', 'lookup'].includes(key)) fail(TypeError, `speculative: unknown field \`${key}\``);
   if (!SPECULATIVE_MODES.includes(speculative.mode)) fail(TypeError, `speculative.mode must be 'lookup' or 'draft-model', got ${JSON.stringify(speculative.mode)}`);
   const draftTokens = number(speculative, 'draftTokens', { min: 1, max: 64, integer: true });
   const draftMinP = number(speculative, 'draftMinP', { min: 0, max: 1 });
   const fixedLength = speculative.fixedLength;
   if (fixedLength !== undefined && typeof fixedLength !== 'boolean') fail(TypeError, `speculative.fixedLength must be a boolean, got ${JSON.stringify(fixedLength)}`);
+  const lookup = speculative.lookup;
+  if (lookup !== undefined && typeof lookup !== 'boolean') fail(TypeError, `speculative.lookup must be a boolean, got ${JSON.stringify(lookup)}`);
+  if (lookup && speculative.mode !== 'draft-model') fail(TypeError, "speculative.lookup goes with mode 'draft-model' (prompt lookup first, the draft model where nothing matches); mode 'lookup' is lookup alone");
   const options = { mode: speculative.mode };
+  if (lookup !== undefined) options.lookup = lookup;
   if (draftTokens !== undefined) options.draft_tokens = draftTokens;
   if (draftMinP !== undefined) options.draft_min_p = draftMinP;
   if (fixedLength !== undefined) options.fixed_length = fixedLength;

@@ -61,6 +61,11 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub n_ff: usize,
     pub n_vocab: usize,
+    /// Rows of the output head the graph computes: logits for token ids `0..n_logits`. The whole
+    /// vocabulary, or a shortlist of its first ids (see [`EngineOptions::logits_vocab`]).
+    ///
+    /// [`EngineOptions::logits_vocab`]: crate::engine::EngineOptions::logits_vocab
+    pub n_logits: usize,
     pub n_ctx_train: usize,
     pub rms_eps: f32,
     pub rope_mode: RopeMode,
@@ -81,6 +86,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Computes logits for the first `limit` token ids only (`None`: all of them).
+    pub fn limit_logits(&mut self, limit: Option<usize>) -> Result<()> {
+        match limit {
+            None => self.n_logits = self.n_vocab,
+            Some(0) => return Err(CoreError::InvalidArgument("the logits vocabulary must hold at least one token".into())),
+            Some(n) => self.n_logits = n.min(self.n_vocab),
+        }
+        Ok(())
+    }
+
     pub fn from_metadata(meta: &Metadata) -> Result<Self> {
         let arch_name = meta.str("general.architecture")?;
         let arch = Arch::from_name(arch_name)?;
@@ -145,6 +160,7 @@ impl ModelConfig {
             head_dim,
             n_ff,
             n_vocab,
+            n_logits: n_vocab,
             n_ctx_train,
             rms_eps,
             rope_mode: RopeMode::Neox,

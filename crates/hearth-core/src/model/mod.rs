@@ -21,9 +21,11 @@ pub struct Model {
 }
 
 impl Model {
-    /// Reads the hyper-parameters and uploads the weights to `backend`.
-    pub fn load(file: &GgufFile, backend: &mut dyn Backend, on_progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
-        let config = ModelConfig::from_metadata(&file.metadata)?;
+    /// Reads the hyper-parameters and uploads the weights to `backend`; `logits_vocab` limits
+    /// the output head to the first token ids (see [`ModelConfig::limit_logits`]).
+    pub fn load(file: &GgufFile, backend: &mut dyn Backend, logits_vocab: Option<usize>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+        let mut config = ModelConfig::from_metadata(&file.metadata)?;
+        config.limit_logits(logits_vocab)?;
         let weights = ModelWeights::upload(&config, file, backend, on_progress)?;
         Ok(Model { config, weights })
     }
@@ -149,7 +151,7 @@ impl Model {
         };
         let out_norm = g.buf("output_norm", n_out, c.n_embd);
         g.push(Op::RmsNorm { x: last, weight: Some(w.output_norm), eps: c.rms_eps, group: c.n_embd, out: out_norm });
-        let logits_buf = g.buf("logits", n_out, c.n_vocab);
+        let logits_buf = g.buf("logits", n_out, c.n_logits); // [n_out, n_logits]
         g.push(Op::MatMul { w: w.output, x: out_norm, bias: None, out: logits_buf });
         g.logits = logits_buf;
         g

@@ -63,6 +63,20 @@ impl Uploader<'_> {
         Ok(id)
     }
 
+    /// The first `rows` rows of a 2-D tensor of shape `expected`, as a weight of its own.
+    fn upload_first_rows(&mut self, name: &str, expected: &[u64], rows: usize) -> Result<WeightId> {
+        let info = self.file.require_tensor(name)?;
+        if info.dims != expected {
+            return Err(CoreError::ShapeMismatch { tensor: name.to_string(), expected: expected.to_vec(), found: info.dims.clone() });
+        }
+        let row_len = expected.first().copied().unwrap_or(0) as usize;
+        let row_bytes = info.ty.row_bytes(row_len)?;
+        let dims = vec![row_len as u64, rows as u64];
+        let desc = WeightDesc { name: format!("{name}[..{rows}]"), ty: info.ty, dims };
+        let data = WeightData { source: self.file.source().clone(), offset: info.offset, len: rows * row_bytes };
+        self.backend.upload_weight(desc, data)
+    }
+
     fn optional(&mut self, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
         if self.file.tensor(name).is_none() {
             return Ok(None);
@@ -96,7 +110,13 @@ impl ModelWeights {
 
         let token_embd = up.upload("token_embd.weight", &[e, v])?;
         let output_norm = up.upload("output_norm.weight", &[e])?;
-        let output = up.optional("output.weight", &[e, v])?.unwrap_or(token_embd);
+        let output_name = if up.file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+        let output = if cfg.n_logits < cfg.n_vocab {
+            // A shortlist: its own tensor of the head's first rows (the embedding keeps them all).
+            up.upload_first_rows(output_name, &[e, v], cfg.n_logits)?
+        } else {
+            up.optional("output.weight", &[e, v])?.unwrap_or(token_embd)
+        };
         let rope_freqs = up.optional("rope_freqs.weight", &[(cfg.n_rot / 2) as u64])?;
 
         let mut layers = Vec::with_capacity(cfg.n_layer);

@@ -349,7 +349,7 @@ impl Scheduler {
     }
 
     fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], readback: Readback, events: &mut dyn FnMut(SchedulerEvent)) {
-        let n_vocab = self.runner.config().n_vocab;
+        let n_logits = self.runner.config().n_logits;
         let n_ctx = self.runner.n_ctx();
         let mut finished = Vec::new();
         let mut row_logits = Vec::new();
@@ -376,7 +376,7 @@ impl Scheduler {
                 }
                 Readback::Logits => {
                     row_logits.clear();
-                    row_logits.extend_from_slice(&self.runner.last_logits()[row * n_vocab..(row + 1) * n_vocab]);
+                    row_logits.extend_from_slice(&self.runner.last_logits()[row * n_logits..(row + 1) * n_logits]);
                     active.sampler.sample(&mut row_logits, &active.tokens)
                 }
             };

@@ -59,6 +59,14 @@ pub struct DraftModel {
 /// token and possibly the last draft, accepted but never evaluated by the drafter.
 const STEADY_CONTEXT_TOKENS: usize = 2;
 
+/// How many of the first token ids a draft model's head computes by default (its
+/// `EngineOptions::logits_vocab`; `hearth run --draft-vocab`). Qwen2.5-Coder-0.5B drafting for
+/// the 1.5B on 2 CPU threads: one draft token 10.4 -> 8.5 ms; 99.5% of the 1.5B's greedy tokens on
+/// the code edits of `scripts/bench-speculative.sh` have smaller ids (94% are below 32,768),
+/// and their acceptance did not move (docs/BENCHMARKS.md). BPE ids follow merge order, so the
+/// first ids are the common pieces.
+pub const DEFAULT_DRAFT_VOCAB: usize = 65_536;
+
 /// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
 /// the code edit of `scripts/bench-speculative.sh` (5 drafts at most) it cut drafting time by a
 /// quarter for 3 fewer accepted tokens out of 51; other thresholds were not measured.
@@ -67,7 +75,8 @@ pub const DEFAULT_MIN_CONFIDENCE: f32 = 0.6;
 impl DraftModel {
     /// `session`: the draft model, loaded; the tokenizers of both models are compared first.
     pub fn new(session: Session, draft_tokenizer: &Tokenizer, target_tokenizer: &Tokenizer) -> Result<Self> {
-        let shared_vocab = check_vocab_compatible(target_tokenizer, draft_tokenizer)?.min(session.config().n_vocab);
+        // A draft with a shortlisted head (`EngineOptions::logits_vocab`) proposes only its ids.
+        let shared_vocab = check_vocab_compatible(target_tokenizer, draft_tokenizer)?.min(session.config().n_logits);
         Ok(DraftModel {
             session,
             shared_vocab,
@@ -191,7 +200,7 @@ impl DraftModel {
         let greedy = sampling.temperature <= 0.0;
         // Candidates outside the shared vocabulary are dropped, so ask for as many more as there
         // are such tokens: the shared ones left are then the top of the shared row.
-        let outside_shared = self.session.config().n_vocab.saturating_sub(self.shared_vocab);
+        let outside_shared = self.session.config().n_logits.saturating_sub(self.shared_vocab);
         let readback = match self.sampler(sampling).readback(history).top_k() {
             Some(k) if greedy => Readback::TopKAndLogSumExp(k + outside_shared),
             Some(k) => Readback::TopK(k + outside_shared),

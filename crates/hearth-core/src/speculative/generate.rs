@@ -70,13 +70,18 @@ impl Engine {
         let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
         let mut output = TextOutput::new(tokenizer, &options.stop, options.ignore_eos, on_text);
         let mut policy = DraftPolicy::new(speculative);
+        // The free drafts' own policy: lookup proposals are sized by their match and cost
+        // nothing, unlike the costly drafter's.
+        let free_limit = drafter.free_proposal_limit();
+        let mut free_policy =
+            (free_limit > 0).then(|| DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: free_limit, adaptive: speculative.adaptive }));
         let mut metrics = SpeculativeMetrics::default();
         // Prompt and accepted output; its last token is the pending one.
         let mut context = prompt.to_vec();
         // `context` plus the drafts before the row being verified (penalties look at it).
         let mut history = Vec::new();
         let mut row_scratch = Vec::new();
-        let n_vocab = session.config().n_vocab;
+        let (n_vocab, n_logits) = (session.config().n_vocab, session.config().n_logits);
         let mut itl_ms = Vec::new();
         let mut ttft_ms = 0.0;
         let mut last = Instant::now();
@@ -107,22 +112,43 @@ impl Engine {
             }
             // Each step yields accepted + 1 tokens and evaluates 1 + verified drafts.
             let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
-            let budget = policy.request().min(room);
-            let drafting = Instant::now();
-            let mut proposal =
-                if budget > 0 { drafter.propose_async(&context, budget, &options.sampling).await? } else { Proposal::default() };
-            match &proposal.timing {
-                Some(timing) => policy.observe_draft_timing(timing),
-                None => policy.observe_draft(budget, ms(drafting)),
+            // Free drafts first (a `LookupThen`'s prompt lookup): verified whole when that pays,
+            // and the costly drafter then sits the step out; else kept to be scored as the
+            // target's tokens come.
+            let mut proposal = Proposal::default();
+            let mut from_free = false;
+            let mut budget = 0;
+            if let Some(free) = free_policy.as_mut() {
+                let free_budget = free.request().min(room);
+                let drafting = Instant::now();
+                let mut tokens = if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Vec::new() };
+                free.observe_draft(free_budget, ms(drafting));
+                tokens.truncate(free_budget);
+                if !tokens.is_empty() && free.verify_length(tokens.len()) == tokens.len() {
+                    (proposal.tokens, from_free, budget) = (tokens, true, free_budget);
+                } else {
+                    free.track_unverified(tokens.len(), &tokens);
+                }
             }
-            proposal.tokens.truncate(budget);
+            if !from_free {
+                budget = policy.request().min(room);
+                let drafting = Instant::now();
+                if budget > 0 {
+                    proposal = drafter.propose_async(&context, budget, &options.sampling).await?;
+                }
+                match &proposal.timing {
+                    Some(timing) => policy.observe_draft_timing(timing),
+                    None => policy.observe_draft(budget, ms(drafting)),
+                }
+                proposal.tokens.truncate(budget);
+            }
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
             }
             // Verify only the drafts that pay at this machine's pass costs; the ones left out
             // are still scored against the target's tokens as they come.
             let proposed_len = proposal.tokens.len();
-            let verify = policy.verify_length(proposed_len);
+            let verify = if from_free { proposed_len } else { policy.verify_length(proposed_len) };
             let unverified = proposal.tokens.split_off(verify.min(proposed_len));
             if let Some(distributions) = proposal.distributions.as_mut() {
                 distributions.truncate(verify);
@@ -135,12 +161,16 @@ impl Engine {
             // Row i predicts the token after context + drafts[..i]: candidates when every row's
             // sampling can use them (greedy: the argmax), the whole rows otherwise.
             let readback = verify_readback(&sampler, &context, drafts);
-            // Rows: [batch.len(), n_vocab] logits or batch.len() rows of candidates. Read in place
+            // Rows: [batch.len(), n_logits] logits or batch.len() rows of candidates. Read in place
             // (no copy of the k + 1 rows); only the logits rows verification reaches are copied,
             // one at a time, into `row_scratch` for the sampler to modify.
             let pass = Instant::now();
             let output = session.eval_all_for_async(&batch, readback).await?;
-            policy.observe_pass(batch.len(), ms(pass));
+            let pass_ms = ms(pass);
+            policy.observe_pass(batch.len(), pass_ms);
+            if let Some(free) = free_policy.as_mut() {
+                free.observe_pass(batch.len(), pass_ms);
+            }
             let mut target = |i: usize| -> Result<Distribution> {
                 history.clear();
                 history.extend_from_slice(&context);
@@ -148,7 +178,7 @@ impl Engine {
                 let missing = || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", batch.len()));
                 match output {
                     StepOutput::Logits(logits) => {
-                        let row = logits.get(i * n_vocab..(i + 1) * n_vocab).ok_or_else(missing)?;
+                        let row = logits.get(i * n_logits..(i + 1) * n_logits).ok_or_else(missing)?;
                         row_scratch.clear();
                         row_scratch.extend_from_slice(row);
                         Ok(sampler.distribution(&mut row_scratch, &history))
@@ -165,14 +195,22 @@ impl Engine {
             let outcome = verify_proposal(drafts, proposal.distributions.as_deref(), &mut target, &mut rng)?;
             session.rollback(kept + 1 + outcome.accepted)?;
             metrics.record(&outcome);
-            policy.observe_outcome(proposed_len, outcome.proposed, outcome.accepted);
-            if proposed_len < budget && outcome.accepted == proposed_len {
-                policy.observe_stop();
+            if from_free {
+                metrics.record_free(&outcome);
             }
-            if outcome.accepted == outcome.proposed {
-                policy.track_unverified(proposed_len, &unverified);
+            let step_tokens = drafts[..outcome.accepted].iter().copied().chain([outcome.continuation_token]);
+            match (from_free, free_policy.as_mut()) {
+                (true, Some(free)) => {
+                    free.observe_step(&outcome, proposed_len, budget, &unverified);
+                    step_tokens.for_each(|t| policy.observe_token(t));
+                }
+                (_, free) => {
+                    policy.observe_step(&outcome, proposed_len, budget, &unverified);
+                    if let Some(free) = free {
+                        step_tokens.for_each(|t| free.observe_token(t));
+                    }
+                }
             }
-            policy.observe_token(outcome.continuation_token);
 
             new_tokens.extend_from_slice(&drafts[..outcome.accepted]);
             new_tokens.push(outcome.continuation_token);

@@ -3,7 +3,8 @@
 //! longest valid prefix is kept and the target's KV cache is rolled back past the rest.
 //!
 //! - [`Drafter`]: who proposes. [`DraftModel`] (a second, smaller [`Session`](crate::engine::Session)
-//!   with the same vocabulary) or [`PromptLookup`] (n-gram copy from the prompt and output).
+//!   with the same vocabulary), [`PromptLookup`] (n-gram copy from the prompt and output), or
+//!   [`LookupThen`] both: the free lookup where the output copies, the draft model elsewhere.
 //! - [`verify`]: who decides. Greedy keeps exactly the target's greedy output; with sampling it
 //!   is the rejection sampling of Leviathan et al. 2023 / Chen et al. 2023, so the output follows
 //!   the target's (post-filter) distribution whatever the drafter proposes.
@@ -15,12 +16,14 @@
 
 mod draft_model;
 mod generate;
+mod lookup_then;
 mod policy;
 mod prompt_lookup;
 pub mod verify;
 
-pub use draft_model::{check_vocab_compatible, DraftModel, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use draft_model::{check_vocab_compatible, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use policy::{DraftPolicy, PROBE_EVERY};
+pub use lookup_then::LookupThen;
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
@@ -81,6 +84,45 @@ pub trait Drafter {
         let _ = context;
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// The most tokens [`Drafter::propose_free`] may offer per step; 0 (the default): the
+    /// drafter has nothing free to offer.
+    fn free_proposal_limit(&self) -> usize {
+        0
+    }
+
+    /// Drafts that cost nothing to make (a [`LookupThen`] drafter's prompt lookup), at most
+    /// `max_tokens`, offered every step before [`Drafter::propose`]: the loop verifies them when
+    /// that pays and then skips `propose` for the step. Judged apart from the costly proposals
+    /// (a draft policy of their own), so that the costly drafter's pauses never stop them.
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+        let _ = (context, max_tokens);
+        Vec::new()
+    }
+}
+
+/// A borrowed drafter drafts as the drafter it borrows (so a [`LookupThen`] can wrap a draft
+/// model that its owner keeps).
+impl<T: Drafter + ?Sized> Drafter for &mut T {
+    fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
+        (**self).propose(context, max_tokens, sampling)
+    }
+
+    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+        (**self).propose_async(context, max_tokens, sampling)
+    }
+
+    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
+        (**self).prepare_async(context)
+    }
+
+    fn free_proposal_limit(&self) -> usize {
+        (**self).free_proposal_limit()
+    }
+
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+        (**self).propose_free(context, max_tokens)
+    }
 }
 
 /// The future of [`Drafter::prepare_async`] (boxed, not `Send`, as [`ProposalFuture`]).
@@ -125,6 +167,11 @@ pub struct SpeculativeMetrics {
     pub acceptance_rate: f64,
     /// Accepted draft tokens per target pass; each pass also yields one token of the target's own.
     pub mean_accepted_per_step: f64,
+    /// Of `proposed`, `accepted` and `target_forward_passes`: the free drafts'
+    /// ([`Drafter::propose_free`]: the prompt lookup of a [`LookupThen`]; 0 for other drafters).
+    pub free_proposed: usize,
+    pub free_accepted: usize,
+    pub free_passes: usize,
 }
 
 impl SpeculativeMetrics {
@@ -134,6 +181,13 @@ impl SpeculativeMetrics {
         self.target_forward_passes += 1;
         self.acceptance_rate = ratio(self.accepted, self.proposed);
         self.mean_accepted_per_step = ratio(self.accepted, self.target_forward_passes);
+    }
+
+    /// `outcome` (already [`record`](Self::record)ed) verified free drafts.
+    pub fn record_free(&mut self, outcome: &VerificationOutcome) {
+        self.free_proposed += outcome.proposed;
+        self.free_accepted += outcome.accepted;
+        self.free_passes += 1;
     }
 }
 

@@ -363,6 +363,19 @@ impl DraftPolicy {
         }
     }
 
+    /// A verification step of this policy's proposal ended: `outcome` of the `proposed_len`
+    /// drafts proposed (of `budget` requested), `unverified` the rest left out of the pass.
+    pub fn observe_step(&mut self, outcome: &super::VerificationOutcome, proposed_len: usize, budget: usize, unverified: &[u32]) {
+        self.observe_outcome(proposed_len, outcome.proposed, outcome.accepted);
+        if proposed_len < budget && outcome.accepted == proposed_len {
+            self.observe_stop();
+        }
+        if outcome.accepted == outcome.proposed {
+            self.track_unverified(proposed_len, unverified);
+        }
+        self.observe_token(outcome.continuation_token);
+    }
+
     /// A new proposal is being verified: its outcome covers the positions still tracked.
     fn drop_unverified(&mut self) {
         self.unverified = None;
