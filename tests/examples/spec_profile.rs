@@ -164,6 +164,9 @@ fn main() {
                 (3, 2, 4, 15),
                 (2, 2, 4, 11),
                 (2, 2, 4, 7),
+                (1, 1, 1, 15),
+                (2, 1, 1, 15),
+                (1, 1, 2, 15),
             ];
             for (mn, tpm, wm, k) in grid {
                 let lookup = PromptLookup {

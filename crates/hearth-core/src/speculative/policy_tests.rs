@@ -264,3 +264,44 @@ fn a_draft_models_first_pass_is_paid_by_every_proposal() {
     assert!((p.draft_ms(1) - 30.0).abs() < 1e-9, "{}", p.draft_ms(1));
     assert!(!p.drafting_is_free());
 }
+
+#[test]
+fn one_rejected_first_draft_does_not_pause_a_drafter_that_could_pay() {
+    // The 0.5B drafting for the 1.5B on 2 CPU cores: 8.5 ms per draft token, a plain pass 24.5 ms,
+    // 2 and 3 rows 25 and 30 ms. Its first proposal is one token, rejected.
+    let pass_ms = |w: usize| [24.5, 25.0, 29.9, 34.1, 50.2, 54.0].get(w - 1).copied().unwrap_or(60.0);
+    let mut p = policy(5);
+    assert_eq!(p.request(), 5);
+    p.observe_draft(1, 8.5);
+    p.observe_pass(2, pass_ms(2));
+    p.observe_outcome(1, 1, 0);
+    p.observe_token(2);
+    assert_eq!(p.request(), 0, "the second step measures a plain pass");
+    p.observe_pass(1, pass_ms(1));
+    // Judged on one position, the estimate (1/2) says pause; the drafter gets a few more tries.
+    let k = p.request();
+    assert!(k > 0, "paused after one rejected draft");
+    p.observe_draft(k, 8.5 * k as f64);
+    p.observe_pass(1 + k, pass_ms(1 + k));
+    p.observe_outcome(k, k, k);
+    // Kept: it goes on drafting on its own record.
+    assert!(p.request() > 0);
+    // A drafter whose tries keep failing is paused once judged.
+    let mut q = policy(5);
+    q.request();
+    q.observe_draft(1, 8.5);
+    q.observe_pass(2, pass_ms(2));
+    q.observe_outcome(1, 1, 0);
+    q.request();
+    q.observe_pass(1, pass_ms(1));
+    for _ in 0..MIN_JUDGED_POSITIONS {
+        let k = q.request();
+        if k == 0 {
+            break;
+        }
+        q.observe_draft(k, 8.5 * k as f64);
+        q.observe_pass(1 + k, pass_ms(1 + k));
+        q.observe_outcome(k, k, 0);
+    }
+    assert_eq!(q.request(), 0, "a drafter judged wrong at every try keeps drafting");
+}

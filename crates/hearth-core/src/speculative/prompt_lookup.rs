@@ -30,12 +30,18 @@ pub struct PromptLookup {
 }
 
 /// Chosen by replaying the greedy outputs of `scripts/bench-speculative.sh` (qwen2.5-coder-1.5b,
-/// code edit and prose) against measured CPU pass costs (`tests/examples/spec_profile.rs`):
-/// one-token matches lose (on prose nearly every one is wrong, and even a 2-token pass costs
-/// ~1.5 single passes), and one draft token per matched token wasted the least.
+/// code edits and prose, to the end of the answer) against measured CPU pass costs
+/// (`tests/examples/spec_profile.rs`, `SIMULATE`): one draft token per matched token, one-token
+/// matches included, the pass width rounded up to an even number of rows. On 2 cores a pass of 2
+/// rows costs what a pass of 1 does (the weights are read once; one more row of arithmetic hides
+/// behind the memory traffic), so a one-token guess is worth verifying even when it is usually
+/// wrong; from 3 rows on each row adds ~20% of a pass. Against the earlier rule (2+ token
+/// matches, widths rounded to 4 rows) the replay took 4-7% less time on each of four prompts.
+/// Where 2-row passes cost more (see [`crate::speculative::DraftPolicy::verify_length`]) the
+/// policy learns that short proposals do not pay and leaves them unverified.
 impl Default for PromptLookup {
     fn default() -> Self {
-        PromptLookup { max_ngram: 8, min_ngram: 2, tokens_per_matched: 1, width_multiple: 4 }
+        PromptLookup { max_ngram: 8, min_ngram: 1, tokens_per_matched: 1, width_multiple: 2 }
     }
 }
 

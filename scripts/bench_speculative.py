@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Decode speed of qwen2.5-coder-1.5b with and without speculative decoding (greedy, chat).
+
+Modes: no speculation, the 0.5B as draft model, prompt lookup, and lookup first with the draft
+model where nothing matches (`--lookup --draft-model`). Prompts: scripts/speculative-prompts/
+(code-*: code edits, prose-*: free prose), each generated to its end of turn (at most N tokens).
+Each prompt's modes run back to back and the whole set REPS times; a row reports the best rep
+(the machine may be shared). Greedy speculation gives the plain run's tokens, checked here.
+
+Usage: scripts/bench_speculative.py [path/to/hearth] [max tokens] [reps] [extra hearth args...]
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent
+target_dir = os.environ.get("CARGO_TARGET_DIR", "target")
+HEARTH = sys.argv[1] if len(sys.argv) > 1 else f"{target_dir}/release/hearth"
+MAX_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 320
+REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+EXTRA = sys.argv[4:]
+DRAFT = ["--draft-model", "qwen2.5-coder-0.5b"]
+MODES = [
+    ("no speculation", []),
+    ("draft model", DRAFT),
+    ("prompt lookup", ["--lookup"]),
+    ("lookup, then draft model", ["--lookup", *DRAFT]),
+]
+
+
+def run(prompt, args):
+    cmd = [HEARTH, "run", "-m", "qwen2.5-coder-1.5b", "-t", "2", "--quiet", "--chat", "--temperature", "0",
+           "-n", str(MAX_TOKENS), "--json", "-p", prompt, *args, *EXTRA]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def main():
+    prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
+    with open("/proc/loadavg") as f:
+        print(f"load average before: {' '.join(f.read().split()[:3])}")
+    best = {}  # (prompt, mode) -> best report
+    for _ in range(REPS):
+        for path in prompts:
+            prompt = path.read_text()
+            plain_tokens = None
+            for mode, args in MODES:
+                r = run(prompt, args)
+                if plain_tokens is None:
+                    plain_tokens = r["tokens"]
+                elif r["tokens"] != plain_tokens:
+                    sys.exit(f"{path.name}, {mode}: the tokens differ from plain greedy decoding")
+                key = (path.stem, mode)
+                if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
+                    best[key] = r
+    print("| prompt | mode | tokens | decode tok/s | vs plain | acceptance | accepted per pass | passes (lookup's) |")
+    print("|---|---|---|---|---|---|---|---|")
+    totals = {}  # (kind, mode) -> [tokens, decode seconds]
+    for path in prompts:
+        plain = best[(path.stem, MODES[0][0])]
+        for mode, _ in MODES:
+            r = best[(path.stem, mode)]
+            s = r.get("speculative") or {}
+            n = len(r["tokens"])
+            spec = ("%.0f%% | %.2f | %d (%d)" % (100 * s["acceptance_rate"], s["mean_accepted_per_step"],
+                                                s["target_forward_passes"], s.get("free_passes", 0))) if s else "- | - | -"
+            print(f"| {path.stem} | {mode} | {n} | {r['decode_tok_s']:.1f} | {r['decode_tok_s'] / plain['decode_tok_s']:.2f}x | {spec} |")
+            kind = path.stem.split("-")[0]
+            t = totals.setdefault((kind, mode), [0, 0.0])
+            # decode_tok_s counts the tokens after the first (the first comes from the prompt pass).
+            t[0] += n - 1
+            t[1] += (n - 1) / r["decode_tok_s"]
+    print()
+    print("| all prompts of a kind | mode | tokens | decode tok/s | vs plain |")
+    print("|---|---|---|---|---|")
+    for kind in ("code", "prose"):
+        plain_rate = totals[(kind, MODES[0][0])][0] / totals[(kind, MODES[0][0])][1]
+        for mode, _ in MODES:
+            n, sec = totals[(kind, mode)]
+            print(f"| {kind} | {mode} | {n} | {n / sec:.1f} | {n / sec / plain_rate:.2f}x |")
+    with open("/proc/loadavg") as f:
+        print(f"load average after: {' '.join(f.read().split()[:3])}")
+
+
+if __name__ == "__main__":
+    main()
