@@ -10,7 +10,7 @@ use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
 use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
-use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
+use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::CoreError;
 use hearth_tests::*;
@@ -157,6 +157,10 @@ fn shortlisted_head_gives_the_first_logits_of_the_whole_head() {
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
     let err = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).err().expect("a logits vocabulary of 0 must fail");
     assert!(matches!(err, CoreError::InvalidArgument(_)), "{err:?}");
+    // The default shortlist: byte-level BPE vocabularies only (their ids follow merge order).
+    assert_eq!(default_draft_vocab(&file.metadata), Some(DEFAULT_DRAFT_VOCAB));
+    let gemma = GgufFile::open(&model_path(GEMMA_270M)).expect("open gemma");
+    assert_eq!(default_draft_vocab(&gemma.metadata), None, "Gemma's SentencePiece ids are not in frequency order");
     // The draft proposes only shortlisted ids.
     let target = cpu_engine(QWEN_05B);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");

@@ -7,7 +7,7 @@ use clap::Args;
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
+use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use std::io::Write;
 
@@ -48,10 +48,11 @@ pub struct RunArgs {
     #[arg(long = "draft-min-p", default_value_t = hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)]
     pub draft_min_p: f32,
     /// With --draft-model: the draft model predicts only the first N token ids (0 = all), a
-    /// shortlist of the common pieces (BPE ids follow merge order) that shrinks its output
-    /// head, the largest mat-mul of a small model.
-    #[arg(long = "draft-vocab", default_value_t = hearth_core::speculative::DEFAULT_DRAFT_VOCAB)]
-    pub draft_vocab: usize,
+    /// shortlist of the common pieces that shrinks its output head, the largest mat-mul of a
+    /// small model. Default: 65536 for byte-level BPE vocabularies (their ids follow merge
+    /// order), all for others.
+    #[arg(long = "draft-vocab")]
+    pub draft_vocab: Option<usize>,
     /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
     /// With --draft-model, both: lookup where the output copies, the draft model elsewhere
     /// (--draft-tokens then bounds the draft model's proposals).
@@ -196,7 +197,11 @@ fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> 
     let draft_args = crate::ModelArgs { model: draft.clone(), ..args.model.clone() };
     let (file, path) = load::open(&draft_args)?;
     let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
-    let logits_vocab = (args.draft_vocab > 0).then_some(args.draft_vocab);
+    let logits_vocab = match args.draft_vocab {
+        None => default_draft_vocab(&file.metadata),
+        Some(0) => None,
+        Some(n) => Some(n),
+    };
     let options = EngineOptions { n_ctx: args.model.ctx_size, logits_vocab, ..EngineOptions::default() };
     let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
         .with_context(|| format!("loading the draft model {}", path.display()))?;

@@ -10,7 +10,7 @@ use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{check_vocab_compatible, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
+use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -342,8 +342,8 @@ impl EngineHost {
         self.draft = None;
         let file = GgufFile::read(source)?;
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
-        // A shortlisted head, as `hearth run --draft-model` (DEFAULT_DRAFT_VOCAB).
-        let logits_vocab = Some(DEFAULT_DRAFT_VOCAB);
+        // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`.
+        let logits_vocab = default_draft_vocab(&file.metadata);
         let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, logits_vocab, ..self.engine_options.clone() };
         let session = Session::load(&file, backend, &options, on_progress)?;
         self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);

@@ -248,6 +248,12 @@ fn speculative_requests_keep_the_greedy_output() {
     let report = host.generate(&input, &draft, 0, None, &mut |_| true).unwrap();
     assert_eq!(report.token_ids, reference.token_ids);
     assert!(report.speculative.unwrap().accepted > 0);
+    // Prompt lookup first, the draft model where nothing matches.
+    let both = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "lookup": true, "draft_tokens": 3, "fixed_length": true}}"#).unwrap();
+    let report = host.generate(&input, &both, 0, None, &mut |_| true).unwrap();
+    assert_eq!(report.token_ids, reference.token_ids);
+    let metrics = report.speculative.unwrap();
+    assert!(metrics.accepted > 0 && metrics.free_proposed <= metrics.proposed, "{metrics:?}");
     // draft_min_p 0 (with a fixed length) drafts the full length whatever the draft's confidence;
     // out of [0, 1] is refused.
     let full = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true, "speculative": {"mode": "draft-model", "draft_tokens": 3, "draft_min_p": 0, "fixed_length": true}}"#).unwrap();

@@ -6,6 +6,7 @@ use crate::backend::Readback;
 use crate::block_on::block_on;
 use crate::engine::{ms, Instant, Session};
 use crate::error::{CoreError, Result};
+use crate::gguf::Metadata;
 use crate::runner::StepOutput;
 use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
@@ -60,12 +61,24 @@ pub struct DraftModel {
 const STEADY_CONTEXT_TOKENS: usize = 2;
 
 /// How many of the first token ids a draft model's head computes by default (its
-/// `EngineOptions::logits_vocab`; `hearth run --draft-vocab`). Qwen2.5-Coder-0.5B drafting for
-/// the 1.5B on 2 CPU threads: one draft token 10.4 -> 8.5 ms; 99.5% of the 1.5B's greedy tokens on
-/// the code edits of `scripts/bench-speculative.sh` have smaller ids (94% are below 32,768),
-/// and their acceptance did not move (docs/BENCHMARKS.md). BPE ids follow merge order, so the
-/// first ids are the common pieces.
+/// `EngineOptions::logits_vocab`; `hearth run --draft-vocab`), for byte-level BPE vocabularies
+/// only (see [`default_draft_vocab`]). Qwen2.5-Coder-0.5B drafting for the 1.5B on 2 CPU
+/// threads: one draft token 10.4 -> 8.5 ms; 99.5% of the 1.5B's greedy tokens on the code edits
+/// of `scripts/bench-speculative.sh` have smaller ids (94% are below 32,768), and their
+/// acceptance did not move (docs/BENCHMARKS.md).
 pub const DEFAULT_DRAFT_VOCAB: usize = 65_536;
+
+/// The shortlist a draft model of this vocabulary gets by default: [`DEFAULT_DRAFT_VOCAB`] ids
+/// for a byte-level BPE vocabulary larger than that (`tokenizer.ggml.model` "gpt2": its ids
+/// follow merge order, so the first are the common pieces), the whole vocabulary otherwise.
+/// SentencePiece vocabularies are not ordered that way: Gemma 3 repeats id 255,999 on a prompt
+/// of repeated colour names. The control tokens at the end of a BPE vocabulary (Qwen's
+/// `<|im_end|>` is 151,645) are never drafted: the target's own token ends the answer.
+pub fn default_draft_vocab(metadata: &Metadata) -> Option<usize> {
+    let bpe = matches!(metadata.opt_str("tokenizer.ggml.model"), Ok(Some("gpt2")));
+    let n_vocab = metadata.array("tokenizer.ggml.tokens").map_or(0, |tokens| tokens.len());
+    (bpe && n_vocab > DEFAULT_DRAFT_VOCAB).then_some(DEFAULT_DRAFT_VOCAB)
+}
 
 /// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
 /// the code edit of `scripts/bench-speculative.sh` (5 drafts at most) it cut drafting time by a

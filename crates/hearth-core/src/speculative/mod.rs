@@ -21,7 +21,7 @@ mod policy;
 mod prompt_lookup;
 pub mod verify;
 
-pub use draft_model::{check_vocab_compatible, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use draft_model::{check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use policy::{DraftPolicy, PROBE_EVERY};
 pub use lookup_then::LookupThen;
 pub use prompt_lookup::PromptLookup;
