@@ -30,17 +30,11 @@ fn engine(stem: &str) -> Engine {
 }
 
 fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
-    let text = engine
-        .chat_template()
-        .expect("template")
-        .render(
-            &[ChatMessage {
-                role: "user".into(),
-                content: user.into(),
-            }],
-            true,
-        )
-        .expect("render");
+    // SYSTEM: a system message before the user's.
+    let system = std::env::var("SYSTEM").ok().map(|s| ChatMessage { role: "system".into(), content: s });
+    let user = ChatMessage { role: "user".into(), content: user.into() };
+    let messages: Vec<ChatMessage> = system.into_iter().chain([user]).collect();
+    let text = engine.chat_template().expect("template").render(&messages, true).expect("render");
     engine
         .tokenizer()
         .encode(&text, false, true)
@@ -144,6 +138,11 @@ fn main() {
         stop: Vec::new(),
         ignore_eos: true,
     };
+    if let (Ok(dir), Ok(costs)) = (std::env::var("REPLAY_DIR"), std::env::var("SIMULATE")) {
+        let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
+        replay_dir(&mut target, &dir, max_tokens, &costs);
+        return;
+    }
     if let Ok(costs) = std::env::var("SIMULATE") {
         // Pass costs (ms) for widths 1..: replay prompt lookup offline against the greedy output.
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
@@ -260,6 +259,30 @@ fn main() {
         );
     }
     eprintln!("text: {:?}", plain.text);
+}
+
+/// The default lookup under the default policy replayed on every prompt of `dir` (to the end of
+/// the answer, at most `max_tokens`) against the pass costs `costs`: the speedup over plain
+/// decoding per prompt and over the `code-*` prompts together.
+fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) {
+    let options = GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
+    let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
+    paths.sort();
+    let (mut plain_total, mut lookup_total) = (0.0, 0.0);
+    for path in paths {
+        let prompt = chat_prompt(target, &std::fs::read_to_string(&path).expect("prompt"));
+        target.session_mut().reset();
+        let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
+        let plain_ms = (plain.tokens.len() - 1) as f64 * costs[0];
+        let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs, 0.0);
+        let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
+        if name.starts_with("code") {
+            plain_total += plain_ms;
+            lookup_total += ms;
+        }
+        eprintln!("{name}: {} tokens, {passes} passes, {accepted}/{proposed} accepted, {:.2}x", plain.tokens.len(), plain_ms / ms);
+    }
+    eprintln!("code prompts together: {:.2}x", plain_total / lookup_total);
 }
 
 /// Greedy verification replayed: each pass accepts the drafts that equal the real output.

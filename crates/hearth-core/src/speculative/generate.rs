@@ -4,6 +4,7 @@
 //! (`pending`), which is evaluated together with the next draft, so one forward pass of
 //! `1 + k` tokens yields the logits for all k draft positions and the bonus position.
 
+use super::catch_up::CatchUp;
 use super::verify::{verify_proposal, Distribution};
 use super::{DraftPolicy, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
 use crate::block_on::block_on;
@@ -75,8 +76,8 @@ impl Engine {
         let free_limit = drafter.free_proposal_limit();
         let mut free_policy =
             (free_limit > 0).then(|| DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: free_limit, adaptive: speculative.adaptive }));
-        // Steps since free drafts were last verified (see COSTLY_AFTER_FREE_STEPS).
-        let mut steps_without_free = usize::MAX;
+        // When the costly drafter drafts again after free drafts (it must first read what they copied).
+        let mut catch_up = CatchUp::new(prompt.len());
         let mut metrics = SpeculativeMetrics::default();
         // Prompt and accepted output; its last token is the pending one.
         let mut context = prompt.to_vec();
@@ -120,27 +121,35 @@ impl Engine {
             let mut proposal = Proposal::default();
             let mut from_free = false;
             let mut budget = 0;
+            // (A fixed draft length keeps the fixed wait: nothing there is judged by its cost.)
+            let gain_ms = if speculative.adaptive { policy.drafting_gain_ms() } else { f64::INFINITY };
+            let costly_ready = catch_up.costly_ready(context.len(), gain_ms);
             if let Some(free) = free_policy.as_mut() {
                 let free_budget = free.request().min(room);
                 let drafting = Instant::now();
                 let mut tokens = if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Vec::new() };
                 free.observe_draft(free_budget, ms(drafting));
                 tokens.truncate(free_budget);
-                if !tokens.is_empty() && free.verify_length(tokens.len()) == tokens.len() {
+                // A one-token guess (a one-token match) gives way to a costly drafter ready to draft.
+                let yields = costly_ready && tokens.len() < FREE_OVER_COSTLY_MIN_TOKENS;
+                if !tokens.is_empty() && !yields && free.verify_length(tokens.len()) == tokens.len() {
                     (proposal.tokens, from_free, budget) = (tokens, true, free_budget);
                 } else {
                     free.track_unverified(tokens.len(), &tokens);
                 }
             }
-            steps_without_free = if from_free { 0 } else { steps_without_free.saturating_add(1) };
-            if !from_free && steps_without_free >= COSTLY_AFTER_FREE_STEPS {
+            catch_up.start_step(from_free, context.len());
+            if !from_free && costly_ready {
                 budget = policy.request().min(room);
                 let drafting = Instant::now();
                 if budget > 0 {
                     proposal = drafter.propose_async(&context, budget, &options.sampling).await?;
                 }
                 match &proposal.timing {
-                    Some(timing) => policy.observe_draft_timing(timing),
+                    Some(timing) => {
+                        policy.observe_draft_timing(timing);
+                        catch_up.observe_catch_up(context.len(), ms(drafting) - timing.later_ms);
+                    }
                     None => policy.observe_draft(budget, ms(drafting)),
                 }
                 proposal.tokens.truncate(budget);
@@ -200,6 +209,8 @@ impl Engine {
             metrics.record(&outcome);
             if from_free {
                 metrics.record_free(&outcome);
+            } else {
+                catch_up.observe_accepted(outcome.accepted);
             }
             let step_tokens = drafts[..outcome.accepted].iter().copied().chain([outcome.continuation_token]);
             match (from_free, free_policy.as_mut()) {
@@ -235,11 +246,11 @@ impl Engine {
     }
 }
 
-/// After free drafts were verified, the costly drafter is asked from this many steps without
-/// them on: a draft model first reads every token the lookup copied since it last drafted (~3 ms
-/// each for Qwen2.5-Coder-0.5B on 2 CPU cores), which a one-step gap in a copied run (a renamed
-/// variable) does not repay; a new stretch of text lasts longer. (Steps in between are plain.)
-const COSTLY_AFTER_FREE_STEPS: usize = 2;
+/// Free proposals shorter than this give way to a costly drafter that is ready to draft: a
+/// prompt lookup's one-token guess is kept ~30% of the time, a draft model's drafts ~95%. (With
+/// the draft model waiting to repay its catch-up, the guesses keep the steps in between from
+/// being plain: a 2-row pass costs about a 1-row one on a CPU.)
+const FREE_OVER_COSTLY_MIN_TOKENS: usize = 2;
 
 /// What a verification step over `drafts` reads back: the candidates of the most demanding row
 /// (row i is sampled after `context` + `drafts[..i]`), or the whole rows when one needs them.

@@ -18,13 +18,11 @@ pub struct LookupThen<D> {
 }
 
 impl<D: Drafter> LookupThen<D> {
-    /// The lookup (at most [`SpeculativeOptions::lookup`]'s draft length) before `drafter`. The
-    /// lookup proposes only from matches of 2+ tokens here: alone, its one-token guesses pay (a
-    /// 2-row pass costs about a plain one), but they are kept ~30% of the time, and each one
-    /// would take the step from a draft model that keeps ~95% of its drafts.
+    /// The default lookup (at most [`SpeculativeOptions::lookup`]'s draft length) before
+    /// `drafter`. Its one-token guesses give way to the drafter when it is ready to draft (see
+    /// `generate.rs`).
     pub fn new(drafter: D) -> Self {
-        let lookup = PromptLookup { min_ngram: 2, ..PromptLookup::default() };
-        LookupThen { lookup, lookup_max_tokens: SpeculativeOptions::lookup().max_draft_tokens, drafter }
+        LookupThen { lookup: PromptLookup::default(), lookup_max_tokens: SpeculativeOptions::lookup().max_draft_tokens, drafter }
     }
 }
 

@@ -14,6 +14,7 @@
 //! - `Engine::generate_speculative` (in `generate.rs`): the loop, with the streaming, stop-string
 //!   and timing behaviour of `Engine::generate`.
 
+mod catch_up;
 mod draft_model;
 mod generate;
 mod lookup_then;

@@ -294,6 +294,18 @@ impl DraftPolicy {
         0
     }
 
+    /// The ms a drafting step is expected to save over plain decoding of the same tokens, at the
+    /// best draft length for the running estimates (0 when drafting does not pay).
+    pub fn drafting_gain_ms(&self) -> f64 {
+        let p = self.acceptance_per_request();
+        let k = self.best_length(p, self.max, 1.0 + 1e-9, |k| self.draft_ms(k));
+        if k == 0 {
+            return 0.0;
+        }
+        let plain = Self::expected_tokens(p, k) * self.pass.estimate(1);
+        (plain - self.draft_ms(k) - self.pass.estimate(1 + k)).max(0.0)
+    }
+
     /// Plain steps between probes of a drafter that costs time: at least [`PROBE_EVERY`], and
     /// enough that a probe (drafting in full, then a full-width pass instead of a plain one)
     /// costs at most [`PROBE_SHARE`] of the time in between.
