@@ -44,9 +44,9 @@ pub struct RunArgs {
     #[arg(long = "fixed-draft-length")]
     pub fixed_draft_length: bool,
     /// With --draft-model: stop drafting where the draft model's top token is less likely than
-    /// this (0 drafts the full length).
-    #[arg(long = "draft-min-p", default_value_t = hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)]
-    pub draft_min_p: f32,
+    /// this, from 0 (draft the full length) to 1. Default 0.6.
+    #[arg(long = "draft-min-p")]
+    pub draft_min_p: Option<f32>,
     /// With --draft-model: the draft model predicts only the first N token ids (0 = all), a
     /// shortlist of the common pieces that shrinks its output head, the largest mat-mul of a
     /// small model. Default: 65536 for byte-level BPE vocabularies (their ids follow merge
@@ -123,6 +123,7 @@ impl SamplingArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    check_speculative_flags(&args)?;
     let options = args.sampling.options()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
     let (text, templated) = if args.chat {
@@ -175,8 +176,14 @@ pub fn run(args: RunArgs) -> Result<()> {
             t.decode_tok_s
         );
         if let Some(m) = &generation.speculative {
+            // With both drafters, the lookup's share (the rest is the draft model's).
+            let lookup_share = if args.lookup && args.draft_model.is_some() {
+                format!("; prompt lookup: {} of {} in {} passes", m.free_accepted, m.free_proposed, m.free_passes)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes]",
+                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{lookup_share}]",
                 m.accepted,
                 m.proposed,
                 m.acceptance_rate * 100.0,
@@ -184,6 +191,28 @@ pub fn run(args: RunArgs) -> Result<()> {
                 m.target_forward_passes
             );
         }
+    }
+    Ok(())
+}
+
+/// Speculation flags that would be ignored are errors: a user who set them expects an effect.
+fn check_speculative_flags(args: &RunArgs) -> Result<()> {
+    if args.draft_model.is_none() {
+        for (set, flag) in [(args.draft_vocab.is_some(), "--draft-vocab"), (args.draft_min_p.is_some(), "--draft-min-p")] {
+            if set {
+                bail!("{flag} sets up the draft model: add --draft-model MODEL, or drop {flag}");
+            }
+        }
+        if !args.lookup {
+            for (set, flag) in [(args.draft_tokens.is_some(), "--draft-tokens"), (args.fixed_draft_length, "--fixed-draft-length")] {
+                if set {
+                    bail!("{flag} applies to speculative decoding: add --draft-model MODEL or --lookup, or drop {flag}");
+                }
+            }
+        }
+    }
+    if let Some(p) = args.draft_min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+        bail!("--draft-min-p {p} is not a probability: use a value from 0 to 1");
     }
     Ok(())
 }
@@ -207,7 +236,7 @@ fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> 
         .with_context(|| format!("loading the draft model {}", path.display()))?;
     let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
         .with_context(|| format!("{} cannot draft for this model", path.display()))?;
-    model.min_confidence = args.draft_min_p;
+    model.min_confidence = args.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE);
     if args.lookup {
         return Ok(Some(Box::new(LookupThen::new(model))));
     }

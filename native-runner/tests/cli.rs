@@ -116,6 +116,11 @@ fn lookup_then_draft_model_gives_the_greedy_tokens() {
     let (passes, free_passes) = (m["target_forward_passes"].as_u64().unwrap_or(0), m["free_passes"].as_u64().unwrap_or(0));
     assert!(free_passes > 0 && free_passes < passes, "both drafters should have drafted: {m}");
     assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "gemma-3-270m", "--quiet"], "cannot draft");
+    // Flags that would be ignored are errors that say what is missing.
+    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--lookup", "--draft-vocab", "100", "--quiet"], "--draft-vocab sets up the draft model");
+    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-min-p", "0.5", "--quiet"], "add --draft-model");
+    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-tokens", "4", "--quiet"], "add --draft-model MODEL or --lookup");
+    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "qwen2.5-coder-0.5b", "--draft-min-p", "1.5", "--quiet"], "not a probability");
 }
 
 fn assert_fails_with(args: &[&str], needle: &str) {
