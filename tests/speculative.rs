@@ -40,7 +40,18 @@ fn shortlisted_session(stem: &str, logits_vocab: usize) -> (GgufFile, Session) {
     let file = GgufFile::open(&model_path(stem)).expect("open");
     let options = EngineOptions { n_ctx: 1024, logits_vocab: Some(logits_vocab), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
-    let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load shortlisted");
+    let mut last_progress = (0, 1);
+    let session = Session::load(&file, Box::new(backend), &options, &mut |done, total| last_progress = (done, total)).expect("load shortlisted");
+    // The progress total counts the shortlist's bytes instead of the whole head's (an untied
+    // head is uploaded only as its shortlist), and the last report reaches it.
+    let (done, total) = last_progress;
+    assert_eq!(done, total, "{stem}: load progress ended at {done} of {total} bytes");
+    let untied = file.tensor("output.weight");
+    let head = untied.or(file.tensor("token_embd.weight")).expect("an output head");
+    let shortlist_bytes = logits_vocab as u64 * head.ty.row_bytes(head.dims[0] as usize).expect("row bytes") as u64;
+    let file_bytes: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let left_out = untied.map_or(0, |t| t.n_bytes);
+    assert_eq!(total, file_bytes - left_out + shortlist_bytes, "{stem}: progress total");
     (file, session)
 }
 

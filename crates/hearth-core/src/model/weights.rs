@@ -4,7 +4,7 @@
 use super::config::ModelConfig;
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::graph::{WeightDesc, WeightId};
 
 #[derive(Clone, Debug)]
@@ -45,36 +45,45 @@ struct Uploader<'a> {
     total_bytes: u64,
 }
 
+/// The tensor `name` of `file`, checked to have the shape `expected`.
+fn checked_tensor<'f>(file: &'f GgufFile, name: &str, expected: &[u64]) -> Result<&'f TensorInfo> {
+    let info = file.require_tensor(name)?;
+    if info.dims != expected {
+        return Err(CoreError::ShapeMismatch { tensor: name.to_string(), expected: expected.to_vec(), found: info.dims.clone() });
+    }
+    Ok(info)
+}
+
 impl Uploader<'_> {
     fn upload(&mut self, name: &str, expected: &[u64]) -> Result<WeightId> {
-        let info = self.file.require_tensor(name)?;
-        if info.dims != expected {
-            return Err(CoreError::ShapeMismatch {
-                tensor: name.to_string(),
-                expected: expected.to_vec(),
-                found: info.dims.clone(),
-            });
-        }
+        let info = checked_tensor(self.file, name, expected)?;
         let desc = WeightDesc { name: name.to_string(), ty: info.ty, dims: info.dims.clone() };
         let data = WeightData { source: self.file.source().clone(), offset: info.offset, len: info.n_bytes as usize };
+        let n_bytes = info.n_bytes;
         let id = self.backend.upload_weight(desc, data)?;
-        self.done_bytes += info.n_bytes;
-        (self.on_progress)(self.done_bytes, self.total_bytes);
+        self.progress(n_bytes);
         Ok(id)
     }
 
-    /// The first `rows` rows of a 2-D tensor of shape `expected`, as a weight of its own.
-    fn upload_first_rows(&mut self, name: &str, expected: &[u64], rows: usize) -> Result<WeightId> {
-        let info = self.file.require_tensor(name)?;
-        if info.dims != expected {
-            return Err(CoreError::ShapeMismatch { tensor: name.to_string(), expected: expected.to_vec(), found: info.dims.clone() });
-        }
+    /// The first `rows` rows of a 2-D tensor of shape `expected`, as a weight of its own. Its
+    /// bytes join the progress total; a tensor uploaded only as this shortlist (`only_rows`: an
+    /// untied output head) leaves it.
+    fn upload_first_rows(&mut self, name: &str, expected: &[u64], rows: usize, only_rows: bool) -> Result<WeightId> {
+        let info = checked_tensor(self.file, name, expected)?;
         let row_len = expected.first().copied().unwrap_or(0) as usize;
-        let row_bytes = info.ty.row_bytes(row_len)?;
-        let dims = vec![row_len as u64, rows as u64];
-        let desc = WeightDesc { name: format!("{name}[..{rows}]"), ty: info.ty, dims };
-        let data = WeightData { source: self.file.source().clone(), offset: info.offset, len: rows * row_bytes };
-        self.backend.upload_weight(desc, data)
+        let len = rows * info.ty.row_bytes(row_len)?;
+        let desc = WeightDesc { name: format!("{name}[..{rows}]"), ty: info.ty, dims: vec![row_len as u64, rows as u64] };
+        let data = WeightData { source: self.file.source().clone(), offset: info.offset, len };
+        let whole = info.n_bytes;
+        let id = self.backend.upload_weight(desc, data)?;
+        self.total_bytes = self.total_bytes + len as u64 - if only_rows { whole } else { 0 };
+        self.progress(len as u64);
+        Ok(id)
+    }
+
+    fn progress(&mut self, uploaded: u64) {
+        self.done_bytes += uploaded;
+        (self.on_progress)(self.done_bytes, self.total_bytes);
     }
 
     fn optional(&mut self, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
@@ -113,7 +122,7 @@ impl ModelWeights {
         let output_name = if up.file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
         let output = if cfg.n_logits < cfg.n_vocab {
             // A shortlist: its own tensor of the head's first rows (the embedding keeps them all).
-            up.upload_first_rows(output_name, &[e, v], cfg.n_logits)?
+            up.upload_first_rows(output_name, &[e, v], cfg.n_logits, output_name == "output.weight")?
         } else {
             up.optional("output.weight", &[e, v])?.unwrap_or(token_embd)
         };
