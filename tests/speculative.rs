@@ -342,3 +342,41 @@ fn sampled_speculation_is_reproducible_and_consistent() {
     let m = first.speculative.expect("metrics");
     assert_eq!(1 + m.accepted + m.target_forward_passes, 32, "{m:?}");
 }
+
+/// The first token reaches the caller before the drafter reads the prompt: a draft model's
+/// prefill delays the second token, not the first.
+#[test]
+fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
+    /// Prompt lookup that notes how many text deltas had been streamed when it was prepared.
+    struct Recorder<'a> {
+        lookup: PromptLookup,
+        deltas: &'a std::cell::Cell<usize>,
+        deltas_at_prepare: Option<usize>,
+    }
+    impl Drafter for Recorder<'_> {
+        fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> hearth_core::Result<hearth_core::speculative::Proposal> {
+            self.lookup.propose(context, max_tokens, sampling)
+        }
+        fn prepare_async<'a>(&'a mut self, _context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
+            self.deltas_at_prepare = Some(self.deltas.get());
+            Box::pin(async { Ok(()) })
+        }
+    }
+    let mut engine = cpu_engine(QWEN_05B);
+    let prompt = chat_prompt(&engine, CODE_EDIT);
+    let deltas = std::cell::Cell::new(0);
+    let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
+    let options = GenerateOptions { max_tokens: 8, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
+    let mut on_text = |_: &str| {
+        deltas.set(deltas.get() + 1);
+        true
+    };
+    let generation = engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(3), &mut on_text).expect("generate");
+    assert_eq!(generation.tokens.len(), 8);
+    assert_eq!(drafter.deltas_at_prepare, Some(1), "the drafter should be prepared right after the first token");
+    // A request that ends at its first token never prepares the drafter.
+    let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
+    let one = GenerateOptions { max_tokens: 1, ..options };
+    engine.generate_speculative(&prompt, &one, &mut drafter, &fixed_length(3), &mut |_| true).expect("generate one");
+    assert_eq!(drafter.deltas_at_prepare, None);
+}
