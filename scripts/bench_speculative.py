@@ -6,6 +6,9 @@ model where nothing matches (`--lookup --draft-model`). Prompts: scripts/specula
 (code-*: code edits, prose-*: free prose), each generated to its end of turn (at most N tokens).
 Each prompt's modes run back to back and the whole set REPS times; a row reports the best rep
 (the machine may be shared). Greedy speculation gives the plain run's tokens, checked here.
+`decode tok/s` counts every token after the first, so it includes the draft model's read of the
+prompt (it comes after the first token); `without prompt read` leaves that read out.
+Extra arguments go to `hearth run`, e.g. `--system "Reply with the edited code only."`.
 
 Usage: scripts/bench_speculative.py [path/to/hearth] [max tokens] [reps] [extra hearth args...]
 """
@@ -54,8 +57,8 @@ def main():
                 key = (path.stem, mode)
                 if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
                     best[key] = r
-    print("| prompt | mode | tokens | decode tok/s | vs plain | acceptance | accepted per pass | passes (lookup's) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| prompt | mode | tokens | decode tok/s | vs plain | acceptance | accepted per pass | passes (lookup's) | draft model's prompt read |")
+    print("|---|---|---|---|---|---|---|---|---|")
     totals = {}  # (kind, mode) -> [tokens, decode seconds]
     for path in prompts:
         plain = best[(path.stem, MODES[0][0])]
@@ -63,22 +66,26 @@ def main():
             r = best[(path.stem, mode)]
             s = r.get("speculative") or {}
             n = len(r["tokens"])
-            spec = ("%.0f%% | %.2f | %d (%d)" % (100 * s["acceptance_rate"], s["mean_accepted_per_step"],
-                                                s["target_forward_passes"], s.get("free_passes", 0))) if s else "- | - | -"
+            prepare_ms = s.get("drafter_prepare_ms", 0.0)
+            spec = ("%.0f%% | %.2f | %d (%d) | %.0f ms" % (100 * s["acceptance_rate"], s["mean_accepted_per_step"],
+                                                        s["target_forward_passes"], s.get("free_passes", 0),
+                                                        prepare_ms)) if s else "- | - | - | -"
             print(f"| {path.stem} | {mode} | {n} | {r['decode_tok_s']:.1f} | {r['decode_tok_s'] / plain['decode_tok_s']:.2f}x | {spec} |")
             kind = path.stem.split("-")[0]
-            t = totals.setdefault((kind, mode), [0, 0.0])
+            t = totals.setdefault((kind, mode), [0, 0.0, 0.0])
             # decode_tok_s counts the tokens after the first (the first comes from the prompt pass).
             t[0] += n - 1
             t[1] += (n - 1) / r["decode_tok_s"]
+            t[2] += prepare_ms / 1e3 if s else 0.0
     print()
-    print("| all prompts of a kind | mode | tokens | decode tok/s | vs plain |")
-    print("|---|---|---|---|---|")
+    print("| all prompts of a kind | mode | tokens | decode tok/s | vs plain | without prompt read | vs plain |")
+    print("|---|---|---|---|---|---|---|")
     for kind in ("code", "prose"):
         plain_rate = totals[(kind, MODES[0][0])][0] / totals[(kind, MODES[0][0])][1]
         for mode, _ in MODES:
-            n, sec = totals[(kind, mode)]
-            print(f"| {kind} | {mode} | {n} | {n / sec:.1f} | {n / sec / plain_rate:.2f}x |")
+            n, sec, prepare = totals[(kind, mode)]
+            rate, without = n / sec, n / (sec - prepare)
+            print(f"| {kind} | {mode} | {n} | {rate:.1f} | {rate / plain_rate:.2f}x | {without:.1f} | {without / plain_rate:.2f}x |")
     with open("/proc/loadavg") as f:
         print(f"load average after: {' '.join(f.read().split()[:3])}")
 

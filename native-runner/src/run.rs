@@ -176,14 +176,18 @@ pub fn run(args: RunArgs) -> Result<()> {
             t.decode_tok_s
         );
         if let Some(m) = &generation.speculative {
-            // With both drafters, the lookup's share (the rest is the draft model's).
-            let lookup_share = if args.lookup && args.draft_model.is_some() {
+            // With both drafters, the lookup's share (the rest is the draft model's); with a draft
+            // model, its read of the prompt (in the decode time: it comes after the first token).
+            let mut details = if args.lookup && args.draft_model.is_some() {
                 format!("; prompt lookup: {} of {} in {} passes", m.free_accepted, m.free_proposed, m.free_passes)
             } else {
                 String::new()
             };
+            if args.draft_model.is_some() {
+                details += &format!("; the draft model read the prompt in {:.0} ms, after the first token", m.drafter_prepare_ms);
+            }
             eprintln!(
-                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{lookup_share}]",
+                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{details}]",
                 m.accepted,
                 m.proposed,
                 m.acceptance_rate * 100.0,

@@ -143,6 +143,8 @@ export interface SpeculativeUsage {
   free_proposed: number;
   free_accepted: number;
   free_passes: number;
+  /** ms the draft model took to read the prompt, after the first token (part of the decode time). */
+  drafter_prepare_ms: number;
 }
 
 export interface ChatMessage {

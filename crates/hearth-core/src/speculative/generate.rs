@@ -79,8 +79,10 @@ impl Engine {
         }
         let mut last = Instant::now();
         let decode_start = last;
+        let mut drafter_prepare_ms = 0.0;
         if ended.is_none() && output.tokens().len() < options.max_tokens {
             drafter.prepare_async(prompt).await?;
+            drafter_prepare_ms = ms(last);
         }
 
         let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
@@ -92,7 +94,7 @@ impl Engine {
             (free_limit > 0).then(|| DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: free_limit, adaptive: speculative.adaptive }));
         // When the costly drafter drafts again after free drafts (it must first read what they copied).
         let mut catch_up = CatchUp::new(prompt.len());
-        let mut metrics = SpeculativeMetrics::default();
+        let mut metrics = SpeculativeMetrics { drafter_prepare_ms, ..SpeculativeMetrics::default() };
         // `context` plus the drafts before the row being verified (penalties look at it).
         let mut history = Vec::new();
         let mut row_scratch = Vec::new();

@@ -173,6 +173,10 @@ pub struct SpeculativeMetrics {
     pub free_proposed: usize,
     pub free_accepted: usize,
     pub free_passes: usize,
+    /// ms the drafter took to read the prompt ([`Drafter::prepare_async`]: a draft model's
+    /// prefill; about 0 for prompt lookup). It comes after the first token, so it is part of
+    /// the first inter-token gap and of the decode time, not of TTFT.
+    pub drafter_prepare_ms: f64,
 }
 
 impl SpeculativeMetrics {
