@@ -102,6 +102,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       nCtx: await describe(createEngine({ model: '/x.gguf', nCtx: -1 })),
       backend: await describe(createEngine({ model: '/x.gguf', backend: 'cuda' })),
       cache: await describe(createEngine({ model: '/x.gguf', cache: 'yes' })),
+      lookupMinP: await describe(engine.completions.create({ prompt: 'x', speculative: { mode: 'lookup', draftMinP: 0.5 } })),
     };
     await engine.unload();
     out.afterUnload = await describe(engine.completions.create({ prompt: 'x' }));
@@ -112,6 +113,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     temperatureNegative: /`temperature` must be in \[0, 100\], got -1/, unknownField: /unknown field `temprature`/,
     noOptions: /options object/, noModel: /`model` is required/, modelNumber: /`model` must be a URL/, nCtx: /`nCtx`/,
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
+    lookupMinP: /speculative\.draftMinP applies to mode 'draft-model'/,
   })) assertError(result[name], 'bad-argument', pattern);
   assert.equal(result.temperatureString.kind, 'TypeError');
   assert.equal(result.temperatureNegative.kind, 'RangeError');

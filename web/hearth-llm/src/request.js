@@ -65,6 +65,7 @@ function speculativeOptions(speculative) {
   const lookup = speculative.lookup;
   if (lookup !== undefined && typeof lookup !== 'boolean') fail(TypeError, `speculative.lookup must be a boolean, got ${JSON.stringify(lookup)}`);
   if (lookup && speculative.mode !== 'draft-model') fail(TypeError, "speculative.lookup goes with mode 'draft-model' (prompt lookup first, the draft model where nothing matches); mode 'lookup' is lookup alone");
+  if (draftMinP !== undefined && speculative.mode !== 'draft-model') fail(TypeError, "speculative.draftMinP applies to mode 'draft-model' (where the draft model stops drafting); mode 'lookup' has no draft model");
   const options = { mode: speculative.mode };
   if (lookup !== undefined) options.lookup = lookup;
   if (draftTokens !== undefined) options.draft_tokens = draftTokens;
