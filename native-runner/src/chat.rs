@@ -1,9 +1,12 @@
 //! `hearth chat`: an interactive conversation. The whole conversation is re-rendered with the chat
 //! template every turn; the engine reuses the KV cache for the unchanged prefix, so only the new
-//! turn is evaluated.
+//! turn is evaluated. With speculative decoding the drafter lives for the whole chat: prompt
+//! lookup copies from every earlier turn (an edit of the last answer's code), and a draft model
+//! keeps its own KV cache, reading only each turn's new tokens.
 
 use crate::load::{self, Loaded};
 use crate::run::SamplingArgs;
+use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -19,14 +22,19 @@ pub struct ChatArgs {
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn chat(args: ChatArgs) -> Result<()> {
+    args.speculative.check()?;
     let options = args.sampling.options()?;
     let Loaded { mut engine, path, .. } = load::load(&args.model)?;
     if engine.chat_template().is_none() {
         bail!("{} has no chat template, so it cannot chat; use `hearth run`", path.display());
     }
+    let mut drafter = args.speculative.drafter(&args.model, &engine)?;
+    let speculative = args.speculative.options();
     let base: Vec<ChatMessage> =
         args.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
     let mut messages = base.clone();
@@ -62,11 +70,15 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.session().n_ctx());
             continue;
         }
-        let generation = engine.generate(&prompt, &options, &mut |delta| {
+        let mut on_text = |delta: &str| {
             let _ = stdout.write_all(delta.as_bytes());
             let _ = stdout.flush();
             true
-        })?;
+        };
+        let generation = match drafter.as_deref_mut() {
+            Some(drafter) => engine.generate_speculative(&prompt, &options, drafter, &speculative, &mut on_text)?,
+            None => engine.generate(&prompt, &options, &mut on_text)?,
+        };
         println!();
         let t = &generation.timings;
         eprintln!(
@@ -77,6 +89,9 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             t.ttft_ms,
             t.decode_tok_s
         );
+        if let Some(m) = &generation.speculative {
+            eprintln!("{}", args.speculative.summary(m));
+        }
         messages.push(ChatMessage { role: "assistant".into(), content: generation.text.trim().to_string() });
     }
     Ok(())

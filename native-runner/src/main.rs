@@ -8,6 +8,7 @@ mod fetch;
 mod load;
 mod run;
 mod serve;
+mod speculative;
 
 use clap::{Args, Parser, Subcommand};
 

@@ -1,14 +1,13 @@
 //! `hearth run`: one prompt, streamed.
 
 use crate::load::{self, Loaded};
+use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
-use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
+use hearth_core::engine::{GenerateOptions, Generation};
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
-use hearth_core::tokenizer::Tokenizer;
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -29,35 +28,8 @@ pub struct RunArgs {
     /// Print one JSON object with tokens, text and timings at the end instead of streaming.
     #[arg(long)]
     pub json: bool,
-    /// Speculative decoding with this draft model (a .gguf path or a built-in name); its
-    /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
-    #[arg(long = "draft-model")]
-    pub draft_model: Option<String>,
-    /// Most draft tokens per step (default 5 with --draft-model, 15 with --lookup, whose match
-    /// length also caps each proposal). Each step drafts and verifies the number within 0..=K
-    /// that gives the most tokens per second at the acceptance rate and the pass costs measured
-    /// so far (0 = a plain step where speculation would be slower).
-    #[arg(long = "draft-tokens")]
-    pub draft_tokens: Option<usize>,
-    /// Draft and verify up to --draft-tokens every step instead of adapting (with sampling,
-    /// this makes a seeded run reproducible: adaptive lengths depend on measured timings).
-    #[arg(long = "fixed-draft-length")]
-    pub fixed_draft_length: bool,
-    /// With --draft-model: stop drafting where the draft model's top token is less likely than
-    /// this, from 0 (draft the full length) to 1. Default 0.6.
-    #[arg(long = "draft-min-p")]
-    pub draft_min_p: Option<f32>,
-    /// With --draft-model: the draft model predicts only the first N token ids (0 = all), a
-    /// shortlist of the common pieces that shrinks its output head, the largest mat-mul of a
-    /// small model. Default: 65536 for byte-level BPE vocabularies (their ids follow merge
-    /// order), all for others.
-    #[arg(long = "draft-vocab")]
-    pub draft_vocab: Option<usize>,
-    /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
-    /// With --draft-model, both: lookup where the output copies, the draft model elsewhere
-    /// (--draft-tokens then bounds the draft model's proposals).
-    #[arg(long)]
-    pub lookup: bool,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -123,7 +95,7 @@ impl SamplingArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    check_speculative_flags(&args)?;
+    args.speculative.check()?;
     let options = args.sampling.options()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
     let (text, templated) = if args.chat {
@@ -141,13 +113,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         (args.prompt.clone(), false)
     };
     let prompt = load::tokenize_prompt(&engine, &text, templated)?;
-    let mut drafter = drafter(&args, &engine)?;
-    let lookup_only = args.lookup && args.draft_model.is_none();
-    let speculative = if lookup_only { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
-    let speculative = SpeculativeOptions {
-        max_draft_tokens: args.draft_tokens.unwrap_or(speculative.max_draft_tokens).max(1),
-        adaptive: !args.fixed_draft_length,
-    };
+    let mut drafter = args.speculative.drafter(&args.model, &engine)?;
+    let speculative = args.speculative.options();
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     let mut on_text = |delta: &str| {
@@ -176,75 +143,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             t.decode_tok_s
         );
         if let Some(m) = &generation.speculative {
-            // With both drafters, the lookup's share (the rest is the draft model's); with a draft
-            // model, its read of the prompt (in the decode time: it comes after the first token).
-            let mut details = if args.lookup && args.draft_model.is_some() {
-                format!("; prompt lookup: {} of {} in {} passes", m.free_accepted, m.free_proposed, m.free_passes)
-            } else {
-                String::new()
-            };
-            if args.draft_model.is_some() {
-                details += &format!("; the draft model read the prompt in {:.0} ms, after the first token", m.drafter_prepare_ms);
-            }
-            eprintln!(
-                "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{details}]",
-                m.accepted,
-                m.proposed,
-                m.acceptance_rate * 100.0,
-                m.mean_accepted_per_step,
-                m.target_forward_passes
-            );
+            eprintln!("{}", args.speculative.summary(m));
         }
     }
     Ok(())
-}
-
-/// Speculation flags that would be ignored are errors: a user who set them expects an effect.
-fn check_speculative_flags(args: &RunArgs) -> Result<()> {
-    if args.draft_model.is_none() {
-        for (set, flag) in [(args.draft_vocab.is_some(), "--draft-vocab"), (args.draft_min_p.is_some(), "--draft-min-p")] {
-            if set {
-                bail!("{flag} sets up the draft model: add --draft-model MODEL, or drop {flag}");
-            }
-        }
-        if !args.lookup {
-            for (set, flag) in [(args.draft_tokens.is_some(), "--draft-tokens"), (args.fixed_draft_length, "--fixed-draft-length")] {
-                if set {
-                    bail!("{flag} applies to speculative decoding: add --draft-model MODEL or --lookup, or drop {flag}");
-                }
-            }
-        }
-    }
-    if let Some(p) = args.draft_min_p.filter(|p| !(0.0..=1.0).contains(p)) {
-        bail!("--draft-min-p {p} is not a probability: use a value from 0 to 1");
-    }
-    Ok(())
-}
-
-/// The drafter asked for on the command line: a draft model on the same backend, prompt lookup,
-/// both (lookup first), or none.
-fn drafter(args: &RunArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
-    let Some(draft) = &args.draft_model else {
-        return Ok(args.lookup.then(|| Box::new(PromptLookup::default()) as Box<dyn Drafter>));
-    };
-    let draft_args = crate::ModelArgs { model: draft.clone(), ..args.model.clone() };
-    let (file, path) = load::open(&draft_args)?;
-    let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
-    let logits_vocab = match args.draft_vocab {
-        None => default_draft_vocab(&file.metadata),
-        Some(0) => None,
-        Some(n) => Some(n),
-    };
-    let options = EngineOptions { n_ctx: args.model.ctx_size, logits_vocab, ..EngineOptions::default() };
-    let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
-        .with_context(|| format!("loading the draft model {}", path.display()))?;
-    let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
-        .with_context(|| format!("{} cannot draft for this model", path.display()))?;
-    model.min_confidence = args.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE);
-    if args.lookup {
-        return Ok(Some(Box::new(LookupThen::new(model))));
-    }
-    Ok(Some(Box::new(model)))
 }
 
 fn report(

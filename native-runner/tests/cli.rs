@@ -153,28 +153,30 @@ fn bad_input_gives_clear_errors() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two turns through `hearth chat` on stdin: both get answers, and the second turn reuses the KV
-/// cache of the first (only the new turn's tokens are evaluated).
-#[test]
-fn chat_keeps_the_kv_cache_between_turns() {
+/// `hearth chat` with `args`, the turns of `input` written to its stdin: (stdout, stderr).
+fn chat(args: &[&str], input: &str) -> (String, String) {
     use std::io::Write;
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["chat", "-m", "qwen2.5-coder-0.5b", "-n", "8", "--temperature", "0", "--quiet"])
+        .arg("chat")
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn hearth chat");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"What is 2+2?\nAnd 3+3?\n/exit\n")
-        .expect("write turns");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write turns");
     let out = child.wait_with_output().expect("chat output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "chat failed: {stderr}");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "hearth chat {args:?} failed: {stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
+/// Two turns through `hearth chat` on stdin: both get answers, and the second turn reuses the KV
+/// cache of the first (only the new turn's tokens are evaluated).
+#[test]
+fn chat_keeps_the_kv_cache_between_turns() {
+    let (stdout, stderr) = chat(&["-m", "qwen2.5-coder-0.5b", "-n", "8", "--temperature", "0", "--quiet"], "What is 2+2?\nAnd 3+3?\n/exit\n");
     let stats: Vec<(usize, usize)> = stderr
         .lines()
         .filter_map(|l| {
@@ -187,5 +189,28 @@ fn chat_keeps_the_kv_cache_between_turns() {
     assert_eq!(stats.len(), 2, "expected two turn summaries in: {stderr}");
     assert_eq!(stats[0].1, 0, "nothing is cached before the first turn");
     assert!(stats[1].1 >= stats[0].0, "second turn should reuse the first turn's tokens: {stats:?}");
-    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty(), "no answer text");
+    assert!(!stdout.trim().is_empty(), "no answer text");
+}
+
+/// `hearth chat --lookup` and `--lookup --draft-model`: greedy answers equal plain greedy's turn
+/// after turn, and each turn reports what speculation did; the second turn edits the first
+/// answer's code, which prompt lookup copies from the conversation.
+#[test]
+fn chat_with_speculative_decoding_gives_the_greedy_answers() {
+    let base = ["-m", "qwen2.5-coder-0.5b", "-n", "48", "--temperature", "0", "--quiet"];
+    let turns = "Write a Python function that returns the sum of a list of numbers.\nNow rename the function to total.\n/exit\n";
+    let (plain, _) = chat(&base, turns);
+    let speculative_summaries = |stderr: &str| stderr.lines().filter(|l| l.contains("[speculative: ")).count();
+    for extra in [&["--lookup"][..], &["--lookup", "--draft-model", "qwen2.5-coder-0.5b", "--draft-tokens", "3"][..]] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (stdout, stderr) = chat(&args, turns);
+        assert_eq!(stdout, plain, "hearth chat {extra:?} changed the greedy answers");
+        assert_eq!(speculative_summaries(&stderr), 2, "one speculative summary per turn expected in: {stderr}");
+        let accepted: usize = stderr
+            .lines()
+            .filter_map(|l| l.split("[speculative: ").nth(1)?.split(' ').next()?.parse::<usize>().ok())
+            .sum();
+        assert!(accepted > 0, "no draft token was accepted over two turns: {stderr}");
+    }
+    assert_fails_with(&["chat", "-m", "qwen2.5-coder-0.5b", "--draft-tokens", "4", "--quiet"], "add --draft-model MODEL or --lookup");
 }

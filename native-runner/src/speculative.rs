@@ -1,0 +1,126 @@
+//! The speculative decoding flags of `hearth run` and `hearth chat`: which drafter, and how long
+//! its drafts may be.
+
+use crate::load;
+use crate::ModelArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hearth_core::engine::{Engine, EngineOptions, Session};
+use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
+use hearth_core::tokenizer::Tokenizer;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct SpeculativeArgs {
+    /// Speculative decoding with this draft model (a .gguf path or a built-in name); its
+    /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
+    #[arg(long = "draft-model")]
+    pub draft_model: Option<String>,
+    /// Most draft tokens per step (default 5 with --draft-model, 15 with --lookup, whose match
+    /// length also caps each proposal). Each step drafts and verifies the number within 0..=K
+    /// that gives the most tokens per second at the acceptance rate and the pass costs measured
+    /// so far (0 = a plain step where speculation would be slower).
+    #[arg(long = "draft-tokens")]
+    pub draft_tokens: Option<usize>,
+    /// Draft and verify up to --draft-tokens every step instead of adapting (with sampling,
+    /// this makes a seeded run reproducible: adaptive lengths depend on measured timings).
+    #[arg(long = "fixed-draft-length")]
+    pub fixed_draft_length: bool,
+    /// With --draft-model: stop drafting where the draft model's top token is less likely than
+    /// this, from 0 (draft the full length) to 1. Default 0.6.
+    #[arg(long = "draft-min-p")]
+    pub draft_min_p: Option<f32>,
+    /// With --draft-model: the draft model predicts only the first N token ids (0 = all), a
+    /// shortlist of the common pieces that shrinks its output head, the largest mat-mul of a
+    /// small model. Default: 65536 for byte-level BPE vocabularies (their ids follow merge
+    /// order), all for others.
+    #[arg(long = "draft-vocab")]
+    pub draft_vocab: Option<usize>,
+    /// Speculative decoding by prompt lookup: drafts copied from the prompt and output (no model).
+    /// With --draft-model, both: lookup where the output copies, the draft model elsewhere
+    /// (--draft-tokens then bounds the draft model's proposals).
+    #[arg(long)]
+    pub lookup: bool,
+}
+
+impl SpeculativeArgs {
+    /// Flags that would be ignored are errors: a user who set them expects an effect.
+    pub fn check(&self) -> Result<()> {
+        if self.draft_model.is_none() {
+            for (set, flag) in [(self.draft_vocab.is_some(), "--draft-vocab"), (self.draft_min_p.is_some(), "--draft-min-p")] {
+                if set {
+                    bail!("{flag} sets up the draft model: add --draft-model MODEL, or drop {flag}");
+                }
+            }
+            if !self.lookup {
+                for (set, flag) in [(self.draft_tokens.is_some(), "--draft-tokens"), (self.fixed_draft_length, "--fixed-draft-length")] {
+                    if set {
+                        bail!("{flag} applies to speculative decoding: add --draft-model MODEL or --lookup, or drop {flag}");
+                    }
+                }
+            }
+        }
+        if let Some(p) = self.draft_min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            bail!("--draft-min-p {p} is not a probability: use a value from 0 to 1");
+        }
+        Ok(())
+    }
+
+    /// The draft length bounds: --draft-tokens, else the drafter's default.
+    pub fn options(&self) -> SpeculativeOptions {
+        let lookup_only = self.lookup && self.draft_model.is_none();
+        let defaults = if lookup_only { SpeculativeOptions::lookup() } else { SpeculativeOptions::default() };
+        SpeculativeOptions {
+            max_draft_tokens: self.draft_tokens.unwrap_or(defaults.max_draft_tokens).max(1),
+            adaptive: !self.fixed_draft_length,
+        }
+    }
+
+    /// The drafter asked for: a draft model on the target's backend settings, prompt lookup, both
+    /// (lookup first), or none.
+    pub fn drafter(&self, target: &ModelArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
+        let Some(draft) = &self.draft_model else {
+            return Ok(self.lookup.then(|| Box::new(PromptLookup::default()) as Box<dyn Drafter>));
+        };
+        let draft_args = ModelArgs { model: draft.clone(), ..target.clone() };
+        let (file, path) = load::open(&draft_args)?;
+        let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+        let logits_vocab = match self.draft_vocab {
+            None => default_draft_vocab(&file.metadata),
+            Some(0) => None,
+            Some(n) => Some(n),
+        };
+        let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, ..EngineOptions::default() };
+        let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
+            .with_context(|| format!("loading the draft model {}", path.display()))?;
+        let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
+            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+        model.min_confidence = self.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE);
+        if self.lookup {
+            return Ok(Some(Box::new(LookupThen::new(model))));
+        }
+        Ok(Some(Box::new(model)))
+    }
+
+    /// The stderr summary of what speculation did in one generation.
+    pub fn summary(&self, m: &SpeculativeMetrics) -> String {
+        // With both drafters, the lookup's share (the rest is the draft model's); with a draft
+        // model, its read of the prompt (in the decode time: it comes after the first token; in a
+        // chat, only the tokens it has not read in earlier turns).
+        let mut details = if self.lookup && self.draft_model.is_some() {
+            format!("; prompt lookup: {} of {} in {} passes", m.free_accepted, m.free_proposed, m.free_passes)
+        } else {
+            String::new()
+        };
+        if self.draft_model.is_some() {
+            details += &format!("; the draft model caught up with the prompt in {:.0} ms, after the first token", m.drafter_prepare_ms);
+        }
+        format!(
+            "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{details}]",
+            m.accepted,
+            m.proposed,
+            m.acceptance_rate * 100.0,
+            m.mean_accepted_per_step,
+            m.target_forward_passes
+        )
+    }
+}
