@@ -2,7 +2,8 @@
 // the model is loaded through the URL typed into the URL field (Qwen2.5-Coder-0.5B, which has a chat
 // template; ~30-60 s to load in wasm), a message typed into the composer gets a streamed answer
 // (max tokens set to 8 in the UI), the stats show tok/s, the chat is kept in localStorage, model
-// text is never turned into markup, and no request leaves the page's origin.
+// text is never turned into markup, prompt lookup drafts from the conversation without changing
+// the greedy answer, and no request leaves the page's origin.
 // Screenshot: tests/browser/artifacts/chat-app.png.
 //
 // Needs what gemma.test.js needs, with qwen2.5-coder-0.5b-instruct-q4_k_m.gguf in the models dir.
@@ -101,7 +102,8 @@ test('load Qwen through the URL field, then chat: a streamed answer with stats',
   const answer = await page.locator('.message.assistant .body').textContent();
   assert.ok(answer.trim().length > 0, 'the answer is empty');
   const meta = await page.locator('.message.assistant .meta').textContent();
-  assert.match(meta, /TTFT \d+ ms · \d+(\.\d)? tok\/s · 8 tokens · max tokens reached/, meta);
+  // (Prompt lookup is on by default: the meta may count its drafts.)
+  assert.match(meta, /TTFT \d+ ms · \d+(\.\d)? tok\/s · 8 tokens · (\d+ of \d+ drafts kept · )?max tokens reached/, meta);
   const stats = await page.locator('#stats').textContent();
   assert.match(stats, /\d+(\.\d)? tok\/s/, stats);
   process.stderr.write(`chat app answer: ${JSON.stringify(answer)} — ${meta}\n`);
@@ -138,6 +140,37 @@ test('regenerate replaces the last answer; stop ends it early', { timeout: 600_0
   await page.click('#new-chat');
   assert.equal(await page.locator('.message').count(), 0);
   assert.equal(await page.locator('.chat-item').count(), 2);
+});
+
+/** Sends `text` in the current chat (or regenerates with `text` null) and waits for the answer: its body and meta. */
+async function answer(text) {
+  await page.evaluate(() => delete document.body.dataset.lastAnswer);
+  if (text === null) {
+    await page.click('#regenerate');
+  } else {
+    await page.fill('#prompt', text);
+    await page.press('#prompt', 'Enter');
+  }
+  await page.waitForFunction(() => document.body.dataset.lastAnswer, null, { timeout: 300_000, polling: 250 });
+  assert.equal(await page.evaluate(() => document.body.dataset.lastAnswer), 'done');
+  const last = page.locator('.message.assistant').last();
+  return { body: await last.locator('.body').textContent(), meta: await last.locator('.meta').textContent() };
+}
+
+test('prompt lookup (the default) drafts from the chat and keeps the greedy answer; off gives the same answer', { timeout: 600_000 }, async () => {
+  assert.equal(await page.locator('.message').count(), 0, 'starts in the new chat of the previous test');
+  assert.equal(await page.locator('#speculative').inputValue(), 'lookup');
+  await page.fill('#max-tokens', '12');
+  await answer('Write a Python function that adds two numbers.');
+  const withLookup = await answer('Repeat that function exactly.');
+  const kept = /(\d+) of (\d+) drafts kept/.exec(withLookup.meta);
+  assert.ok(kept && Number(kept[2]) > 0, `the follow-up should have drafted from the first answer: ${withLookup.meta}`);
+  await page.selectOption('#speculative', 'off');
+  const plain = await answer(null);
+  assert.doesNotMatch(plain.meta, /drafts kept/, plain.meta);
+  assert.equal(plain.body, withLookup.body, 'greedy answers with and without prompt lookup differ');
+  process.stderr.write(`chat app follow-up: ${JSON.stringify(plain.body)} — lookup: ${withLookup.meta}; off: ${plain.meta}\n`);
+  await page.selectOption('#speculative', 'lookup');
 });
 
 test('the loaded model is listed as cached; Delete removes it', { timeout: 60_000 }, async () => {

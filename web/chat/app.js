@@ -10,7 +10,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   urlForm: $('url-form'), modelUrl: $('model-url'), loadUrl: $('load-url'), modelFile: $('model-file'),
   progressRow: $('progress-row'), progress: $('progress'), progressText: $('progress-text'), modelStatus: $('model-status'),
-  mode: $('mode'), maxTokens: $('max-tokens'), temperature: $('temperature'), systemPrompt: $('system-prompt'),
+  mode: $('mode'), maxTokens: $('max-tokens'), temperature: $('temperature'), systemPrompt: $('system-prompt'), speculative: $('speculative'),
   chatList: $('chat-list'), newChat: $('new-chat'), messages: $('messages'), stats: $('stats'),
   sendForm: $('send-form'), prompt: $('prompt'), send: $('send'), stop: $('stop'), regenerate: $('regenerate'),
   dropOverlay: $('drop-overlay'), cachedModels: $('cached-models'), cacheSummary: $('cache-summary'),
@@ -209,11 +209,12 @@ function renderMessages() {
   ui.messages.scrollTop = ui.messages.scrollHeight;
 }
 
-function formatStats({ ttft_ms, decode_tok_s, completion_tokens, finish_reason, live }) {
+function formatStats({ ttft_ms, decode_tok_s, completion_tokens, finish_reason, live, speculative }) {
   const parts = [];
   if (ttft_ms !== undefined) parts.push(`TTFT ${ttft_ms.toFixed(0)} ms`);
   if (decode_tok_s) parts.push(`${decode_tok_s.toFixed(1)} tok/s`);
   if (completion_tokens !== undefined) parts.push(`${completion_tokens} tokens`);
+  if (speculative) parts.push(`${speculative.accepted} of ${speculative.proposed} drafts kept`);
   if (finish_reason === 'abort') parts.push('stopped');
   if (finish_reason === 'length') parts.push('max tokens reached');
   if (live) parts.push('generating…');
@@ -273,6 +274,9 @@ function buildRequest(messages, signal) {
     max_tokens: Number.isInteger(maxTokens) && maxTokens > 0 ? maxTokens : 512,
     temperature: Number.isFinite(temperature) && temperature >= 0 ? temperature : 0.7,
   };
+  // Prompt lookup drafts tokens copied from the conversation (no second model) and never
+  // changes what the model would write; it pays where an answer repeats code from the chat.
+  if (ui.speculative.value === 'lookup') sampling.speculative = { mode: 'lookup' };
   if (ui.mode.value === 'completion') {
     // Template-less (base) models: continue the last user text.
     return { kind: 'completion', request: { ...sampling, prompt: messages.at(-1).content } };
