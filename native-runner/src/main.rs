@@ -98,6 +98,9 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_) | Command::Chat(_) | Command::Models { .. }) {
+        quiet_on_closed_stdout();
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
@@ -108,6 +111,17 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Output piped into a reader that stops early (`hearth run … | head`) ends the process quietly,
+/// as other Unix tools do, instead of a panic in `println!`. Not for the server and the load
+/// tester: there a peer closing its socket must not end the process.
+fn quiet_on_closed_stdout() {
+    // SAFETY: resets one signal's disposition before any thread is started.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
