@@ -3,7 +3,7 @@
 use crate::load::{self, Loaded};
 use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{GenerateOptions, Generation};
@@ -17,14 +17,19 @@ pub struct RunArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// The prompt.
-    #[arg(short = 'p', long)]
-    pub prompt: String,
+    #[arg(short = 'p', long, required_unless_present = "messages")]
+    pub prompt: Option<String>,
     /// Wrap the prompt as a user turn with the model's chat template.
     #[arg(long)]
     pub chat: bool,
     /// System message (with --chat).
     #[arg(long)]
     pub system: Option<String>,
+    /// A conversation to continue instead of --prompt: a JSON file holding an array of OpenAI-style
+    /// messages (`[{"role": "user", "content": "…"}, {"role": "assistant", …}, …]`), rendered
+    /// with the model's chat template (implies --chat; --system puts a system message first).
+    #[arg(long, conflicts_with = "prompt", value_name = "FILE")]
+    pub messages: Option<std::path::PathBuf>,
     /// Print one JSON object with tokens, text and timings at the end instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -97,20 +102,29 @@ impl SamplingArgs {
 pub fn run(args: RunArgs) -> Result<()> {
     args.speculative.check()?;
     let options = args.sampling.options()?;
+    let conversation = args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
-    let (text, templated) = if args.chat {
-        let template = match engine.chat_template() {
-            Some(t) => t,
-            None => bail!("{} has no chat template; run without --chat", path.display()),
-        };
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+    let (text, templated) = match (&conversation, &args.prompt) {
+        (Some(messages), _) => {
+            let Some(template) = engine.chat_template() else {
+                bail!("{} has no chat template, so it cannot continue a conversation; use -p", path.display());
+            };
+            (template.render_json(messages, true, None)?, true)
         }
-        messages.push(ChatMessage { role: "user".into(), content: args.prompt.clone() });
-        (template.render(&messages, true)?, true)
-    } else {
-        (args.prompt.clone(), false)
+        (None, Some(prompt)) if args.chat => {
+            let template = match engine.chat_template() {
+                Some(t) => t,
+                None => bail!("{} has no chat template; run without --chat", path.display()),
+            };
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+            }
+            messages.push(ChatMessage { role: "user".into(), content: prompt.clone() });
+            (template.render(&messages, true)?, true)
+        }
+        (None, Some(prompt)) => (prompt.clone(), false),
+        (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
     let prompt = load::tokenize_prompt(&engine, &text, templated)?;
     let mut drafter = args.speculative.drafter(&args.model, &engine)?;
@@ -147,6 +161,30 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The conversation in `file` (a JSON array of messages), `system` first when given: checked
+/// before the model loads, rendered with its chat template after.
+fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading the conversation {}", file.display()))?;
+    let messages: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    let Some(list) = messages.as_array() else {
+        bail!("{} must hold a JSON array of messages, like [{{\"role\": \"user\", \"content\": \"Hi\"}}]", file.display());
+    };
+    if list.is_empty() {
+        bail!("{} holds no messages", file.display());
+    }
+    for (i, message) in list.iter().enumerate() {
+        if !message.get("role").is_some_and(|r| r.is_string()) {
+            bail!("message {i} of {} has no \"role\" string (user, assistant, system, tool)", file.display());
+        }
+    }
+    if system.is_some() && list[0]["role"] == "system" {
+        bail!("{} starts with a system message and --system gives another: keep one", file.display());
+    }
+    let system = system.map(|s| serde_json::json!({ "role": "system", "content": s }));
+    Ok(serde_json::Value::Array(system.into_iter().chain(list.iter().cloned()).collect()))
 }
 
 fn report(

@@ -214,3 +214,67 @@ fn chat_with_speculative_decoding_gives_the_greedy_answers() {
     }
     assert_fails_with(&["chat", "-m", "qwen2.5-coder-0.5b", "--draft-tokens", "4", "--quiet"], "add --draft-model MODEL or --lookup");
 }
+
+/// `run --messages FILE` continues a conversation: one user message renders as `--chat -p` does
+/// (same prompt tokens, same greedy answer); a follow-up turn after an assistant answer is
+/// rendered with the earlier turns; a bad file is a clear error before the model loads.
+#[test]
+fn run_continues_a_conversation_from_a_messages_file() {
+    let dir = std::env::temp_dir().join(format!("hearth-cli-messages-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_string_lossy().into_owned()
+    };
+    let question = "Write a Python function that adds two numbers.";
+    let one_turn = write("one.json", &serde_json::json!([{ "role": "user", "content": question }]).to_string());
+    let base = ["run", "-m", "qwen2.5-coder-0.5b", "-n", "12", "--temperature", "0", "--json", "--quiet"];
+    let run_with = |extra: &[&str]| run_json(&base.iter().chain(extra).copied().collect::<Vec<&str>>());
+    let from_file = run_with(&["--messages", &one_turn, "--system", "Be brief."]);
+    let from_flag = run_with(&["--chat", "-p", question, "--system", "Be brief."]);
+    assert_eq!(from_file["prompt_tokens"], from_flag["prompt_tokens"]);
+    assert_eq!(from_file["tokens"], from_flag["tokens"]);
+
+    let answer = from_flag["text"].as_str().expect("text");
+    let follow_up = serde_json::json!([
+        { "role": "user", "content": question },
+        { "role": "assistant", "content": answer },
+        { "role": "user", "content": "Now name it plus." },
+    ]);
+    let two_turns = write("two.json", &follow_up.to_string());
+    let second = run_with(&["--messages", &two_turns]);
+    let second_prompt = ids(&second["prompt_tokens"]);
+    let first_prompt = ids(&from_flag["prompt_tokens"]);
+    assert!(second_prompt.len() > first_prompt.len() + 10, "the follow-up prompt should hold the first turn and its answer");
+    assert!(!second["tokens"].as_array().expect("tokens").is_empty());
+
+    let bad = |name: &str, text: &str, needle: &str| assert_fails_with(&["run", "--messages", &write(name, text), "--quiet"], needle);
+    bad("not-json.json", "not json", "is not JSON");
+    bad("object.json", r#"{"role": "user"}"#, "must hold a JSON array");
+    bad("empty.json", "[]", "holds no messages");
+    bad("no-role.json", r#"[{"content": "hi"}]"#, "has no \"role\"");
+    let system = write("system.json", r#"[{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]"#);
+    assert_fails_with(&["run", "--messages", &system, "--system", "c", "--quiet"], "keep one");
+    assert_fails_with(&["run", "--messages", &one_turn, "-p", "hi", "--quiet"], "cannot be used with");
+    assert_fails_with(&["run", "-m", "gemma-3-270m", "--messages", &one_turn, "--quiet"], "no chat template");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Output piped into a reader that closes early (`hearth run … | head`) ends hearth quietly
+/// instead of a panic in `println!`.
+#[test]
+fn a_closed_stdout_ends_run_without_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["run", "-m", "gemma-3-270m", "-p", "Once upon a time", "-n", "8", "--temperature", "0", "--json", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hearth run");
+    // The reader goes away before anything is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "hearth panicked on a closed stdout: {stderr}");
+}
