@@ -10,6 +10,10 @@ Each prompt's modes run back to back and the whole set REPS times; a row reports
 prompt (it comes after the first token); `without prompt read` leaves that read out.
 Extra arguments go to `hearth run`, e.g. `--system "Reply with the edited code only."`.
 
+`--follow-up` (among the extra arguments) measures the second turn of a chat instead: for each
+code prompt with a follow-up edit in scripts/speculative-follow-ups/, the plain greedy answer to
+the prompt, then that edit of it (`hearth run --messages`), whose answer copies the first.
+
 Usage: scripts/bench_speculative.py [path/to/hearth] [max tokens] [reps] [extra hearth args...]
 """
 import json
@@ -17,13 +21,15 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent
 target_dir = os.environ.get("CARGO_TARGET_DIR", "target")
 HEARTH = sys.argv[1] if len(sys.argv) > 1 else f"{target_dir}/release/hearth"
 MAX_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 320
 REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-EXTRA = sys.argv[4:]
+EXTRA = [a for a in sys.argv[4:] if a != "--follow-up"]
+FOLLOW_UP = "--follow-up" in sys.argv[4:]
 DRAFT = ["--draft-model", "qwen2.5-coder-0.5b"]
 MODES = [
     ("no speculation", []),
@@ -34,19 +40,41 @@ MODES = [
 
 
 def run(prompt, args):
-    cmd = [HEARTH, "run", "-m", "qwen2.5-coder-1.5b", "-t", "2", "--quiet", "--chat", "--temperature", "0",
-           "-n", str(MAX_TOKENS), "--json", "-p", prompt, *args, *EXTRA]
+    """`prompt`: the user's message, or the path of a conversation file (`--messages`)."""
+    source = ["--messages", str(prompt)] if isinstance(prompt, pathlib.Path) else ["--chat", "-p", prompt]
+    cmd = [HEARTH, "run", "-m", "qwen2.5-coder-1.5b", "-t", "2", "--quiet", "--temperature", "0",
+           "-n", str(MAX_TOKENS), "--json", *source, *args, *EXTRA]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
+def follow_up_conversations(folder):
+    """Per code prompt with a follow-up: a conversation file of the prompt, its plain greedy
+    answer and the follow-up edit."""
+    conversations = []
+    for edit in sorted(ROOT.glob("speculative-follow-ups/*.txt")):
+        first = (ROOT / "speculative-prompts" / edit.name).read_text()
+        answer = run(first, [])["text"]
+        messages = [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": edit.read_text()}]
+        path = pathlib.Path(folder) / f"{edit.stem}-follow-up.json"
+        path.write_text(json.dumps(messages))
+        conversations.append(path)
+    return conversations
+
+
 def main():
-    prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
+    with tempfile.TemporaryDirectory() as folder:
+        prompts = follow_up_conversations(folder) if FOLLOW_UP else sorted(ROOT.glob("speculative-prompts/*.txt"))
+        measure(prompts)
+
+
+def measure(prompts):
     with open("/proc/loadavg") as f:
         print(f"load average before: {' '.join(f.read().split()[:3])}")
     best = {}  # (prompt, mode) -> best report
     for _ in range(REPS):
         for path in prompts:
-            prompt = path.read_text()
+            prompt = path if path.suffix == ".json" else path.read_text()
             plain_tokens = None
             for mode, args in MODES:
                 r = run(prompt, args)
@@ -71,7 +99,7 @@ def main():
                                                         s["target_forward_passes"], s.get("free_passes", 0),
                                                         prepare_ms)) if s else "- | - | - | -"
             print(f"| {path.stem} | {mode} | {n} | {r['decode_tok_s']:.1f} | {r['decode_tok_s'] / plain['decode_tok_s']:.2f}x | {spec} |")
-            kind = path.stem.split("-")[0]
+            kind = path.stem.split("-")[0] + (" follow-up" if path.suffix == ".json" else "")
             t = totals.setdefault((kind, mode), [0, 0.0, 0.0])
             # decode_tok_s counts the tokens after the first (the first comes from the prompt pass).
             t[0] += n - 1
@@ -80,7 +108,7 @@ def main():
     print()
     print("| all prompts of a kind | mode | tokens | decode tok/s | vs plain | without prompt read | vs plain |")
     print("|---|---|---|---|---|---|---|")
-    for kind in ("code", "prose"):
+    for kind in sorted({kind for kind, _ in totals}):
         plain_rate = totals[(kind, MODES[0][0])][0] / totals[(kind, MODES[0][0])][1]
         for mode, _ in MODES:
             n, sec, prepare = totals[(kind, mode)]
