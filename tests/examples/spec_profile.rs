@@ -3,6 +3,11 @@
 //! and a breakdown of real speculative runs (drafting vs the rest).
 //!
 //! `cargo run --release -p hearth-tests --example spec_profile [max_tokens]`
+//!
+//! `REPLAY_DIR=scripts/speculative-prompts SIMULATE=<ms of passes of 1, 2, … rows>` replays prompt
+//! lookup under the policy on every prompt there, without timing anything; with `ORACLE=1` also
+//! the least time any choice of verified lengths could take with the same proposals, and fixed
+//! caps on the verified length.
 
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
@@ -268,7 +273,7 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
     let options = GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
     let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     paths.sort();
-    let (mut plain_total, mut lookup_total) = (0.0, 0.0);
+    let (mut plain_total, mut lookup_total, mut oracle_total) = (0.0, 0.0, 0.0);
     for path in paths {
         let prompt = chat_prompt(target, &std::fs::read_to_string(&path).expect("prompt"));
         target.session_mut().reset();
@@ -281,8 +286,39 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
             lookup_total += ms;
         }
         eprintln!("{name}: {} tokens, {passes} passes, {accepted}/{proposed} accepted, {:.2}x", plain.tokens.len(), plain_ms / ms);
+        if std::env::var("ORACLE").is_ok() {
+            let oracle = oracle_ms(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs);
+            let caps: Vec<String> = [1usize, 2, 3, 4, 5, 7, 15].iter().map(|&cap| {
+                let lookup = PromptLookup { width_multiple: 1, ..PromptLookup::default() };
+                let (_, _, _, ms) = simulate(&lookup, &prompt, &plain.tokens, cap, costs);
+                format!("cap {cap}: {:.2}x", plain_ms / ms)
+            }).collect();
+            eprintln!("    oracle {:.2}x; {}", plain_ms / oracle, caps.join(", "));
+            if name.starts_with("code") {
+                oracle_total += oracle;
+            }
+        }
     }
     eprintln!("code prompts together: {:.2}x", plain_total / lookup_total);
+    if oracle_total > 0.0 {
+        eprintln!("code prompts together, the best verified lengths: {:.2}x", plain_total / oracle_total);
+    }
+}
+
+/// The least time any choice of verified lengths could take with the default lookup's proposals
+/// (each step verifies some prefix of the proposal; dynamic programming from the end).
+fn oracle_ms(lookup: &PromptLookup, prompt: &[u32], output: &[u32], k: usize, costs: &[f64]) -> f64 {
+    let n = output.len();
+    let mut best = vec![0.0f64; n + 1];
+    for pos in (1..n).rev() {
+        let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
+        let draft = lookup.lookup(&context, k.min(n - pos - 1));
+        let ok = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
+        best[pos] = (0..=draft.len())
+            .map(|v| costs[v.min(costs.len() - 1)] + best[(pos + v.min(ok) + 1).min(n)])
+            .fold(f64::MAX, f64::min);
+    }
+    best[1]
 }
 
 /// Greedy verification replayed: each pass accepts the drafts that equal the real output.
