@@ -274,8 +274,9 @@ function buildRequest(messages, signal) {
     max_tokens: Number.isInteger(maxTokens) && maxTokens > 0 ? maxTokens : 512,
     temperature: Number.isFinite(temperature) && temperature >= 0 ? temperature : 0.7,
   };
-  // Prompt lookup drafts tokens copied from the conversation (no second model) and never
-  // changes what the model would write; it pays where an answer repeats code from the chat.
+  // Prompt lookup drafts tokens copied from the conversation (no second model); verification
+  // keeps the model's output distribution (at temperature 0, its very text). It pays where an
+  // answer repeats code from the chat.
   if (ui.speculative.value === 'lookup') sampling.speculative = { mode: 'lookup' };
   if (ui.mode.value === 'completion') {
     // Template-less (base) models: continue the last user text.
