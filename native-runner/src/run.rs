@@ -27,7 +27,8 @@ pub struct RunArgs {
     pub system: Option<String>,
     /// A conversation to continue instead of --prompt: a JSON file holding an array of OpenAI-style
     /// messages (`[{"role": "user", "content": "…"}, {"role": "assistant", …}, …]`), rendered
-    /// with the model's chat template (implies --chat; --system puts a system message first).
+    /// with the model's chat template (implies --chat; --system puts a system message first);
+    /// `-` reads it from stdin.
     #[arg(long, conflicts_with = "prompt", value_name = "FILE")]
     pub messages: Option<std::path::PathBuf>,
     /// Print one JSON object with tokens, text and timings at the end instead of streaming.
@@ -166,7 +167,11 @@ pub fn run(args: RunArgs) -> Result<()> {
 /// The conversation in `file` (a JSON array of messages), `system` first when given: checked
 /// before the model loads, rendered with its chat template after.
 fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading the conversation {}", file.display()))?;
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the conversation from stdin")?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading the conversation {}", file.display()))?
+    };
     let messages: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
     let Some(list) = messages.as_array() else {

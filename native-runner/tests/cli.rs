@@ -235,6 +235,18 @@ fn run_continues_a_conversation_from_a_messages_file() {
     let from_flag = run_with(&["--chat", "-p", question, "--system", "Be brief."]);
     assert_eq!(from_file["prompt_tokens"], from_flag["prompt_tokens"]);
     assert_eq!(from_file["tokens"], from_flag["tokens"]);
+    // `--messages -`: the same conversation from stdin.
+    let from_stdin = {
+        use std::io::Write;
+        use std::process::Stdio;
+        let args: Vec<&str> = base.iter().copied().chain(["--messages", "-", "--system", "Be brief."]).collect();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth")).args(&args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
+        child.stdin.take().expect("stdin").write_all(&std::fs::read(&one_turn).expect("read")).expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "hearth run --messages - failed");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
+    };
+    assert_eq!(from_stdin["tokens"], from_flag["tokens"]);
 
     let answer = from_flag["text"].as_str().expect("text");
     let follow_up = serde_json::json!([
