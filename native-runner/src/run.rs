@@ -22,7 +22,7 @@ pub struct RunArgs {
     /// Wrap the prompt as a user turn with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// System message (with --chat).
+    /// System message (with --chat or --messages).
     #[arg(long)]
     pub system: Option<String>,
     /// A conversation to continue instead of --prompt: a JSON file holding an array of OpenAI-style
