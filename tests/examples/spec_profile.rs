@@ -4,6 +4,8 @@
 //!
 //! `cargo run --release -p hearth-tests --example spec_profile [max_tokens]`
 //!
+//! `PASS_MAX=N` times passes up to N tokens; `PASSES_ONLY=1` stops after them.
+//!
 //! `REPLAY_DIR=scripts/speculative-prompts SIMULATE=<ms of passes of 1, 2, … rows>` replays prompt
 //! lookup under the policy on every prompt there, without timing anything; with `ORACLE=1` also
 //! the least time any choice of verified lengths could take with the same proposals, and fixed
@@ -14,7 +16,7 @@ use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions};
+use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions, VerificationOutcome};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::time::Instant;
@@ -75,7 +77,7 @@ impl Drafter for Timed<'_> {
         self.inner.free_proposal_limit()
     }
 
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
         self.inner.propose_free(context, max_tokens)
     }
 }
@@ -122,7 +124,11 @@ fn main() {
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
     let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     if std::env::var("SKIP_PASSES").is_err() {
-        pass_costs(&mut target, &prompt, "1.5B", 17);
+        let widest = std::env::var("PASS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
+        pass_costs(&mut target, &prompt, "1.5B", widest);
+        if std::env::var("PASSES_ONLY").is_ok() {
+            return;
+        }
         // The drafter alone: one token at a time (Last).
         let s = draft.session_mut();
         s.reset();
@@ -158,30 +164,9 @@ fn main() {
                 .generate(&prompt, &options0, &mut |_| true)
                 .expect("generate");
             eprintln!("{:?}", &user[..20]);
-            let grid = [
-                (1, 100, 1, 5),
-                (1, 2, 4, 15),
-                (2, 1, 4, 15),
-                (2, 2, 4, 15),
-                (2, 3, 4, 15),
-                (2, 2, 1, 15),
-                (3, 2, 4, 15),
-                (2, 2, 4, 11),
-                (2, 2, 4, 7),
-                (1, 1, 1, 15),
-                (2, 1, 1, 15),
-                (1, 1, 2, 15),
-            ];
-            for (mn, tpm, wm, k) in grid {
-                let lookup = PromptLookup {
-                    max_ngram: 8,
-                    min_ngram: mn,
-                    tokens_per_matched: tpm,
-                    width_multiple: wm,
-                };
-                let (passes, proposed, accepted, ms) =
-                    simulate(&lookup, &prompt, &plain.tokens, k, &costs);
-                eprintln!("sim min_ngram {mn} per_matched {tpm} multiple {wm} k {k}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
+            for cap in [1usize, 3, 7, 15] {
+                let (passes, proposed, accepted, ms) = simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, &costs);
+                eprintln!("lookup verified up to {cap}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
             }
             // The default lookup under the default cost-driven policy, its observed pass costs
             // disturbed by a multiplicative noise of up to ±NOISE (a shared machine).
@@ -209,7 +194,7 @@ fn main() {
     );
     // (label, drafter, max draft tokens, adaptive, draft min confidence)
     let mut lookup = PromptLookup::default();
-    let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, false, 0.0)];
+    let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, true, 0.0)];
     let configs = std::env::var("DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
     // K:CONF a draft model, LK:CONF prompt lookup first and the draft model where nothing matches.
     for c in configs.split(',').filter(|c| !c.is_empty()) {
@@ -281,7 +266,8 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
         let plain_ms = (plain.tokens.len() - 1) as f64 * costs[0];
         let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs, 0.0);
         let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
-        if name.starts_with("code") {
+        let code = name.starts_with("code");
+        if code {
             plain_total += plain_ms;
             lookup_total += ms;
         }
@@ -289,12 +275,11 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
         if std::env::var("ORACLE").is_ok() {
             let oracle = oracle_ms(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs);
             let caps: Vec<String> = [1usize, 2, 3, 4, 5, 7, 15].iter().map(|&cap| {
-                let lookup = PromptLookup { width_multiple: 1, ..PromptLookup::default() };
-                let (_, _, _, ms) = simulate(&lookup, &prompt, &plain.tokens, cap, costs);
+                let (_, _, _, ms) = simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, costs);
                 format!("cap {cap}: {:.2}x", plain_ms / ms)
             }).collect();
             eprintln!("    oracle {:.2}x; {}", plain_ms / oracle, caps.join(", "));
-            if name.starts_with("code") {
+            if code {
                 oracle_total += oracle;
             }
         }
@@ -305,14 +290,14 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
     }
 }
 
-/// The least time any choice of verified lengths could take with the default lookup's proposals
-/// (each step verifies some prefix of the proposal; dynamic programming from the end).
+/// The least time any choice of verified lengths could take with the lookup's proposals (each
+/// step verifies some prefix of the proposal; dynamic programming from the end).
 fn oracle_ms(lookup: &PromptLookup, prompt: &[u32], output: &[u32], k: usize, costs: &[f64]) -> f64 {
     let n = output.len();
     let mut best = vec![0.0f64; n + 1];
     for pos in (1..n).rev() {
         let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
-        let draft = lookup.lookup(&context, k.min(n - pos - 1));
+        let draft = lookup.proposal(&context, k.min(n - pos - 1)).tokens;
         let ok = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
         best[pos] = (0..=draft.len())
             .map(|v| costs[v.min(costs.len() - 1)] + best[(pos + v.min(ok) + 1).min(n)])
@@ -321,7 +306,8 @@ fn oracle_ms(lookup: &PromptLookup, prompt: &[u32], output: &[u32], k: usize, co
     best[1]
 }
 
-/// Greedy verification replayed: each pass accepts the drafts that equal the real output.
+/// Greedy verification replayed with up to `k` drafts verified per pass: each pass accepts the
+/// drafts that equal the real output.
 fn simulate(
     lookup: &PromptLookup,
     prompt: &[u32],
@@ -334,7 +320,7 @@ fn simulate(
     while pos < output.len() {
         let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
         let budget = k.min(output.len() - pos - 1);
-        let draft = lookup.lookup(&context, budget);
+        let draft = lookup.proposal(&context, budget).tokens;
         let ok = draft
             .iter()
             .zip(&output[pos..])
@@ -344,10 +330,6 @@ fn simulate(
         proposed += draft.len();
         accepted += ok;
         ms += costs[draft.len().min(costs.len() - 1)];
-        if std::env::var("VERBOSE").is_ok() {
-            let m = lookup.longest_suffix_match(&context).map_or(0, |m| m.len);
-            eprintln!("  pos {pos} match {m} draft {} ok {ok}", draft.len());
-        }
         pos += ok + 1;
     }
     (passes, proposed, accepted, ms)
@@ -376,22 +358,19 @@ fn simulate_policy(
     while pos < output.len() {
         let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
         let budget = policy.request().min(output.len() - pos - 1);
-        let draft = if budget > 0 { lookup.lookup(&context, budget) } else { Vec::new() };
+        let proposal = if budget > 0 { lookup.proposal(&context, budget) } else { Proposal::default() };
+        let (draft, matched) = (&proposal.tokens, proposal.matched);
         policy.observe_draft(budget, 0.0);
-        let verify = policy.verify_length(draft.len());
+        let verify = policy.verify_length(draft.len(), matched);
         let ok = draft[..verify].iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
         let cost = costs[verify.min(costs.len() - 1)];
         policy.observe_pass(1 + verify, cost * jitter());
-        policy.observe_outcome(draft.len(), verify, ok);
-        if ok == verify {
-            policy.track_unverified(draft.len(), &draft[verify..]);
-        }
-        if let Some(&next) = output.get(pos + ok) {
-            policy.observe_token(next);
-        }
+        let Some(&next) = output.get(pos + ok) else { break };
+        let outcome = VerificationOutcome { accepted: ok, proposed: verify, continuation_token: next };
+        policy.observe_step(&outcome, &draft[..verify], &draft[verify..], matched, budget);
         if std::env::var("VERBOSE").is_ok() {
             let would = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
-            eprintln!("  pos {pos} proposed {} verified {verify} kept {ok} (would keep {would}), acceptance {:.2}", draft.len(), policy.acceptance());
+            eprintln!("  pos {pos} matched {matched:?} proposed {} verified {verify} kept {ok} (would keep {would})", draft.len());
         }
         passes += 1;
         proposed += verify;

@@ -202,7 +202,7 @@ impl DraftModel {
         };
         // Greedy drafts are one-hot: the verifier needs no distributions for them.
         let distributions = if greedy { None } else { Some(distributions) };
-        Ok(Proposal { tokens, distributions, timing: Some(timing) })
+        Ok(Proposal { tokens, distributions, timing: Some(timing), matched: None })
     }
 
     /// Evaluates `tokens` (the end of `history`) and keeps what drafting the next token needs in

@@ -125,27 +125,29 @@ impl Engine {
             }
             // Each step yields accepted + 1 tokens and evaluates 1 + verified drafts.
             let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
-            // Free drafts first (a `LookupThen`'s prompt lookup): verified whole when that pays,
+            // Free drafts first (a `LookupThen`'s prompt lookup): verified as far as that pays,
             // and the costly drafter then sits the step out; else kept to be scored as the
             // target's tokens come.
             let mut proposal = Proposal::default();
             let mut from_free = false;
-            let mut budget = 0;
+            let (mut budget, mut verify) = (0, 0);
             // (A fixed draft length keeps the fixed wait: nothing there is judged by its cost.)
             let gain_ms = if speculative.adaptive { policy.drafting_gain_ms() } else { f64::INFINITY };
             let costly_ready = catch_up.costly_ready(context.len(), gain_ms);
             if let Some(free) = free_policy.as_mut() {
                 let free_budget = free.request().min(room);
                 let drafting = Instant::now();
-                let mut tokens = if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Vec::new() };
+                let mut free_proposal = if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Proposal::default() };
                 free.observe_draft(free_budget, ms(drafting));
-                tokens.truncate(free_budget);
-                // A one-token guess (a one-token match) gives way to a costly drafter ready to draft.
-                let yields = costly_ready && tokens.len() < FREE_OVER_COSTLY_MIN_TOKENS;
-                if !tokens.is_empty() && !yields && free.verify_length(tokens.len()) == tokens.len() {
-                    (proposal.tokens, from_free, budget) = (tokens, true, free_budget);
+                free_proposal.tokens.truncate(free_budget);
+                let (length, matched) = (free_proposal.tokens.len(), free_proposal.matched);
+                let free_verify = free.verify_length(length, matched);
+                // A guess from a one-token match gives way to a costly drafter ready to draft.
+                let yields = costly_ready && matched.unwrap_or(0) < FREE_OVER_COSTLY_MIN_MATCH;
+                if free_verify > 0 && !yields {
+                    (proposal, from_free, budget, verify) = (free_proposal, true, free_budget, free_verify);
                 } else {
-                    free.track_unverified(tokens.len(), &tokens);
+                    free.track_unverified(length, matched, 0, &free_proposal.tokens);
                 }
             }
             catch_up.start_step(from_free, context.len());
@@ -163,14 +165,14 @@ impl Engine {
                     None => policy.observe_draft(budget, ms(drafting)),
                 }
                 proposal.tokens.truncate(budget);
+                verify = policy.verify_length(proposal.tokens.len(), proposal.matched);
             }
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
             }
             // Verify only the drafts that pay at this machine's pass costs; the ones left out
             // are still scored against the target's tokens as they come.
-            let proposed_len = proposal.tokens.len();
-            let verify = if from_free { proposed_len } else { policy.verify_length(proposed_len) };
+            let (proposed_len, matched) = (proposal.tokens.len(), proposal.matched);
             let unverified = proposal.tokens.split_off(verify.min(proposed_len));
             if let Some(distributions) = proposal.distributions.as_mut() {
                 distributions.truncate(verify);
@@ -225,11 +227,11 @@ impl Engine {
             let step_tokens = drafts[..outcome.accepted].iter().copied().chain([outcome.continuation_token]);
             match (from_free, free_policy.as_mut()) {
                 (true, Some(free)) => {
-                    free.observe_step(&outcome, proposed_len, budget, &unverified);
+                    free.observe_step(&outcome, drafts, &unverified, matched, budget);
                     step_tokens.for_each(|t| policy.observe_token(t));
                 }
                 (_, free) => {
-                    policy.observe_step(&outcome, proposed_len, budget, &unverified);
+                    policy.observe_step(&outcome, drafts, &unverified, matched, budget);
                     if let Some(free) = free {
                         step_tokens.for_each(|t| free.observe_token(t));
                     }
@@ -256,11 +258,11 @@ impl Engine {
     }
 }
 
-/// Free proposals shorter than this give way to a costly drafter that is ready to draft: a
-/// prompt lookup's one-token guess is kept ~30% of the time, a draft model's drafts ~95%. (With
-/// the draft model waiting to repay its catch-up, the guesses keep the steps in between from
-/// being plain: a 2-row pass costs about a 1-row one on a CPU.)
-const FREE_OVER_COSTLY_MIN_TOKENS: usize = 2;
+/// Free proposals from matches shorter than this give way to a costly drafter that is ready to
+/// draft: a prompt lookup's guess after a one-token match is kept ~30% of the time, a draft
+/// model's drafts ~95%. (With the draft model waiting to repay its catch-up, the guesses keep
+/// the steps in between from being plain: a 2-row pass costs about a 1-row one on a CPU.)
+const FREE_OVER_COSTLY_MIN_MATCH: usize = 2;
 
 /// What a verification step over `drafts` reads back: the candidates of the most demanding row
 /// (row i is sampled after `context` + `drafts[..i]`), or the whole rows when one needs them.

@@ -12,7 +12,7 @@ use crate::sampling::SamplingParams;
 
 pub struct LookupThen<D> {
     pub lookup: PromptLookup,
-    /// Most tokens per lookup proposal (its match length also caps each).
+    /// Most tokens per lookup proposal.
     pub lookup_max_tokens: usize,
     pub drafter: D,
 }
@@ -43,7 +43,7 @@ impl<D: Drafter> Drafter for LookupThen<D> {
         self.lookup_max_tokens
     }
 
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
-        self.lookup.lookup(context, max_tokens.min(self.lookup_max_tokens))
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
+        self.lookup.proposal(context, max_tokens.min(self.lookup_max_tokens))
     }
 }

@@ -44,6 +44,11 @@ pub struct Proposal {
     /// How long its passes took, for a drafter that runs passes (a draft model): the draft
     /// policy's cost model. `None`: the policy times the whole proposal per token.
     pub timing: Option<DraftTiming>,
+    /// For a copy of earlier context ([`PromptLookup`]): how many of the context's last tokens
+    /// matched where the copy comes from. The draft policy then judges each draft by the copied
+    /// run it extends and verifies the prefix that pays; `None`: the proposal is judged by its
+    /// length, verified whole or not at all.
+    pub matched: Option<usize>,
 }
 
 /// The passes of one proposal of a draft model.
@@ -96,9 +101,9 @@ pub trait Drafter {
     /// `max_tokens`, offered every step before [`Drafter::propose`]: the loop verifies them when
     /// that pays and then skips `propose` for the step. Judged apart from the costly proposals
     /// (a draft policy of their own), so that the costly drafter's pauses never stop them.
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
         let _ = (context, max_tokens);
-        Vec::new()
+        Proposal::default()
     }
 }
 
@@ -121,7 +126,7 @@ impl<T: Drafter + ?Sized> Drafter for &mut T {
         (**self).free_proposal_limit()
     }
 
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
         (**self).propose_free(context, max_tokens)
     }
 }
@@ -147,9 +152,8 @@ impl Default for SpeculativeOptions {
 }
 
 impl SpeculativeOptions {
-    /// For [`PromptLookup`]: drafting is free and the drafter sizes each proposal from its match
-    /// length, so the ceiling is high (a 16-token verification pass); the policy verifies as much
-    /// of each proposal as pays on this machine.
+    /// For [`PromptLookup`]: drafting is free, so the ceiling is high (a 16-token verification
+    /// pass); the policy verifies as much of each proposal as pays on this machine.
     pub fn lookup() -> Self {
         SpeculativeOptions { max_draft_tokens: 15, adaptive: true }
     }

@@ -12,11 +12,25 @@
 //! the previous one was, with probability p), so verifying k drafts yields on average
 //! `E(k) = 1 + p + p² + … + p^k` tokens (the `1` is the target's own token), and costs
 //! `draft(k) + pass(1 + k)` ms. p is estimated per proposal length (a drafter's length says how
-//! sure it is: prompt lookup drafts as many tokens as it matched, a draft model stops when
-//! unsure), pulled towards the overall rate where a length has few observations.
+//! sure it is: a draft model stops when unsure), pulled towards the overall rate where a length
+//! has few observations.
+//!
+//! A copy of earlier context (prompt lookup) is judged per draft instead: draft i of a copy whose
+//! source matched the last m context tokens extends a copied run of m + i - 1 tokens, and the
+//! longer the run the likelier the copy goes on (a one-token match is a guess, the middle of a
+//! copied function body nearly certain). p is estimated per run length, so the policy verifies
+//! the prefix of the whole available continuation that pays best, wherever the copy is likely
+//! to break.
 
 /// Proposal lengths with an acceptance estimate of their own; longer ones share the last.
 const LENGTH_CLASSES: usize = 16;
+/// Copied-run lengths with an acceptance estimate of their own; longer runs share the last.
+const RUN_CLASSES: usize = 32;
+/// Weight of the newest observation of a copied-run length: every draft position of every copy
+/// is one, many per step, so a longer memory than [`NEW_WEIGHT`]'s.
+const RUN_NEW_WEIGHT: f64 = 0.1;
+/// Copies scored at once at most (one is added per step; the oldest goes first).
+const MAX_TRACKED_COPIES: usize = 32;
 /// Verification widths whose cost is tracked (wider passes count as the widest).
 const TRACKED_WIDTHS: usize = 65;
 /// Weight of the newest observation in the running estimates.
@@ -114,9 +128,11 @@ impl PassCosts {
 
     /// The estimated cost of a pass of `width` rows: measured, or interpolated linearly between
     /// the nearest measured widths (a CPU's cost is not linear over all widths: its mat-muls
-    /// work in groups of rows), or extrapolated with the slope of the two widest measured. With
-    /// nothing measured on one side the nearest measured cost stands in: optimistic, so that
-    /// the width gets tried and measured.
+    /// work in groups of rows), or extrapolated with the mean slope from the narrowest measured
+    /// width to the widest. With nothing measured on one side the nearest measured cost stands
+    /// in. Both err on the cheap side, so that wider passes get tried and measured: the slope of
+    /// the two widest measured alone was often a group's boundary (3 to 4 rows on 2 CPU cores:
+    /// 8.7 ms a row, against 5 ms a row from 4 to 16), and wider passes never got tried.
     fn estimate(&self, width: usize) -> f64 {
         let width = width.min(TRACKED_WIDTHS - 1);
         if let Some(ms) = self.measured(width) {
@@ -128,9 +144,9 @@ impl PassCosts {
         match (below, above) {
             (Some(b), Some(a)) => line(b, a),
             (Some(b), None) => {
-                // The slope of the two widest measured widths, never negative.
-                let before = (1..b.0).rev().find_map(|w| self.measured(w).map(|ms| (w, ms)));
-                before.map_or(b.1, |p| line(p, b).max(b.1))
+                // The mean slope from the narrowest measured width, never negative.
+                let narrowest = (1..b.0).find_map(|w| self.measured(w).map(|ms| (w, ms)));
+                narrowest.map_or(b.1, |n| line(n, b).max(b.1))
             }
             (None, Some(a)) => a.1,
             (None, None) => 1.0,
@@ -148,6 +164,8 @@ pub struct DraftPolicy {
     /// draft model unsure of the next token) missed there, like a rejected draft.
     requested: Counts,
     by_length: [Counts; LENGTH_CLASSES],
+    /// Per copied-run length, the drafts of copies that extended a run that long.
+    by_run: [Counts; RUN_CLASSES],
     pass: PassCosts,
     /// Running ms of drafting per requested token (drafters that report no [`DraftTiming`]).
     draft_ms_per_token: Running,
@@ -160,9 +178,15 @@ pub struct DraftPolicy {
     probing: bool,
     /// Requested positions judged so far (see [`MIN_JUDGED_POSITIONS`]).
     judged: usize,
-    /// The unverified rest of the last proposal (its length class, the drafts not yet
-    /// compared), scored against the target's tokens while steps are plain.
+    /// The unverified rest of the last proposal judged by its length (its length class, the
+    /// drafts not yet compared, last first), scored against the target's tokens while steps
+    /// are plain.
     unverified: Option<(usize, Vec<u32>)>,
+    /// Copies being scored against the target's tokens as they come, every draft of each,
+    /// verified or not (the run length of its next draft, the drafts not yet compared, last
+    /// first): drafting them was free, and what the copies that overlap say is how the policy
+    /// learns how far copies go on.
+    copies: Vec<(usize, Vec<u32>)>,
 }
 
 impl DraftPolicy {
@@ -173,6 +197,7 @@ impl DraftPolicy {
             overall: Counts::default(),
             requested: Counts::default(),
             by_length: [Counts::default(); LENGTH_CLASSES],
+            by_run: [Counts::default(); RUN_CLASSES],
             pass: PassCosts::new(),
             draft_ms_per_token: Running::default(),
             draft_first_pass_ms: Running::default(),
@@ -182,6 +207,7 @@ impl DraftPolicy {
             probing: false,
             judged: 0,
             unverified: None,
+            copies: Vec::new(),
         }
     }
 
@@ -202,12 +228,30 @@ impl DraftPolicy {
 
     /// The acceptance estimate for drafts of a proposal of `length` tokens: that length's own
     /// record, pulled towards (L + 1) / (L + 2) where it has few observations: Laplace's rule of
-    /// succession for a drafter that was sure of L tokens in a row (prompt lookup drafts as many
-    /// tokens as it matched, a draft model stops where it is unsure).
+    /// succession for a drafter that was sure of L tokens in a row (a draft model stops where it
+    /// is unsure).
     fn acceptance_for(&self, length: usize) -> f64 {
         let c = self.by_length[length.clamp(1, LENGTH_CLASSES) - 1];
         let prior = (length as f64 + 1.0) / (length as f64 + 2.0);
         (c.kept + PRIOR_STRENGTH * prior) / (c.total() + PRIOR_STRENGTH)
+    }
+
+    /// The acceptance estimates for drafts that extend copied runs of 1, 2, … tokens (index:
+    /// run - 1; longer runs share the last): each run length's record, pulled where it has few
+    /// observations towards a prior that says a copy that has run longer is at least as likely
+    /// to go on: the estimate for one run shorter, or run / (run + 2) when that is higher (the
+    /// rule of succession after `run` copied tokens with one miss counted). A one-token match
+    /// starts at 1/3: kept about a third of the time in code, rarely in prose.
+    fn run_acceptances(&self) -> [f64; RUN_CLASSES] {
+        let mut estimates = [0.0; RUN_CLASSES];
+        let mut shorter: f64 = 1.0 / 3.0;
+        for (i, c) in self.by_run.iter().enumerate() {
+            let run = (i + 1) as f64;
+            let prior = if i == 0 { shorter } else { shorter.max(run / (run + 2.0)) };
+            estimates[i] = (c.kept + PRIOR_STRENGTH * prior) / (c.total() + PRIOR_STRENGTH);
+            shorter = estimates[i];
+        }
+        estimates
     }
 
     /// Expected tokens from verifying k drafts kept with probability p each (given the
@@ -316,24 +360,39 @@ impl DraftPolicy {
         if interval.is_finite() { (interval as usize).clamp(PROBE_EVERY, 1 << 20) } else { PROBE_EVERY }
     }
 
-    /// Of a proposal of `available` tokens, how many to verify (all or none): drafting is paid
-    /// for by now, so only the pass costs and the acceptance for proposals of this length count.
-    pub fn verify_length(&self, available: usize) -> usize {
+    /// Of a proposal of `available` tokens, how many to verify: drafting is paid for by now, so
+    /// only the pass costs and the acceptance count. `matched`: for a copy (prompt lookup), the
+    /// context tokens its source matched; the best prefix is verified, each draft judged by the
+    /// copied run it extends. Other proposals are verified all or none.
+    pub fn verify_length(&self, available: usize, matched: Option<usize>) -> usize {
         if !self.adaptive || self.probing || self.steps == 1 {
             return available;
         }
         if self.pass.measured(1).is_none() {
             return 0;
         }
-        // All or nothing: the drafter sized the proposal from its own confidence (lookup's
-        // match length, the draft model's stop), which says more about this proposal than the
-        // running estimates; they decide whether verifying it pays at all. (Replayed on the
-        // code edit at measured CPU pass costs, shortening proposals to the estimate's best
-        // length cost 3-5 more passes than verifying them whole.)
-        let p = self.acceptance_for(available);
-        let whole = Self::expected_tokens(p, available) / self.pass.estimate(1 + available).max(1e-9);
         let plain = 1.0 / self.pass.estimate(1).max(1e-9);
-        if whole > plain * (1.0 + 1e-9) { available } else { 0 }
+        let rate = |tokens: f64, k: usize| tokens / self.pass.estimate(1 + k).max(1e-9);
+        let Some(matched) = matched else {
+            // All or nothing: the drafter sized the proposal from its own confidence (a draft
+            // model's stop), which says more about this proposal than the running estimates;
+            // they decide whether verifying it pays at all.
+            let p = self.acceptance_for(available);
+            return if rate(Self::expected_tokens(p, available), available) > plain * (1.0 + 1e-9) { available } else { 0 };
+        };
+        // The prefix with the most expected tokens per ms (ties to the shorter): draft i is kept,
+        // given the ones before it were, with the acceptance for a run of matched + i - 1.
+        let runs = self.run_acceptances();
+        let (mut best, mut best_rate) = (0, plain);
+        let (mut expected, mut reach) = (1.0, 1.0);
+        for k in 1..=available {
+            reach *= runs[(matched.max(1) + k - 1).min(RUN_CLASSES) - 1];
+            expected += reach;
+            if rate(expected, k) > best_rate * (1.0 + 1e-9) {
+                (best, best_rate) = (k, rate(expected, k));
+            }
+        }
+        best
     }
 
     /// Drafting `requested` tokens took `ms`.
@@ -359,48 +418,80 @@ impl DraftPolicy {
         self.pass.observe(width, ms);
     }
 
-    /// `accepted` of the `verified` drafts (the first ones of a proposal of `length`) were kept.
-    pub fn observe_outcome(&mut self, length: usize, verified: usize, accepted: usize) {
+    /// `accepted` of the `verified` drafts (the first ones of a proposal of `length`; `matched`
+    /// as in [`Self::verify_length`]) were kept. A copy's drafts teach the run lengths through
+    /// its tracker ([`Self::track_unverified`]), not here.
+    pub fn observe_outcome(&mut self, length: usize, matched: Option<usize>, verified: usize, accepted: usize) {
         if verified == 0 {
             return;
         }
         self.drop_unverified();
         let accepted = accepted.min(verified);
         let rejected = if accepted < verified { 1.0 } else { 0.0 };
-        self.record(length, accepted as f64, rejected);
+        self.record(length, matched.is_none(), accepted as f64, rejected);
     }
 
-    /// Remembers `drafts`, the unverified rest of a proposal of `length` tokens whose verified
-    /// drafts were all kept, to score them against the target's next tokens
-    /// ([`Self::observe_token`]): free information about drafts that were not worth a wider pass.
-    /// An empty `drafts` keeps the drafts tracked before (a plain step without a proposal).
-    pub fn track_unverified(&mut self, length: usize, drafts: &[u32]) {
-        if !drafts.is_empty() {
-            self.unverified = Some((length, drafts.iter().rev().copied().collect()));
+    /// Scores `drafts` against the target's next tokens ([`Self::observe_token`]): the
+    /// unverified rest of a proposal of `length` tokens after its `verified` drafts, all kept,
+    /// or for a copy (`matched` as in [`Self::verify_length`]) any of its drafts from the
+    /// `verified`-th on. Free information about drafts that were not worth a wider pass. An
+    /// empty `drafts` keeps the drafts tracked before (a plain step without a proposal).
+    pub fn track_unverified(&mut self, length: usize, matched: Option<usize>, verified: usize, drafts: &[u32]) {
+        if drafts.is_empty() {
+            return;
+        }
+        let rest = drafts.iter().rev().copied().collect();
+        match matched {
+            Some(matched) => {
+                if self.copies.len() == MAX_TRACKED_COPIES {
+                    self.copies.remove(0);
+                }
+                self.copies.push((matched.max(1) + verified, rest));
+            }
+            None => self.unverified = Some((length, rest)),
         }
     }
 
-    /// The target chose `token` at the next position: scores the tracked unverified draft there
-    /// (kept, or rejected and the rest dropped, as verification would have).
+    /// The target chose `token` at the next position: scores the tracked drafts there (kept,
+    /// or rejected and the rest dropped, as verification would have).
     pub fn observe_token(&mut self, token: u32) {
-        let Some((length, mut rest)) = self.unverified.take() else { return };
-        let Some(draft) = rest.pop() else { return };
-        let kept = draft == token;
-        self.record(length, if kept { 1.0 } else { 0.0 }, if kept { 0.0 } else { 1.0 });
-        if kept && !rest.is_empty() {
-            self.unverified = Some((length, rest));
+        if let Some((length, mut rest)) = self.unverified.take() {
+            if let Some(draft) = rest.pop() {
+                let kept = draft == token;
+                self.record(length, true, if kept { 1.0 } else { 0.0 }, if kept { 0.0 } else { 1.0 });
+                if kept && !rest.is_empty() {
+                    self.unverified = Some((length, rest));
+                }
+            }
         }
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.retain_mut(|(run, rest)| {
+            let Some(draft) = rest.pop() else { return false };
+            let kept = draft == token;
+            let counts = &mut self.by_run[(*run).clamp(1, RUN_CLASSES) - 1];
+            counts.add_weighted(if kept { 1.0 } else { 0.0 }, if kept { 0.0 } else { 1.0 }, RUN_NEW_WEIGHT);
+            *run += 1;
+            kept && !rest.is_empty()
+        });
+        self.copies = copies;
     }
 
-    /// A verification step of this policy's proposal ended: `outcome` of the `proposed_len`
-    /// drafts proposed (of `budget` requested), `unverified` the rest left out of the pass.
-    pub fn observe_step(&mut self, outcome: &super::VerificationOutcome, proposed_len: usize, budget: usize, unverified: &[u32]) {
-        self.observe_outcome(proposed_len, outcome.proposed, outcome.accepted);
+    /// A verification step of this policy's proposal ended: `outcome` of the `verified` drafts
+    /// (the first ones of the proposal) followed by `unverified`, the rest left out of the pass;
+    /// `budget` drafts were requested, `matched` as in [`Self::verify_length`].
+    pub fn observe_step(&mut self, outcome: &super::VerificationOutcome, verified: &[u32], unverified: &[u32], matched: Option<usize>, budget: usize) {
+        let proposed_len = verified.len() + unverified.len();
+        self.observe_outcome(proposed_len, matched, outcome.proposed, outcome.accepted);
         if proposed_len < budget && outcome.accepted == proposed_len {
             self.observe_stop();
         }
-        if outcome.accepted == outcome.proposed {
-            self.track_unverified(proposed_len, unverified);
+        if matched.is_some() {
+            // The copy's tracker scores it whole, from its first draft on.
+            let drafts: Vec<u32> = verified.iter().chain(unverified).copied().collect();
+            self.track_unverified(proposed_len, matched, 0, &drafts);
+            verified[..outcome.accepted.min(verified.len())].iter().for_each(|&t| self.observe_token(t));
+        } else if outcome.accepted == outcome.proposed {
+            self.track_unverified(proposed_len, matched, outcome.proposed, unverified);
         }
         self.observe_token(outcome.continuation_token);
     }
@@ -417,11 +508,15 @@ impl DraftPolicy {
         self.judged += 1;
     }
 
-    fn record(&mut self, length: usize, kept: f64, rejected: f64) {
+    /// Drafts of a proposal of `length` tokens were kept or rejected; `by_length`: it is judged
+    /// by its length (not a copy).
+    fn record(&mut self, length: usize, by_length: bool, kept: f64, rejected: f64) {
         self.judged += (kept + rejected).round() as usize;
         self.overall.add(kept, rejected);
         self.requested.add_weighted(kept, rejected, REQUEST_NEW_WEIGHT);
-        self.by_length[length.clamp(1, LENGTH_CLASSES) - 1].add(kept, rejected);
+        if by_length {
+            self.by_length[length.clamp(1, LENGTH_CLASSES) - 1].add(kept, rejected);
+        }
     }
 }
 

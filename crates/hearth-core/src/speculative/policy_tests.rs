@@ -29,15 +29,15 @@ fn simulate(policy: &mut DraftPolicy, steps: usize, p: f64, pass_ms: impl Fn(usi
         if requested > 0 {
             policy.observe_draft(requested, draft_ms_per_token * requested as f64);
         }
-        let verified = policy.verify_length(requested);
+        let verified = policy.verify_length(requested, None);
         // How far this proposal's drafts (all token 1) would be kept: each with probability p
         // after the last; the target's token after them is 2.
         let reach = (0..requested).take_while(|_| coin() < p).count();
         policy.observe_pass(1 + verified, pass_ms(1 + verified));
         let accepted = reach.min(verified);
-        policy.observe_outcome(requested, verified, accepted);
+        policy.observe_outcome(requested, None, verified, accepted);
         if accepted == verified {
-            policy.track_unverified(requested, &vec![1; requested - verified]);
+            policy.track_unverified(requested, None, verified, &vec![1; requested - verified]);
         }
         policy.observe_token(if reach > verified { 1 } else { 2 });
         chosen.push(verified);
@@ -71,13 +71,13 @@ fn expected_tokens_follow_the_geometric_model() {
 fn the_first_step_drafts_in_full_and_the_second_measures_a_plain_pass() {
     let mut p = policy(5);
     assert_eq!(p.request(), 5);
-    assert_eq!(p.verify_length(5), 5);
+    assert_eq!(p.verify_length(5, None), 5);
     p.observe_draft(5, 100.0);
     p.observe_pass(6, 135.0);
-    p.observe_outcome(5, 5, 2);
+    p.observe_outcome(5, None, 5, 2);
     // A drafter that costs time is not asked while the plain pass is measured.
     assert_eq!(p.request(), 0);
-    assert_eq!(p.verify_length(0), 0);
+    assert_eq!(p.verify_length(0, None), 0);
 }
 
 #[test]
@@ -148,12 +148,12 @@ fn long_proposals_are_trusted_by_their_own_record() {
         p.observe_pass(w, cpu_pass_ms(w));
     }
     for _ in 0..20 {
-        p.observe_outcome(3, 3, 0);
-        p.observe_outcome(11, 11, 11);
+        p.observe_outcome(3, None, 3, 0);
+        p.observe_outcome(11, None, 11, 11);
     }
     p.steps = 5;
-    assert_eq!(p.verify_length(11), 11);
-    assert_eq!(p.verify_length(3), 0);
+    assert_eq!(p.verify_length(11, None), 11);
+    assert_eq!(p.verify_length(3, None), 0);
 }
 
 #[test]
@@ -173,9 +173,13 @@ fn unmeasured_widths_are_estimated_from_measured_neighbours() {
     costs.observe(1, 40.0);
     assert!((costs.estimate(2) - 160.0 / 3.0).abs() < 1e-9, "between 1 and 4: {}", costs.estimate(2));
     assert!((costs.estimate(7) - 120.0).abs() < 1e-9, "beyond 4 with the slope from 1 to 4: {}", costs.estimate(7));
-    costs.observe(8, 60.0);
-    assert_eq!(costs.estimate(12), 60.0, "a falling slope is not extrapolated");
-    for _ in 0..50 {
+    costs.observe(8, 80.0);
+    assert!((costs.estimate(12) - 80.0 - 4.0 * 40.0 / 7.0).abs() < 1e-9, "beyond 8 with the mean slope from 1 to 8: {}", costs.estimate(12));
+    let mut falling = PassCosts::new();
+    falling.observe(1, 40.0);
+    falling.observe(8, 35.0);
+    assert_eq!(falling.estimate(12), 35.0, "a falling slope is not extrapolated");
+    for _ in 0..60 {
         costs.observe(8, 100.0);
     }
     assert!((costs.measured(8).unwrap() - 100.0).abs() < 1e-3, "a width's cost follows its newest measurements");
@@ -185,7 +189,7 @@ fn unmeasured_widths_are_estimated_from_measured_neighbours() {
 fn unverified_drafts_are_scored_until_the_first_mismatch() {
     let mut p = policy(8);
     let before = p.acceptance();
-    p.track_unverified(4, &[7, 8, 9, 10]);
+    p.track_unverified(4, None, 0, &[7, 8, 9, 10]);
     p.observe_token(7);
     p.observe_token(8);
     let after_two = p.acceptance();
@@ -195,8 +199,8 @@ fn unverified_drafts_are_scored_until_the_first_mismatch() {
     assert!(after_miss < after_two, "{after_two} -> {after_miss}");
     p.observe_token(10);
     assert_eq!(p.acceptance(), after_miss, "after a mismatch the rest is not scored");
-    p.track_unverified(4, &[1, 2]);
-    p.track_unverified(4, &[]);
+    p.track_unverified(4, None, 0, &[1, 2]);
+    p.track_unverified(4, None, 0, &[]);
     p.observe_token(1);
     assert!(p.acceptance() > after_miss, "an empty proposal keeps the tracked drafts");
 }
@@ -221,11 +225,11 @@ fn simulate_stopping(
             let later = proposed.saturating_sub(1);
             policy.observe_draft_timing(&super::super::DraftTiming { first_pass_ms: Some(first_ms), later_passes: later, later_ms: next_ms * later as f64 });
         }
-        let verified = policy.verify_length(proposed);
+        let verified = policy.verify_length(proposed, None);
         let reach = (0..proposed).take_while(|_| coin() < p).count();
         policy.observe_pass(1 + verified, pass_ms(1 + verified));
         let accepted = reach.min(verified);
-        policy.observe_outcome(proposed, verified, accepted);
+        policy.observe_outcome(proposed, None, verified, accepted);
         if proposed < requested && accepted == proposed {
             policy.observe_stop();
         }
@@ -274,7 +278,7 @@ fn one_rejected_first_draft_does_not_pause_a_drafter_that_could_pay() {
     assert_eq!(p.request(), 5);
     p.observe_draft(1, 8.5);
     p.observe_pass(2, pass_ms(2));
-    p.observe_outcome(1, 1, 0);
+    p.observe_outcome(1, None, 1, 0);
     p.observe_token(2);
     assert_eq!(p.request(), 0, "the second step measures a plain pass");
     p.observe_pass(1, pass_ms(1));
@@ -283,7 +287,7 @@ fn one_rejected_first_draft_does_not_pause_a_drafter_that_could_pay() {
     assert!(k > 0, "paused after one rejected draft");
     p.observe_draft(k, 8.5 * k as f64);
     p.observe_pass(1 + k, pass_ms(1 + k));
-    p.observe_outcome(k, k, k);
+    p.observe_outcome(k, None, k, k);
     // Kept: it goes on drafting on its own record.
     assert!(p.request() > 0);
     // A drafter whose tries keep failing is paused once judged.
@@ -291,7 +295,7 @@ fn one_rejected_first_draft_does_not_pause_a_drafter_that_could_pay() {
     q.request();
     q.observe_draft(1, 8.5);
     q.observe_pass(2, pass_ms(2));
-    q.observe_outcome(1, 1, 0);
+    q.observe_outcome(1, None, 1, 0);
     q.request();
     q.observe_pass(1, pass_ms(1));
     for _ in 0..MIN_JUDGED_POSITIONS {
@@ -301,7 +305,96 @@ fn one_rejected_first_draft_does_not_pause_a_drafter_that_could_pay() {
         }
         q.observe_draft(k, 8.5 * k as f64);
         q.observe_pass(1 + k, pass_ms(1 + k));
-        q.observe_outcome(k, k, 0);
+        q.observe_outcome(k, None, k, 0);
     }
     assert_eq!(q.request(), 0, "a drafter judged wrong at every try keeps drafting");
+}
+
+/// Qwen2.5-Coder-1.5B on 2 CPU cores, ms by width (spec_profile, 2026-11-30).
+fn cpu_pass_ms_measured(width: usize) -> f64 {
+    [20.3, 22.9, 28.3, 37.0, 47.4, 51.5, 56.4, 58.5, 66.6, 71.0, 75.2, 77.7, 85.1, 87.0, 92.2, 96.9]
+        .get(width - 1)
+        .copied()
+        .unwrap_or(6.0 * width as f64)
+}
+
+/// A copy of `length` drafts from a match of `matched` tokens was scored against the target's
+/// tokens: its first `kept` drafts were kept, the next one (if any) rejected.
+fn copy_seen(p: &mut DraftPolicy, matched: usize, length: usize, kept: usize) {
+    p.track_unverified(length, Some(matched), 0, &vec![1; length]);
+    (0..kept).for_each(|_| p.observe_token(1));
+    p.observe_token(2);
+}
+
+#[test]
+fn a_copy_is_verified_as_far_as_its_run_says() {
+    // One-token matches were wrong, copies that had run 6 tokens went on: a long copied run is
+    // verified in full, a one-token guess not at all, whatever the proposal's length.
+    let mut p = policy(15);
+    for w in 1..=16 {
+        p.observe_pass(w, cpu_pass_ms_measured(w));
+    }
+    for _ in 0..30 {
+        copy_seen(&mut p, 1, 15, 0);
+        copy_seen(&mut p, 6, 15, 15);
+    }
+    p.steps = 5;
+    assert_eq!(p.verify_length(15, Some(8)), 15);
+    assert_eq!(p.verify_length(15, Some(1)), 0);
+    // Runs 2-5 were never seen: their prior (run + 1) / (run + 2) makes a prefix worth a pass.
+    let from_two = p.verify_length(15, Some(2));
+    assert!(from_two > 0, "{from_two}");
+    // The continuation available bounds the prefix.
+    assert_eq!(p.verify_length(3, Some(8)), 3);
+}
+
+#[test]
+fn a_copy_breaking_at_the_same_run_length_is_verified_up_to_it() {
+    // Copies always break after 7 drafts from a 2-token match (a type hint inserted into each
+    // copied parameter list): verifying past that costs a wider pass for nothing.
+    let mut p = policy(15);
+    for w in 1..=16 {
+        p.observe_pass(w, cpu_pass_ms_measured(w));
+    }
+    for _ in 0..40 {
+        copy_seen(&mut p, 2, 15, 7);
+    }
+    p.steps = 5;
+    assert_eq!(p.verify_length(15, Some(2)), 7);
+}
+
+#[test]
+fn unverified_copied_drafts_are_scored_by_the_run_they_extend() {
+    let mut p = policy(15);
+    let before = p.run_acceptances();
+    // A copy that matched 3 tokens, 2 drafts verified and kept: the first unverified one
+    // extends a run of 5.
+    p.track_unverified(10, Some(3), 2, &[7, 8]);
+    p.observe_token(7);
+    let after_kept = p.run_acceptances();
+    assert!(after_kept[4] > before[4], "run 5: {} -> {}", before[4], after_kept[4]);
+    p.observe_token(9);
+    let after_miss = p.run_acceptances();
+    assert!(after_miss[5] < after_kept[5], "run 6: {} -> {}", after_kept[5], after_miss[5]);
+    assert_eq!(after_miss[..4], before[..4], "shorter runs than the drafts extended are untouched");
+}
+
+#[test]
+fn on_a_gpu_a_copy_is_verified_far_even_from_a_one_token_match() {
+    // A row costs next to nothing: drafts far down a guessed copy are still worth their rows
+    // (until the chance of reaching them is below a row's 1% of a pass).
+    let mut p = policy(15);
+    for w in 1..=16 {
+        p.observe_pass(w, gpu_pass_ms(w));
+    }
+    p.steps = 5;
+    let guessed = p.verify_length(15, Some(1));
+    assert!(guessed >= 8, "{guessed}");
+    // On 2 CPU cores the same guess is verified one draft at most.
+    let mut q = policy(15);
+    for w in 1..=16 {
+        q.observe_pass(w, cpu_pass_ms_measured(w));
+    }
+    q.steps = 5;
+    assert!(q.verify_length(15, Some(1)) <= 1, "{}", q.verify_length(15, Some(1)));
 }

@@ -3,13 +3,11 @@
 //! edits and rewrites, where the output copies long runs of the input.
 //!
 //! The matcher looks for the longest suffix of the context (up to `max_ngram` tokens) that occurred
-//! before, the most recent occurrence among equally long ones, and drafts more tokens the longer
-//! the match: a one-token match is a guess, a six-token match inside a copied function body is
-//! nearly certain to continue. Drafting costs nothing, so the length is set by what verification
-//! costs: a pass of 1 + k tokens is cheapest per token when 1 + k is a multiple of `width_multiple`
-//! (the CPU mat-muls unpack each weight block once per group of 4 activation rows; the rest of a
-//! group costs a row each), so proposals are rounded up to fill that group when the copied run is
-//! long enough.
+//! before, the most recent occurrence among equally long ones, and proposes everything that
+//! followed it, up to the caller's budget. It reports the match length with the proposal: the
+//! draft policy judges each draft by the copied run it would extend (a one-token match is a
+//! guess, six tokens into a copied function body the copy nearly always goes on) and verifies
+//! the prefix that pays at this machine's pass costs.
 
 use super::{Drafter, Proposal};
 use crate::error::Result;
@@ -17,31 +15,22 @@ use crate::sampling::SamplingParams;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PromptLookup {
-    /// Longest suffix compared; a longer match is not more informative for the draft length.
+    /// Longest suffix compared: the match length is how far the copy has run, which the draft
+    /// policy reads as how likely it is to go on.
     pub max_ngram: usize,
     /// Shortest suffix that counts as a match.
     pub min_ngram: usize,
-    /// Draft tokens per matched suffix token (the draft length is `match length × this`, capped
-    /// by the caller's budget).
-    pub tokens_per_matched: usize,
-    /// Verification widths (1 + drafts) are rounded up to a multiple of this when the copied run
-    /// has the tokens; 1 turns rounding off.
-    pub width_multiple: usize,
 }
 
 /// Chosen by replaying the greedy outputs of `scripts/bench-speculative.sh` (qwen2.5-coder-1.5b,
-/// code edits and prose, to the end of the answer) against measured CPU pass costs
-/// (`tests/examples/spec_profile.rs`, `SIMULATE`): one draft token per matched token, one-token
-/// matches included, the pass width rounded up to an even number of rows. On 2 cores a pass of 2
-/// rows costs what a pass of 1 does (the weights are read once; one more row of arithmetic hides
-/// behind the memory traffic), so a one-token guess is worth verifying even when it is usually
-/// wrong; from 3 rows on each row adds ~20% of a pass. Against the earlier rule (2+ token
-/// matches, widths rounded to 4 rows) the replay took 4-7% less time on each of four prompts.
-/// Where 2-row passes cost more (see [`crate::speculative::DraftPolicy::verify_length`]) the
-/// policy learns that short proposals do not pay and leaves them unverified.
+/// code edits answered with code only, to the end of the answer) against measured CPU pass
+/// costs (`tests/examples/spec_profile.rs`, `REPLAY_DIR`): one-token matches included (on 2
+/// cores a pass of 2 rows costs little more than a pass of 1, so a guess kept a third of the
+/// time can pay), suffixes of up to 32 tokens compared (the longer a copy has run, the further
+/// the policy verifies it; with at most 8 the replay took 1% more time).
 impl Default for PromptLookup {
     fn default() -> Self {
-        PromptLookup { max_ngram: 8, min_ngram: 1, tokens_per_matched: 1, width_multiple: 2 }
+        PromptLookup { max_ngram: 32, min_ngram: 1 }
     }
 }
 
@@ -83,26 +72,28 @@ impl PromptLookup {
     }
 
     /// The tokens that followed the best suffix match (see [`Self::longest_suffix_match`]), at
-    /// most `max_tokens` and at most `match length × tokens_per_matched` (rounded up to fill a
-    /// verification group); empty when nothing matches.
-    pub fn lookup(&self, context: &[u32], max_tokens: usize) -> Vec<u32> {
+    /// most `max_tokens`, and the match's length; `None` when nothing matches.
+    pub fn lookup(&self, context: &[u32], max_tokens: usize) -> Option<(Vec<u32>, SuffixMatch)> {
         if max_tokens == 0 {
-            return Vec::new();
+            return None;
         }
-        let Some(found) = self.longest_suffix_match(context) else { return Vec::new() };
-        let available = context.len() - found.follow;
-        let wanted = found.len * self.tokens_per_matched.max(1);
-        // 1 + k rounded up to a multiple of the group: e.g. 2 wanted → 3 (a 4-token pass).
-        let group = self.width_multiple.max(1);
-        let wanted = (1 + wanted).div_ceil(group) * group - 1;
-        let n = wanted.min(max_tokens).min(available);
-        context[found.follow..found.follow + n].to_vec()
+        let found = self.longest_suffix_match(context)?;
+        let end = context.len().min(found.follow + max_tokens);
+        Some((context[found.follow..end].to_vec(), found))
+    }
+
+    /// [`Self::lookup`] as a [`Proposal`] (empty when nothing matches).
+    pub fn proposal(&self, context: &[u32], max_tokens: usize) -> Proposal {
+        match self.lookup(context, max_tokens) {
+            Some((tokens, found)) => Proposal { tokens, matched: Some(found.len), ..Proposal::default() },
+            None => Proposal::default(),
+        }
     }
 }
 
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max_tokens: usize, _sampling: &SamplingParams) -> Result<Proposal> {
-        Ok(Proposal { tokens: self.lookup(context, max_tokens), distributions: None, timing: None })
+        Ok(self.proposal(context, max_tokens))
     }
 }
 
@@ -110,9 +101,13 @@ impl Drafter for PromptLookup {
 mod tests {
     use super::*;
 
-    /// No length policy: as many tokens as asked for (to test the matcher alone).
     fn matcher() -> PromptLookup {
-        PromptLookup { max_ngram: 3, min_ngram: 1, tokens_per_matched: 100, width_multiple: 1 }
+        PromptLookup { max_ngram: 3, min_ngram: 1 }
+    }
+
+    /// The proposal's tokens (empty without a match).
+    fn drafts(lookup: &PromptLookup, context: &[u32], max_tokens: usize) -> Vec<u32> {
+        lookup.proposal(context, max_tokens).tokens
     }
 
     #[test]
@@ -120,13 +115,13 @@ mod tests {
         let lookup = matcher();
         // Suffix [1, 2, 3] occurs at 0 → continuation 4, 5; the 1-gram [3] alone occurs later (→ 9).
         let context = [1, 2, 3, 4, 5, 3, 9, 1, 2, 3];
-        assert_eq!(lookup.lookup(&context, 2), vec![4, 5]);
+        assert_eq!(drafts(&lookup, &context, 2), vec![4, 5]);
         // Only the 1-gram [3] matches; its latest earlier occurrence is followed by 9.
         let context = [1, 2, 3, 4, 5, 3, 9, 7, 3];
-        assert_eq!(lookup.lookup(&context, 3), vec![9, 7, 3]);
+        assert_eq!(drafts(&lookup, &context, 3), vec![9, 7, 3]);
         // Two occurrences of [7, 8]: the latest wins.
         let context = [7, 8, 1, 7, 8, 2, 7, 8];
-        assert_eq!(lookup.lookup(&context, 1), vec![2]);
+        assert_eq!(drafts(&lookup, &context, 1), vec![2]);
         // Matches longer than max_ngram are equal: the latest 3-token match wins.
         let context = [5, 1, 2, 3, 4, 6, 1, 2, 3, 7, 5, 1, 2, 3];
         assert_eq!(lookup.longest_suffix_match(&context), Some(SuffixMatch { follow: 9, len: 3 }));
@@ -135,32 +130,35 @@ mod tests {
     }
 
     #[test]
-    fn draft_length_follows_the_match_length_and_fills_the_group() {
-        let lookup = PromptLookup { max_ngram: 8, min_ngram: 1, tokens_per_matched: 2, width_multiple: 4 };
+    fn proposes_the_whole_continuation_with_the_match_length() {
+        let lookup = PromptLookup::default();
         let run: Vec<u32> = (100..140).collect();
-        // A 1-token match wants 2 drafts, rounded to 3 (a 4-token verification pass).
+        // A 1-token match: everything after it, up to the budget, for the policy to cut.
         let mut context = run.clone();
         context.extend([7, 100]);
-        assert_eq!(lookup.lookup(&context, 16), vec![101, 102, 103]);
-        // A 5-token match wants 10, rounded to 11 (12-token pass), then capped by the budget.
+        let proposal = lookup.proposal(&context, 16);
+        assert_eq!(proposal.tokens, (101..117).collect::<Vec<u32>>());
+        assert_eq!(proposal.matched, Some(1));
+        // A 5-token match says so.
         let mut context = run.clone();
         context.extend([7, 100, 101, 102, 103, 104]);
-        assert_eq!(lookup.lookup(&context, 16), (105..116).collect::<Vec<u32>>());
-        assert_eq!(lookup.lookup(&context, 5), (105..110).collect::<Vec<u32>>());
+        let proposal = lookup.proposal(&context, 5);
+        assert_eq!(proposal.tokens, (105..110).collect::<Vec<u32>>());
+        assert_eq!(proposal.matched, Some(5));
         // The continuation ends at the end of the context.
         let context = [1, 2, 3, 1, 2];
-        assert_eq!(lookup.lookup(&context, 16), vec![3, 1, 2]);
+        assert_eq!(drafts(&lookup, &context, 16), vec![3, 1, 2]);
     }
 
     #[test]
     fn nothing_to_propose_without_a_match() {
         let lookup = matcher();
-        assert!(lookup.lookup(&[1, 2, 3, 4], 5).is_empty());
-        assert!(lookup.lookup(&[1], 5).is_empty());
-        assert!(lookup.lookup(&[1, 1], 0).is_empty());
+        assert_eq!(lookup.proposal(&[1, 2, 3, 4], 5), Proposal::default());
+        assert!(drafts(&lookup, &[1], 5).is_empty());
+        assert!(drafts(&lookup, &[1, 1], 0).is_empty());
         // Overlapping self-match: [1, 1, 1] → the 2-gram [1, 1] at 0 is followed by 1.
-        assert_eq!(lookup.lookup(&[1, 1, 1], 4), vec![1]);
+        assert_eq!(drafts(&lookup, &[1, 1, 1], 4), vec![1]);
         let strict = PromptLookup { min_ngram: 2, ..matcher() };
-        assert!(strict.lookup(&[1, 2, 3, 9, 3], 4).is_empty(), "a 1-token match is below min_ngram");
+        assert!(drafts(&strict, &[1, 2, 3, 9, 3], 4).is_empty(), "a 1-token match is below min_ngram");
     }
 }
