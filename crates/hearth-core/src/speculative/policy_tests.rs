@@ -318,6 +318,15 @@ fn cpu_pass_ms_measured(width: usize) -> f64 {
         .unwrap_or(6.0 * width as f64)
 }
 
+/// A policy of up to 15 drafts that has measured passes of 1-16 rows at `pass_ms`.
+fn measured_policy(pass_ms: fn(usize) -> f64) -> DraftPolicy {
+    let mut p = policy(15);
+    for w in 1..=16 {
+        p.observe_pass(w, pass_ms(w));
+    }
+    p
+}
+
 /// A copy of `length` drafts from a match of `matched` tokens was scored against the target's
 /// tokens: its first `kept` drafts were kept, the next one (if any) rejected.
 fn copy_seen(p: &mut DraftPolicy, matched: usize, length: usize, kept: usize) {
@@ -330,10 +339,7 @@ fn copy_seen(p: &mut DraftPolicy, matched: usize, length: usize, kept: usize) {
 fn a_copy_is_verified_as_far_as_its_run_says() {
     // One-token matches were wrong, copies that had run 6 tokens went on: a long copied run is
     // verified in full, a one-token guess not at all, whatever the proposal's length.
-    let mut p = policy(15);
-    for w in 1..=16 {
-        p.observe_pass(w, cpu_pass_ms_measured(w));
-    }
+    let mut p = measured_policy(cpu_pass_ms_measured);
     for _ in 0..30 {
         copy_seen(&mut p, 1, 15, 0);
         copy_seen(&mut p, 6, 15, 15);
@@ -352,10 +358,7 @@ fn a_copy_is_verified_as_far_as_its_run_says() {
 fn a_copy_breaking_at_the_same_run_length_is_verified_up_to_it() {
     // Copies always break after 7 drafts from a 2-token match (a type hint inserted into each
     // copied parameter list): verifying past that costs a wider pass for nothing.
-    let mut p = policy(15);
-    for w in 1..=16 {
-        p.observe_pass(w, cpu_pass_ms_measured(w));
-    }
+    let mut p = measured_policy(cpu_pass_ms_measured);
     for _ in 0..40 {
         copy_seen(&mut p, 2, 15, 7);
     }
@@ -383,18 +386,12 @@ fn unverified_copied_drafts_are_scored_by_the_run_they_extend() {
 fn on_a_gpu_a_copy_is_verified_far_even_from_a_one_token_match() {
     // A row costs next to nothing: drafts far down a guessed copy are still worth their rows
     // (until the chance of reaching them is below a row's 1% of a pass).
-    let mut p = policy(15);
-    for w in 1..=16 {
-        p.observe_pass(w, gpu_pass_ms(w));
-    }
+    let mut p = measured_policy(gpu_pass_ms);
     p.steps = 5;
     let guessed = p.verify_length(15, Some(1));
     assert!(guessed >= 8, "{guessed}");
     // On 2 CPU cores the same guess is verified one draft at most.
-    let mut q = policy(15);
-    for w in 1..=16 {
-        q.observe_pass(w, cpu_pass_ms_measured(w));
-    }
+    let mut q = measured_policy(cpu_pass_ms_measured);
     q.steps = 5;
     assert!(q.verify_length(15, Some(1)) <= 1, "{}", q.verify_length(15, Some(1)));
 }
