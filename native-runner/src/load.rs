@@ -61,18 +61,7 @@ pub fn open(args: &ModelArgs) -> Result<(GgufFile, PathBuf)> {
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let start = Instant::now();
     let (file, path) = open(args)?;
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-        bar
-    };
+    let bar = progress_bar(&path, args.quiet);
     let options = engine_options(args, 1)?;
     let engine = Engine::load(&file, backend(args)?, &options, &mut |done, total| {
         bar.set_length(total);
@@ -81,6 +70,22 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     .with_context(|| format!("loading {}", path.display()))?;
     bar.finish_and_clear();
     Ok(Loaded { engine, path, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// The stderr bar of a model's weights being loaded (hidden with `quiet`): set its length and
+/// position from the loader's (done, total) bytes, clear it when done.
+pub fn progress_bar(path: &std::path::Path, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar
 }
 
 /// Engine options from the command line, for `max_sequences` concurrent requests.

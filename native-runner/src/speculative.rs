@@ -15,9 +15,9 @@ pub struct SpeculativeArgs {
     /// vocabulary must match the model's (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).
     #[arg(long = "draft-model")]
     pub draft_model: Option<String>,
-    /// Most draft tokens per step (default 5 with --draft-model, 15 with --lookup, whose match
-    /// length also caps each proposal). Each step drafts and verifies the number within 0..=K
-    /// that gives the most tokens per second at the acceptance rate and the pass costs measured
+    /// Most draft tokens per step (default 5 with --draft-model, 15 with --lookup). Each step
+    /// drafts and verifies the number within 0..=K that gives the most tokens per second at the
+    /// acceptance rate (for lookup: by how long the copied run is) and the pass costs measured
     /// so far (0 = a plain step where speculation would be slower).
     #[arg(long = "draft-tokens")]
     pub draft_tokens: Option<usize>,
@@ -90,8 +90,13 @@ impl SpeculativeArgs {
             Some(n) => Some(n),
         };
         let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, ..EngineOptions::default() };
-        let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |_, _| {})
-            .with_context(|| format!("loading the draft model {}", path.display()))?;
+        let bar = load::progress_bar(&path, target.quiet);
+        let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .with_context(|| format!("loading the draft model {}", path.display()))?;
+        bar.finish_and_clear();
         let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
             .with_context(|| format!("{} cannot draft for this model", path.display()))?;
         model.min_confidence = self.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE);
