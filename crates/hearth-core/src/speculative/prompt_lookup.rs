@@ -72,22 +72,11 @@ impl PromptLookup {
     }
 
     /// The tokens that followed the best suffix match (see [`Self::longest_suffix_match`]), at
-    /// most `max_tokens`, and the match's length; `None` when nothing matches.
-    pub fn lookup(&self, context: &[u32], max_tokens: usize) -> Option<(Vec<u32>, SuffixMatch)> {
-        if max_tokens == 0 {
-            return None;
-        }
-        let found = self.longest_suffix_match(context)?;
-        let end = context.len().min(found.follow + max_tokens);
-        Some((context[found.follow..end].to_vec(), found))
-    }
-
-    /// [`Self::lookup`] as a [`Proposal`] (empty when nothing matches).
+    /// most `max_tokens`, with the match's length; empty when nothing matches.
     pub fn proposal(&self, context: &[u32], max_tokens: usize) -> Proposal {
-        match self.lookup(context, max_tokens) {
-            Some((tokens, found)) => Proposal { tokens, matched: Some(found.len), ..Proposal::default() },
-            None => Proposal::default(),
-        }
+        let Some(found) = self.longest_suffix_match(context).filter(|_| max_tokens > 0) else { return Proposal::default() };
+        let end = context.len().min(found.follow + max_tokens);
+        Proposal { tokens: context[found.follow..end].to_vec(), matched: Some(found.len), ..Proposal::default() }
     }
 }
 
