@@ -9,6 +9,7 @@ use hearth_core::runner::BatchEntry;
 use hearth_core::sampling::{Sampler, SamplingParams};
 use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
+use hearth_core::speculative::SpeculativeOptions;
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::collections::{BTreeMap, HashMap};
@@ -23,7 +24,7 @@ fn scheduler_with(max_batch: usize, kv_memory: Option<u64>, max_stall: f64) -> S
     let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: max_batch, kv_memory, ..EngineOptions::default() };
     let (file, runner) = cpu_runner(QWEN_05B, &options);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, max_stall })
+    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, max_stall, lookup: None })
 }
 
 fn prompts(tokenizer: &Tokenizer, n: usize) -> Vec<Vec<u32>> {
@@ -106,6 +107,52 @@ fn concurrent_requests_produce_the_tokens_of_solo_runs() {
     assert_eq!(s.stats().running + s.stats().waiting, 0);
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
     assert!(s.stats().prefix_hit_rate > 0.0, "the late duplicates should hit the prefix cache");
+}
+
+/// A prompt whose greedy continuation copies the function before it: prompt lookup drafts it.
+fn copying_prompt(tokenizer: &Tokenizer) -> Vec<u32> {
+    let text = "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+                result[key] = result.get(key, 0) + value\n    return result\n\n\n# The same function, unchanged:\ndef merge_counts(";
+    tokenizer.encode(text, false, false).expect("encode")
+}
+
+#[test]
+fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let copying = copying_prompt(&tokenizer);
+    let others = prompts(&tokenizer, 2);
+    let (copy_tokens, other_tokens) = (40, 12);
+    let want_copy = solo_outputs(std::slice::from_ref(&copying), copy_tokens).remove(0);
+    let want_others = solo_outputs(&others, other_tokens);
+
+    let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 4, ..EngineOptions::default() };
+    let (_, runner) = cpu_runner(QWEN_05B, &options);
+    let lookup = Some(SpeculativeOptions::lookup());
+    let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() });
+
+    // Alone: the copy is drafted and verified, with the tokens of plain decoding.
+    let id = s.submit(copying.clone(), greedy(copy_tokens)).expect("submit");
+    let (done, streamed) = run(&mut s, |_, _| {});
+    let g = &done[&id];
+    assert_eq!(g.tokens, want_copy, "lookup changed the greedy tokens");
+    assert_eq!(streamed[&id], g.text);
+    let speculative = g.speculative.as_ref().expect("lookup metrics");
+    eprintln!("alone: {} tokens, {speculative:?}", g.tokens.len());
+    assert!(speculative.accepted > 0, "no copied draft was accepted: {speculative:?}");
+    assert!(speculative.target_forward_passes < copy_tokens - 1, "every token took its own pass: {speculative:?}");
+
+    // With other requests: it shares their steps without drafts, then drafts alone once they end.
+    let copy_id = s.submit(copying, greedy(copy_tokens)).expect("submit");
+    let other_ids: Vec<RequestId> = others.iter().map(|p| s.submit(p.clone(), greedy(other_tokens)).expect("submit")).collect();
+    let (done, streamed) = run(&mut s, |_, _| {});
+    assert_eq!(done[&copy_id].tokens, want_copy, "lookup in a batch changed the greedy tokens");
+    assert_eq!(streamed[&copy_id], done[&copy_id].text);
+    for (i, id) in other_ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, want_others[i], "request {i}: tokens differ from the solo run");
+    }
+    assert!(done[&copy_id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "the copy drafted nothing once alone");
+    assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `hearth serve` end to end over real HTTP: OpenAI-shaped errors for bad input, outputs equal to
 //! `hearth run` (batching and the prefix cache do not change results, so greedy and seeded
 //! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
-//! /v1/models, /health, /metrics, and the official `openai` Python client.
+//! /v1/models, /health, /metrics, prompt lookup (`--lookup`: the same greedy answers, drafts
+//! counted), and the official `openai` Python client.
 
 mod serve_support;
 
@@ -100,6 +101,7 @@ fn chat_equals_hearth_run_streaming_and_not() {
     assert_eq!(body["usage"]["prompt_tokens"], n_prompt);
     assert_eq!(body["usage"]["completion_tokens"], n_generated);
     assert_eq!(body["usage"]["total_tokens"], n_prompt + n_generated);
+    assert!(body["usage"].get("completion_tokens_details").is_none(), "no drafts without --lookup");
 
     let r = post(addr, "/v1/chat/completions", &chat_body(24, json!({"stream": true, "stream_options": {"include_usage": true}})));
     let (text, finish, chunks) = streamed(&r);
@@ -245,6 +247,54 @@ fn full_queue_refuses_and_disconnect_cancels() {
     wait_for_metric(addr, "hearth_requests_running", "0");
     assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(post(addr, path, &chat_body(2, json!({}))).status, 200);
+}
+
+#[test]
+fn lookup_keeps_outputs_and_reports_accepted_drafts() {
+    let server = Server::start(&["--lookup"]);
+    let addr = server.addr.as_str();
+    let system = "You are a code editor. Reply with the whole edited code only, in one code block.";
+    let edit = "Rename `first` to `left`:\ndef merge_counts(first, second):\n    result = dict(first)\n    \
+                for key, value in second.items():\n        result[key] = result.get(key, 0) + value\n    return result\n";
+    let run = hearth_run(&["--chat", "--system", system, "-p", edit, "-n", "48", "--temperature", "0"]);
+    let expected = run["text"].as_str().expect("text");
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": edit}],
+        "max_tokens": 48,
+        "temperature": 0,
+    });
+    let r = post(addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    assert_eq!(answer["choices"][0]["message"]["content"], expected, "lookup changed the greedy answer");
+    // OpenAI's predicted-output fields count the drafts.
+    let details = &answer["usage"]["completion_tokens_details"];
+    let accepted = details["accepted_prediction_tokens"].as_u64().expect("accepted_prediction_tokens");
+    assert!(accepted > 0 && details["rejected_prediction_tokens"].is_u64(), "{details}");
+
+    let mut streaming = body.clone();
+    streaming["stream"] = json!(true);
+    let (text, _, _) = streamed(&post(addr, "/v1/chat/completions", &streaming));
+    assert_eq!(text, expected, "lookup changed the streamed greedy answer");
+    let metrics = request(addr, "GET", "/metrics", None, "").text();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value")
+    };
+    assert!(value("hearth_draft_tokens_accepted_total") >= accepted as f64);
+    assert!(value("hearth_draft_tokens_total") >= value("hearth_draft_tokens_accepted_total"));
+}
+
+#[test]
+fn draft_tokens_without_lookup_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["serve", "-m", MODEL, "--port", "0", "--draft-tokens", "4"])
+        .output()
+        .expect("spawn hearth serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--draft-tokens") && stderr.contains("--lookup"), "{stderr}");
 }
 
 #[test]

@@ -264,6 +264,11 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
         target.session_mut().reset();
         let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
         let plain_ms = (plain.tokens.len() - 1) as f64 * costs[0];
+        if let Ok(dump) = std::env::var("DUMP_DIR") {
+            let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
+            let text = format!("{:?}\n{:?}\n", prompt, plain.tokens);
+            std::fs::write(format!("{dump}/{name}.txt"), text).expect("dump");
+        }
         let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs, 0.0);
         let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
         let code = name.starts_with("code");

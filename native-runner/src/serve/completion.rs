@@ -93,7 +93,7 @@ impl Reply {
             Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": finish}),
         };
         let mut body = self.envelope(false, json!([choice]));
-        body["usage"] = usage(prompt, g.tokens.len());
+        body["usage"] = usage(prompt, g);
         body
     }
 
@@ -116,13 +116,23 @@ struct PromptTokens {
     cached: usize,
 }
 
-fn usage(prompt: PromptTokens, completion: usize) -> Value {
-    json!({
+/// OpenAI's usage object; with `--lookup`, the draft tokens accepted and rejected go where OpenAI
+/// reports those of a predicted output.
+fn usage(prompt: PromptTokens, g: &Generation) -> Value {
+    let completion = g.tokens.len();
+    let mut usage = json!({
         "prompt_tokens": prompt.total,
         "completion_tokens": completion,
         "total_tokens": prompt.total + completion,
         "prompt_tokens_details": {"cached_tokens": prompt.cached},
-    })
+    });
+    if let Some(speculative) = &g.speculative {
+        usage["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": speculative.accepted,
+            "rejected_prediction_tokens": speculative.proposed - speculative.accepted,
+        });
+    }
+    usage
 }
 
 fn finish_reason(reason: FinishReason) -> &'static str {
@@ -156,7 +166,7 @@ fn stream_events(request: tiny_http::Request, reply: &Reply, events: &Receiver<E
                 let mut last = out.event(&reply.chunk("", false, Some(finish_reason(g.finish_reason))).to_string());
                 if include_usage && last.is_ok() {
                     let mut chunk = reply.envelope(true, json!([]));
-                    chunk["usage"] = usage(prompt_tokens, g.tokens.len());
+                    chunk["usage"] = usage(prompt_tokens, &g);
                     last = out.event(&chunk.to_string());
                 }
                 last

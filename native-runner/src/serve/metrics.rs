@@ -1,5 +1,6 @@
 //! Prometheus counters, gauges and histograms for `GET /metrics` (text exposition format 0.0.4).
 
+use hearth_core::engine::Generation;
 use hearth_core::scheduler::SchedulerStats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -46,6 +47,9 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Prompt lookup's draft tokens verified, and accepted (`hearth serve --lookup`).
+    pub draft_tokens: AtomicU64,
+    pub draft_tokens_accepted: AtomicU64,
     /// Requests accepted and not yet answered (queued, waiting or generating).
     pub accepted: AtomicI64,
     /// Jobs in the bounded queue, not yet taken by the engine thread.
@@ -63,6 +67,8 @@ impl Default for Metrics {
             cancelled: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
+            draft_tokens: AtomicU64::new(0),
+            draft_tokens_accepted: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             accepted: AtomicI64::new(0),
             scheduler: Mutex::default(),
@@ -79,11 +85,16 @@ impl Metrics {
         }
     }
 
-    /// One finished generation: token counts, time to first token (queue wait included) and the
-    /// inter-token latencies of its decode steps.
-    pub fn record_generation(&self, prompt_tokens: usize, generated: usize, ttft_s: Option<f64>, itl_ms: &[f64]) {
+    /// One finished generation: token counts, time to first token (queue wait included), the
+    /// inter-token latencies of its decode steps and what speculation did.
+    pub fn record_generation(&self, prompt_tokens: usize, generation: &Generation, ttft_s: Option<f64>) {
         self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
+        if let Some(speculative) = &generation.speculative {
+            self.draft_tokens.fetch_add(speculative.proposed as u64, Ordering::Relaxed);
+            self.draft_tokens_accepted.fetch_add(speculative.accepted as u64, Ordering::Relaxed);
+        }
+        let itl_ms = &generation.timings.itl_ms;
         if let (Some(t), Ok(mut h)) = (ttft_s, self.ttft.lock()) {
             h.observe(t);
         }
@@ -119,6 +130,8 @@ impl Metrics {
             ("hearth_requests_cancelled_total", "Generations cancelled because the client went away.", &self.cancelled),
             ("hearth_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens),
             ("hearth_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
+            ("hearth_draft_tokens_total", "Prompt lookup's draft tokens verified (--lookup).", &self.draft_tokens),
+            ("hearth_draft_tokens_accepted_total", "Prompt lookup's draft tokens accepted (--lookup).", &self.draft_tokens_accepted),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));

@@ -18,6 +18,7 @@ use api::Endpoint;
 use clap::Args;
 use error::ApiError;
 use hearth_core::scheduler::{Scheduler, SchedulerOptions};
+use hearth_core::speculative::SpeculativeOptions;
 use metrics::Metrics;
 use serde_json::json;
 use std::io::Read;
@@ -49,6 +50,30 @@ pub struct ServeArgs {
     /// Lower: smoother streams, slower first tokens for new requests. At least 1.
     #[arg(long = "max-stall", default_value_t = 2.0)]
     pub max_stall: f64,
+    /// Speculative decoding by prompt lookup for every request: drafts copied from the request's
+    /// prompt and output, verified in the pass that decodes it (greedy outputs are unchanged).
+    /// A request drafts while it decodes alone; with several decoding at once, the batch fills
+    /// the passes. Fastest on edits and rewrites, where the answer copies the prompt.
+    #[arg(long)]
+    pub lookup: bool,
+    /// With --lookup: most draft tokens per step (default 15); each step verifies as many as
+    /// pay at the measured pass costs.
+    #[arg(long = "draft-tokens")]
+    pub draft_tokens: Option<usize>,
+}
+
+impl ServeArgs {
+    /// The scheduler's lookup settings; a flag that would be ignored is an error.
+    fn lookup(&self) -> Result<Option<SpeculativeOptions>> {
+        match (self.lookup, self.draft_tokens) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(anyhow!("--draft-tokens applies to speculative decoding: add --lookup, or drop --draft-tokens")),
+            (true, tokens) => {
+                let defaults = SpeculativeOptions::lookup();
+                Ok(Some(SpeculativeOptions { max_draft_tokens: tokens.unwrap_or(defaults.max_draft_tokens).max(1), ..defaults }))
+            }
+        }
+    }
 }
 
 /// What every request thread shares.
@@ -67,7 +92,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let max_batch = args.max_batch.max(1);
     let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
-    let (model_id, model_names, prompter) = spawn_worker(&args.model, max_batch, args.max_stall, jobs, metrics.clone())?;
+    let options = SchedulerOptions { max_batch, max_stall: args.max_stall, lookup: args.lookup()?, ..SchedulerOptions::default() };
+    let (model_id, model_names, prompter) = spawn_worker(&args.model, options, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
@@ -90,7 +116,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
 /// Loads the model on the worker thread (which then owns it) and waits until it is ready.
 type Loaded = (String, Vec<String>, worker::Prompter);
 
-fn spawn_worker(args: &ModelArgs, max_batch: usize, max_stall: f64, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+fn spawn_worker(args: &ModelArgs, options: SchedulerOptions, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+    let max_batch = options.max_batch;
     let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
     std::thread::Builder::new().name("engine".into()).spawn(move || match load::load_runner(&args, max_batch) {
@@ -99,7 +126,7 @@ fn spawn_worker(args: &ModelArgs, max_batch: usize, max_stall: f64, jobs: mpsc::
             let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let n_ctx = l.runner.n_ctx();
             let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
-            let options = SchedulerOptions { max_batch, prefill_chunk: l.options.prefill_chunk, max_stall };
+            let options = SchedulerOptions { prefill_chunk: l.options.prefill_chunk, ..options };
             let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
             metrics.set_scheduler(scheduler.stats());
             let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem], prompter)));

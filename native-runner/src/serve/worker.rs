@@ -217,7 +217,7 @@ fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, me
             metrics.accepted.fetch_sub(1, Ordering::SeqCst);
             // The scheduler's TTFT runs from its submit; add the time spent in the queue.
             let ttft = (!generation.tokens.is_empty()).then(|| request.queued_s + generation.timings.ttft_ms / 1e3);
-            metrics.record_generation(request.prompt_tokens, generation.tokens.len(), ttft, &generation.timings.itl_ms);
+            metrics.record_generation(request.prompt_tokens, &generation, ttft);
             let _ = request.events.send(Event::Done(generation));
         }
         SchedulerEvent::Failed { id, error } => {

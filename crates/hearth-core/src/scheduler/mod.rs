@@ -9,7 +9,12 @@
 //!
 //! Results do not depend on batching or chunking: every op is row-independent on the backends,
 //! and attention gives a key the same weight whichever step stored it (tests/kv_paging.rs).
+//!
+//! With [`SchedulerOptions::lookup`], a request that decodes alone in a step also verifies the
+//! drafts prompt lookup copies from its prompt and output ([`lookup`]); greedy outputs stay the
+//! same token for token.
 
+mod lookup;
 mod request;
 pub mod step_budget;
 
@@ -20,8 +25,11 @@ use crate::block_on::block_on;
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
-use crate::runner::{BatchEntry, Runner};
+use crate::runner::{BatchEntry, Runner, StepOutput};
+use crate::speculative::verify::VerificationOutcome;
+use crate::speculative::{DraftPolicy, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
+use lookup::RequestLookup;
 use request::Active;
 use std::collections::VecDeque;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
@@ -36,11 +44,14 @@ pub struct SchedulerOptions {
     /// times as long as the decodes alone (learned online): the bound on the inter-token stall
     /// a newly arrived prompt causes. 1.0 admits a single 16-token granule per step.
     pub max_stall: f64,
+    /// Speculative decoding by prompt lookup for every request, with these draft bounds (None:
+    /// off). A request drafts in the steps where it decodes alone; see [`lookup`].
+    pub lookup: Option<SpeculativeOptions>,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        SchedulerOptions { max_batch: 8, prefill_chunk: 256, max_stall: 2.0 }
+        SchedulerOptions { max_batch: 8, prefill_chunk: 256, max_stall: 2.0, lookup: None }
     }
 }
 
@@ -87,12 +98,15 @@ pub struct Scheduler {
     preemptions: u64,
     step_cost: StepCostModel,
     last_step: StepPlanStats,
+    /// The draft policy the last lookup request ended with: the next one starts from what it
+    /// measured (pass costs) and learnt (how far copies run).
+    lookup_policy: Option<DraftPolicy>,
 }
 
 impl Scheduler {
     pub fn new(runner: Runner, tokenizer: Tokenizer, options: SchedulerOptions) -> Self {
         let max_stall = if options.max_stall.is_finite() { options.max_stall.max(1.0) } else { SchedulerOptions::default().max_stall };
-        let options = SchedulerOptions { max_batch: options.max_batch.max(1), prefill_chunk: options.prefill_chunk.max(1), max_stall };
+        let options = SchedulerOptions { max_batch: options.max_batch.max(1), prefill_chunk: options.prefill_chunk.max(1), max_stall, ..options };
         Scheduler {
             runner,
             tokenizer,
@@ -103,6 +117,7 @@ impl Scheduler {
             preemptions: 0,
             step_cost: StepCostModel::default(),
             last_step: StepPlanStats::default(),
+            lookup_policy: None,
         }
     }
 
@@ -129,7 +144,12 @@ impl Scheduler {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Active::new(id, prompt, options));
+        let mut active = Active::new(id, prompt, options);
+        if let Some(speculative) = &self.options.lookup {
+            let policy = self.lookup_policy.as_ref().map_or_else(|| DraftPolicy::new(speculative), DraftPolicy::for_next_request);
+            active.lookup = Some(Box::new(RequestLookup::new(policy, active.options.sampling.seed)));
+        }
+        self.waiting.push_back(active);
         Ok(id)
     }
 
@@ -166,7 +186,13 @@ impl Scheduler {
         if let Some(seq) = active.seq.take() {
             self.runner.kv_mut().remove_sequence(seq);
         }
-        active.finish(reason)
+        let lookup = active.lookup.take();
+        let (tail, mut generation) = active.finish(reason);
+        if let Some(lookup) = lookup {
+            self.lookup_policy = Some(lookup.policy().for_next_request());
+            generation.speculative = Some(lookup.metrics);
+        }
+        (tail, generation)
     }
 
     /// Moves waiting requests into the batch while there is room and KV blocks for their prompt.
@@ -282,19 +308,47 @@ impl Scheduler {
         if self.running.is_empty() {
             return Ok(false);
         }
+        let mut drafts_allowed = true;
         loop {
             let plan = self.plan_step();
+            let drafting = drafts_allowed && self.plan_drafts(&plan);
             let entries: Vec<BatchEntry<'_>> = plan
                 .iter()
-                .map(|(i, r)| BatchEntry { seq: self.running[*i].seq.expect("running requests have a sequence"), tokens: &self.running[*i].tokens[r.clone()] })
+                .map(|(i, r)| {
+                    let active = &self.running[*i];
+                    let tokens = match &active.lookup {
+                        Some(lookup) if drafting => &lookup.batch[..],
+                        _ => &active.tokens[r.clone()],
+                    };
+                    BatchEntry { seq: active.seq.expect("running requests have a sequence"), tokens }
+                })
                 .collect();
             let rows = entries.iter().map(|e| e.tokens.len()).sum();
-            let readback = self.readback(&plan);
+            let (mode, readback) = match (drafting, plan.first()) {
+                // One request alone, with its drafts: every row's logits.
+                (true, Some((i, _))) => {
+                    let active = &self.running[*i];
+                    (LogitsMode::All, active.lookup.as_ref().map_or(Readback::Logits, |l| l.readback(&active.sampler, &active.tokens)))
+                }
+                _ => (LogitsMode::Last, self.readback(&plan)),
+            };
             let started = Instant::now();
-            match self.runner.step_for_async(&entries, LogitsMode::Last, readback).await {
+            match self.runner.step_for_async(&entries, mode, readback).await {
                 Ok(_) => {
-                    self.step_cost.observe(rows, started.elapsed().as_secs_f64() * 1e3);
-                    break self.after_step(&plan, readback, events);
+                    let step_ms = started.elapsed().as_secs_f64() * 1e3;
+                    if drafting {
+                        // (Not a step the prompt budget's model knows: every row has logits.)
+                        break self.after_verification(plan[0].0, step_ms, readback, events);
+                    }
+                    self.step_cost.observe(rows, step_ms);
+                    break self.after_step(&plan, readback, step_ms, events);
+                }
+                Err(CoreError::KvExhausted { .. }) if drafting => {
+                    // No room for the drafts: the step goes without them.
+                    drafts_allowed = false;
+                    if let Some(lookup) = self.running[plan[0].0].lookup.as_mut() {
+                        lookup.drop_drafts();
+                    }
                 }
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
                 Err(error) => {
@@ -348,7 +402,64 @@ impl Scheduler {
         Readback::TopK(k)
     }
 
-    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], readback: Readback, events: &mut dyn FnMut(SchedulerEvent)) {
+    /// Plans the drafts of the request that decodes alone in the step of `plan`, if it uses
+    /// prompt lookup; returns whether it verifies any.
+    fn plan_drafts(&mut self, plan: &[(usize, std::ops::Range<usize>)]) -> bool {
+        let [(i, range)] = plan else { return false };
+        if range.len() != 1 || !self.samples_after(*i, range) {
+            return false;
+        }
+        let n_ctx = self.runner.n_ctx();
+        let active = &mut self.running[*i];
+        let generated = active.generated();
+        let Some(lookup) = active.lookup.as_mut().filter(|_| generated > 0) else { return false };
+        // Each step yields accepted + 1 tokens and stores 1 + verified drafts.
+        let room = (active.options.max_tokens.saturating_sub(generated + 1)).min(n_ctx.saturating_sub(active.tokens.len()));
+        lookup.plan(&active.tokens, room)
+    }
+
+    /// After a step of `running[i]` alone with its drafts: verifies them, rolls its KV back to
+    /// what was accepted, and streams the accepted drafts and the target's own next token.
+    fn after_verification(&mut self, i: usize, pass_ms: f64, readback: Readback, events: &mut dyn FnMut(SchedulerEvent)) {
+        let (n_logits, n_ctx) = (self.runner.config().n_logits, self.runner.n_ctx());
+        let output = match readback {
+            Readback::Logits => StepOutput::Logits(self.runner.last_logits()),
+            Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(self.runner.last_top_k()),
+        };
+        let active = &mut self.running[i];
+        let (Some(lookup), Some(seq)) = (active.lookup.as_mut(), active.seq) else { return };
+        let verified = lookup.verify(&mut active.sampler, &active.tokens, output, n_logits).and_then(|outcome| {
+            // The cache holds the context but the pending token, then the step's rows.
+            self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
+            Ok(outcome)
+        });
+        let outcome = match verified {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let active = self.running.remove(i);
+                let id = active.id;
+                self.retire(active, FinishReason::Cancelled);
+                events(SchedulerEvent::Failed { id, error });
+                return;
+            }
+        };
+        lookup.observe_step(&outcome, pass_ms);
+        let tokens: Vec<u32> = lookup.batch[1..=outcome.accepted].iter().copied().chain([outcome.continuation_token]).collect();
+        let mut finished = Vec::new();
+        for token in tokens {
+            let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
+            if !emit.is_empty() {
+                events(SchedulerEvent::Text { id: active.id, delta: emit });
+            }
+            if let Some(reason) = finish {
+                finished.push((i, reason));
+                break;
+            }
+        }
+        self.finish_requests(finished, events);
+    }
+
+    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], readback: Readback, step_ms: f64, events: &mut dyn FnMut(SchedulerEvent)) {
         let n_logits = self.runner.config().n_logits;
         let n_ctx = self.runner.n_ctx();
         let mut finished = Vec::new();
@@ -380,6 +491,12 @@ impl Scheduler {
                     active.sampler.sample(&mut row_logits, &active.tokens)
                 }
             };
+            let decoding = active.generated() > 0;
+            if let Some(lookup) = active.lookup.as_mut() {
+                let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
+                // (The first token comes from the prompt's pass: not a decode step.)
+                if decoding { lookup.observe_step(&outcome, step_ms) } else { lookup.observe_first_token(token) }
+            }
             let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
             if !emit.is_empty() {
                 events(SchedulerEvent::Text { id: active.id, delta: emit });
@@ -388,6 +505,11 @@ impl Scheduler {
                 finished.push((*i, reason));
             }
         }
+        self.finish_requests(finished, events);
+    }
+
+    /// Retires the requests at these `running` indices and reports their ends.
+    fn finish_requests(&mut self, mut finished: Vec<(usize, FinishReason)>, events: &mut dyn FnMut(SchedulerEvent)) {
         // Remove from the back so indices stay valid.
         finished.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, reason) in finished {

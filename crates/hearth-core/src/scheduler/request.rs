@@ -6,6 +6,7 @@ use crate::engine::Instant;
 use crate::kv::SeqId;
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
+use super::lookup::RequestLookup;
 
 pub type RequestId = u64;
 
@@ -29,6 +30,8 @@ pub(super) struct Active {
     pub decode_started: Option<Instant>,
     /// Times it was preempted (its KV dropped, to be recomputed).
     pub preemptions: usize,
+    /// Prompt lookup's drafts and policy, when the scheduler speculates.
+    pub lookup: Option<Box<RequestLookup>>,
 }
 
 impl Active {
@@ -52,6 +55,7 @@ impl Active {
             itl_ms: Vec::new(),
             decode_started: None,
             preemptions: 0,
+            lookup: None,
         }
     }
 

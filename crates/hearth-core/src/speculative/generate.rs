@@ -266,7 +266,7 @@ const FREE_OVER_COSTLY_MIN_MATCH: usize = 2;
 
 /// What a verification step over `drafts` reads back: the candidates of the most demanding row
 /// (row i is sampled after `context` + `drafts[..i]`), or the whole rows when one needs them.
-fn verify_readback(sampler: &Sampler, context: &[u32], drafts: &[u32]) -> Readback {
+pub(crate) fn verify_readback(sampler: &Sampler, context: &[u32], drafts: &[u32]) -> Readback {
     let mut k = 1;
     for i in 0..=drafts.len() {
         match sampler.readback_after(context, &drafts[..i]) {

@@ -21,6 +21,7 @@ mod lookup_then;
 mod policy;
 mod prompt_lookup;
 pub mod verify;
+pub(crate) use generate::verify_readback;
 
 pub use draft_model::{check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use policy::{DraftPolicy, PROBE_EVERY};

@@ -211,6 +211,15 @@ impl DraftPolicy {
         }
     }
 
+    /// This policy for the next request of the same engine (the scheduler of `hearth serve`):
+    /// what it measured and learnt carries over (pass costs, drafting costs, acceptance per
+    /// proposal length and per copied run), so the next request neither re-measures the costs
+    /// nor starts from the priors; the drafts it was still scoring, which belong to this
+    /// request's text, are dropped.
+    pub fn for_next_request(&self) -> Self {
+        DraftPolicy { probing: false, plain_steps: 0, unverified: None, copies: Vec::new(), ..self.clone() }
+    }
+
     /// The overall acceptance estimate: the share of draft tokens kept given the previous one
     /// was. Starts at 2/3 (one rejection and two kept pseudo-observations): optimistic enough to
     /// try drafting, weak enough to be overruled by the first few steps.

@@ -81,6 +81,24 @@ fn the_first_step_drafts_in_full_and_the_second_measures_a_plain_pass() {
 }
 
 #[test]
+fn the_next_request_starts_from_what_the_last_one_measured() {
+    // A CPU request that learnt its drafts rarely pay.
+    let mut first = policy(15);
+    simulate(&mut first, 100, 0.3, cpu_pass_ms, 0.0);
+    first.track_unverified(3, Some(1), 0, &[7, 8, 9]);
+    let next = first.for_next_request();
+    // No full-width first step and no plain pass to measure again: the next request decides
+    // from the pass costs and acceptance it inherits.
+    let mut fresh = policy(15);
+    assert_eq!(fresh.request(), 15);
+    assert_eq!(fresh.verify_length(15, None), 15, "a fresh policy tries its first proposal whole");
+    assert_eq!(next.verify_length(15, None), 0, "drafts kept 30% of the time do not pay on 2 cores");
+    assert!((next.acceptance() - first.acceptance()).abs() < 1e-12);
+    // The copies the last request was scoring belong to its text.
+    assert!(first.copies.len() == 1 && next.copies.is_empty());
+}
+
+#[test]
 fn a_cpu_with_rarely_kept_drafts_decodes_plainly_except_for_probes() {
     // Prose with prompt lookup on 2 cores: ~30% of drafts kept, a 4-row pass costs 2.2 plain ones.
     let mut p = policy(15);

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Decode speed of `hearth serve` with and without `--lookup`, one request at a time (an editor
+or a chat client talking to its own server): qwen2.5-coder-1.5b, greedy, streaming.
+
+Two servers run side by side, one plain and one with prompt lookup; each prompt of
+scripts/speculative-prompts/ goes to one then the other, REPS times over the set, and a row
+reports the best rep of each. Decode tok/s is measured by the client: the tokens after the first
+over the time from the first streamed text to the last. The answers must be equal (greedy).
+The lookup server carries its draft policy from request to request, as in real use.
+
+Usage: scripts/bench_serve_lookup.py [path/to/hearth] [max tokens] [reps] [system prompt]
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent
+target_dir = os.environ.get("CARGO_TARGET_DIR", "target")
+HEARTH = sys.argv[1] if len(sys.argv) > 1 else f"{target_dir}/release/hearth"
+MAX_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+SYSTEM = sys.argv[4] if len(sys.argv) > 4 else None
+MODEL = "qwen2.5-coder-1.5b"
+
+
+def start(extra):
+    cmd = [HEARTH, "serve", "-m", MODEL, "-t", "2", "--quiet", "--port", "0", *extra]
+    server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    for line in server.stderr:
+        if "listening on http://" in line:
+            return server, line.split("listening on http://")[1].strip()
+    sys.exit(f"{' '.join(cmd)} exited before listening")
+
+
+def ask(address, user):
+    messages = ([{"role": "system", "content": SYSTEM}] if SYSTEM else []) + [{"role": "user", "content": user}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    request = urllib.request.Request(f"http://{address}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    sent = time.perf_counter()
+    text, first, last, usage = "", None, None, None
+    with urllib.request.urlopen(request) as response:
+        for line in response:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta", {}).get("content") or ""
+                if delta:
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text += delta
+    tokens = usage["completion_tokens"]
+    decode = (tokens - 1) / (last - first) if last and last > first else 0.0
+    details = usage.get("completion_tokens_details") or {}
+    return {"text": text, "tokens": tokens, "ttft_s": first - sent, "decode_tok_s": decode,
+            "accepted": details.get("accepted_prediction_tokens"), "rejected": details.get("rejected_prediction_tokens")}
+
+
+def main():
+    prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
+    plain, plain_address = start([])
+    lookup, lookup_address = start(["--lookup"])
+    try:
+        best = {}
+        for _ in range(REPS):
+            for path in prompts:
+                user = path.read_text()
+                a = ask(plain_address, user)
+                b = ask(lookup_address, user)
+                if a["text"] != b["text"]:
+                    sys.exit(f"{path.name}: the lookup server's answer differs from the plain server's")
+                for mode, r in (("plain", a), ("lookup", b)):
+                    key = (path.stem, mode)
+                    if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
+                        best[key] = r
+    finally:
+        plain.kill()
+        lookup.kill()
+    print("| prompt | tokens | plain tok/s | --lookup tok/s | vs plain | drafts accepted / verified |")
+    print("|---|---|---|---|---|---|")
+    totals = {}
+    for path in prompts:
+        a, b = best[(path.stem, "plain")], best[(path.stem, "lookup")]
+        verified = (b["accepted"] or 0) + (b["rejected"] or 0)
+        print(f"| {path.stem} | {a['tokens']} | {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | "
+              f"{b['decode_tok_s'] / a['decode_tok_s']:.2f}x | {b['accepted']} / {verified} |")
+        kind = path.stem.split("-")[0]
+        for mode, r in (("plain", a), ("lookup", b)):
+            t = totals.setdefault((kind, mode), [0, 0.0])
+            t[0] += r["tokens"] - 1
+            t[1] += (r["tokens"] - 1) / r["decode_tok_s"]
+    print()
+    print("| all prompts of a kind | plain tok/s | --lookup tok/s | vs plain |")
+    print("|---|---|---|---|")
+    for kind in sorted({kind for kind, _ in totals}):
+        rate = {mode: totals[(kind, mode)][0] / totals[(kind, mode)][1] for mode in ("plain", "lookup")}
+        print(f"| {kind} | {rate['plain']:.1f} | {rate['lookup']:.1f} | {rate['lookup'] / rate['plain']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
