@@ -109,18 +109,21 @@ fn concurrent_requests_produce_the_tokens_of_solo_runs() {
     assert!(s.stats().prefix_hit_rate > 0.0, "the late duplicates should hit the prefix cache");
 }
 
-/// A prompt whose greedy continuation copies the function before it: prompt lookup drafts it.
-fn copying_prompt(tokenizer: &Tokenizer) -> Vec<u32> {
-    let text = "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
-                result[key] = result.get(key, 0) + value\n    return result\n\n\n# The same function, unchanged:\ndef merge_counts(";
-    tokenizer.encode(text, false, false).expect("encode")
+/// A prompt whose greedy continuation copies the function before it (from `tail` on): prompt
+/// lookup drafts it.
+fn copying_prompt(tokenizer: &Tokenizer, tail: &str) -> Vec<u32> {
+    let text = format!(
+        "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+         result[key] = result.get(key, 0) + value\n    return result\n\n\n# The same function, unchanged:\n{tail}"
+    );
+    tokenizer.encode(&text, false, false).expect("encode")
 }
 
 #[test]
 fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    let copying = copying_prompt(&tokenizer);
+    let copying = copying_prompt(&tokenizer, "def merge_counts(");
     let others = prompts(&tokenizer, 2);
     let (copy_tokens, other_tokens) = (40, 12);
     let want_copy = solo_outputs(std::slice::from_ref(&copying), copy_tokens).remove(0);
@@ -153,6 +156,63 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     }
     assert!(done[&copy_id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "the copy drafted nothing once alone");
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
+}
+
+/// With sampling, lookup's drafts go through rejection sampling: the tokens decided by a
+/// verification pass follow the distribution of plain sampling. Many seeded runs of the
+/// copying prompt, each verifying its first decode step's draft (a fresh policy verifies its
+/// first proposal), against as many plain runs: a chi-square test of homogeneity of the second
+/// token (the draft's position). Temperature 1.5 flattens the copy's odds so that a rule that
+/// kept drafts too often would show.
+#[test]
+fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    // The first token (`def`, most likely) is followed by ` merge` in the prompt: the draft.
+    let prompt = copying_prompt(&tokenizer, "");
+    let runs = 160;
+    let second_tokens = |lookup: Option<SpeculativeOptions>| -> (BTreeMap<u32, u64>, usize) {
+        let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 1, ..EngineOptions::default() };
+        let (_, runner) = cpu_runner(QWEN_05B, &options);
+        let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+        let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 1, prefill_chunk: PREFILL_CHUNK, lookup: lookup.clone(), ..SchedulerOptions::default() });
+        let (mut counts, mut verified) = (BTreeMap::new(), 0);
+        for seed in 0..runs {
+            let sampling = SamplingParams { temperature: 1.5, top_k: 8, seed, ..SamplingParams::default() };
+            let id = s.submit(prompt.clone(), GenerateOptions { max_tokens: 3, sampling, ignore_eos: true, ..GenerateOptions::default() }).expect("submit");
+            let (done, _) = run(&mut s, |_, _| {});
+            let g = &done[&id];
+            *counts.entry(g.tokens[1]).or_insert(0) += 1;
+            verified += g.speculative.as_ref().map_or(0, |m| m.proposed);
+        }
+        (counts, verified)
+    };
+    let (plain, _) = second_tokens(None);
+    // A fresh policy per run: each verifies its first proposal (the second token's draft).
+    let (lookup, verified) = second_tokens(Some(SpeculativeOptions { max_draft_tokens: 1, adaptive: false }));
+    assert!(verified >= runs as usize / 2, "only {verified} drafts verified in {runs} runs");
+    // Tokens seen at least 5 times in all, the rest pooled.
+    let mut categories: BTreeMap<Option<u32>, [f64; 2]> = BTreeMap::new();
+    for (i, counts) in [&plain, &lookup].into_iter().enumerate() {
+        for (&token, &n) in counts.iter() {
+            let seen = plain.get(&token).unwrap_or(&0) + lookup.get(&token).unwrap_or(&0);
+            categories.entry((seen >= 5).then_some(token)).or_insert([0.0; 2])[i] += n as f64;
+        }
+    }
+    let n = runs as f64;
+    let statistic: f64 = categories
+        .values()
+        .map(|[a, b]| {
+            let expected = (a + b) / 2.0;
+            (a - expected).powi(2) / expected + (b - expected).powi(2) / expected
+        })
+        .sum();
+    // Chi-square critical values at significance 0.001 by degrees of freedom.
+    let critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12];
+    let dof = categories.len().saturating_sub(1).clamp(1, critical.len());
+    eprintln!("plain {plain:?}, lookup {lookup:?} ({n} runs each): chi-square {statistic:.1}, {dof} dof");
+    assert!(categories.len() >= 2, "a single outcome tests nothing: {categories:?}");
+    assert!(statistic < critical[dof - 1], "lookup's sampled tokens differ from plain sampling's: chi-square {statistic:.1}");
 }
 
 #[test]

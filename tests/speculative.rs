@@ -380,3 +380,56 @@ fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
     engine.generate_speculative(&prompt, &one, &mut drafter, &fixed_length(3), &mut |_| true).expect("generate one");
     assert_eq!(drafter.deltas_at_prepare, None);
 }
+
+/// Sampled prompt lookup keeps the target's distribution on a real model: after the copying
+/// prompt's most likely first token (`def`), the lookup drafts the token that followed it in the
+/// prompt, and the token chosen there must follow the target's distribution for that row, the
+/// draft's own probability included. (The acceptance rule alone is checked above; this catches
+/// what feeds it, e.g. a verification generator seeded like the sampler, whose draws repeated
+/// the one that chose `def`: the draft was then kept every time instead of 69%.)
+#[test]
+fn sampled_prompt_lookup_keeps_the_targets_distribution() {
+    let mut engine = cpu_engine(QWEN_05B);
+    let text = "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+                result[key] = result.get(key, 0) + value\n    return result\n\n\n# The same function, unchanged:\n";
+    let prompt = engine.tokenizer().encode(text, false, false).expect("encode");
+    let sampling = SamplingParams { temperature: 1.5, top_k: 8, ..SamplingParams::default() };
+    let def = engine.tokenizer().encode("def", false, false).expect("encode")[0];
+    // The target's distribution after prompt + `def`.
+    let mut context = prompt.clone();
+    context.push(def);
+    let mut row = engine.session_mut().eval(&context, LogitsMode::Last).expect("eval").to_vec();
+    let p = hearth_core::sampling::Sampler::new(sampling.clone()).distribution(&mut row, &context);
+    let mut drafter = PromptLookup::default();
+    let mut counts: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    let mut verified = 0;
+    for seed in 0..240u64 {
+        // Three tokens: room for one draft after the first (the last token is the pass's own).
+        let options = GenerateOptions { max_tokens: 3, sampling: SamplingParams { seed, ..sampling.clone() }, stop: Vec::new(), ignore_eos: true };
+        // (Each run reuses the prompt's cached positions.)
+        let g = engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(1), &mut |_| true).expect("generate");
+        if g.tokens[0] == def {
+            *counts.entry(g.tokens[1]).or_insert(0) += 1;
+            verified += g.speculative.as_ref().map_or(0, |m| m.proposed);
+        }
+    }
+    let n: u64 = counts.values().sum();
+    assert!(n >= 60 && verified == n as usize, "{n} runs began with `def`, {verified} verified a draft");
+    // Goodness of fit over p's tokens, those expected fewer than 5 times pooled.
+    let (mut cells, mut pooled) = (Vec::new(), (0u64, 0f64));
+    for &(token, probability) in &p {
+        let observed = counts.get(&token).copied().unwrap_or(0);
+        let expected = probability as f64 * n as f64;
+        if expected >= 5.0 { cells.push((observed, expected)) } else { pooled = (pooled.0 + observed, pooled.1 + expected) }
+    }
+    if pooled.1 > 0.0 {
+        cells.push(pooled);
+    }
+    assert_eq!(counts.keys().filter(|t| !p.iter().any(|(id, _)| id == *t)).count(), 0, "a token outside p: {counts:?}");
+    let statistic: f64 = cells.iter().map(|&(o, e)| (o as f64 - e).powi(2) / e).sum();
+    // Chi-square critical values at significance 0.001 for 1..=7 degrees of freedom.
+    let critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32];
+    let dof = (cells.len() - 1).clamp(1, critical.len());
+    eprintln!("after `def` ({n} runs): {counts:?} against {p:?}: chi-square {statistic:.1}, {dof} dof");
+    assert!(statistic < critical[dof - 1], "the second token does not follow the target: chi-square {statistic:.1}");
+}

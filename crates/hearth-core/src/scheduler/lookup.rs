@@ -12,7 +12,7 @@ use crate::engine::{ms, Instant};
 use crate::error::{CoreError, Result};
 use crate::runner::StepOutput;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
-use crate::speculative::verify::{verify_proposal, Distribution, VerificationOutcome};
+use crate::speculative::verify::{verification_rng, verify_proposal, Distribution, VerificationOutcome};
 use crate::speculative::{verify_readback, DraftPolicy, PromptLookup, Proposal, SpeculativeMetrics};
 
 pub(super) struct RequestLookup {
@@ -36,7 +36,7 @@ impl RequestLookup {
             lookup: PromptLookup::default(),
             policy,
             metrics: SpeculativeMetrics::default(),
-            rng: Xoshiro256StarStar::seed_from_u64(seed),
+            rng: verification_rng(seed),
             batch: Vec::new(),
             unverified: Vec::new(),
             matched: None,

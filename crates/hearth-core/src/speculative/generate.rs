@@ -5,14 +5,14 @@
 //! `1 + k` tokens yields the logits for all k draft positions and the bonus position.
 
 use super::catch_up::CatchUp;
-use super::verify::{verify_proposal, Distribution};
+use super::verify::{verification_rng, verify_proposal, Distribution};
 use super::{DraftPolicy, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
 use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::backend::Readback;
 use crate::runner::StepOutput;
-use crate::sampling::{Sampler, Xoshiro256StarStar};
+use crate::sampling::Sampler;
 
 impl Engine {
     /// Like [`Engine::generate`], with `drafter` proposing up to `speculative.max_draft_tokens`
@@ -85,7 +85,7 @@ impl Engine {
             drafter_prepare_ms = ms(last);
         }
 
-        let mut rng = Xoshiro256StarStar::seed_from_u64(options.sampling.seed);
+        let mut rng = verification_rng(options.sampling.seed);
         let mut policy = DraftPolicy::new(speculative);
         // The free drafts' own policy: lookup proposals are sized by their match and cost
         // nothing, unlike the costly drafter's.
