@@ -9,7 +9,8 @@
 //! `REPLAY_DIR=scripts/speculative-prompts SIMULATE=<ms of passes of 1, 2, … rows>` replays prompt
 //! lookup under the policy on every prompt there, without timing anything; with `ORACLE=1` also
 //! the least time any choice of verified lengths could take with the same proposals, and fixed
-//! caps on the verified length.
+//! caps on the verified length; with `DUMP_DIR=<dir>` also each prompt's tokens and greedy output
+//! there (`<prompt>.txt`: two lines of token ids), for offline analysis.
 
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
