@@ -38,7 +38,7 @@ pub enum TokenVerdict {
 /// like the sampler's, its draws would repeat the ones that chose the tokens before: the first
 /// acceptance test reused the draw that picked the pending token, so after a likely token (drawn
 /// low) a likely draft was always kept (Qwen2.5-0.5B at temperature 1.5: a draft the target gives
-/// 0.69 kept in 241 runs of 241; tests/scheduler.rs, tests/speculative.rs).
+/// 0.69 kept in 149 runs of 149; tests/scheduler.rs, tests/speculative.rs).
 pub fn verification_rng(seed: u64) -> Xoshiro256StarStar {
     Xoshiro256StarStar::seed_from_u64(seed ^ VERIFICATION_STREAM)
 }
