@@ -10,7 +10,7 @@ use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
 use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
-use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
+use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::CoreError;
 use hearth_tests::*;
@@ -196,7 +196,15 @@ fn prompt_lookup_equals_greedy(stem: &str) {
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0, "{stem}: prompt lookup never accepted on a rewrite");
     // The default policy verifies what pays here: any choice must give the same tokens.
     let adaptive = SpeculativeOptions::lookup();
-    assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &adaptive, &code, &format!("{label}, adaptive"));
+    let want = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &adaptive, &code, &format!("{label}, adaptive")).tokens;
+    // Later turns start from what earlier ones learnt (`hearth chat`, the JS API): same tokens.
+    let mut memory = PolicyMemory::default();
+    for turn in 0..2 {
+        engine.session_mut().reset();
+        let g = engine.generate_speculative_with(&code, &greedy(N_TOKENS), &mut PromptLookup::default(), &adaptive, &mut memory, &mut |_| true).expect("generate");
+        assert_eq!(g.tokens, want, "{label}, turn {turn} with the policy carried");
+        assert!(!memory.is_empty());
+    }
     let prose = chat_prompt(&engine, PROSE);
     assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &adaptive, &prose, &format!("{stem} lookup, prose"));
 }

@@ -11,6 +11,7 @@ use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
+use hearth_core::speculative::PolicyMemory;
 use std::io::{BufRead, Write};
 
 #[derive(Args, Debug)]
@@ -35,6 +36,8 @@ pub fn chat(args: ChatArgs) -> Result<()> {
     }
     let mut drafter = args.speculative.drafter(&args.model, &engine)?;
     let speculative = args.speculative.options();
+    // What each turn's draft policy learnt (pass costs, how far copies run) carries to the next.
+    let mut policy_memory = PolicyMemory::default();
     let base: Vec<ChatMessage> =
         args.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
     let mut messages = base.clone();
@@ -76,7 +79,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             true
         };
         let generation = match drafter.as_deref_mut() {
-            Some(drafter) => engine.generate_speculative(&prompt, &options, drafter, &speculative, &mut on_text)?,
+            Some(drafter) => engine.generate_speculative_with(&prompt, &options, drafter, &speculative, &mut policy_memory, &mut on_text)?,
             None => engine.generate(&prompt, &options, &mut on_text)?,
         };
         println!();

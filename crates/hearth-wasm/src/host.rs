@@ -10,7 +10,7 @@ use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
+use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -117,6 +117,10 @@ pub struct EngineHost {
     /// The seed each running request samples with (reported back).
     seeds: HashMap<RequestId, u64>,
     stats: BatchStats,
+    /// What the last speculative request of each mode learnt (pass costs, how far copies run),
+    /// for the next one: a chat's follow-up starts from its earlier turns.
+    lookup_memory: PolicyMemory,
+    draft_memory: PolicyMemory,
 }
 
 /// Requests per batch unless the load options say otherwise.
@@ -166,7 +170,17 @@ impl EngineHost {
         };
         let scheduler = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() });
         let stats = BatchStats { max_batch, ..BatchStats::default() };
-        Ok(EngineHost { scheduler: Some(scheduler), chat_template, engine_options, info, draft: None, seeds: HashMap::new(), stats })
+        Ok(EngineHost {
+            scheduler: Some(scheduler),
+            chat_template,
+            engine_options,
+            info,
+            draft: None,
+            seeds: HashMap::new(),
+            stats,
+            lookup_memory: PolicyMemory::default(),
+            draft_memory: PolicyMemory::default(),
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -340,6 +354,8 @@ impl EngineHost {
     /// Any backend: in a browser a WebGPU draft has its passes awaited like the target's.
     pub fn load_draft(&mut self, source: Arc<dyn ByteSource>, backend: Box<dyn Backend>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         self.draft = None;
+        // Another draft model costs what it costs: nothing learnt about the last one carries.
+        self.draft_memory = PolicyMemory::default();
         let file = GgufFile::read(source)?;
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
         // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`.
@@ -431,7 +447,11 @@ impl EngineHost {
         let (runner, tokenizer) = scheduler.into_parts();
         let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
         let mut engine = Engine::from_parts(session, tokenizer, None);
-        let result = engine.generate_speculative_async(&prompt, &generate_options, drafter, &speculative_options, on_text).await;
+        let memory = match speculative.mode {
+            SpeculativeMode::Lookup => &mut self.lookup_memory,
+            SpeculativeMode::DraftModel => &mut self.draft_memory,
+        };
+        let result = engine.generate_speculative_with_async(&prompt, &generate_options, drafter, &speculative_options, memory, on_text).await;
         let (session, tokenizer, _) = engine.into_parts();
         let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk, ..SchedulerOptions::default() };
         self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));

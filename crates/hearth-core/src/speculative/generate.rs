@@ -6,7 +6,7 @@
 
 use super::catch_up::CatchUp;
 use super::verify::{verification_rng, verify_proposal, Distribution};
-use super::{DraftPolicy, Drafter, Proposal, SpeculativeMetrics, SpeculativeOptions};
+use super::{Drafter, PolicyMemory, Proposal, SpeculativeMetrics, SpeculativeOptions};
 use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
@@ -40,6 +40,35 @@ impl Engine {
         options: &GenerateOptions,
         drafter: &mut dyn Drafter,
         speculative: &SpeculativeOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        self.generate_speculative_with_async(prompt, options, drafter, speculative, &mut PolicyMemory::default(), on_text).await
+    }
+
+    /// [`Engine::generate_speculative`] starting from what `memory` kept of the last generation
+    /// with the same drafter and options (a chat's earlier turn: measured pass costs, how far
+    /// copies run), and keeping what this one learns. Synchronous: the async form polled once.
+    pub fn generate_speculative_with(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        speculative: &SpeculativeOptions,
+        memory: &mut PolicyMemory,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        block_on(self.generate_speculative_with_async(prompt, options, drafter, speculative, memory, on_text))
+    }
+
+    /// [`Engine::generate_speculative_with`] for backends whose logits arrive later.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn generate_speculative_with_async(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        speculative: &SpeculativeOptions,
+        memory: &mut PolicyMemory,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation> {
         let (session, tokenizer) = self.parts_mut();
@@ -86,12 +115,10 @@ impl Engine {
         }
 
         let mut rng = verification_rng(options.sampling.seed);
-        let mut policy = DraftPolicy::new(speculative);
-        // The free drafts' own policy: lookup proposals are sized by their match and cost
-        // nothing, unlike the costly drafter's.
+        // The drafter's policy and, for a `LookupThen`, the free drafts' own (lookup's proposals
+        // cost nothing, unlike the costly drafter's): from what an earlier generation learnt.
         let free_limit = drafter.free_proposal_limit();
-        let mut free_policy =
-            (free_limit > 0).then(|| DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: free_limit, adaptive: speculative.adaptive }));
+        let (mut policy, mut free_policy) = memory.policies(speculative, free_limit);
         // When the costly drafter drafts again after free drafts (it must first read what they copied).
         let mut catch_up = CatchUp::new(prompt.len());
         let mut metrics = SpeculativeMetrics { drafter_prepare_ms, ..SpeculativeMetrics::default() };
@@ -247,6 +274,7 @@ impl Engine {
         session.rollback(keep)?;
         let (tokens, text) = output.finish();
         let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);
+        memory.remember(speculative, free_limit, &policy, free_policy.as_ref());
         Ok(Generation {
             prompt_tokens: prompt.to_vec(),
             tokens,

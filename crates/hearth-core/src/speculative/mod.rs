@@ -18,6 +18,7 @@ mod catch_up;
 mod draft_model;
 mod generate;
 mod lookup_then;
+mod memory;
 mod policy;
 mod prompt_lookup;
 pub mod verify;
@@ -26,6 +27,7 @@ pub(crate) use generate::verify_readback;
 pub use draft_model::{check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use policy::{DraftPolicy, PROBE_EVERY};
 pub use lookup_then::LookupThen;
+pub use memory::PolicyMemory;
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
