@@ -145,16 +145,26 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     assert!(speculative.accepted > 0, "no copied draft was accepted: {speculative:?}");
     assert!(speculative.target_forward_passes < copy_tokens - 1, "every token took its own pass: {speculative:?}");
 
-    // With other requests: it shares their steps without drafts, then drafts alone once they end.
-    let copy_id = s.submit(copying, greedy(copy_tokens)).expect("submit");
+    // In a batch: two copies and two other requests decode together, each copy's drafts weighed
+    // against the shared step's cost (the policy now knows this machine's pass costs).
+    let copy_ids: Vec<RequestId> = (0..2).map(|_| s.submit(copying.clone(), greedy(copy_tokens)).expect("submit")).collect();
     let other_ids: Vec<RequestId> = others.iter().map(|p| s.submit(p.clone(), greedy(other_tokens)).expect("submit")).collect();
-    let (done, streamed) = run(&mut s, |_, _| {});
-    assert_eq!(done[&copy_id].tokens, want_copy, "lookup in a batch changed the greedy tokens");
-    assert_eq!(streamed[&copy_id], done[&copy_id].text);
+    let mut shared_steps_with_drafts = 0;
+    let (done, streamed) = run(&mut s, |s, _| {
+        let last = s.stats().last_step;
+        if last.decode_rows > 1 && last.draft_rows > 0 {
+            shared_steps_with_drafts += 1;
+        }
+    });
+    for id in &copy_ids {
+        assert_eq!(done[id].tokens, want_copy, "lookup in a batch changed the greedy tokens");
+        assert_eq!(streamed[id], done[id].text);
+        assert!(done[id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "a copy in the batch drafted nothing");
+    }
     for (i, id) in other_ids.iter().enumerate() {
         assert_eq!(done[id].tokens, want_others[i], "request {i}: tokens differ from the solo run");
     }
-    assert!(done[&copy_id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "the copy drafted nothing once alone");
+    assert!(shared_steps_with_drafts > 0, "no step verified drafts for requests decoding together");
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 

@@ -1,11 +1,11 @@
-//! Prompt lookup speculation inside the batching scheduler (`hearth serve --lookup`): one
-//! request's drafts, copied from its own prompt and output, verified in the pass that decodes it.
+//! Prompt lookup speculation inside the batching scheduler (`hearth serve --lookup`): each
+//! decoding request's drafts, copied from its own prompt and output, verified in the pass that
+//! decodes it.
 //!
-//! A request drafts only in a step where it decodes alone (no other request decoding, no prompt
-//! chunk). There the pass is the request's own and its cost is what [`DraftPolicy`] weighs the
-//! drafts against, as in `Engine::generate_speculative`. With several requests in the step the
-//! batch already fills the rows that verification would add, at a cost the policy does not
-//! model; each token is still scored against the copies, so the estimates stay current.
+//! Requests draft in steps that only decode (no prompt chunk). A request alone in the step
+//! verifies the prefix its [`DraftPolicy`] chooses, as in `Engine::generate_speculative`. With
+//! several, [`joint_lengths`] weighs every request's drafts against the whole step's cost: a row
+//! that verifies a draft costs the same whichever request it serves, and the pass is shared.
 
 use crate::backend::Readback;
 use crate::engine::{ms, Instant};
@@ -51,21 +51,48 @@ impl RequestLookup {
     }
 
     /// Proposes this step's drafts for `context` (prompt + output; its last token is the one
-    /// pending), at most `room`. Returns whether the policy verifies any: then [`Self::batch`]
-    /// holds the step's rows.
-    pub fn plan(&mut self, context: &[u32], room: usize) -> bool {
-        let Some(&pending) = context.last() else { return false };
+    /// pending), at most `room`; [`Self::commit`] then says how many the pass verifies.
+    pub fn propose(&mut self, context: &[u32], room: usize) {
+        let Some(&pending) = context.last() else { return };
         let budget = self.policy.request().min(room);
         let drafting = Instant::now();
-        let mut proposal = if budget > 0 { self.lookup.proposal(context, budget) } else { Proposal::default() };
+        let proposal = if budget > 0 { self.lookup.proposal(context, budget) } else { Proposal::default() };
         self.policy.observe_draft(budget, ms(drafting));
-        let verify = self.policy.verify_length(proposal.tokens.len(), proposal.matched);
-        self.unverified = proposal.tokens.split_off(verify.min(proposal.tokens.len()));
-        (self.matched, self.budget, self.planned) = (proposal.matched, budget, true);
+        (self.unverified, self.matched, self.budget, self.planned) = (proposal.tokens, proposal.matched, budget, true);
         self.batch.clear();
         self.batch.push(pending);
-        self.batch.extend_from_slice(&proposal.tokens);
+    }
+
+    /// How many of the proposal a pass of this request alone verifies (the policy's choice).
+    pub fn solo_length(&self) -> usize {
+        self.policy.verify_length(self.unverified.len(), self.matched)
+    }
+
+    /// The proposal as [`joint_lengths`] weighs it: the length the policy forces, if any, and
+    /// each draft's estimated reach.
+    pub fn weighed(&self) -> (Option<usize>, Vec<f64>) {
+        let available = self.unverified.len();
+        (self.policy.forced_length(available), self.policy.draft_reach(available, self.matched))
+    }
+
+    /// The estimated ms of a pass of `width` rows, as this request's policy measured them.
+    pub fn pass_ms(&self, width: usize) -> f64 {
+        self.policy.pass_ms(width)
+    }
+
+    /// The pass verifies the first `verify` drafts of the proposal: [`Self::batch`] holds the
+    /// request's rows (the pending token, then those drafts). Returns whether there are drafts.
+    pub fn commit(&mut self, verify: usize) -> bool {
+        let rest = self.unverified.split_off(verify.min(self.unverified.len()));
+        self.batch.extend(self.unverified.drain(..));
+        self.unverified = rest;
         self.batch.len() > 1
+    }
+
+    /// The request left the batch (preempted) before its planned step ran.
+    pub fn cancel_plan(&mut self) {
+        self.drop_drafts();
+        self.planned = false;
     }
 
     /// The step goes without the planned drafts (the KV pool had no room for them).
@@ -74,9 +101,9 @@ impl RequestLookup {
         self.unverified = drafts;
     }
 
-    /// Checks the planned drafts against the step's output rows (`[batch.len(), n_logits]`
-    /// logits or the rows' candidates); `context` as given to [`Self::plan`].
-    pub fn verify(&mut self, sampler: &mut Sampler, context: &[u32], output: StepOutput<'_>, n_logits: usize) -> Result<VerificationOutcome> {
+    /// Checks the planned drafts against the step's output rows from `first_row` on (logits
+    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::propose`].
+    pub fn verify(&mut self, sampler: &mut Sampler, context: &[u32], output: StepOutput<'_>, n_logits: usize, first_row: usize) -> Result<VerificationOutcome> {
         let drafts = &self.batch[1..];
         let (mut history, mut row_scratch) = (Vec::new(), Vec::new());
         let missing = || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
@@ -84,14 +111,15 @@ impl RequestLookup {
             history.clear();
             history.extend_from_slice(context);
             history.extend_from_slice(&drafts[..i]);
+            let row = first_row + i;
             match output {
                 StepOutput::Logits(logits) => {
                     row_scratch.clear();
-                    row_scratch.extend_from_slice(logits.get(i * n_logits..(i + 1) * n_logits).ok_or_else(missing)?);
+                    row_scratch.extend_from_slice(logits.get(row * n_logits..(row + 1) * n_logits).ok_or_else(missing)?);
                     Ok(sampler.distribution(&mut row_scratch, &history))
                 }
-                StepOutput::TopK(top) if i < top.n_rows() => {
-                    let (ids, logits) = top.row(i);
+                StepOutput::TopK(top) if row < top.n_rows() => {
+                    let (ids, logits) = top.row(row);
                     Ok(sampler.distribution_candidates(ids, logits, &history))
                 }
                 StepOutput::TopK(_) => Err(missing()),
@@ -110,16 +138,91 @@ impl RequestLookup {
         self.policy.observe_token(token);
     }
 
-    /// A decode step of this request ended with `outcome`; `pass_ms`: the step's time when it was
-    /// planned by [`Self::plan`] (else the request shared the step, and only the tokens count).
-    pub fn observe_step(&mut self, outcome: &VerificationOutcome, pass_ms: f64) {
+    /// A decode step of this request ended with `outcome`; the step had `step_rows` rows over
+    /// all requests and took `step_ms`, which the policy learns from when it planned the step
+    /// ([`Self::propose`]; else the request shared a step with prompt chunks, and only the
+    /// tokens count).
+    pub fn observe_step(&mut self, outcome: &VerificationOutcome, step_rows: usize, step_ms: f64) {
         self.metrics.record(outcome);
         if !std::mem::take(&mut self.planned) {
             self.policy.observe_token(outcome.continuation_token);
             return;
         }
-        let verified = &self.batch[1..];
-        self.policy.observe_pass(1 + verified.len(), pass_ms);
-        self.policy.observe_step(outcome, verified, &self.unverified, self.matched, self.budget);
+        self.policy.observe_pass(step_rows, step_ms);
+        self.policy.observe_step(outcome, &self.batch[1..], &self.unverified, self.matched, self.budget);
+    }
+
+    /// Whether [`Self::propose`] planned this step for the request.
+    pub fn planned(&self) -> bool {
+        self.planned
+    }
+}
+
+/// How many drafts each of several requests verifies in one decode step: each request's best
+/// prefix given the others' (two rounds of coordinate ascent from none), for the most expected
+/// tokens per ms of the whole step. `weighed[r]`: request r's forced length, if any, and each
+/// draft's reach ([`RequestLookup::weighed`]); `other_rows`: the step's rows that verify nothing
+/// (a token each); `pass_ms(rows)`: the step's cost. Ties go to fewer drafts.
+pub(super) fn joint_lengths(weighed: &[(Option<usize>, Vec<f64>)], other_rows: usize, pass_ms: impl Fn(usize) -> f64) -> Vec<usize> {
+    let mut lengths: Vec<usize> = weighed.iter().map(|(forced, _)| forced.unwrap_or(0)).collect();
+    let expected = |r: usize, k: usize| 1.0 + weighed[r].1[..k].iter().sum::<f64>();
+    for _ in 0..2 {
+        for r in 0..weighed.len() {
+            if weighed[r].0.is_some() {
+                continue;
+            }
+            let others = |lengths: &[usize]| {
+                let rows: usize = (0..weighed.len()).filter(|&o| o != r).map(|o| 1 + lengths[o]).sum();
+                let tokens: f64 = (0..weighed.len()).filter(|&o| o != r).map(|o| expected(o, lengths[o])).sum();
+                (other_rows + rows, other_rows as f64 + tokens)
+            };
+            let (rows, tokens) = others(&lengths);
+            let rate = |k: usize| (tokens + expected(r, k)) / pass_ms(rows + 1 + k).max(1e-9);
+            let mut best = 0;
+            for k in 1..=weighed[r].1.len() {
+                if rate(k) > rate(best) * (1.0 + 1e-9) {
+                    best = k;
+                }
+            }
+            lengths[r] = best;
+        }
+    }
+    lengths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::joint_lengths;
+
+    /// A copy whose drafts are each kept with probability `p` given the last.
+    fn copy(p: f64, len: usize) -> (Option<usize>, Vec<f64>) {
+        (None, (1..=len as i32).map(|k| p.powi(k)).collect())
+    }
+
+    #[test]
+    fn on_a_gpu_every_request_verifies_its_copy() {
+        let gpu = |rows: usize| 6.0 + 0.05 * rows as f64;
+        let lengths = joint_lengths(&[copy(0.9, 8), copy(0.8, 8), copy(0.7, 4)], 2, gpu);
+        assert_eq!(lengths, vec![8, 8, 4]);
+        // Not a draft whose expected share of a token is below its share of the step's cost.
+        let lengths = joint_lengths(&[copy(0.9, 8), copy(0.8, 8), copy(0.5, 4)], 2, gpu);
+        assert_eq!(lengths, vec![8, 8, 3]);
+    }
+
+    #[test]
+    fn on_a_cpu_rows_go_to_the_likeliest_drafts() {
+        // 2 cores: rows up to 2 cost little more than one, then ~7 ms each.
+        let cpu = |rows: usize| if rows <= 2 { 24.8 } else { 24.8 + 7.0 * (rows - 2) as f64 };
+        let lengths = joint_lengths(&[copy(0.95, 8), copy(0.2, 8)], 0, cpu);
+        assert!(lengths[0] >= 1 && lengths[1] == 0, "{lengths:?}");
+        // Many other rows in the step already: a draft kept 60% of the time does not pay a row.
+        let lengths = joint_lengths(&[copy(0.6, 8)], 6, cpu);
+        assert_eq!(lengths, vec![0]);
+    }
+
+    #[test]
+    fn a_forced_length_stands() {
+        let cpu = |rows: usize| 20.0 + 7.0 * rows as f64;
+        assert_eq!(joint_lengths(&[(Some(5), vec![0.1; 5]), copy(0.1, 3)], 0, cpu), vec![5, 0]);
     }
 }

@@ -61,6 +61,8 @@ pub struct StepPlanStats {
     /// Requests that sampled their next token from this step.
     pub decode_rows: usize,
     pub prompt_tokens: usize,
+    /// Rows that verified prompt lookup's drafts (`SchedulerOptions::lookup`).
+    pub draft_rows: usize,
     /// Prompt tokens the step was allowed (`prefill_chunk` when nothing was decoding).
     pub prompt_budget: usize,
 }
@@ -280,7 +282,7 @@ impl Scheduler {
             prompt_tokens += end - range.start;
             plan.push((i, range.start..end));
         }
-        self.last_step = StepPlanStats { decode_rows, prompt_tokens, prompt_budget: budget };
+        self.last_step = StepPlanStats { decode_rows, prompt_tokens, draft_rows: 0, prompt_budget: budget };
         plan
     }
 
@@ -317,37 +319,32 @@ impl Scheduler {
                 .map(|(i, r)| {
                     let active = &self.running[*i];
                     let tokens = match &active.lookup {
-                        Some(lookup) if drafting => &lookup.batch[..],
+                        Some(lookup) if drafting && lookup.planned() => &lookup.batch[..],
                         _ => &active.tokens[r.clone()],
                     };
                     BatchEntry { seq: active.seq.expect("running requests have a sequence"), tokens }
                 })
                 .collect();
             let rows = entries.iter().map(|e| e.tokens.len()).sum();
-            let (mode, readback) = match (drafting, plan.first()) {
-                // One request alone, with its drafts: every row's logits.
-                (true, Some((i, _))) => {
-                    let active = &self.running[*i];
-                    (LogitsMode::All, active.lookup.as_ref().map_or(Readback::Logits, |l| l.readback(&active.sampler, &active.tokens)))
-                }
-                _ => (LogitsMode::Last, self.readback(&plan)),
-            };
+            // With drafts, every row's logits: each draft's row is checked.
+            let (mode, readback) = if drafting { (LogitsMode::All, self.drafting_readback(&plan)) } else { (LogitsMode::Last, self.readback(&plan)) };
             let started = Instant::now();
             match self.runner.step_for_async(&entries, mode, readback).await {
                 Ok(_) => {
                     let step_ms = started.elapsed().as_secs_f64() * 1e3;
-                    if drafting {
-                        // (Not a step the prompt budget's model knows: every row has logits.)
-                        break self.after_verification(plan[0].0, step_ms, readback, events);
+                    if !drafting {
+                        // (Only steps of one row per request: the prompt budget's model.)
+                        self.step_cost.observe(rows, step_ms);
                     }
-                    self.step_cost.observe(rows, step_ms);
-                    break self.after_step(&plan, readback, step_ms, events);
+                    break self.after_step(&plan, drafting, readback, (rows, step_ms), events);
                 }
                 Err(CoreError::KvExhausted { .. }) if drafting => {
                     // No room for the drafts: the step goes without them.
                     drafts_allowed = false;
-                    if let Some(lookup) = self.running[plan[0].0].lookup.as_mut() {
-                        lookup.drop_drafts();
+                    for (i, _) in &plan {
+                        if let Some(lookup) = self.running[*i].lookup.as_mut() {
+                            lookup.drop_drafts();
+                        }
                     }
                 }
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
@@ -374,6 +371,9 @@ impl Scheduler {
             self.runner.kv_mut().remove_sequence(seq);
         }
         active.preemptions += 1;
+        if let Some(lookup) = active.lookup.as_mut() {
+            lookup.cancel_plan();
+        }
         self.preemptions += 1;
         self.waiting.push_front(active);
     }
@@ -402,124 +402,168 @@ impl Scheduler {
         Readback::TopK(k)
     }
 
-    /// Plans the drafts of the request that decodes alone in the step of `plan`, if it uses
-    /// prompt lookup; returns whether it verifies any.
+    /// In a step of `plan` that only decodes, proposes the drafts of every request with prompt
+    /// lookup and decides how many each verifies (alone: its policy's choice; with others:
+    /// [`lookup::joint_lengths`]). Returns whether any verifies drafts.
     fn plan_drafts(&mut self, plan: &[(usize, std::ops::Range<usize>)]) -> bool {
-        let [(i, range)] = plan else { return false };
-        if range.len() != 1 || !self.samples_after(*i, range) {
+        if plan.iter().any(|(i, range)| range.len() != 1 || !self.samples_after(*i, range)) {
             return false;
         }
         let n_ctx = self.runner.n_ctx();
-        let active = &mut self.running[*i];
-        let generated = active.generated();
-        let Some(lookup) = active.lookup.as_mut().filter(|_| generated > 0) else { return false };
-        // Each step yields accepted + 1 tokens and stores 1 + verified drafts.
-        let room = (active.options.max_tokens.saturating_sub(generated + 1)).min(n_ctx.saturating_sub(active.tokens.len()));
-        lookup.plan(&active.tokens, room)
-    }
-
-    /// After a step of `running[i]` alone with its drafts: verifies them, rolls its KV back to
-    /// what was accepted, and streams the accepted drafts and the target's own next token.
-    fn after_verification(&mut self, i: usize, pass_ms: f64, readback: Readback, events: &mut dyn FnMut(SchedulerEvent)) {
-        let (n_logits, n_ctx) = (self.runner.config().n_logits, self.runner.n_ctx());
-        let output = match readback {
-            Readback::Logits => StepOutput::Logits(self.runner.last_logits()),
-            Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(self.runner.last_top_k()),
-        };
-        let active = &mut self.running[i];
-        let (Some(lookup), Some(seq)) = (active.lookup.as_mut(), active.seq) else { return };
-        let verified = lookup.verify(&mut active.sampler, &active.tokens, output, n_logits).and_then(|outcome| {
-            // The cache holds the context but the pending token, then the step's rows.
-            self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
-            Ok(outcome)
-        });
-        let outcome = match verified {
-            Ok(outcome) => outcome,
-            Err(error) => {
-                let active = self.running.remove(i);
-                let id = active.id;
-                self.retire(active, FinishReason::Cancelled);
-                events(SchedulerEvent::Failed { id, error });
-                return;
+        let mut proposing = Vec::new();
+        for (i, _) in plan {
+            let active = &mut self.running[*i];
+            let generated = active.generated();
+            let Some(lookup) = active.lookup.as_mut().filter(|_| generated > 0) else { continue };
+            // Each step yields accepted + 1 tokens and stores 1 + verified drafts.
+            let room = active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
+            lookup.propose(&active.tokens, room);
+            proposing.push(*i);
+        }
+        let lookups: Vec<&RequestLookup> = proposing.iter().filter_map(|&i| self.running[i].lookup.as_deref()).collect();
+        let lengths = match lookups.as_slice() {
+            [] => return false,
+            [alone] if plan.len() == 1 => vec![alone.solo_length()],
+            [first, ..] => {
+                let weighed: Vec<_> = lookups.iter().map(|l| l.weighed()).collect();
+                lookup::joint_lengths(&weighed, plan.len() - lookups.len(), |rows| first.pass_ms(rows))
             }
         };
-        lookup.observe_step(&outcome, pass_ms);
-        let tokens: Vec<u32> = lookup.batch[1..=outcome.accepted].iter().copied().chain([outcome.continuation_token]).collect();
-        let mut finished = Vec::new();
-        for token in tokens {
-            let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
-            if !emit.is_empty() {
-                events(SchedulerEvent::Text { id: active.id, delta: emit });
-            }
-            if let Some(reason) = finish {
-                finished.push((i, reason));
-                break;
+        for (&i, verify) in proposing.iter().zip(lengths) {
+            if let Some(lookup) = self.running[i].lookup.as_mut() {
+                lookup.commit(verify);
+                self.last_step.draft_rows += lookup.batch.len() - 1;
             }
         }
-        self.finish_requests(finished, events);
+        self.last_step.draft_rows > 0
     }
 
-    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], readback: Readback, step_ms: f64, events: &mut dyn FnMut(SchedulerEvent)) {
+    /// What a drafting step of `plan` reads back: enough candidates for every row, the whole rows
+    /// when one needs them.
+    fn drafting_readback(&self, plan: &[(usize, std::ops::Range<usize>)]) -> Readback {
+        let mut k = 1;
+        for (i, _) in plan {
+            let active = &self.running[*i];
+            let needed = match &active.lookup {
+                Some(lookup) if lookup.planned() => lookup.readback(&active.sampler, &active.tokens),
+                _ => active.sampler.readback(&active.tokens),
+            };
+            match needed {
+                Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
+                Readback::Logits => return Readback::Logits,
+            }
+        }
+        Readback::TopK(k)
+    }
+
+    /// After the step of `plan`: each request that finished its prompt or decoded gets its next
+    /// tokens (sampled, or its drafts verified) and streams them. `all_rows`: the step computed
+    /// every row's logits (a drafting step: an entry's rows are its pending token and drafts),
+    /// else one per entry. `(step_rows, step_ms)`: the step's rows over all entries, its time.
+    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], all_rows: bool, readback: Readback, (step_rows, step_ms): (usize, f64), events: &mut dyn FnMut(SchedulerEvent)) {
         let n_logits = self.runner.config().n_logits;
         let n_ctx = self.runner.n_ctx();
-        let mut finished = Vec::new();
+        let mut ended = Vec::new();
         let mut row_logits = Vec::new();
-        for (row, (i, range)) in plan.iter().enumerate() {
-            if range.end < self.running[*i].tokens.len() {
-                continue; // more prompt to evaluate
-            }
+        let mut next_row = 0;
+        for (entry, (i, range)) in plan.iter().enumerate() {
             let samples = self.samples_after(*i, range);
             let active = &mut self.running[*i];
+            let drafted = active.lookup.as_ref().filter(|l| all_rows && l.planned()).map(|l| l.batch.len());
+            let first_row = if all_rows { next_row } else { entry };
+            next_row += drafted.unwrap_or(range.len());
+            if range.end < active.tokens.len() {
+                continue; // more prompt to evaluate
+            }
             if active.generated() == 0 && active.prompt_ms == 0.0 {
                 active.prompt_ms = active.admitted.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
             }
             if !samples {
-                finished.push((*i, FinishReason::Length));
+                ended.push((*i, Ok(FinishReason::Length)));
                 continue;
             }
-            // Borrowed, not copied (but for the one row the full-row sampler modifies): the runner
-            // is not touched until every row is sampled. Every sampling row asked for at most the
-            // step's k candidates; more than it asked for changes nothing.
-            let token = match readback {
-                Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => {
-                    let (ids, logits) = self.runner.last_top_k().row(row);
-                    active.sampler.sample_candidates(ids, logits, &active.tokens)
+            let output = match readback {
+                Readback::Logits => StepOutput::Logits(self.runner.last_logits()),
+                Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(self.runner.last_top_k()),
+            };
+            let tokens = match (drafted, active.lookup.as_mut(), active.seq) {
+                (Some(rows), Some(lookup), Some(seq)) if rows > 1 => {
+                    // Its drafts: the longest prefix the target keeps, then the target's own token.
+                    let verified = lookup.verify(&mut active.sampler, &active.tokens, output, n_logits, first_row).and_then(|outcome| {
+                        // The cache holds the context but the pending token, then the entry's rows.
+                        self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
+                        Ok(outcome)
+                    });
+                    match verified {
+                        Ok(outcome) => {
+                            lookup.observe_step(&outcome, step_rows, step_ms);
+                            lookup.batch[1..=outcome.accepted].iter().copied().chain([outcome.continuation_token]).collect()
+                        }
+                        Err(error) => {
+                            ended.push((*i, Err(error)));
+                            continue;
+                        }
+                    }
                 }
-                Readback::Logits => {
-                    row_logits.clear();
-                    row_logits.extend_from_slice(&self.runner.last_logits()[row * n_logits..(row + 1) * n_logits]);
-                    active.sampler.sample(&mut row_logits, &active.tokens)
+                _ => {
+                    // Borrowed, not copied (but for the one row the full-row sampler modifies):
+                    // the runner is not touched until every row is sampled. Every sampling row
+                    // asked for at most the step's k candidates; more changes nothing.
+                    let row = first_row + drafted.unwrap_or(1) - 1;
+                    let token = match output {
+                        StepOutput::TopK(top) => {
+                            let (ids, logits) = top.row(row);
+                            active.sampler.sample_candidates(ids, logits, &active.tokens)
+                        }
+                        StepOutput::Logits(logits) => {
+                            row_logits.clear();
+                            row_logits.extend_from_slice(&logits[row * n_logits..(row + 1) * n_logits]);
+                            active.sampler.sample(&mut row_logits, &active.tokens)
+                        }
+                    };
+                    let decoding = active.generated() > 0;
+                    if let Some(lookup) = active.lookup.as_mut() {
+                        let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
+                        // (The first token comes from the prompt's pass: not a decode step.)
+                        if decoding { lookup.observe_step(&outcome, step_rows, step_ms) } else { lookup.observe_first_token(token) }
+                    }
+                    vec![token]
                 }
             };
-            let decoding = active.generated() > 0;
-            if let Some(lookup) = active.lookup.as_mut() {
-                let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
-                // (The first token comes from the prompt's pass: not a decode step.)
-                if decoding { lookup.observe_step(&outcome, step_ms) } else { lookup.observe_first_token(token) }
-            }
-            let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
-            if !emit.is_empty() {
-                events(SchedulerEvent::Text { id: active.id, delta: emit });
-            }
-            if let Some(reason) = finish {
-                finished.push((*i, reason));
+            for token in tokens {
+                let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
+                if !emit.is_empty() {
+                    events(SchedulerEvent::Text { id: active.id, delta: emit });
+                }
+                if let Some(reason) = finish {
+                    ended.push((*i, Ok(reason)));
+                    break;
+                }
             }
         }
-        self.finish_requests(finished, events);
+        self.finish_requests(ended, events);
     }
 
-    /// Retires the requests at these `running` indices and reports their ends.
-    fn finish_requests(&mut self, mut finished: Vec<(usize, FinishReason)>, events: &mut dyn FnMut(SchedulerEvent)) {
+    /// Retires the requests at these `running` indices and reports how each ended.
+    fn finish_requests(&mut self, mut ended: Vec<(usize, Result<FinishReason>)>, events: &mut dyn FnMut(SchedulerEvent)) {
         // Remove from the back so indices stay valid.
-        finished.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
-        for (i, reason) in finished {
+        ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, end) in ended {
             let active = self.running.remove(i);
             let id = active.id;
-            let (tail, generation) = self.retire(active, reason);
-            if !tail.is_empty() {
-                events(SchedulerEvent::Text { id, delta: tail });
+            match end {
+                Ok(reason) => {
+                    let (tail, generation) = self.retire(active, reason);
+                    if !tail.is_empty() {
+                        events(SchedulerEvent::Text { id, delta: tail });
+                    }
+                    events(SchedulerEvent::Finished { id, generation });
+                }
+                Err(error) => {
+                    self.retire(active, FinishReason::Cancelled);
+                    events(SchedulerEvent::Failed { id, error });
+                }
             }
-            events(SchedulerEvent::Finished { id, generation });
         }
     }
 }

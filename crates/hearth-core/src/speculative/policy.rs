@@ -374,11 +374,8 @@ impl DraftPolicy {
     /// context tokens its source matched; the best prefix is verified, each draft judged by the
     /// copied run it extends. Other proposals are verified all or none.
     pub fn verify_length(&self, available: usize, matched: Option<usize>) -> usize {
-        if !self.adaptive || self.probing || self.steps == 1 {
-            return available;
-        }
-        if self.pass.measured(1).is_none() {
-            return 0;
+        if let Some(forced) = self.forced_length(available) {
+            return forced;
         }
         let plain = 1.0 / self.pass.estimate(1).max(1e-9);
         let rate = |tokens: f64, k: usize| tokens / self.pass.estimate(1 + k).max(1e-9);
@@ -391,17 +388,48 @@ impl DraftPolicy {
         };
         // The prefix with the most expected tokens per ms (ties to the shorter): draft i is kept,
         // given the ones before it were, with the acceptance for a run of matched + i - 1.
-        let runs = self.run_acceptances();
         let (mut best, mut best_rate) = (0, plain);
-        let (mut expected, mut reach) = (1.0, 1.0);
-        for k in 1..=available {
-            reach *= runs[(matched.max(1) + k - 1).min(RUN_CLASSES) - 1];
+        let mut expected = 1.0;
+        for (k, reach) in (1..).zip(self.draft_reach(available, Some(matched))) {
             expected += reach;
             if rate(expected, k) > best_rate * (1.0 + 1e-9) {
                 (best, best_rate) = (k, rate(expected, k));
             }
         }
         best
+    }
+
+    /// The verified length when the costs do not decide it: the whole proposal with a fixed
+    /// length, while probing and on the first step (to measure); none while the plain pass is
+    /// still unmeasured. `None`: the costs decide ([`Self::verify_length`], [`Self::draft_reach`]).
+    pub fn forced_length(&self, available: usize) -> Option<usize> {
+        if !self.adaptive || self.probing || self.steps == 1 {
+            return Some(available);
+        }
+        self.pass.measured(1).is_none().then_some(0)
+    }
+
+    /// For each draft i of a proposal of `available` (`matched` as in [`Self::verify_length`]),
+    /// the estimated probability that drafts 0..=i are all kept: what verifying i + 1 of them
+    /// adds to the expected tokens of a pass. For a scheduler weighing several requests' drafts
+    /// in one pass.
+    pub fn draft_reach(&self, available: usize, matched: Option<usize>) -> Vec<f64> {
+        let mut reach = 1.0;
+        match matched {
+            Some(matched) => {
+                let runs = self.run_acceptances();
+                (1..=available).map(|k| { reach *= runs[(matched.max(1) + k - 1).min(RUN_CLASSES) - 1]; reach }).collect()
+            }
+            None => {
+                let p = self.acceptance_for(available);
+                (0..available).map(|_| { reach *= p; reach }).collect()
+            }
+        }
+    }
+
+    /// The estimated ms of a pass of `width` rows (measured, or from the measured widths).
+    pub fn pass_ms(&self, width: usize) -> f64 {
+        self.pass.estimate(width)
     }
 
     /// Drafting `requested` tokens took `ms`.
