@@ -8,8 +8,13 @@ reports the best rep of each. Decode tok/s is measured by the client: the tokens
 over the time from the first streamed text to the last. The answers must be equal (greedy).
 The lookup server carries its draft policy from request to request, as in real use.
 
-Usage: scripts/bench_serve_lookup.py [path/to/hearth] [max tokens] [reps] [system prompt]
+With CONCURRENCY=C (C > 1) in the environment, each server instead gets all the prompts at once,
+C in flight at a time, and a row reports its throughput: the answers' tokens over the wall time
+from the first request to the last answer (prompt reads included), the best of REPS.
+
+Usage: [CONCURRENCY=C] scripts/bench_serve_lookup.py [path/to/hearth] [max tokens] [reps] [system prompt]
 """
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -65,10 +70,44 @@ def ask(address, user):
             "accepted": details.get("accepted_prediction_tokens"), "rejected": details.get("rejected_prediction_tokens")}
 
 
+def in_flight(prompts, plain_address, lookup_address, concurrency):
+    """Throughput of each server on all the prompts, `concurrency` requests in flight."""
+    best = {}
+    for _ in range(REPS):
+        answers = {}
+        for mode, address in (("plain", plain_address), ("lookup", lookup_address)):
+            started = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+                results = list(pool.map(lambda path: ask(address, path.read_text()), prompts))
+            seconds = time.perf_counter() - started
+            answers[mode] = [r["text"] for r in results]
+            tokens = sum(r["tokens"] for r in results)
+            accepted = sum(r["accepted"] or 0 for r in results)
+            verified = accepted + sum(r["rejected"] or 0 for r in results)
+            if mode not in best or tokens / seconds > best[mode][0]:
+                best[mode] = (tokens / seconds, tokens, seconds, accepted, verified)
+        if answers["plain"] != answers["lookup"]:
+            sys.exit("the lookup server's answers differ from the plain server's")
+    print(f"| {concurrency} in flight | tokens | seconds | tok/s | vs plain | drafts accepted / verified |")
+    print("|---|---|---|---|---|---|")
+    for mode in ("plain", "lookup"):
+        rate, tokens, seconds, accepted, verified = best[mode]
+        drafts = f"{accepted} / {verified}" if mode == "lookup" else "-"
+        print(f"| {mode} | {tokens} | {seconds:.1f} | {rate:.1f} | {rate / best['plain'][0]:.2f}x | {drafts} |")
+
+
 def main():
     prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
     plain, plain_address = start([])
     lookup, lookup_address = start(["--lookup"])
+    concurrency = int(os.environ.get("CONCURRENCY", "1"))
+    if concurrency > 1:
+        try:
+            in_flight([p for p in prompts if p.stem.startswith("code")], plain_address, lookup_address, concurrency)
+        finally:
+            plain.kill()
+            lookup.kill()
+        return
     try:
         best = {}
         for _ in range(REPS):

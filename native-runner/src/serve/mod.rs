@@ -51,9 +51,9 @@ pub struct ServeArgs {
     #[arg(long = "max-stall", default_value_t = 2.0)]
     pub max_stall: f64,
     /// Speculative decoding by prompt lookup for every request: drafts copied from the request's
-    /// prompt and output, verified in the pass that decodes it (greedy outputs are unchanged).
-    /// A request drafts while it decodes alone; with several decoding at once, the batch fills
-    /// the passes. Fastest on edits and rewrites, where the answer copies the prompt.
+    /// prompt and output, verified in the pass that decodes it (greedy outputs are unchanged),
+    /// as many as pay at the measured pass costs, weighed across the requests of each step.
+    /// Fastest on edits and rewrites, where the answer copies the prompt.
     #[arg(long)]
     pub lookup: bool,
     /// With --lookup: most draft tokens per step (default 15); each step verifies as many as

@@ -10,9 +10,9 @@
 //! Results do not depend on batching or chunking: every op is row-independent on the backends,
 //! and attention gives a key the same weight whichever step stored it (tests/kv_paging.rs).
 //!
-//! With [`SchedulerOptions::lookup`], a request that decodes alone in a step also verifies the
-//! drafts prompt lookup copies from its prompt and output ([`lookup`]); greedy outputs stay the
-//! same token for token.
+//! With [`SchedulerOptions::lookup`], in steps that only decode each request also verifies the
+//! drafts prompt lookup copies from its prompt and output, weighed across the step's requests
+//! ([`lookup`]); greedy outputs stay the same token for token.
 
 mod lookup;
 mod request;
@@ -45,7 +45,7 @@ pub struct SchedulerOptions {
     /// a newly arrived prompt causes. 1.0 admits a single 16-token granule per step.
     pub max_stall: f64,
     /// Speculative decoding by prompt lookup for every request, with these draft bounds (None:
-    /// off). A request drafts in the steps where it decodes alone; see [`lookup`].
+    /// off). Requests draft in the steps that only decode; see [`lookup`].
     pub lookup: Option<SpeculativeOptions>,
 }
 
