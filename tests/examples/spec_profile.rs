@@ -10,7 +10,8 @@
 //! lookup under the policy on every prompt there, without timing anything; with `ORACLE=1` also
 //! the least time any choice of verified lengths could take with the same proposals, and fixed
 //! caps on the verified length; with `DUMP_DIR=<dir>` also each prompt's tokens and greedy output
-//! there (`<prompt>.txt`: two lines of token ids), for offline analysis.
+//! there (`<prompt>.txt`: two lines of token ids), for offline analysis; with `WARM=1` each prompt
+//! starts from the policy the previous one ended with, as in `hearth serve` and `hearth chat`.
 
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
@@ -172,7 +173,8 @@ fn main() {
             // The default lookup under the default cost-driven policy, its observed pass costs
             // disturbed by a multiplicative noise of up to ±NOISE (a shared machine).
             for noise in [0.0, 0.2, 0.5] {
-                let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, &costs, noise);
+                let mut policy = DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 15, adaptive: true });
+                let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, &costs, noise);
                 eprintln!("policy (noise {noise}): {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
             }
         }
@@ -260,6 +262,7 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
     let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     paths.sort();
     let (mut plain_total, mut lookup_total, mut oracle_total) = (0.0, 0.0, 0.0);
+    let mut carried: Option<DraftPolicy> = None;
     for path in paths {
         let prompt = chat_prompt(target, &std::fs::read_to_string(&path).expect("prompt"));
         target.session_mut().reset();
@@ -270,7 +273,13 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
             let text = format!("{:?}\n{:?}\n", prompt, plain.tokens);
             std::fs::write(format!("{dump}/{name}.txt"), text).expect("dump");
         }
-        let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs, 0.0);
+        // WARM=1: each prompt starts from the policy the last one ended with (hearth serve, chat).
+        let mut policy = match (&carried, std::env::var("WARM").is_ok()) {
+            (Some(last), true) => last.for_next_request(),
+            _ => DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 15, adaptive: true }),
+        };
+        let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, costs, 0.0);
+        carried = Some(policy);
         let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
         let code = name.starts_with("code");
         if code {
@@ -347,11 +356,10 @@ fn simulate_policy(
     lookup: &PromptLookup,
     prompt: &[u32],
     output: &[u32],
-    k: usize,
+    policy: &mut DraftPolicy,
     costs: &[f64],
     noise: f64,
 ) -> (usize, usize, usize, f64) {
-    let mut policy = DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: k, adaptive: true });
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut jitter = move || {
         state ^= state << 13;
