@@ -129,10 +129,7 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     let want_copy = solo_outputs(std::slice::from_ref(&copying), copy_tokens).remove(0);
     let want_others = solo_outputs(&others, other_tokens);
 
-    let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 4, ..EngineOptions::default() };
-    let (_, runner) = cpu_runner(QWEN_05B, &options);
-    let lookup = Some(SpeculativeOptions::lookup());
-    let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() });
+    let mut s = lookup_scheduler(4, None);
 
     // Alone: the copy is drafted and verified, with the tokens of plain decoding.
     let id = s.submit(copying.clone(), greedy(copy_tokens)).expect("submit");
@@ -145,8 +142,9 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     assert!(speculative.accepted > 0, "no copied draft was accepted: {speculative:?}");
     assert!(speculative.target_forward_passes < copy_tokens - 1, "every token took its own pass: {speculative:?}");
 
-    // In a batch: two copies and two other requests decode together, each copy's drafts weighed
-    // against the shared step's cost (the policy now knows this machine's pass costs).
+    // In a batch, on a new scheduler (no pass measured alone): two copies and two other requests
+    // decode together, each copy's drafts weighed against the shared step's cost.
+    let mut s = lookup_scheduler(4, None);
     let copy_ids: Vec<RequestId> = (0..2).map(|_| s.submit(copying.clone(), greedy(copy_tokens)).expect("submit")).collect();
     let other_ids: Vec<RequestId> = others.iter().map(|p| s.submit(p.clone(), greedy(other_tokens)).expect("submit")).collect();
     let mut shared_steps_with_drafts = 0;
@@ -168,10 +166,45 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 
+/// A scheduler whose requests all use prompt lookup (its default draft bounds).
+fn lookup_scheduler(max_batch: usize, kv_memory: Option<u64>) -> Scheduler {
+    let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: max_batch, kv_memory, ..EngineOptions::default() };
+    let (file, runner) = cpu_runner(QWEN_05B, &options);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let lookup = Some(SpeculativeOptions::lookup());
+    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() })
+}
+
+/// Drafts need KV blocks too: in a pool too small for every request at full length, steps whose
+/// drafts do not fit go without them, requests are preempted with drafts planned, and the tokens
+/// are still those of the solo runs, with no block leaked.
+#[test]
+fn lookup_in_a_tight_pool_keeps_the_tokens_and_leaks_nothing() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let copying = copying_prompt(&tokenizer, "def merge_counts(");
+    let max_tokens = 48;
+    let want = solo_outputs(std::slice::from_ref(&copying), max_tokens).remove(0);
+    let probe = scheduler(1, None);
+    let per_token = probe.runner().kv_layout().bytes_per_token() as u64;
+    drop(probe);
+    let full = (copying.len() + max_tokens) as u64;
+    // Room for one request at full length and a half: the second waits or is preempted.
+    let mut s = lookup_scheduler(3, Some(per_token * (3 * full / 2)));
+    let ids: Vec<RequestId> = (0..3).map(|_| s.submit(copying.clone(), greedy(max_tokens)).expect("submit")).collect();
+    let (done, _) = run(&mut s, |_, _| {});
+    for id in &ids {
+        assert_eq!(done[id].tokens, want, "request {id}: tokens differ from the solo run");
+    }
+    let stats = s.stats();
+    assert_eq!(stats.kv_blocks_used, 0, "KV blocks leaked");
+    eprintln!("preemptions: {}, drafts: {:?}", stats.preemptions, ids.iter().map(|id| done[id].speculative.as_ref().map(|m| m.accepted)).collect::<Vec<_>>());
+}
+
 /// With sampling, lookup's drafts go through rejection sampling: the tokens decided by a
 /// verification pass follow the distribution of plain sampling. Many seeded runs of the
-/// copying prompt, each verifying its first decode step's draft (a fresh policy verifies its
-/// first proposal), against as many plain runs: a chi-square test of homogeneity of the second
+/// copying prompt, each verifying its first decode step's draft (a fixed draft length verifies
+/// every proposal), against as many plain runs: a chi-square test of homogeneity of the second
 /// token (the draft's position). Temperature 1.5 flattens the copy's odds so that a rule that
 /// kept drafts too often would show.
 #[test]
@@ -198,7 +231,7 @@ fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
         (counts, verified)
     };
     let (plain, _) = second_tokens(None);
-    // A fresh policy per run: each verifies its first proposal (the second token's draft).
+    // A fixed draft length: every run verifies its first proposal (the second token's draft).
     let (lookup, verified) = second_tokens(Some(SpeculativeOptions { max_draft_tokens: 1, adaptive: false }));
     assert!(verified >= runs as usize / 2, "only {verified} drafts verified in {runs} runs");
     // Tokens seen at least 5 times in all, the rest pooled.

@@ -261,7 +261,7 @@ impl Runner {
 const MAX_GRAPHS: usize = 24;
 
 /// Positions kept past a sliding window so that rolling back a rejected draft still finds keys.
-const ROLLBACK_MARGIN: usize = 64;
+pub const ROLLBACK_MARGIN: usize = 64;
 
 /// Block counts per group: from `kv_memory` when given, else room for `max_sequences` full
 /// contexts. Windowed groups only ever hold about a window per sequence.

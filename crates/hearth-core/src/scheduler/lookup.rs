@@ -68,11 +68,11 @@ impl RequestLookup {
         self.policy.verify_length(self.unverified.len(), self.matched)
     }
 
-    /// The proposal as [`joint_lengths`] weighs it: the length the policy forces, if any, and
-    /// each draft's estimated reach.
-    pub fn weighed(&self) -> (Option<usize>, Vec<f64>) {
+    /// The proposal as [`joint_lengths`] weighs it in a step of `plain_width` rows without
+    /// drafts: the length the policy forces, if any, and each draft's estimated reach.
+    pub fn weighed(&self, plain_width: usize) -> (Option<usize>, Vec<f64>) {
         let available = self.unverified.len();
-        (self.policy.forced_length(available), self.policy.draft_reach(available, self.matched))
+        (self.policy.forced_length(available, plain_width), self.policy.draft_reach(available, self.matched))
     }
 
     /// The estimated ms of a pass of `width` rows, as this request's policy measured them.
@@ -97,8 +97,10 @@ impl RequestLookup {
 
     /// The step goes without the planned drafts (the KV pool had no room for them).
     pub fn drop_drafts(&mut self) {
-        let drafts: Vec<u32> = self.batch.drain(1..).chain(self.unverified.drain(..)).collect();
-        self.unverified = drafts;
+        if self.batch.len() > 1 {
+            let drafts: Vec<u32> = self.batch.drain(1..).chain(self.unverified.drain(..)).collect();
+            self.unverified = drafts;
+        }
     }
 
     /// Checks the planned drafts against the step's output rows from `first_row` on (logits

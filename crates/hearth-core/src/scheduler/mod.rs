@@ -25,7 +25,7 @@ use crate::block_on::block_on;
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
-use crate::runner::{BatchEntry, Runner, StepOutput};
+use crate::runner::{BatchEntry, Runner, StepOutput, ROLLBACK_MARGIN};
 use crate::speculative::verify::VerificationOutcome;
 use crate::speculative::{DraftPolicy, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
@@ -33,6 +33,10 @@ use lookup::RequestLookup;
 use request::Active;
 use std::collections::VecDeque;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
+
+/// The most drafts a request verifies in one step, whatever `--draft-tokens` says: rejected ones
+/// are rolled back, and a sliding-window model keeps only this many positions past its window.
+const MAX_DRAFT_ROWS: usize = ROLLBACK_MARGIN;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
@@ -191,7 +195,10 @@ impl Scheduler {
         let lookup = active.lookup.take();
         let (tail, mut generation) = active.finish(reason);
         if let Some(lookup) = lookup {
-            self.lookup_policy = Some(lookup.policy().for_next_request());
+            // (A request that never decoded learnt nothing: it keeps no older snapshot.)
+            if lookup.metrics.target_forward_passes > 0 {
+                self.lookup_policy = Some(lookup.policy().for_next_request());
+            }
             generation.speculative = Some(lookup.metrics);
         }
         (tail, generation)
@@ -342,7 +349,7 @@ impl Scheduler {
                     // No room for the drafts: the step goes without them.
                     drafts_allowed = false;
                     for (i, _) in &plan {
-                        if let Some(lookup) = self.running[*i].lookup.as_mut() {
+                        if let Some(lookup) = self.running[*i].lookup.as_mut().filter(|l| l.planned()) {
                             lookup.drop_drafts();
                         }
                     }
@@ -415,9 +422,15 @@ impl Scheduler {
             let active = &mut self.running[*i];
             let generated = active.generated();
             let Some(lookup) = active.lookup.as_mut().filter(|_| generated > 0) else { continue };
-            // Each step yields accepted + 1 tokens and stores 1 + verified drafts.
-            let room = active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
-            lookup.propose(&active.tokens, room);
+            if lookup.planned() {
+                // A retry of this step (a request was preempted): the same proposal, decided anew.
+                lookup.drop_drafts();
+            } else {
+                // Each step yields accepted + 1 tokens and stores 1 + verified drafts; a rejected
+                // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
+                let room = active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
+                lookup.propose(&active.tokens, room.min(MAX_DRAFT_ROWS));
+            }
             proposing.push(*i);
         }
         let lookups: Vec<&RequestLookup> = proposing.iter().filter_map(|&i| self.running[i].lookup.as_deref()).collect();
@@ -425,7 +438,7 @@ impl Scheduler {
             [] => return false,
             [alone] if plan.len() == 1 => vec![alone.solo_length()],
             [first, ..] => {
-                let weighed: Vec<_> = lookups.iter().map(|l| l.weighed()).collect();
+                let weighed: Vec<_> = lookups.iter().map(|l| l.weighed(plan.len())).collect();
                 lookup::joint_lengths(&weighed, plan.len() - lookups.len(), |rows| first.pass_ms(rows))
             }
         };

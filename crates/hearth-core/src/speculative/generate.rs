@@ -11,7 +11,7 @@ use crate::block_on::block_on;
 use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
 use crate::error::{CoreError, Result};
 use crate::backend::Readback;
-use crate::runner::StepOutput;
+use crate::runner::{StepOutput, ROLLBACK_MARGIN};
 use crate::sampling::Sampler;
 
 impl Engine {
@@ -151,7 +151,9 @@ impl Engine {
                 break FinishReason::ContextFull;
             }
             // Each step yields accepted + 1 tokens and evaluates 1 + verified drafts.
-            let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1);
+            // (At most ROLLBACK_MARGIN drafts: rejected ones are rolled back, and a sliding-window
+            // model keeps only that many positions past its window.)
+            let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1).min(ROLLBACK_MARGIN);
             // Free drafts first (a `LookupThen`'s prompt lookup): verified as far as that pays,
             // and the costly drafter then sits the step out; else kept to be scored as the
             // target's tokens come.

@@ -374,7 +374,7 @@ impl DraftPolicy {
     /// context tokens its source matched; the best prefix is verified, each draft judged by the
     /// copied run it extends. Other proposals are verified all or none.
     pub fn verify_length(&self, available: usize, matched: Option<usize>) -> usize {
-        if let Some(forced) = self.forced_length(available) {
+        if let Some(forced) = self.forced_length(available, 1) {
             return forced;
         }
         let plain = 1.0 / self.pass.estimate(1).max(1e-9);
@@ -400,13 +400,14 @@ impl DraftPolicy {
     }
 
     /// The verified length when the costs do not decide it: the whole proposal with a fixed
-    /// length, while probing and on the first step (to measure); none while the plain pass is
-    /// still unmeasured. `None`: the costs decide ([`Self::verify_length`], [`Self::draft_reach`]).
-    pub fn forced_length(&self, available: usize) -> Option<usize> {
+    /// length, while probing and on the first step (to measure); none while the pass without
+    /// drafts (`plain_width` rows: 1 alone, more in a batch) is still unmeasured. `None`: the
+    /// costs decide ([`Self::verify_length`], [`Self::draft_reach`]).
+    pub fn forced_length(&self, available: usize, plain_width: usize) -> Option<usize> {
         if !self.adaptive || self.probing || self.steps == 1 {
             return Some(available);
         }
-        self.pass.measured(1).is_none().then_some(0)
+        self.pass.measured(plain_width).is_none().then_some(0)
     }
 
     /// For each draft i of a proposal of `available` (`matched` as in [`Self::verify_length`]),
