@@ -162,7 +162,9 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     for (i, id) in other_ids.iter().enumerate() {
         assert_eq!(done[id].tokens, want_others[i], "request {i}: tokens differ from the solo run");
     }
-    assert!(shared_steps_with_drafts > 0, "no step verified drafts for requests decoding together");
+    // (More than the first step, which every new policy verifies in full to measure it.)
+    eprintln!("steps with drafts and 2+ requests decoding: {shared_steps_with_drafts}");
+    assert!(shared_steps_with_drafts >= 3, "drafts were verified in {shared_steps_with_drafts} steps of requests decoding together");
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 
