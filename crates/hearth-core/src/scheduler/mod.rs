@@ -520,8 +520,9 @@ impl Scheduler {
                 }
                 _ => {
                     // Borrowed, not copied (but for the one row the full-row sampler modifies):
-                    // the runner is not touched until every row is sampled. Every sampling row
-                    // asked for at most the step's k candidates; more changes nothing.
+                    // the step's outputs stay as they are until every row is read (truncating a
+                    // request's KV leaves them). Every sampling row asked for at most the step's
+                    // k candidates; more changes nothing.
                     let row = first_row + drafted.unwrap_or(1) - 1;
                     let token = match output {
                         StepOutput::TopK(top) => {
