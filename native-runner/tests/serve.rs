@@ -287,6 +287,25 @@ fn lookup_keeps_outputs_and_reports_accepted_drafts() {
 }
 
 #[test]
+fn a_predicted_output_is_drafted_from_without_lookup() {
+    let addr = server();
+    let run = hearth_run(&["--chat", "--system", SYSTEM, "-p", QUESTION, "-n", "32", "--temperature", "0"]);
+    let expected = run["text"].as_str().expect("text");
+    // OpenAI's predicted output: the answer the client expects (here, exactly the answer).
+    let r = post(addr, "/v1/chat/completions", &chat_body(32, json!({"prediction": {"type": "content", "content": expected}})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    assert_eq!(answer["choices"][0]["message"]["content"], expected, "a prediction changed the greedy answer");
+    let accepted = answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64().expect("accepted_prediction_tokens");
+    assert!(accepted > 0, "{}", answer["usage"]);
+    let parts = json!({"prediction": {"type": "content", "content": [{"type": "text", "text": expected}]}});
+    assert_eq!(post(addr, "/v1/chat/completions", &chat_body(32, parts)).json()["choices"][0]["message"]["content"], expected);
+    for bad in [json!({"type": "text", "content": "x"}), json!({"type": "content", "content": 5}), json!("x")] {
+        assert_error(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"prediction": bad}))), 400, None, Some("prediction"));
+    }
+}
+
+#[test]
 fn draft_tokens_without_lookup_is_refused() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(["serve", "-m", MODEL, "--port", "0", "--draft-tokens", "4"])

@@ -45,6 +45,14 @@ def main() -> None:
     assert finish == chat.choices[0].finish_reason, (finish, chat.choices[0].finish_reason)
     assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage
 
+    # A predicted output (OpenAI's `prediction`): the same greedy text, its drafts counted.
+    predicted = client.chat.completions.create(
+        model=args.model, messages=MESSAGES, max_tokens=24, temperature=0, prediction={"type": "content", "content": text}
+    )
+    assert predicted.choices[0].message.content == text, (predicted.choices[0].message.content, text)
+    details = predicted.usage.completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens > 0, predicted.usage
+
     # Completions, streamed and not.
     comp = client.completions.create(model=args.model, prompt="def fibonacci(n):", max_tokens=16, temperature=0)
     comp_text = comp.choices[0].text

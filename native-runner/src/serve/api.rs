@@ -49,6 +49,8 @@ struct RequestBody {
     stream_options: Option<StreamOptions>,
     n: Option<i64>,
     logprobs: Option<Value>,
+    /// OpenAI's predicted output: `{"type": "content", "content": text or text parts}`.
+    prediction: Option<Value>,
     /// Extension (as in llama-server): keep generating through end-of-generation tokens, so a
     /// request yields exactly `max_tokens` tokens (for benchmarks).
     ignore_eos: Option<bool>,
@@ -68,6 +70,8 @@ pub struct GenerationRequest {
     pub options: GenerateOptions,
     pub stream: bool,
     pub include_usage: bool,
+    /// Text the answer is expected to repeat (OpenAI's predicted output): drafts are copied from it.
+    pub prediction: Option<String>,
 }
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -121,6 +125,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         return Err(ApiError::bad_request("Stop sequences must not be empty.", Some("stop"), None));
     }
     let stream = body.stream.unwrap_or(false);
+    let prediction = parse_prediction(body.prediction.as_ref())?;
     Ok(GenerationRequest {
         model: body.model,
         prompt,
@@ -128,7 +133,29 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         options: GenerateOptions { max_tokens: 0, sampling, stop, ignore_eos: body.ignore_eos.unwrap_or(false) },
         stream,
         include_usage: stream && body.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        prediction,
     })
+}
+
+/// `{"type": "content", "content": "..."}`, the content also as a list of text parts; null: none.
+fn parse_prediction(prediction: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let bad = |m: &str| ApiError::bad_request(m, Some("prediction"), None);
+    let Some(prediction) = prediction.filter(|p| !p.is_null()) else { return Ok(None) };
+    if prediction.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(bad("prediction must be {\"type\": \"content\", \"content\": ...}."));
+    }
+    match prediction.get("content") {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(text)) => Ok(text),
+                _ => Err(bad("prediction content parts must be {\"type\": \"text\", \"text\": ...}.")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|texts| Some(texts.concat())),
+        _ => Err(bad("prediction.content must be a string or a list of text parts.")),
+    }
 }
 
 fn in_range(value: Option<f32>, default: f32, low: f32, high: f32, param: &str) -> Result<f32, ApiError> {

@@ -29,12 +29,12 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         }
     }
     let (stream, include_usage) = (parsed.stream, parsed.include_usage);
-    let (prompt, options) = match state.prompter.prepare(&parsed) {
+    let (prompt, options, prediction) = match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
         Ok(prepared) => prepared,
         Err(e) => return respond_error(request, &e),
     };
     let (sender, events) = mpsc::channel();
-    if let Err(e) = state.queue.submit(Job { prompt, options, events: sender, received }) {
+    if let Err(e) = state.queue.submit(Job { prompt, prediction, options, events: sender, received }) {
         return respond_error(request, &e);
     }
     // Nothing is sent before the scheduler admits the prompt, so its errors keep their status.

@@ -30,6 +30,8 @@ pub enum Event {
 /// A tokenized request that fits the context, ready for the scheduler.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// The predicted output's tokens, if the request gave one.
+    pub prediction: Option<Vec<u32>>,
     pub options: GenerateOptions,
     pub events: Sender<Event>,
     pub received: Instant,
@@ -45,6 +47,17 @@ pub struct Prompter {
 }
 
 impl Prompter {
+    /// The predicted output's tokens (as the text would read inside the answer: no special
+    /// tokens, no BOS).
+    pub fn prediction(&self, request: &GenerationRequest) -> Result<Option<Vec<u32>>, ApiError> {
+        let Some(text) = &request.prediction else { return Ok(None) };
+        let tokens = self
+            .tokenizer
+            .encode(text, false, false)
+            .map_err(|e| ApiError::bad_request(format!("Cannot tokenize the prediction: {e}"), Some("prediction"), None))?;
+        Ok(Some(tokens))
+    }
+
     /// The prompt tokens and the options with `max_tokens` resolved: as asked, or the rest of
     /// the context.
     pub fn prepare(&self, request: &GenerationRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
@@ -185,7 +198,7 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
 fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight>, job: Job, metrics: &Metrics) {
     metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
     let prompt_tokens = job.prompt.len();
-    match scheduler.submit(job.prompt, job.options) {
+    match scheduler.submit_predicted(job.prompt, job.options, job.prediction) {
         Ok(id) => {
             let queued_s = job.received.elapsed().as_secs_f64();
             in_flight.insert(id, InFlight { events: job.events, queued_s, prompt_tokens });

@@ -17,6 +17,8 @@ use crate::speculative::{verify_readback, DraftPolicy, PromptLookup, Proposal, S
 
 pub(super) struct RequestLookup {
     lookup: PromptLookup,
+    /// Text the client expects the answer to repeat (OpenAI's predicted output), copied from too.
+    reference: Vec<u32>,
     policy: DraftPolicy,
     pub metrics: SpeculativeMetrics,
     /// Accepts or rejects drafts when sampling (unused when greedy).
@@ -31,9 +33,10 @@ pub(super) struct RequestLookup {
 }
 
 impl RequestLookup {
-    pub fn new(policy: DraftPolicy, seed: u64) -> Self {
+    pub fn new(policy: DraftPolicy, seed: u64, reference: Vec<u32>) -> Self {
         RequestLookup {
             lookup: PromptLookup::default(),
+            reference,
             policy,
             metrics: SpeculativeMetrics::default(),
             rng: verification_rng(seed),
@@ -56,7 +59,7 @@ impl RequestLookup {
         let Some(&pending) = context.last() else { return };
         let budget = self.policy.request().min(room);
         let drafting = Instant::now();
-        let proposal = if budget > 0 { self.lookup.proposal(context, budget) } else { Proposal::default() };
+        let proposal = if budget > 0 { self.lookup.proposal_with(context, &self.reference, budget) } else { Proposal::default() };
         self.policy.observe_draft(budget, ms(drafting));
         (self.unverified, self.matched, self.budget, self.planned) = (proposal.tokens, proposal.matched, budget, true);
         self.batch.clear();

@@ -137,6 +137,13 @@ impl Scheduler {
 
     /// Queues a request. Errors at once for what can never run (empty or too long prompt).
     pub fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> Result<RequestId> {
+        self.submit_predicted(prompt, options, None)
+    }
+
+    /// [`Self::submit`] with `prediction`, tokens the caller expects the answer to repeat (OpenAI's
+    /// predicted output, e.g. the code being edited): the request drafts by prompt lookup, from its
+    /// context and the prediction, with or without [`SchedulerOptions::lookup`].
+    pub fn submit_predicted(&mut self, prompt: Vec<u32>, options: GenerateOptions, prediction: Option<Vec<u32>>) -> Result<RequestId> {
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
@@ -145,15 +152,20 @@ impl Scheduler {
             return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: n_ctx });
         }
         let n_vocab = self.runner.config().n_vocab;
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        if let Some(&bad) = prompt.iter().chain(prediction.iter().flatten()).find(|&&t| t as usize >= n_vocab) {
             return Err(CoreError::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
         }
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        if let Some(speculative) = &self.options.lookup {
-            let policy = self.lookup_policy.as_ref().map_or_else(|| DraftPolicy::new(speculative), DraftPolicy::for_next_request);
-            active.lookup = Some(Box::new(RequestLookup::new(policy, active.options.sampling.seed)));
+        let speculative = match (&self.options.lookup, &prediction) {
+            (Some(speculative), _) => Some(speculative.clone()),
+            (None, Some(_)) => Some(SpeculativeOptions::lookup()),
+            (None, None) => None,
+        };
+        if let Some(speculative) = speculative {
+            let policy = self.lookup_policy.as_ref().map_or_else(|| DraftPolicy::new(&speculative), DraftPolicy::for_next_request);
+            active.lookup = Some(Box::new(RequestLookup::new(policy, active.options.sampling.seed, prediction.unwrap_or_default())));
         }
         self.waiting.push_back(active);
         Ok(id)

@@ -80,6 +80,43 @@ impl PromptLookup {
     }
 }
 
+impl PromptLookup {
+    /// The longest suffix of `context` (as [`Self::longest_suffix_match`]) that also occurs in
+    /// `reference`, with at least one reference token after it; `follow` indexes `reference`.
+    pub fn longest_match_in(&self, context: &[u32], reference: &[u32]) -> Option<SuffixMatch> {
+        let &last = context.last()?;
+        let max_ngram = self.max_ngram.max(1);
+        let mut best: Option<SuffixMatch> = None;
+        for end in (0..reference.len().saturating_sub(1)).rev() {
+            if reference[end] != last {
+                continue;
+            }
+            let matched = (0..max_ngram.min(end + 1).min(context.len())).take_while(|&i| reference[end - i] == context[context.len() - 1 - i]).count();
+            if best.is_none_or(|b| matched > b.len) {
+                best = Some(SuffixMatch { follow: end + 1, len: matched });
+                if matched == max_ngram {
+                    break;
+                }
+            }
+        }
+        best.filter(|b| b.len >= self.min_ngram.max(1))
+    }
+
+    /// [`Self::proposal`] that also copies from `reference`, text the caller expects the output
+    /// to repeat (OpenAI's predicted output): the longer match wins, the reference's on a tie.
+    pub fn proposal_with(&self, context: &[u32], reference: &[u32], max_tokens: usize) -> Proposal {
+        let in_reference = self.longest_match_in(context, reference).filter(|_| max_tokens > 0);
+        let in_context = self.longest_suffix_match(context);
+        match in_reference {
+            Some(found) if in_context.is_none_or(|c| found.len >= c.len) => {
+                let end = reference.len().min(found.follow + max_tokens);
+                Proposal { tokens: reference[found.follow..end].to_vec(), matched: Some(found.len), ..Proposal::default() }
+            }
+            _ => self.proposal(context, max_tokens),
+        }
+    }
+}
+
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max_tokens: usize, _sampling: &SamplingParams) -> Result<Proposal> {
         Ok(self.proposal(context, max_tokens))
@@ -137,6 +174,26 @@ mod tests {
         // The continuation ends at the end of the context.
         let context = [1, 2, 3, 1, 2];
         assert_eq!(drafts(&lookup, &context, 16), vec![3, 1, 2]);
+    }
+
+    #[test]
+    fn a_reference_is_copied_where_it_matches_longer() {
+        let lookup = PromptLookup::default();
+        // The context's suffix [5, 6] is in the reference, followed by 7, 8; in the context
+        // itself only [6] matched before (followed by 9).
+        let context = [6, 9, 1, 5, 6];
+        let reference = [4, 5, 6, 7, 8];
+        let proposal = lookup.proposal_with(&context, &reference, 4);
+        assert_eq!((proposal.tokens, proposal.matched), (vec![7, 8], Some(2)));
+        // A longer match in the context wins.
+        let context = [1, 2, 3, 9, 1, 2, 3];
+        let proposal = lookup.proposal_with(&context, &[3, 4], 4);
+        assert_eq!((proposal.tokens, proposal.matched), (vec![9, 1, 2, 3], Some(3)));
+        // Nothing in the reference: the context's own proposal; an empty reference changes nothing.
+        assert_eq!(lookup.proposal_with(&[1, 2, 1], &[7, 8], 3), lookup.proposal(&[1, 2, 1], 3));
+        assert_eq!(lookup.proposal_with(&[1, 2, 1], &[], 3), lookup.proposal(&[1, 2, 1], 3));
+        // The reference's last token has nothing after it.
+        assert!(lookup.proposal_with(&[9, 8], &[8], 3).tokens.is_empty());
     }
 
     #[test]
