@@ -87,7 +87,7 @@ impl RequestLookup {
     /// request's rows (the pending token, then those drafts). Returns whether there are drafts.
     pub fn commit(&mut self, verify: usize) -> bool {
         let rest = self.unverified.split_off(verify.min(self.unverified.len()));
-        self.batch.extend(self.unverified.drain(..));
+        self.batch.append(&mut self.unverified);
         self.unverified = rest;
         self.batch.len() > 1
     }
