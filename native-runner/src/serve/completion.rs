@@ -116,8 +116,8 @@ struct PromptTokens {
     cached: usize,
 }
 
-/// OpenAI's usage object; with `--lookup`, the draft tokens accepted and rejected go where OpenAI
-/// reports those of a predicted output.
+/// OpenAI's usage object; with `--lookup` or a predicted output, the draft tokens accepted and
+/// rejected go where OpenAI reports those of a predicted output.
 fn usage(prompt: PromptTokens, g: &Generation) -> Value {
     let completion = g.tokens.len();
     let mut usage = json!({

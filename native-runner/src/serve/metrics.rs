@@ -47,7 +47,7 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
-    /// Prompt lookup's draft tokens verified, and accepted (`hearth serve --lookup`).
+    /// Prompt lookup's draft tokens verified, and accepted (`--lookup`, predicted outputs).
     pub draft_tokens: AtomicU64,
     pub draft_tokens_accepted: AtomicU64,
     /// Requests accepted and not yet answered (queued, waiting or generating).
@@ -130,8 +130,8 @@ impl Metrics {
             ("hearth_requests_cancelled_total", "Generations cancelled because the client went away.", &self.cancelled),
             ("hearth_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens),
             ("hearth_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
-            ("hearth_draft_tokens_total", "Prompt lookup's draft tokens verified (--lookup).", &self.draft_tokens),
-            ("hearth_draft_tokens_accepted_total", "Prompt lookup's draft tokens accepted (--lookup).", &self.draft_tokens_accepted),
+            ("hearth_draft_tokens_total", "Prompt lookup's draft tokens verified (--lookup, predicted outputs).", &self.draft_tokens),
+            ("hearth_draft_tokens_accepted_total", "Prompt lookup's draft tokens accepted (--lookup, predicted outputs).", &self.draft_tokens_accepted),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));

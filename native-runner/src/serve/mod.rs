@@ -56,8 +56,8 @@ pub struct ServeArgs {
     /// Fastest on edits and rewrites, where the answer copies the prompt.
     #[arg(long)]
     pub lookup: bool,
-    /// With --lookup: most draft tokens per step (default 15); each step verifies as many as
-    /// pay at the measured pass costs.
+    /// With --lookup: most draft tokens per step (default 15, at most 64 are used); each step
+    /// verifies as many as pay at the measured pass costs.
     #[arg(long = "draft-tokens")]
     pub draft_tokens: Option<usize>,
 }

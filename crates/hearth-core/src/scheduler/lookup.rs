@@ -1,6 +1,6 @@
-//! Prompt lookup speculation inside the batching scheduler (`hearth serve --lookup`): each
-//! decoding request's drafts, copied from its own prompt and output, verified in the pass that
-//! decodes it.
+//! Prompt lookup speculation inside the batching scheduler (`hearth serve --lookup`, or a request
+//! with a predicted output): each decoding request's drafts, copied from its own prompt and output
+//! (and its prediction), verified in the pass that decodes it.
 //!
 //! Requests draft in steps that only decode (no prompt chunk). A request alone in the step
 //! verifies the prefix its [`DraftPolicy`] chooses, as in `Engine::generate_speculative`. With
@@ -23,9 +23,11 @@ pub(super) struct RequestLookup {
     pub metrics: SpeculativeMetrics,
     /// Accepts or rejects drafts when sampling (unused when greedy).
     rng: Xoshiro256StarStar,
-    /// The step planned by [`Self::plan`]: the pending token, then the drafts to verify.
+    /// The step planned by [`Self::propose`] and [`Self::commit`]: the pending token, then the
+    /// drafts to verify.
     pub batch: Vec<u32>,
-    /// The rest of the proposal, left out of the pass (still scored as tokens come).
+    /// The whole proposal until [`Self::commit`], then the rest of it, left out of the pass (still
+    /// scored as tokens come).
     unverified: Vec<u32>,
     matched: Option<usize>,
     budget: usize,
