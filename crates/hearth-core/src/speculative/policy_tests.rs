@@ -81,6 +81,19 @@ fn the_first_step_drafts_in_full_and_the_second_measures_a_plain_pass() {
 }
 
 #[test]
+fn in_a_batch_the_costs_decide_once_the_batchs_own_plain_pass_is_measured() {
+    // Three requests always decode together: no pass of one row is ever run.
+    let mut p = policy(8);
+    p.request();
+    p.observe_pass(3 + 8, 60.0);
+    p.request();
+    assert_eq!(p.forced_length(8, 3), Some(0), "the plain pass of 3 rows is not measured yet");
+    p.observe_pass(3, 30.0);
+    assert_eq!(p.forced_length(8, 3), None, "the batch's plain pass is measured: the costs decide");
+    assert_eq!(p.forced_length(8, 1), Some(0), "alone, it would still measure a one-row pass");
+}
+
+#[test]
 fn the_next_request_starts_from_what_the_last_one_measured() {
     // A CPU request that learnt its drafts rarely pay.
     let mut first = policy(15);
