@@ -6,12 +6,13 @@
 //! the time other processes hold the cores would swamp the difference between kernels.
 //! `cargo bench -p hearth-cpu --bench verify_tiles` (`HEARTH_ISA=avx2` forces the AVX2 kernels;
 //! `ROWS=1,2,4` picks the row counts; `MB=1` sweeps a 1 MiB matrix, cache-resident, 192 times:
-//! the kernels' compute alone).
+//! the kernels' compute alone). `Q4_K x16` lines sweep the same Q4_K rows repacked into x16 tiles
+//! (the load-time layout on AVX-512 VNNI machines).
 
 mod common;
 use common::thread_cpu_ns;
 use hearth_core::quant::GgmlType;
-use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with, Isa};
+use hearth_cpu::kernels::{detected_isa, q4k_x16, quantize_activation, vec_dot_q4k_x16, vec_dot_tile_with, Isa};
 use std::time::Instant;
 
 fn main() {
@@ -25,7 +26,8 @@ fn main() {
     println!("{isa:?}; ms per sweep (ratio to 1 row), best of 5, 2 threads");
     // Qwen2.5-1.5B shapes: attention/ffn_up/output rows of 1536, ffn_down rows of 8960 (Q4_K_M
     // has Q4_K and Q6_K ones).
-    for (ty, k) in [(GgmlType::Q4_K, 1536), (GgmlType::Q4_K, 8960), (GgmlType::Q6_K, 1536), (GgmlType::Q6_K, 8960)] {
+    let shapes = [(GgmlType::Q4_K, 1536, false), (GgmlType::Q4_K, 1536, true), (GgmlType::Q4_K, 8960, false), (GgmlType::Q4_K, 8960, true), (GgmlType::Q6_K, 1536, false), (GgmlType::Q6_K, 8960, false)];
+    for (ty, k, x16) in shapes {
         let row = ty.row_bytes(k).expect("row");
         let mib: usize = std::env::var("MB").ok().and_then(|m| m.parse().ok()).unwrap_or(192).clamp(1, 192);
         let n_w = (mib << 20) / row / 32 * 32;
@@ -43,7 +45,17 @@ fn main() {
             let x: Vec<f32> = (0..k).map(|i| (((i + 7 * r) * 37 % 101) as f32 - 50.0) / 25.0).collect();
             quantize_activation(act_ty, &x, a);
         }
-        let mut line = format!("{ty} k={k:<5}");
+        if x16 {
+            let tile_bytes = q4k_x16::tile_bytes(k);
+            let mut tiles = vec![0u8; n_w / 16 * tile_bytes];
+            for (dst, src) in tiles.chunks_exact_mut(tile_bytes).zip(w.chunks_exact(16 * row)) {
+                q4k_x16::repack_tile(k, src, dst);
+            }
+            w = tiles;
+        }
+        // Bytes per task of 16 weight rows.
+        let task = if x16 { q4k_x16::tile_bytes(k) } else { row * 16 };
+        let mut line = format!("{ty}{} k={k:<5}", if x16 { " x16" } else { "" });
         let mut base = 0.0;
         for &rows in &row_counts {
             let acts = &acts[..rows * act_row];
@@ -52,14 +64,18 @@ fn main() {
                 let start = Instant::now();
                 let cpu_ms = std::thread::scope(|s| {
                     let workers: Vec<_> = w
-                        .chunks(n_w / 2 * row)
+                        .chunks(w.len() / task / 2 * task)
                         .map(|half| {
                             s.spawn(move || {
                                 let mut out = vec![0f32; 16 * rows];
                                 let t0 = thread_cpu_ns();
                                 for _ in 0..repeats {
-                                    for ws in half.chunks_exact(row * 16) {
-                                        vec_dot_tile_with(isa, ty, k, ws, acts, &mut out);
+                                    for ws in half.chunks_exact(task) {
+                                        if x16 {
+                                            vec_dot_q4k_x16(k, ws, acts, &mut out);
+                                        } else {
+                                            vec_dot_tile_with(isa, ty, k, ws, acts, &mut out);
+                                        }
                                     }
                                 }
                                 std::hint::black_box(&out);

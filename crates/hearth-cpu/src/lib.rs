@@ -66,6 +66,8 @@ pub struct CpuBackend {
     counters: BackendCounters,
     debug: exec::DebugOptions,
     numerics: Numerics,
+    /// Whether Q4_K matrices are repacked at load (see weights.rs).
+    repack: bool,
     #[cfg(not(target_arch = "wasm32"))]
     pool: std::sync::Arc<rayon::ThreadPool>,
 }
@@ -106,6 +108,7 @@ impl CpuBackend {
             counters: BackendCounters::default(),
             debug: exec::DebugOptions::from_env(),
             numerics: Numerics::Hearth,
+            repack: std::env::var_os("HEARTH_NO_REPACK").is_none(),
             #[cfg(not(target_arch = "wasm32"))]
             pool: shared_pool(threads)?,
         })
@@ -115,6 +118,15 @@ impl CpuBackend {
     /// [`Numerics::LlamaCpp`] changes.
     pub fn with_numerics(mut self, numerics: Numerics) -> Self {
         self.numerics = numerics;
+        self
+    }
+
+    /// Whether Q4_K matrices are repacked at load into tiles of 16 interleaved rows (default
+    /// true; it happens only where this CPU has AVX-512 VNNI, whose kernel reads them). Repacked
+    /// weights are an owned copy of the mapped file's bytes (2.8% larger), and every mat-mul
+    /// reads them without rearranging: speculative verification and batched decode get cheaper.
+    pub fn with_repack(mut self, repack: bool) -> Self {
+        self.repack = repack;
         self
     }
 
@@ -144,7 +156,11 @@ impl Backend for CpuBackend {
     }
 
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
-        let w = CpuWeight::new(desc, data)?;
+        let repack = self.repack;
+        #[cfg(not(target_arch = "wasm32"))]
+        let w = self.pool.install(|| CpuWeight::new(desc, data, repack))?;
+        #[cfg(target_arch = "wasm32")]
+        let w = CpuWeight::new(desc, data, repack)?;
         self.weights.push(w);
         Ok(WeightId(self.weights.len() as u32 - 1))
     }

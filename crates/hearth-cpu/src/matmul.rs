@@ -4,7 +4,7 @@
 
 use crate::compat;
 use crate::kernels;
-use crate::weights::CpuWeight;
+use crate::weights::{CpuWeight, Layout};
 use crate::Numerics;
 use hearth_core::quant::GgmlType;
 
@@ -103,7 +103,6 @@ fn matmul_rows(
     let dot_ty = w.desc.ty.vec_dot_type();
     let act_row = dot_ty.row_bytes(k).unwrap_or(0);
     let act = cache.get(x_id, dot_ty, x, k);
-    let ty = w.desc.ty;
     let out_ptr = OutPtr(out.as_mut_ptr());
     // A task takes CHUNK weight rows; activation rows go in tiles of TILE, so one pass over a
     // weight block serves several tokens and one activation block several weight rows
@@ -113,11 +112,10 @@ fn matmul_rows(
     let compute_into = |chunk: usize, dots: &mut [f32]| {
         let j0 = chunk * CHUNK;
         let j1 = (j0 + CHUNK).min(n);
-        let weights = w.rows(j0, j1);
         for r0 in (0..rows).step_by(TILE) {
             let tile = TILE.min(rows - r0);
             let dots = &mut dots[..(j1 - j0) * tile];
-            kernels::vec_dot_tile(ty, k, weights, &act[r0 * act_row..(r0 + tile) * act_row], dots);
+            dot_weight_rows(w, k, j0, j1, &act[r0 * act_row..(r0 + tile) * act_row], dots);
             for (j, col) in (j0..j1).zip(dots.chunks_exact(tile)) {
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (r, &d) in (r0..r0 + tile).zip(col) {
@@ -131,8 +129,10 @@ fn matmul_rows(
     // kernel call, so the per-call work (size checks, dispatch, the tile loop's setup) is paid
     // per task instead of per 16 weight rows; per 16 rows it took ~9% of Qwen2.5-1.5B's decode
     // (~50k calls a token, 9,496 of them for the output head). Each output equals the per-row
-    // dot product bit for bit whatever the split.
-    const FEW_ROWS: usize = 4;
+    // dot product bit for bit whatever the split. Up to 16 activation rows (verification of up
+    // to 15 drafts, a batch of decodes) take this path too: per 16 weight rows, the call and the
+    // zeroed scratch per 16 weight rows made a 5-row pass of Qwen2.5-1.5B ~6 ms slower.
+    const FEW_ROWS: usize = 16;
     let chunks = n.div_ceil(CHUNK);
     if rows <= FEW_ROWS {
         let compute_run = |(first, last): (usize, usize)| {
@@ -141,7 +141,7 @@ fn matmul_rows(
                 // Decode: this run's outputs are one contiguous slice of the single output row.
                 // SAFETY: j0 < j1 <= n = out.len(), and columns j0..j1 belong to this task only.
                 let dots = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(j0), j1 - j0) };
-                kernels::vec_dot_tile(ty, k, w.rows(j0, j1), act, dots);
+                dot_weight_rows(w, k, j0, j1, act, dots);
                 match bias {
                     Some(b) => dots.iter_mut().zip(&b[j0..j1]).for_each(|(d, b)| *d += b),
                     // + 0.0 as every other path adds a zero bias: a -0.0 dot becomes +0.0.
@@ -150,7 +150,7 @@ fn matmul_rows(
                 return;
             }
             let mut dots = vec![0f32; (j1 - j0) * rows];
-            kernels::vec_dot_tile(ty, k, w.rows(j0, j1), act, &mut dots);
+            dot_weight_rows(w, k, j0, j1, act, &mut dots);
             for (j, col) in (j0..j1).zip(dots.chunks_exact(rows)) {
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (r, &d) in col.iter().enumerate() {
@@ -178,4 +178,23 @@ fn matmul_rows(
     }
     #[cfg(target_arch = "wasm32")]
     (0..chunks).for_each(compute);
+}
+
+/// `out[(j - j0) * rows + r]` = weight row j · activation row r for j in j0..j1 (j0 a multiple of
+/// 16), each equal to the one-row kernel bit for bit, in whichever layout the rows are stored.
+fn dot_weight_rows(w: &CpuWeight, k: usize, j0: usize, j1: usize, act: &[u8], out: &mut [f32]) {
+    match w.layout {
+        Layout::Rows => kernels::vec_dot_tile(w.desc.ty, k, w.rows(j0, j1), act, out),
+        Layout::Q4kX16 { tiled_rows } => {
+            let tiled_end = j1.min(tiled_rows).max(j0);
+            let rows = out.len() / (j1 - j0).max(1);
+            let (tiled_out, rest_out) = out.split_at_mut((tiled_end - j0) * rows);
+            if tiled_end > j0 {
+                kernels::vec_dot_q4k_x16(k, w.tiles(j0, tiled_end), act, tiled_out);
+            }
+            if j1 > tiled_end {
+                kernels::vec_dot_tile(w.desc.ty, k, w.rows(tiled_end, j1), act, rest_out);
+            }
+        }
+    }
 }

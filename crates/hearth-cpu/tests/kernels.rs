@@ -4,7 +4,7 @@
 use hearth_core::quant::{self, GgmlType};
 use hearth_cpu::kernels::{
     detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa,
-    MULTI_ROWS, TILE_WEIGHT_ROWS,
+    MULTI_ROWS, TILE_WEIGHT_ROWS, q4k_x16, q4k_x16_available, vec_dot_q4k_x16,
 };
 use half::f16;
 
@@ -343,6 +343,62 @@ fn verification_tiles_equal_single_row_dots_bit_for_bit() {
                     for (r, a) in acts.chunks_exact(act_row).enumerate() {
                         let single = vec_dot_with(isa, ty, n, &weights[..w_row], a);
                         assert_eq!(out[r].to_bits(), single.to_bits(), "{ty} n={n} {isa:?} rows {rows}: r {r}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q4_K rows repacked into x16 tiles (the load-time layout of AVX-512 VNNI machines) come back
+/// byte for byte, whatever their scale bytes hold.
+#[test]
+fn q4k_x16_tiles_give_back_every_row_byte_for_byte() {
+    let mut rng = Rng(1618);
+    for n in [256, 1536, 8960] {
+        let w_row = GgmlType::Q4_K.row_bytes(n).expect("row bytes");
+        let rows: Vec<u8> = (0..q4k_x16::TILE_ROWS).flat_map(|_| random_weights(GgmlType::Q4_K, n, &mut rng)).collect();
+        let mut tile = vec![0u8; q4k_x16::tile_bytes(n)];
+        q4k_x16::repack_tile(n, &rows, &mut tile);
+        let mut back = vec![0u8; w_row];
+        for (l, original) in rows.chunks_exact(w_row).enumerate() {
+            q4k_x16::unpack_row(n, &tile, l, &mut back);
+            assert!(back == original, "n={n}: row {l} differs after repacking");
+        }
+    }
+}
+
+/// The x16 kernel (every row count a call gets: decode's 1, verification's 2-9, a prefill tile of
+/// 64; 1 to 3 tiles) equals the one-row kernel on the rows before repacking, bit for bit. On a CPU
+/// without AVX-512 VNNI it checks the fallback that rebuilds each row.
+#[test]
+fn q4k_x16_dots_equal_single_row_dots_bit_for_bit() {
+    let mut rng = Rng(4242);
+    eprintln!("q4k_x16 kernel available: {}", q4k_x16_available());
+    for n in [256, 1536, 2304] {
+        let w_row = GgmlType::Q4_K.row_bytes(n).expect("row bytes");
+        let act_row = GgmlType::Q8_K.row_bytes(n).expect("act bytes");
+        let n_tiles = 3;
+        let rows: Vec<u8> = (0..n_tiles * q4k_x16::TILE_ROWS).flat_map(|_| random_weights(GgmlType::Q4_K, n, &mut rng)).collect();
+        let tile_bytes = q4k_x16::tile_bytes(n);
+        let mut tiles = vec![0u8; n_tiles * tile_bytes];
+        for (dst, src) in tiles.chunks_exact_mut(tile_bytes).zip(rows.chunks_exact(q4k_x16::TILE_ROWS * w_row)) {
+            q4k_x16::repack_tile(n, src, dst);
+        }
+        let mut acts = vec![0u8; act_row * 64];
+        for a in acts.chunks_exact_mut(act_row) {
+            quantize_activation(GgmlType::Q8_K, &random_activation(n, &mut rng), a);
+        }
+        for act_rows in (1..=9).chain([64]) {
+            for used_tiles in [1, n_tiles] {
+                let acts = &acts[..act_rows * act_row];
+                let mut out = vec![f32::NAN; used_tiles * q4k_x16::TILE_ROWS * act_rows];
+                vec_dot_q4k_x16(n, &tiles[..used_tiles * tile_bytes], acts, &mut out);
+                for (w, wr) in rows.chunks_exact(w_row).take(used_tiles * q4k_x16::TILE_ROWS).enumerate() {
+                    for (r, a) in acts.chunks_exact(act_row).enumerate() {
+                        let single = vec_dot(GgmlType::Q4_K, n, wr, a);
+                        let got = out[w * act_rows + r];
+                        assert_eq!(got.to_bits(), single.to_bits(), "n={n} {used_tiles} tiles x {act_rows} rows: w {w} r {r}: {got} vs {single}");
                     }
                 }
             }

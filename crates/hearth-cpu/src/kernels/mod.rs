@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod kquant_tile;
+pub mod q4k_x16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -120,6 +121,46 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation
     }
     let _ = isa;
     quant::vec_dot(ty, n, weights, activation).unwrap_or(f32::NAN)
+}
+
+/// Whether Q4_K matrices are worth repacking into x16 tiles ([`q4k_x16`]) on this CPU: it has
+/// AVX-512 VNNI, which their kernel needs.
+pub fn q4k_x16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if detected_isa() == Isa::Avx512Vnni {
+        return true;
+    }
+    false
+}
+
+/// `out[w * rows + r]` = weight row w of the x16 tiles `tiles` (Q4_K rows of `n` elements, 16 a
+/// tile; see [`q4k_x16`]) · Q8_K activation row r of `activations`, each equal to [`vec_dot`]
+/// of the row as stored before repacking, bit for bit.
+pub fn vec_dot_q4k_x16(n: usize, tiles: &[u8], activations: &[u8], out: &mut [f32]) {
+    let tile_bytes = q4k_x16::tile_bytes(n);
+    let act_row = GgmlType::Q8_K.row_bytes(n).unwrap_or(0);
+    let (n_tiles, rows) = (tiles.len() / tile_bytes.max(1), activations.len() / act_row.max(1));
+    if tile_bytes == 0 || act_row == 0 || n_tiles * tile_bytes != tiles.len() || rows * act_row != activations.len() || out.len() != n_tiles * q4k_x16::TILE_ROWS * rows {
+        debug_assert!(false, "vec_dot_q4k_x16: rows of {n}, {} tile / {} activation bytes, {} outputs", tiles.len(), activations.len(), out.len());
+        out.fill(f32::NAN);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if q4k_x16_available() {
+        // SAFETY: AVX-512 VNNI was detected; whole tiles and activation rows, one output per
+        // pair (sizes checked above).
+        return unsafe { x86::q4_k_x16_pass(n / GgmlType::Q4_K.block_len(), tiles, activations, act_row, out) };
+    }
+    // Without the kernel (a CPU that would not have repacked): each row rebuilt, then the row
+    // kernels.
+    let mut row = vec![0u8; GgmlType::Q4_K.row_bytes(n).unwrap_or(0)];
+    for (t, tile) in tiles.chunks_exact(tile_bytes).enumerate() {
+        for l in 0..q4k_x16::TILE_ROWS {
+            q4k_x16::unpack_row(n, tile, l, &mut row);
+            let w = t * q4k_x16::TILE_ROWS + l;
+            vec_dot_rows(GgmlType::Q4_K, n, &row, activations, &mut out[w * rows..(w + 1) * rows]);
+        }
+    }
 }
 
 /// Activation rows that [`vec_dot_rows`] dots with one weight row in a single pass.

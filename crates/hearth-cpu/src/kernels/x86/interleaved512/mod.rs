@@ -22,6 +22,9 @@
 //! order: [64 groups of 4 elements][16 rows][4] (4 KiB), then the scales (q4_k.rs).
 
 mod q4_k;
+mod q4_k_x16;
+
+pub(in crate::kernels) use q4_k_x16::q4_k_x16_pass;
 
 use super::*;
 
