@@ -2,6 +2,7 @@
 //! by llama.cpp at the commit named there), 4 prompts each (plain and chat), 48 tokens. The rules
 //! and why they have tolerances: tests/support/golden.rs.
 
+use hearth_core::graph::LogitsMode;
 use hearth_tests::golden::{compare_with_llama_cpp, Tolerance};
 use hearth_tests::*;
 
@@ -54,4 +55,28 @@ fn gemma_270m_matches_llama_cpp_exactly_with_its_numerics() {
 #[test]
 fn qwen_15b_matches_llama_cpp_exactly_with_its_numerics() {
     check_exact(QWEN_15B);
+}
+
+/// Q4_K weights repacked into 16-row tiles (the CPU backend's default where the CPU has AVX-512
+/// VNNI) give the logits of the rows as stored, bit for bit: a 40-token prompt read (a prefill
+/// tile), single-token decode steps, and 5-token passes (speculative verification). Where the CPU
+/// lacks the kernel nothing is repacked and both sessions run the same code.
+#[test]
+fn repacked_q4k_weights_keep_the_logits_bit_for_bit() {
+    eprintln!("x16 kernel on this CPU: {}", hearth_cpu::kernels::q4k_x16_available());
+    let (_f1, mut repacked) = cpu_session_repack(QWEN_05B, 256, true);
+    let (_f2, mut rows) = cpu_session_repack(QWEN_05B, 256, false);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i.wrapping_mul(2654435761) >> 8) % 30000 + 100).collect();
+    let mut steps = vec![prompt];
+    for i in 0..4u32 {
+        steps.push(vec![1000 + i]);
+        steps.push((0..5).map(|j| 2000 + 7 * i + j).collect());
+    }
+    for (n, ids) in steps.iter().enumerate() {
+        let a = repacked.eval(ids, LogitsMode::All).expect("eval repacked").to_vec();
+        let b = rows.eval(ids, LogitsMode::All).expect("eval rows").to_vec();
+        assert_eq!(a.len(), b.len());
+        let differing = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differing, 0, "step {n} ({} tokens): {differing} logits differ", ids.len());
+    }
 }

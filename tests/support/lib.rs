@@ -67,6 +67,16 @@ pub fn cpu_session_numerics(path: &std::path::Path, n_ctx: usize, numerics: Nume
     (file, session)
 }
 
+/// [`cpu_session`] with the CPU backend's Q4_K repacking on or off (`CpuBackend::with_repack`).
+pub fn cpu_session_repack(stem: &str, n_ctx: usize, repack: bool) -> (GgufFile, Session) {
+    let path = model_path(stem);
+    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
+    let backend = CpuBackend::new(None).expect("cpu backend").with_repack(repack);
+    let options = EngineOptions { n_ctx, ..EngineOptions::default() };
+    let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
+    (file, session)
+}
+
 /// Opens a model on the CPU backend as a session with the given options.
 pub fn cpu_session_with(stem: &str, options: &EngineOptions) -> (GgufFile, Session) {
     let path = model_path(stem);

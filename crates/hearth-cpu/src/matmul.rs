@@ -4,7 +4,8 @@
 
 use crate::compat;
 use crate::kernels;
-use crate::weights::{CpuWeight, Layout};
+use crate::kernels::q4k_x16;
+use crate::weights::{CpuWeight, X16Tiles};
 use crate::Numerics;
 use hearth_core::quant::GgmlType;
 
@@ -103,6 +104,8 @@ fn matmul_rows(
     let dot_ty = w.desc.ty.vec_dot_type();
     let act_row = dot_ty.row_bytes(k).unwrap_or(0);
     let act = cache.get(x_id, dot_ty, x, k);
+    // Repacked here, before the parallel loops, the first time (see weights.rs).
+    let x16 = w.x16();
     let out_ptr = OutPtr(out.as_mut_ptr());
     // A task takes CHUNK weight rows; activation rows go in tiles of TILE, so one pass over a
     // weight block serves several tokens and one activation block several weight rows
@@ -115,7 +118,7 @@ fn matmul_rows(
         for r0 in (0..rows).step_by(TILE) {
             let tile = TILE.min(rows - r0);
             let dots = &mut dots[..(j1 - j0) * tile];
-            dot_weight_rows(w, k, j0, j1, &act[r0 * act_row..(r0 + tile) * act_row], dots);
+            dot_weight_rows(w, x16, k, j0, j1, &act[r0 * act_row..(r0 + tile) * act_row], dots);
             for (j, col) in (j0..j1).zip(dots.chunks_exact(tile)) {
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (r, &d) in (r0..r0 + tile).zip(col) {
@@ -141,7 +144,7 @@ fn matmul_rows(
                 // Decode: this run's outputs are one contiguous slice of the single output row.
                 // SAFETY: j0 < j1 <= n = out.len(), and columns j0..j1 belong to this task only.
                 let dots = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(j0), j1 - j0) };
-                dot_weight_rows(w, k, j0, j1, act, dots);
+                dot_weight_rows(w, x16, k, j0, j1, act, dots);
                 match bias {
                     Some(b) => dots.iter_mut().zip(&b[j0..j1]).for_each(|(d, b)| *d += b),
                     // + 0.0 as every other path adds a zero bias: a -0.0 dot becomes +0.0.
@@ -150,7 +153,7 @@ fn matmul_rows(
                 return;
             }
             let mut dots = vec![0f32; (j1 - j0) * rows];
-            dot_weight_rows(w, k, j0, j1, act, &mut dots);
+            dot_weight_rows(w, x16, k, j0, j1, act, &mut dots);
             for (j, col) in (j0..j1).zip(dots.chunks_exact(rows)) {
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (r, &d) in col.iter().enumerate() {
@@ -181,20 +184,17 @@ fn matmul_rows(
 }
 
 /// `out[(j - j0) * rows + r]` = weight row j · activation row r for j in j0..j1 (j0 a multiple of
-/// 16), each equal to the one-row kernel bit for bit, in whichever layout the rows are stored.
-fn dot_weight_rows(w: &CpuWeight, k: usize, j0: usize, j1: usize, act: &[u8], out: &mut [f32]) {
-    match w.layout {
-        Layout::Rows => kernels::vec_dot_tile(w.desc.ty, k, w.rows(j0, j1), act, out),
-        Layout::Q4kX16 { tiled_rows } => {
-            let tiled_end = j1.min(tiled_rows).max(j0);
-            let rows = out.len() / (j1 - j0).max(1);
-            let (tiled_out, rest_out) = out.split_at_mut((tiled_end - j0) * rows);
-            if tiled_end > j0 {
-                kernels::vec_dot_q4k_x16(k, w.tiles(j0, tiled_end), act, tiled_out);
-            }
-            if j1 > tiled_end {
-                kernels::vec_dot_tile(w.desc.ty, k, w.rows(tiled_end, j1), act, rest_out);
-            }
-        }
+/// 16), each equal to the one-row kernel bit for bit: from the x16 tiles where `w` has them.
+fn dot_weight_rows(w: &CpuWeight, x16: Option<&X16Tiles>, k: usize, j0: usize, j1: usize, act: &[u8], out: &mut [f32]) {
+    let tiled_end = x16.map_or(j0, |x| j1.min(x.tiled_rows).max(j0));
+    let rows = out.len() / (j1 - j0).max(1);
+    let (tiled_out, rest_out) = out.split_at_mut((tiled_end - j0) * rows);
+    if let Some(x) = x16.filter(|_| tiled_end > j0) {
+        let tile_bytes = q4k_x16::tile_bytes(k);
+        let tiles = &x.tiles[j0 / q4k_x16::TILE_ROWS * tile_bytes..tiled_end / q4k_x16::TILE_ROWS * tile_bytes];
+        kernels::vec_dot_q4k_x16(k, tiles, act, tiled_out);
+    }
+    if j1 > tiled_end {
+        kernels::vec_dot_tile(w.desc.ty, k, w.rows(tiled_end, j1), act, rest_out);
     }
 }

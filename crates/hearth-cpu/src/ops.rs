@@ -17,7 +17,7 @@ pub fn embed(table: &CpuWeight, tokens: &[u32], out: &mut [f32]) -> Result<()> {
         if tok as usize >= rows {
             return Err(CpuError::TokenOutOfRange { token: tok, rows }.into());
         }
-        dequantize_row(table.desc.ty, &table.row(tok as usize), &mut out[t * cols..(t + 1) * cols])?;
+        dequantize_row(table.desc.ty, table.row(tok as usize), &mut out[t * cols..(t + 1) * cols])?;
     }
     Ok(())
 }

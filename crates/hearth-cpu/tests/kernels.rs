@@ -350,8 +350,8 @@ fn verification_tiles_equal_single_row_dots_bit_for_bit() {
     }
 }
 
-/// Q4_K rows repacked into x16 tiles (the load-time layout of AVX-512 VNNI machines) come back
-/// byte for byte, whatever their scale bytes hold.
+/// Q4_K rows repacked into x16 tiles (the layout of AVX-512 VNNI machines) come back byte for
+/// byte, whatever their scale bytes hold; the SIMD repack writes the reference's bytes.
 #[test]
 fn q4k_x16_tiles_give_back_every_row_byte_for_byte() {
     let mut rng = Rng(1618);
@@ -360,6 +360,9 @@ fn q4k_x16_tiles_give_back_every_row_byte_for_byte() {
         let rows: Vec<u8> = (0..q4k_x16::TILE_ROWS).flat_map(|_| random_weights(GgmlType::Q4_K, n, &mut rng)).collect();
         let mut tile = vec![0u8; q4k_x16::tile_bytes(n)];
         q4k_x16::repack_tile(n, &rows, &mut tile);
+        let mut reference = vec![0u8; q4k_x16::tile_bytes(n)];
+        q4k_x16::repack_tile_reference(n, &rows, &mut reference);
+        assert!(tile == reference, "n={n}: the SIMD repack differs from the reference");
         let mut back = vec![0u8; w_row];
         for (l, original) in rows.chunks_exact(w_row).enumerate() {
             q4k_x16::unpack_row(n, &tile, l, &mut back);

@@ -30,6 +30,12 @@ pub trait ByteSource: Send + Sync {
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
         None
     }
+
+    /// A hint that the caller has copied what it needs of a range and will not read it soon
+    /// (a backend that repacked a weight): a memory map drops the range's pages from this
+    /// process, so they stop counting in its memory (read again, they come back from the file).
+    /// Other sources ignore it.
+    fn release(&self, _offset: u64, _len: usize) {}
 }
 
 /// The bytes of `offset..offset+len` in `bytes`, if the range is inside it.
@@ -86,5 +92,15 @@ impl ByteSource for MmapSource {
 
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
         range(&self.map, offset, len)
+    }
+
+    fn release(&self, offset: u64, len: usize) {
+        #[cfg(unix)]
+        if range(&self.map, offset, len).is_some() {
+            // SAFETY: the map is a read-only shared mapping of the file: after MADV_DONTNEED a
+            // read faults the same bytes back in from the file, so every slice lent out keeps
+            // its contents. A failure only leaves the pages resident.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, len) };
+        }
     }
 }

@@ -172,7 +172,8 @@ pub const MULTI_ROWS: usize = 4;
 /// Qwen2.5-1.5B-shaped rows from memory on 2 threads (benches/verify_tiles.rs, ms, packed →
 /// interleaved): rows of 1536 at 4 tokens 12.8 → 14.2, 6: 18.2 → 16.8, 8: 22.3 → 19.1,
 /// 12: 37.7 → 23.5; rows of 8960 at 4 tokens 16.3 → 13.1, 12: 35.6 → 21.5. (Q6_K stays in the
-/// packed tiles: see interleaved512/mod.rs for the rounding it must keep.)
+/// packed tiles: see interleaved512/mod.rs for the rounding it must keep.) Weights the CPU
+/// backend repacked ([`q4k_x16`]) skip this rearranging at every row count.
 pub const INTERLEAVED_MIN_ROWS: usize = 5;
 
 /// `out[r] = vec_dot(ty, n, weights, activation row r)` for the `out.len()` rows packed in

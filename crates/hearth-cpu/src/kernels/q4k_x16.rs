@@ -1,5 +1,6 @@
-//! Q4_K weights repacked once, at load, in tiles of 16 rows ("x16"), for the AVX-512 VNNI
-//! kernel in x86/interleaved512/q4_k_x16.rs that serves every row count, decode included.
+//! Q4_K weights repacked once (by the CPU backend, at a weight's first mat-mul) in tiles of 16
+//! rows ("x16"), for the AVX-512 VNNI kernel in x86/interleaved512/q4_k_x16.rs that serves every
+//! row count, decode included.
 //!
 //! The interleaved prefill kernel (x86/interleaved512/q4_k.rs) rearranges 16 rows on every call:
 //! from 5 tokens up that pays, below it does not, and a verification pass of 5 rows cost about as
@@ -70,8 +71,24 @@ fn code(block: &[u8], e: usize) -> u8 {
 }
 
 /// Repacks 16 whole Q4_K rows of `n` elements (`rows`, one after the other) into the tile `dst`
-/// ([`tile_bytes`]`(n)` bytes).
+/// ([`tile_bytes`]`(n)` bytes); a caller's size mismatch leaves `dst` untouched.
 pub fn repack_tile(n: usize, rows: &[u8], dst: &mut [u8]) {
+    let nb = n / GgmlType::Q4_K.block_len();
+    if rows.len() != TILE_ROWS * nb * ROW_BLOCK || dst.len() != nb * BLOCK {
+        debug_assert!(false, "repack_tile: {} row bytes, {} tile bytes for rows of {n}", rows.len(), dst.len());
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::q4k_x16_available() {
+        // SAFETY: AVX-512 VNNI was detected; 16 whole rows and a whole tile (checked above).
+        return unsafe { super::x86::q4_k_x16_repack_tile(nb, rows.as_ptr(), nb * ROW_BLOCK, dst.as_mut_ptr()) };
+    }
+    repack_tile_reference(n, rows, dst)
+}
+
+/// [`repack_tile`] in plain code, element by element: the reference its SIMD form is tested
+/// against, and the form every other CPU runs.
+pub fn repack_tile_reference(n: usize, rows: &[u8], dst: &mut [u8]) {
     let nb = n / GgmlType::Q4_K.block_len();
     let row_bytes = nb * ROW_BLOCK;
     debug_assert!(rows.len() == TILE_ROWS * row_bytes && dst.len() == nb * BLOCK);

@@ -13,7 +13,7 @@ mod legacy_unpacked512;
 mod legacy_unpacked_avx2;
 mod multi;
 
-pub(super) use interleaved512::{q4_k_prefill_pass, q4_k_x16_pass};
+pub(super) use interleaved512::{q4_k_prefill_pass, q4_k_x16_pass, q4_k_x16_repack_tile};
 pub(super) use legacy_unpacked512::legacy_prefill_pass;
 pub(super) use legacy_unpacked_avx2::legacy_prefill_pass_avx2;
 pub(super) use multi::{decode_tiles, supports_multi, supports_tile, vec_dot_multi, vec_dot_tile};

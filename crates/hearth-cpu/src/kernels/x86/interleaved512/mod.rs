@@ -24,7 +24,7 @@
 mod q4_k;
 mod q4_k_x16;
 
-pub(in crate::kernels) use q4_k_x16::q4_k_x16_pass;
+pub(in crate::kernels) use q4_k_x16::{q4_k_x16_pass, repack_tile as q4_k_x16_repack_tile};
 
 use super::*;
 

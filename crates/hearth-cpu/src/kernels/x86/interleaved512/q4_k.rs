@@ -8,9 +8,9 @@ use super::*;
 
 // One interleaved super-block of the 16 rows, after the codes (byte offsets):
 /// scales [4 sub-block pairs][16 rows][2] i16 (sub-block 2q, then 2q + 1);
-const SCALES: usize = CODES_BYTES;
+pub(super) const SCALES: usize = CODES_BYTES;
 /// mins, as the scales;
-const MINS: usize = SCALES + 4 * 64;
+pub(super) const MINS: usize = SCALES + 4 * 64;
 /// d, then dmin: [16 rows] f32 each.
 const D: usize = MINS + 4 * 64;
 const DMIN: usize = D + 64;

@@ -138,3 +138,41 @@ unsafe fn tile<const R: usize, const C: usize>(nb: usize, blocks: *const u8, pre
     }
     out
 }
+
+/// `kernels::q4k_x16::repack_tile` with AVX-512: each super-block of the 16 rows at `x0`
+/// (`w_row` bytes apart) interleaved by q4_k.rs's `interleave_rows`, then its codes packed two
+/// to a byte and its scales and mins narrowed to bytes, into `dst` (`nb` x16 blocks). The same
+/// bytes as the scalar form, ~10x faster (Qwen2.5-1.5B's repack took ~0.35 s on 2 threads).
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI must be available; the 16 rows are whole rows of `nb`
+/// super-blocks; `dst` holds `nb` · [`BLOCK`] bytes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(in crate::kernels) unsafe fn repack_tile(nb: usize, x0: *const u8, w_row: usize, dst: *mut u8) {
+    let mut interleaved = [0u8; super::q4_k::BLOCK];
+    let tmp = interleaved.as_mut_ptr();
+    for i in 0..nb {
+        super::q4_k::interleave_rows(1, x0.add(i * 144), w_row, tmp);
+        let blk = dst.add(i * BLOCK);
+        for p in 0..32 {
+            // Groups 2p and 2p + 1 (codes 0..15, a byte each) into one byte's two nibbles.
+            let (low, high) = (load512(tmp.add(2 * p * 64)), load512(tmp.add((2 * p + 1) * 64)));
+            store512(blk.add(CODES + p * 64), _mm512_or_si512(low, _mm512_slli_epi16(high, 4)));
+        }
+        for q in 0..4 {
+            // Lane l: row l's i16 pair (sub-block 2q low, 2q + 1 high), for scales and mins.
+            let scales = load512(tmp.add(super::q4_k::SCALES + q * 64));
+            let even = _mm512_cvtepi32_epi8(_mm512_and_si512(scales, _mm512_set1_epi32(0xFFFF)));
+            let odd = _mm512_cvtepi32_epi8(_mm512_srli_epi32(scales, 16));
+            _mm_storeu_si128(blk.add(SCALES + 2 * q * 16) as *mut __m128i, even);
+            _mm_storeu_si128(blk.add(SCALES + (2 * q + 1) * 16) as *mut __m128i, odd);
+            let mins = _mm512_cvtepi16_epi8(load512(tmp.add(super::q4_k::MINS + q * 64)));
+            _mm256_storeu_si256(blk.add(MINS + q * 32) as *mut __m256i, mins);
+        }
+        for l in 0..ROWS {
+            let row = x0.add(l * w_row + i * 144);
+            std::ptr::copy_nonoverlapping(row, blk.add(D + 2 * l), 2);
+            std::ptr::copy_nonoverlapping(row.add(2), blk.add(DMIN + 2 * l), 2);
+        }
+    }
+}
