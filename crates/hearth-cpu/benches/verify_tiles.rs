@@ -7,7 +7,7 @@
 //! `cargo bench -p hearth-cpu --bench verify_tiles` (`HEARTH_ISA=avx2` forces the AVX2 kernels;
 //! `ROWS=1,2,4` picks the row counts; `MB=1` sweeps a 1 MiB matrix, cache-resident, 192 times:
 //! the kernels' compute alone). `Q4_K x16` lines sweep the same Q4_K rows repacked into x16 tiles
-//! (the load-time layout on AVX-512 VNNI machines).
+//! (the CPU backend's layout on AVX-512 VNNI machines).
 
 mod common;
 use common::thread_cpu_ns;

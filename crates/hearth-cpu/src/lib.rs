@@ -66,7 +66,7 @@ pub struct CpuBackend {
     counters: BackendCounters,
     debug: exec::DebugOptions,
     numerics: Numerics,
-    /// Whether Q4_K matrices are repacked at load (see weights.rs).
+    /// Whether Q4_K matrices are repacked at their first mat-mul (see weights.rs).
     repack: bool,
     #[cfg(not(target_arch = "wasm32"))]
     pool: std::sync::Arc<rayon::ThreadPool>,
@@ -123,10 +123,12 @@ impl CpuBackend {
 
     /// Whether Q4_K matrices are repacked into tiles of 16 interleaved rows (default true, unless
     /// `HEARTH_NO_REPACK` is set; it happens only where this CPU has AVX-512 VNNI, whose kernel
-    /// reads them), each at its first mat-mul. A repacked weight is an owned copy (2.8% larger
-    /// than its rows; the mapped pages it was read from are released), and every mat-mul reads it
-    /// without rearranging: speculative verification, batched decode and prompt reading get
-    /// cheaper, one-token decode ~3% dearer. Results are the same bit for bit.
+    /// reads them), each at its first mat-mul. A repacked weight is an owned copy, 2.8% larger
+    /// than its rows; a memory-mapped model's pages it was read from are released (rows read
+    /// later, by embedding lookups or `Numerics::LlamaCpp`, come back from the file), other
+    /// sources keep both. Every mat-mul then reads the tiles without rearranging: speculative
+    /// verification, batched decode and prompt reading get cheaper. Results are the same bit
+    /// for bit.
     pub fn with_repack(mut self, repack: bool) -> Self {
         self.repack = repack;
         self

@@ -110,7 +110,8 @@ fn matmul_rows(
     // A task takes CHUNK weight rows; activation rows go in tiles of TILE, so one pass over a
     // weight block serves several tokens and one activation block several weight rows
     // (`vec_dot_tile`; results equal the per-row dot product bit for bit).
-    const CHUNK: usize = 16;
+    // (16: the rows of an x16 tile, which `dot_weight_rows` needs chunks to start on.)
+    const CHUNK: usize = q4k_x16::TILE_ROWS;
     const TILE: usize = 64;
     let compute_into = |chunk: usize, dots: &mut [f32]| {
         let j0 = chunk * CHUNK;
@@ -133,8 +134,11 @@ fn matmul_rows(
     // per task instead of per 16 weight rows; per 16 rows it took ~9% of Qwen2.5-1.5B's decode
     // (~50k calls a token, 9,496 of them for the output head). Each output equals the per-row
     // dot product bit for bit whatever the split. Up to 16 activation rows (verification of up
-    // to 15 drafts, a batch of decodes) take this path too: per 16 weight rows, the call and the
-    // zeroed scratch per 16 weight rows made a 5-row pass of Qwen2.5-1.5B ~6 ms slower.
+    // to 15 drafts, a batch of decodes) take this path too: the other's call and zeroed scratch
+    // per 16 weight rows made a 5-row pass of Qwen2.5-1.5B ~6 ms slower. Past one group of
+    // activation rows (kernels::GROUP_ROWS), a run still goes 16 weight rows a call: the tiles
+    // sweep all of a call's weight rows once per group, which a run's rows would make a sweep
+    // from memory per group.
     const FEW_ROWS: usize = 16;
     let chunks = n.div_ceil(CHUNK);
     if rows <= FEW_ROWS {
@@ -153,7 +157,11 @@ fn matmul_rows(
                 return;
             }
             let mut dots = vec![0f32; (j1 - j0) * rows];
-            dot_weight_rows(w, x16, k, j0, j1, act, &mut dots);
+            let step = if rows > kernels::GROUP_ROWS { CHUNK } else { j1 - j0 };
+            for c0 in (j0..j1).step_by(step) {
+                let c1 = (c0 + step).min(j1);
+                dot_weight_rows(w, x16, k, c0, c1, act, &mut dots[(c0 - j0) * rows..(c1 - j0) * rows]);
+            }
             for (j, col) in (j0..j1).zip(dots.chunks_exact(rows)) {
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (r, &d) in col.iter().enumerate() {
@@ -186,6 +194,7 @@ fn matmul_rows(
 /// `out[(j - j0) * rows + r]` = weight row j · activation row r for j in j0..j1 (j0 a multiple of
 /// 16), each equal to the one-row kernel bit for bit: from the x16 tiles where `w` has them.
 fn dot_weight_rows(w: &CpuWeight, x16: Option<&X16Tiles>, k: usize, j0: usize, j1: usize, act: &[u8], out: &mut [f32]) {
+    debug_assert!(j0 % q4k_x16::TILE_ROWS == 0, "weight rows from {j0}: not a tile's start");
     let tiled_end = x16.map_or(j0, |x| j1.min(x.tiled_rows).max(j0));
     let rows = out.len() / (j1 - j0).max(1);
     let (tiled_out, rest_out) = out.split_at_mut((tiled_end - j0) * rows);
@@ -196,5 +205,56 @@ fn dot_weight_rows(w: &CpuWeight, x16: Option<&X16Tiles>, k: usize, j0: usize, j
     }
     if j1 > tiled_end {
         kernels::vec_dot_tile(w.desc.ty, k, w.rows(tiled_end, j1), act, rest_out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_core::backend::WeightData;
+    use hearth_core::gguf::MemorySource;
+    use hearth_core::graph::{BufId, WeightDesc};
+    use std::sync::Arc;
+
+    /// A Q4_K matrix of 53 rows (3 whole x16 tiles and 5 rows that stay rows) gives the same
+    /// outputs, bit for bit, repacked or not, at 1 token (runs), 6 and 12 (runs past a group of
+    /// activation rows) and 70 (the 16-row tasks and 64-token tiles); runs that end inside the
+    /// rows after the tiles included. (Where the CPU lacks the x16 kernel nothing is repacked.)
+    #[test]
+    fn repacked_matrix_with_rows_past_the_tiles_matches_its_rows() {
+        let (n_rows, k) = (53usize, 512usize);
+        let row_bytes = GgmlType::Q4_K.row_bytes(k).expect("row bytes");
+        let mut state = 0x2545F4914F6CDD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut bytes: Vec<u8> = (0..n_rows * row_bytes).map(|_| next() as u8).collect();
+        for block in bytes.chunks_exact_mut(144) {
+            // Finite scales: d and dmin of ~0.01.
+            block[0..4].copy_from_slice(&[0x1f, 0x21, 0x1f, 0x21]);
+        }
+        let source: Arc<dyn hearth_core::gguf::ByteSource> = Arc::new(MemorySource::new(bytes));
+        let weight = |repack: bool| {
+            let desc = WeightDesc { name: "w".into(), ty: GgmlType::Q4_K, dims: vec![k as u64, n_rows as u64] };
+            CpuWeight::new(desc, WeightData { source: source.clone(), offset: 0, len: n_rows * row_bytes }, repack).expect("weight")
+        };
+        let (repacked, rows_only) = (weight(true), weight(false));
+        eprintln!("repacked: {}", repacked.x16().is_some());
+        for tokens in [1usize, 6, 12, 70] {
+            let x: Vec<f32> = (0..tokens * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let run = |w: &CpuWeight| {
+                let mut out = vec![f32::NAN; tokens * n_rows];
+                let mut cache = QuantizedActivations::default();
+                matmul(w, &x, BufId(0), k, None, &mut cache, Numerics::Hearth, &mut out);
+                out
+            };
+            let (a, b) = (run(&repacked), run(&rows_only));
+            let differing = a.iter().zip(&b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+            assert_eq!(differing, 0, "{tokens} tokens: {differing} outputs differ");
+            assert!(a.iter().all(|v| v.is_finite()), "{tokens} tokens: outputs not all written");
+        }
     }
 }

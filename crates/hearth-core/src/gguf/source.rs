@@ -95,6 +95,8 @@ impl ByteSource for MmapSource {
     }
 
     fn release(&self, offset: u64, len: usize) {
+        #[cfg(not(unix))]
+        let _ = (offset, len);
         #[cfg(unix)]
         if range(&self.map, offset, len).is_some() {
             // SAFETY: the map is a read-only shared mapping of the file: after MADV_DONTNEED a

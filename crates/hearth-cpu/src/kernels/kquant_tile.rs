@@ -10,7 +10,7 @@ use super::x86;
 use hearth_core::quant::GgmlType;
 
 /// The most activation rows one kernel pass takes (the kernels are instantiated for 1..=8).
-const MAX_GROUP_ROWS: usize = 8;
+const MAX_GROUP_ROWS: usize = super::GROUP_ROWS;
 
 /// Weight rows per tile. Measured (benches/verify_tiles.rs, Zen 4, 2 threads, from memory, all
 /// prefetching) for groups of 2-4 rows: 2 against 1 within ±7% on Q4_K, up to 13% faster on

@@ -163,6 +163,10 @@ pub fn vec_dot_q4k_x16(n: usize, tiles: &[u8], activations: &[u8], out: &mut [f3
     }
 }
 
+/// The most activation rows that [`vec_dot_tile`]'s Q4_K/Q6_K tiles take in one sweep over
+/// their weight rows: more go in groups, each sweeping all the weight rows of the call again.
+pub const GROUP_ROWS: usize = 8;
+
 /// Activation rows that [`vec_dot_rows`] dots with one weight row in a single pass.
 pub const MULTI_ROWS: usize = 4;
 

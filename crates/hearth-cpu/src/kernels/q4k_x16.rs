@@ -17,8 +17,10 @@
 //! - [`D`], [`DMIN`]: [16 rows] f16 each, the rows' bytes as stored.
 //!
 //! Nothing is rounded: [`unpack_row`] gives back the original row byte for byte (the 12-byte
-//! scale encoding is a bijection on the 6-bit values), which the embedding lookup and the
-//! llama.cpp-numerics path read.
+//! scale encoding is a bijection on the 6-bit values); the fallback of
+//! `kernels::vec_dot_q4k_x16` on CPUs without the kernel reads rows that way, and the tests check
+//! it. (The CPU backend keeps the rows too, in the model file's mapping, for embedding lookups and
+//! the llama.cpp-numerics path.)
 
 use hearth_core::quant::GgmlType;
 

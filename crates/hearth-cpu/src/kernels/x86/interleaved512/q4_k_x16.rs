@@ -1,4 +1,4 @@
-//! Q4_K tiles repacked at load (kernels/q4k_x16.rs has the layout) × Q8_K rows, AVX-512 VNNI.
+//! Q4_K tiles repacked once (kernels/q4k_x16.rs has the layout) × Q8_K rows, AVX-512 VNNI.
 //! The arithmetic is q4_k.rs's — exact integer super-block sums per output, then the float steps
 //! of the packed kernels — so every output equals the one-row kernel bit for bit; only the codes
 //! are unpacked here (an `and`, a shift) instead of before the call.
