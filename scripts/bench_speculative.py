@@ -75,7 +75,9 @@ def measure(prompts):
     with open("/proc/loadavg") as f:
         print(f"load average before: {' '.join(f.read().split()[:3])}")
     best = {}  # (prompt, mode) -> best report
+    paired = []  # per rep: (kind, mode) -> [tokens, decode seconds]
     for _ in range(REPS):
+        paired.append({})
         for path in prompts:
             prompt = path if path.suffix == ".json" else path.read_text()
             plain_tokens = None
@@ -85,6 +87,9 @@ def measure(prompts):
                     plain_tokens = r["tokens"]
                 elif r["tokens"] != plain_tokens:
                     sys.exit(f"{path.name}, {mode}: the tokens differ from plain greedy decoding")
+                t = paired[-1].setdefault((kind_of(path), mode), [0, 0.0])
+                t[0] += len(r["tokens"]) - 1
+                t[1] += (len(r["tokens"]) - 1) / r["decode_tok_s"]
                 key = (path.stem, mode)
                 if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
                     best[key] = r
@@ -102,7 +107,7 @@ def measure(prompts):
                                                         s["target_forward_passes"], s.get("free_passes", 0),
                                                         prepare_ms)) if s else "- | - | - | -"
             print(f"| {path.stem} | {mode} | {n} | {r['decode_tok_s']:.1f} | {r['decode_tok_s'] / plain['decode_tok_s']:.2f}x | {spec} |")
-            kind = path.stem.split("-")[0] + (" follow-up" if path.suffix == ".json" else "")
+            kind = kind_of(path)
             t = totals.setdefault((kind, mode), [0, 0.0, 0.0])
             # decode_tok_s counts the tokens after the first (the first comes from the prompt pass).
             t[0] += n - 1
@@ -117,8 +122,23 @@ def measure(prompts):
             n, sec, prepare = totals[(kind, mode)]
             rate, without = n / sec, n / (sec - prepare)
             print(f"| {kind} | {mode} | {n} | {rate:.1f} | {rate / plain_rate:.2f}x | {without:.1f} | {without / plain_rate:.2f}x |")
+    # The best rep of each mode may come from different moments of a shared machine, whose memory
+    # bandwidth (plain decoding's limit) swings by a third; within a rep a prompt's modes run
+    # back to back, so these ratios compare like with like.
+    print()
+    print("| paired within each rep: kind | mode | vs plain, rep by rep | median |")
+    print("|---|---|---|---|")
+    for kind in sorted({kind for kind, _ in totals}):
+        for mode, _ in MODES[1:]:
+            ratios = sorted(rep[(kind, MODES[0][0])][1] / rep[(kind, mode)][1] for rep in paired)
+            each = ", ".join(f"{rep[(kind, MODES[0][0])][1] / rep[(kind, mode)][1]:.2f}x" for rep in paired)
+            print(f"| {kind} | {mode} | {each} | {ratios[len(ratios) // 2]:.2f}x |")
     with open("/proc/loadavg") as f:
         print(f"load average after: {' '.join(f.read().split()[:3])}")
+
+
+def kind_of(path):
+    return path.stem.split("-")[0] + (" follow-up" if path.suffix == ".json" else "")
 
 
 if __name__ == "__main__":
