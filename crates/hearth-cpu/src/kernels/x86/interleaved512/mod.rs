@@ -42,6 +42,52 @@ unsafe fn store512(p: *mut u8, v: __m512i) {
     _mm512_storeu_si512(p as *mut __m512i, v)
 }
 
+/// Q8_K's 16 bsums of the super-block at `yb` added in pairs: one i16 per sub-block, as the i32
+/// of sub-blocks (2q, 2q + 1) for q in 0..4, the operand the mins' `dpwssd` takes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q8k_bsum_pairs(yb: *const u8) -> [i32; 4] {
+    let q8sums = load256(yb.add(super::kquants::Q8K_BSUMS));
+    let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+    let mut bsums = [0i32; 4];
+    _mm_storeu_si128(bsums.as_mut_ptr() as *mut __m128i, pair_sums);
+    bsums
+}
+
+/// The float steps of one super-block i for R activation rows `y`, those of the packed kernels
+/// (`q4k_accumulate` in kquants.rs): per row, lane l, f32(S) · (xd · yd) and f32(M) · (xdmin · yd)
+/// onto the two FMA chains `acc` and `acc_min`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_super_block<const R: usize>(
+    acc: &mut [__m512; R],
+    acc_min: &mut [__m512; R],
+    sums: &[__m512i; R],
+    min_sums: &[__m512i; R],
+    d: __m512,
+    dmin: __m512,
+    y: &[*const u8; R],
+    i: usize,
+) {
+    for r in 0..R {
+        let yd = _mm512_set1_ps(super::kquants::q8k_d(y[r].add(i * super::kquants::Q8K_BYTES)));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, yd), acc[r]);
+        acc_min[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), _mm512_mul_ps(dmin, yd), acc_min[r]);
+    }
+}
+
+/// The outputs of the two chains: `out[r][l]` = acc − acc_min.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn chain_outputs<const R: usize>(acc: &[__m512; R], acc_min: &[__m512; R]) -> [[f32; ROWS]; R] {
+    let mut out = [[0f32; ROWS]; R];
+    for r in 0..R {
+        _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_sub_ps(acc[r], acc_min[r]));
+    }
+    out
+}
+
 /// The 16 × 16 i32 matrix `rows` transposed: lane l of the result's register c is lane c of
 /// `rows[l]` (four rounds of 16 shuffles).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

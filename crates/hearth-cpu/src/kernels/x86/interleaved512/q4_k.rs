@@ -3,7 +3,7 @@
 //! `q4k_accumulate`: f32(S) · (xd · yd) and f32(M) · (xdmin · yd) in two FMA chains, one step
 //! per super-block, then their difference.
 
-use super::super::kquants::{mins_and_scales, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::super::kquants::{mins_and_scales, Q8K_BYTES, Q8K_QS};
 use super::*;
 
 // One interleaved super-block of the 16 rows, after the codes (byte offsets):
@@ -93,26 +93,12 @@ pub(super) unsafe fn tile<const R: usize>(nb: usize, blocks: *const u8, y: [*con
         }
         let mut min_sums = [_mm512_setzero_si512(); R];
         for r in 0..R {
-            let yb = y[r].add(i * Q8K_BYTES);
-            // Q8_K's 16 bsums added in pairs: one i16 per sub-block, as i32 lanes of 2 sub-blocks.
-            let q8sums = load256(yb.add(Q8K_BSUMS));
-            let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-            let mut bsums = [0i32; 4];
-            _mm_storeu_si128(bsums.as_mut_ptr() as *mut __m128i, pair_sums);
-            for (q, &b) in bsums.iter().enumerate() {
+            for (q, &b) in q8k_bsum_pairs(y[r].add(i * Q8K_BYTES)).iter().enumerate() {
                 min_sums[r] = _mm512_dpwssd_epi32(min_sums[r], load512(blk.add(MINS + q * 64)), _mm512_set1_epi32(b));
             }
         }
         let (d, dmin) = (_mm512_loadu_ps(blk.add(D) as *const f32), _mm512_loadu_ps(blk.add(DMIN) as *const f32));
-        for r in 0..R {
-            let yd = _mm512_set1_ps(q8k_d(y[r].add(i * Q8K_BYTES)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, yd), acc[r]);
-            acc_min[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), _mm512_mul_ps(dmin, yd), acc_min[r]);
-        }
+        accumulate_super_block(&mut acc, &mut acc_min, &sums, &min_sums, d, dmin, &y, i);
     }
-    let mut out = [[0f32; ROWS]; R];
-    for r in 0..R {
-        _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_sub_ps(acc[r], acc_min[r]));
-    }
-    out
+    chain_outputs(&acc, &acc_min)
 }

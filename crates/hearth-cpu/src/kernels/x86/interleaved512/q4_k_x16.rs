@@ -3,7 +3,7 @@
 //! of the packed kernels — so every output equals the one-row kernel bit for bit; only the codes
 //! are unpacked here (an `and`, a shift) instead of before the call.
 
-use super::super::kquants::{q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::super::kquants::{Q8K_BYTES, Q8K_QS};
 use super::*;
 use crate::kernels::q4k_x16::{BLOCK, CODES, D, DMIN, MINS, SCALES};
 
@@ -113,30 +113,16 @@ unsafe fn tile<const R: usize, const C: usize>(nb: usize, blocks: *const u8, pre
         }
         let mut min_sums = [_mm512_setzero_si512(); R];
         for r in 0..R {
-            let yb = y[r].add(i * Q8K_BYTES);
-            // Q8_K's 16 bsums added in pairs: one i16 per sub-block, as i32 lanes of 2 sub-blocks.
-            let q8sums = load256(yb.add(Q8K_BSUMS));
-            let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-            let mut bsums = [0i32; 4];
-            _mm_storeu_si128(bsums.as_mut_ptr() as *mut __m128i, pair_sums);
-            for (q, &b) in bsums.iter().enumerate() {
+            for (q, &b) in q8k_bsum_pairs(y[r].add(i * Q8K_BYTES)).iter().enumerate() {
                 let mins = _mm512_cvtepu8_epi16(load256(blk.add(MINS + q * 32)));
                 min_sums[r] = _mm512_dpwssd_epi32(min_sums[r], mins, _mm512_set1_epi32(b));
             }
         }
         let d = _mm512_cvtph_ps(load256(blk.add(D)));
         let dmin = _mm512_cvtph_ps(load256(blk.add(DMIN)));
-        for r in 0..R {
-            let yd = _mm512_set1_ps(q8k_d(y[r].add(i * Q8K_BYTES)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, yd), acc[r]);
-            acc_min[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), _mm512_mul_ps(dmin, yd), acc_min[r]);
-        }
+        accumulate_super_block(&mut acc, &mut acc_min, &sums, &min_sums, d, dmin, &y, i);
     }
-    let mut out = [[0f32; ROWS]; R];
-    for r in 0..R {
-        _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_sub_ps(acc[r], acc_min[r]));
-    }
-    out
+    chain_outputs(&acc, &acc_min)
 }
 
 /// `kernels::q4k_x16::repack_tile` with AVX-512: each super-block of the 16 rows at `x0`
