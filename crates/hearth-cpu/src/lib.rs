@@ -108,7 +108,8 @@ impl CpuBackend {
             counters: BackendCounters::default(),
             debug: exec::DebugOptions::from_env(),
             numerics: Numerics::Hearth,
-            repack: std::env::var_os("HEARTH_NO_REPACK").is_none(),
+            // HEARTH_NO_REPACK=0 (or empty) leaves repacking on, as unset does.
+            repack: std::env::var("HEARTH_NO_REPACK").map_or(true, |v| matches!(v.as_str(), "" | "0")),
             #[cfg(not(target_arch = "wasm32"))]
             pool: shared_pool(threads)?,
         })
@@ -122,8 +123,8 @@ impl CpuBackend {
     }
 
     /// Whether Q4_K matrices are repacked into tiles of 16 interleaved rows (default true, unless
-    /// `HEARTH_NO_REPACK` is set; it happens only where this CPU has AVX-512 VNNI, whose kernel
-    /// reads them), each at its first mat-mul. A repacked weight is an owned copy, 2.8% larger
+    /// `HEARTH_NO_REPACK` is set to anything but 0; it happens only where this CPU has AVX-512
+    /// VNNI, whose kernel reads them), each at its first mat-mul. A repacked weight is an owned copy, 2.8% larger
     /// than its rows; a memory-mapped model's pages it was read from are released (rows read
     /// later, by embedding lookups or `Numerics::LlamaCpp`, come back from the file), other
     /// sources keep both. Every mat-mul then reads the tiles without rearranging: speculative
