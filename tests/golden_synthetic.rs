@@ -5,7 +5,7 @@
 //! Models and references are in the repository, so this runs with no download. Rules:
 //! tests/support/golden.rs. Unquantized models must agree to 0.03 nats at worst (0.005 on
 //! average): llama.cpp's decode attention rounds its V accumulator to f16 at every key, ours
-//! stays in f32 (one batch-invariant path, see crates/hearth-cpu/src/attention.rs), which
+//! stays in f32 (one batch-invariant path, see crates/hearth-cpu/src/attention/mod.rs), which
 //! moves the worst log-prob by ~0.02. Quantized ones carry llama.cpp's activation-quantization
 //! noise and get the real models' bounds.
 

@@ -1,5 +1,6 @@
-//! The generation loop: prompt → prefill (in chunks) → sample → decode, with the KV cache kept
-//! between calls so a chat turn only evaluates what is new.
+//! Generation for one sequence: prompt → prefill (in chunks) → sample → decode, with the KV cache
+//! kept between calls so a chat turn only evaluates what is new. (Many requests at once go through
+//! [`crate::scheduler`]; draft-and-verify decoding through [`crate::speculative`].)
 
 use crate::backend::{Backend, Readback};
 use crate::block_on::block_on;
@@ -51,7 +52,8 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
-    /// Stop at the model's end-of-generation tokens (true for normal use).
+    /// Generate through the model's end-of-generation tokens instead of stopping at them (false
+    /// for normal use; true when a benchmark needs exactly `max_tokens`).
     pub ignore_eos: bool,
 }
 
@@ -313,7 +315,10 @@ impl StepScores {
     }
 }
 
-/// A [`Session`] plus the tokenizer and chat template: text in, text out.
+/// A [`Session`] plus the model's tokenizer and chat template: [`Engine::generate`] takes prompt
+/// token ids and streams text. The template is kept for the caller, who renders a conversation
+/// with [`Engine::chat_template`] and tokenizes it with [`Engine::tokenizer`]; `generate` does not
+/// apply it.
 pub struct Engine {
     session: Session,
     tokenizer: Tokenizer,
@@ -376,8 +381,7 @@ impl Engine {
         block_on(self.generate_async(prompt, options, on_text))
     }
 
-    /// The generation loop (the only one): [`Engine::generate`] for backends whose logits arrive
-    /// later (WebGPU in a browser).
+    /// [`Engine::generate`] for backends whose logits arrive later (WebGPU in a browser).
     pub async fn generate_async(
         &mut self,
         prompt: &[u32],

@@ -23,10 +23,10 @@ const N_EXACT: usize = 32;
 /// bits (act_quant.wgsl reproduces the CPU's Q8_K/Q8_0 blocks) but sum in different orders, and a
 /// last-bit difference that flips one activation's rounding moves it by a whole quantization
 /// step; over 24-28 layers the logits drift apart by a few hundredths on average (the
-/// |Δ log-prob| bounds below) and by up to ~0.2 at some steps. With 1e-2 the test held only as
-/// long as no step of its prompt had a margin in between: a change of the CPU's Q4_K/Q6_K
-/// summation order alone (session 8, exact integer sums per super-block) made Qwen 0.5B part at
-/// step 11 (CPU margin 0.024, wgpu gap 0.18) and Qwen 1.5B at step 6 (0.091, 0.036).
+/// |Δ log-prob| bounds below) and by up to ~0.2 at some steps. A bound of 1e-2 holds only while
+/// no step of the prompt has a margin in between: a change of the CPU's summation order alone
+/// (exact integer sums per Q4_K/Q6_K super-block, say) can make the backends part at a CPU
+/// margin of 0.02-0.09.
 const NEAR_TIE: f32 = 0.25;
 
 fn wgpu_session(stem: &str, options: &EngineOptions) -> Option<(GgufFile, Session)> {
@@ -166,10 +166,9 @@ fn gpu_variant(session: &Session) -> String {
 }
 
 // Log-prob bounds as in tests/golden_greedy.rs (CPU vs llama.cpp, 16 tokens), except the means:
-// over these 32 tokens Gemma measures 0.161, Qwen 1.5B 0.082 and Qwen 0.5B 0.083 (0.5B: since
-// session 9's return of the CPU's Q6_K to ggml's 8-partial-sum rounding; the low-ranked log-probs
-// of the top-5, far below the top-1, are where the logits' error shows most), so both Qwens are
-// held to 0.1.
+// over these 32 tokens Gemma measures 0.161, Qwen 1.5B 0.082 and Qwen 0.5B 0.083 (the low-ranked
+// log-probs of the top-5, far below the top-1, are where the logits' error shows most), so both
+// Qwens are held to 0.1.
 #[test]
 fn gemma_270m_greedy_matches_cpu() {
     exact_greedy_tokens(GEMMA_270M, "def fibonacci(n):", 1.2, 0.2);
@@ -318,7 +317,7 @@ fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     assert!(metrics.accepted > 0, "no draft was accepted, so nothing was verified in a batch: {metrics:?}");
 }
 
-/// Sampling on the device: the engine's greedy decoding now reads back the top 1 (GPU argmax)
+/// Sampling on the device: the engine's greedy decoding reads back the top 1 (GPU argmax)
 /// and seeded top-k sampling the top-k candidates; both must give exactly the tokens of the
 /// full-logits path on the same backend (host argmax / host sampler over the whole row). A
 /// warmed-up candidate step builds nothing, submits once and reads back 8 bytes per candidate.

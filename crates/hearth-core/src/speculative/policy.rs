@@ -3,10 +3,11 @@
 //! of what drafting and verifying cost on this machine (measured online, per verification width).
 //!
 //! Speculation only pays where a pass of `1 + k` rows costs little more than a pass of one: on a
-//! GPU, nearly always; on a CPU with a few cores, only when most drafts are kept (a 4-row pass of
-//! Qwen2.5-1.5B cost 2.2 single passes on 2 cores). A fixed rule is wrong on one of them, so the
-//! policy measures both sides and falls back to plain decoding (k = 0) whenever speculation would
-//! be slower, so turning it on never costs more than the probes that keep the estimates fresh.
+//! GPU, nearly always; on a CPU with a few cores, only when most drafts are kept (on 2 cores a
+//! 4-row pass of Qwen2.5-1.5B costs 2.2 single passes). A fixed rule is wrong on one of them, so
+//! the policy measures both sides and falls back to plain decoding (k = 0) whenever speculation
+//! would be slower, so turning it on never costs more than the probes that keep the estimates
+//! fresh.
 //!
 //! Model: draft token i (1-based) of a proposal is kept with probability p^i (each is kept given
 //! the previous one was, with probability p), so verifying k drafts yields on average
@@ -59,9 +60,8 @@ const MIN_GAIN_TO_DRAFT: f64 = 1.05;
 
 /// A drafter that costs time is judged by its running acceptance only once this many of its
 /// requested positions have been (kept, rejected or stopped short of); before that it drafts
-/// as if [`EXPLORATION_ACCEPTANCE`] were its rate when its estimate says pause. One unlucky
-/// first proposal (a single draft, rejected) paused Qwen2.5-Coder-0.5B for 21 steps on a code
-/// edit where it then kept 97% of its drafts.
+/// as if [`EXPLORATION_ACCEPTANCE`] were its rate when its estimate says pause, so that one
+/// rejected first draft does not pause a drafter that would keep most of the rest.
 const MIN_JUDGED_POSITIONS: usize = 4;
 /// The acceptance a costly drafter is credited with until [`MIN_JUDGED_POSITIONS`]: the rule of
 /// succession's prior for a drafter sure of one token, (1 + 1) / (1 + 2).
@@ -130,9 +130,9 @@ impl PassCosts {
     /// the nearest measured widths (a CPU's cost is not linear over all widths: its mat-muls
     /// work in groups of rows), or extrapolated with the mean slope from the narrowest measured
     /// width to the widest. With nothing measured on one side the nearest measured cost stands
-    /// in. Both err on the cheap side, so that wider passes get tried and measured: the slope of
-    /// the two widest measured alone was often a group's boundary (3 to 4 rows on 2 CPU cores:
-    /// 8.7 ms a row, against 5 ms a row from 4 to 16), and wider passes never got tried.
+    /// in. Both err on the cheap side, so that wider passes get tried and measured: the slope
+    /// between the two widest measured widths alone can be the jump at a group's boundary (on a
+    /// CPU, far steeper than the mean slope), and would keep wider passes from being tried.
     fn estimate(&self, width: usize) -> f64 {
         let width = width.min(TRACKED_WIDTHS - 1);
         if let Some(ms) = self.measured(width) {
@@ -229,8 +229,8 @@ impl DraftPolicy {
 
     /// [`Self::acceptance`] per requested position (stops count as misses): what a request of k
     /// tokens yields, which decides how many to request. A draft model stops where it is
-    /// unsure, so its proposals are kept often (prose: 9 in 10) but are short: judged by
-    /// `acceptance`, drafting on prose looked worth it and ran at 0.7x plain decoding.
+    /// unsure, so its proposals are kept often but are short: judged by `acceptance`, drafting
+    /// would look worth it where it is slower than plain decoding.
     fn acceptance_per_request(&self) -> f64 {
         (self.requested.kept + 2.0) / (self.requested.total() + 3.0)
     }
