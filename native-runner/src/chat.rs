@@ -11,6 +11,7 @@ use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
+use hearth_core::request::Prompt;
 use hearth_core::speculative::PolicyMemory;
 use std::io::{BufRead, Write};
 
@@ -63,11 +64,8 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
-        let text = match engine.chat_template() {
-            Some(t) => t.render(&messages, true)?,
-            None => bail!("chat template disappeared"),
-        };
-        let prompt = load::tokenize_prompt(&engine, &text, true)?;
+        let turns = messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+        let prompt = Prompt::Chat(turns).tokenize(engine.tokenizer(), engine.chat_template(), None)?;
         if prompt.len() + 1 >= engine.session().n_ctx() {
             messages.pop();
             eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.session().n_ctx());

@@ -2,9 +2,9 @@
 
 use crate::{fetch, ModelArgs};
 use anyhow::{bail, Context, Result};
-use hearth_core::backend::Backend;
+use hearth_core::backend::{Backend, BackendKind};
+use hearth_core::CoreError;
 use hearth_core::engine::{Engine, EngineOptions};
-use hearth_core::kv::KvType;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::gguf::GgufFile;
 use hearth_core::runner::Runner;
@@ -19,36 +19,49 @@ pub struct Loaded {
     pub load_ms: f64,
 }
 
-pub fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
+/// Opens the backend `--backend` names. For `auto`: wgpu when a real GPU adapter opens (a software
+/// adapter such as lavapipe or WARP is slower than the CPU backend), else the CPU.
+fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
     // Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid" on every probe of a headless
     // machine without a session dir; give them one so `--backend auto` stays quiet.
-    if args.backend != "cpu" && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+    if args.backend != BackendKind::Cpu && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
-    let numerics = match args.numerics.as_str() {
-        "hearth" => hearth_cpu::Numerics::Hearth,
-        "llama-cpp" => hearth_cpu::Numerics::LlamaCpp,
-        other => bail!("unknown numerics '{other}' (expected hearth or llama-cpp)"),
-    };
-    let cpu = || -> Result<Box<dyn Backend>> { Ok(Box::new(hearth_cpu::CpuBackend::new(args.threads)?.with_numerics(numerics))) };
-    let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
-    if numerics == hearth_cpu::Numerics::LlamaCpp {
-        return match args.backend.as_str() {
-            "auto" | "cpu" => cpu(),
-            other => bail!("--numerics llama-cpp is the CPU backend's; it cannot run on backend '{other}'"),
-        };
+    let numerics = args.numerics;
+    if numerics == hearth_cpu::Numerics::LlamaCpp && !matches!(args.backend, BackendKind::Auto | BackendKind::Cpu) {
+        bail!("--numerics llama-cpp is the CPU backend's; it cannot run on backend '{}'", args.backend);
     }
-    match args.backend.as_str() {
-        "cpu" => cpu(),
-        "wgpu" => Ok(Box::new(open_wgpu()?)),
-        // wgpu when a real GPU adapter opens; a software adapter (lavapipe, WARP) would be slower
-        // than the CPU backend, so then and without any adapter it is the CPU.
-        "auto" => match open_wgpu() {
+    let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
+    match args.backend {
+        BackendKind::Cpu => cpu_backend(args),
+        BackendKind::Auto if numerics == hearth_cpu::Numerics::LlamaCpp => cpu_backend(args),
+        BackendKind::Wgpu => Ok(Box::new(open_wgpu()?)),
+        BackendKind::Auto => match open_wgpu() {
             Ok(b) if b.info().device_type != "Cpu" => Ok(Box::new(b)),
-            _ => cpu(),
+            _ => cpu_backend(args),
         },
-        "cuda" => bail!("backend 'cuda' is not available in this build (available: auto, cpu, wgpu)"),
-        other => bail!("unknown backend '{other}' (expected auto, cpu or wgpu)"),
+        BackendKind::Cuda => bail!("backend 'cuda' is not available in this build (available: auto, cpu, wgpu)"),
+    }
+}
+
+fn cpu_backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
+    let options = hearth_cpu::CpuOptions { threads: args.threads, numerics: args.numerics, ..hearth_cpu::CpuOptions::from_env() };
+    Ok(Box::new(hearth_cpu::CpuBackend::with_options(options)?))
+}
+
+/// Loads onto the backend `--backend` names; with `auto`, a model the GPU backend refuses (a
+/// weight type it has no kernel for) is loaded on the CPU instead, with a note on stderr.
+pub fn load_with<T>(args: &ModelArgs, mut load: impl FnMut(Box<dyn Backend>) -> hearth_core::Result<T>) -> Result<T> {
+    let backend = backend(args)?;
+    let name = backend.name().to_string();
+    match load(backend) {
+        Err(CoreError::Unsupported { what, .. }) if args.backend == BackendKind::Auto && name != "cpu" => {
+            if !args.quiet {
+                eprintln!("the {name} backend does not support {what}; running on the CPU");
+            }
+            Ok(load(cpu_backend(args)?)?)
+        }
+        other => Ok(other?),
     }
 }
 
@@ -63,9 +76,11 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let (file, path) = open(args)?;
     let bar = progress_bar(&path, args.quiet);
     let options = engine_options(args, 1)?;
-    let engine = Engine::load(&file, backend(args)?, &options, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
+    let engine = load_with(args, |backend| {
+        Engine::load(&file, backend, &options, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
     })
     .with_context(|| format!("loading {}", path.display()))?;
     bar.finish_and_clear();
@@ -90,7 +105,7 @@ pub fn progress_bar(path: &std::path::Path, quiet: bool) -> ProgressBar {
 
 /// Engine options from the command line, for `max_sequences` concurrent requests.
 pub fn engine_options(args: &ModelArgs, max_sequences: usize) -> Result<EngineOptions> {
-    let kv_type = KvType::parse(&args.kv_type)?;
+    let kv_type = args.kv_type;
     Ok(EngineOptions { n_ctx: args.ctx_size, kv_type, kv_memory: args.kv_memory, max_sequences, ..EngineOptions::default() })
 }
 
@@ -112,29 +127,6 @@ pub fn load_runner(args: &ModelArgs, max_sequences: usize) -> Result<LoadedRunne
     let tokenizer = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
     let tokenizer_copy = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
     let chat_template = ChatTemplate::from_gguf(&file.metadata).context("reading the chat template")?;
-    let runner = Runner::load(&file, backend(args)?, &options, &mut |_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let runner = load_with(args, |backend| Runner::load(&file, backend, &options, &mut |_, _| {})).with_context(|| format!("loading {}", path.display()))?;
     Ok(LoadedRunner { runner, tokenizer, tokenizer_copy, chat_template, path, options })
-}
-
-/// Tokenizes text produced by a chat template: the template writes BOS itself when the model
-/// wants it, so the tokenizer must not add a second one.
-pub fn tokenize_prompt(engine: &Engine, text: &str, templated: bool) -> Result<Vec<u32>> {
-    tokenize_with(engine.tokenizer(), text, templated)
-}
-
-pub fn tokenize_with(tok: &Tokenizer, text: &str, templated: bool) -> Result<Vec<u32>> {
-    let mut add_bos = tok.add_bos_default();
-    if templated {
-        if let Some(bos) = tok.bos() {
-            let bos_text = String::from_utf8_lossy(&tok.token_bytes(bos)).into_owned();
-            if !bos_text.is_empty() && text.starts_with(&bos_text) {
-                add_bos = false;
-            }
-        }
-    }
-    let ids = tok.encode(text, add_bos, true)?;
-    if ids.is_empty() {
-        bail!("the prompt is empty");
-    }
-    Ok(ids)
 }

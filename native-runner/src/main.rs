@@ -11,6 +11,8 @@ mod serve;
 mod speculative;
 
 use clap::{Args, Parser, Subcommand};
+use hearth_core::backend::BackendKind;
+use hearth_core::kv::KvType;
 
 #[derive(Parser)]
 #[command(name = "hearth", version, about = "Hearth: LLM inference on CPU and GPU, natively and in the browser")]
@@ -53,19 +55,21 @@ pub struct ModelArgs {
     /// A .gguf path, a built-in model name (see `hearth models list`) or an http(s) URL.
     #[arg(short = 'm', long = "model", default_value = "qwen2.5-coder-0.5b")]
     pub model: String,
-    /// auto (a real GPU through wgpu when one is available, else the CPU), cpu or wgpu.
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
+    /// auto (a real GPU through wgpu when one is available and runs the model, else the CPU), cpu
+    /// or wgpu.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: BackendKind,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
     /// Context size in tokens (default: min(training context, 4096)).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
-    /// How the KV cache stores keys and values: f16 (default), q8_0 (about half the memory) or
-    /// f32. q8_0 costs quality on some models (see docs/BENCHMARKS.md).
-    #[arg(long = "kv-type", default_value = "f16")]
-    pub kv_type: String,
+    /// How the KV cache stores keys and values: f16 (default), q8_0 (about half the memory), q4_0
+    /// (about a quarter) or f32. q8_0 and q4_0 cost quality on some models (see
+    /// docs/BENCHMARKS.md).
+    #[arg(long = "kv-type", default_value = "f16", value_parser = parse_kv_type)]
+    pub kv_type: KvType,
     /// Bytes for the KV cache (suffixes K, M, G); default: room for the whole context (per
     /// concurrent request when serving). The context that fits is printed at load.
     #[arg(long = "kv-memory", value_parser = parse_bytes)]
@@ -74,11 +78,31 @@ pub struct ModelArgs {
     /// token's result never depends on its batch) or llama-cpp (llama.cpp's CPU backend bit for bit
     /// on AVX-512 x86 for prompts under 64 tokens and contexts under 512: the same logits, for
     /// checking a model against it). llama-cpp runs on the CPU backend.
-    #[arg(long, default_value = "hearth")]
-    pub numerics: String,
+    #[arg(long, default_value = "hearth", value_parser = parse_numerics)]
+    pub numerics: hearth_cpu::Numerics,
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// `--backend`: auto, cpu, wgpu (cuda is named, and refused at load until it is built).
+fn parse_backend(text: &str) -> Result<BackendKind, String> {
+    match BackendKind::parse(text) {
+        Ok(kind) => Ok(kind),
+        Err(_) => Err(format!("unknown backend '{text}' (expected auto, cpu or wgpu)")),
+    }
+}
+
+fn parse_kv_type(text: &str) -> Result<KvType, String> {
+    KvType::parse(text).map_err(|e| e.to_string())
+}
+
+fn parse_numerics(text: &str) -> Result<hearth_cpu::Numerics, String> {
+    match text {
+        "hearth" => Ok(hearth_cpu::Numerics::Hearth),
+        "llama-cpp" => Ok(hearth_cpu::Numerics::LlamaCpp),
+        other => Err(format!("unknown numerics '{other}' (expected hearth or llama-cpp)")),
+    }
 }
 
 /// "512M", "2G", "1048576" → bytes.
@@ -128,7 +152,7 @@ fn quiet_on_closed_stdout() {
 fn models(action: ModelsAction) -> anyhow::Result<()> {
     match action {
         ModelsAction::List => {
-            println!("{:<22} {:>10}  {:<8} {}", "NAME", "SIZE", "CACHED", "FILE");
+            println!("{:<22} {:>10}  {:<8} FILE", "NAME", "SIZE", "CACHED");
             for m in fetch::list_models() {
                 let state = if m.verified { "yes" } else if m.cached { "unverified" } else { "no" };
                 println!("{:<22} {:>7} MB  {:<8} {}", m.name, m.size / 1_000_000, state, m.path.display());

@@ -5,9 +5,8 @@ use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{GenerateOptions, Generation};
-use hearth_core::sampling::SamplingParams;
+use hearth_core::request::{Prompt, Request, Stop};
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -58,6 +57,9 @@ pub struct SamplingArgs {
     /// 1.0 = off.
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at: -1 = the whole history, 0 = none.
+    #[arg(long = "repeat-last-n", default_value_t = -1, allow_hyphen_values = true)]
+    pub repeat_last_n: i64,
     #[arg(long = "presence-penalty", default_value_t = 0.0)]
     pub presence_penalty: f32,
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
@@ -74,29 +76,29 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The flags as the one request schema's fields, checked by its validation (the ranges of
+    /// `hearth serve` and the browser).
     pub fn options(&self) -> Result<GenerateOptions> {
-        if !(self.temperature >= 0.0) || !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
-            bail!("invalid sampling parameters: temperature must be ≥ 0, top-p and min-p in [0, 1]");
-        }
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        Ok(GenerateOptions {
-            max_tokens: self.max_tokens,
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                presence_penalty: self.presence_penalty,
-                frequency_penalty: self.frequency_penalty,
-                seed,
-                ..SamplingParams::default()
-            },
-            stop: self.stop.clone(),
-            ignore_eos: self.ignore_eos,
-        })
+        let request = Request {
+            max_tokens: Some(i64::try_from(self.max_tokens).unwrap_or(i64::MAX)),
+            temperature: Some(self.temperature),
+            top_k: Some(i64::try_from(self.top_k).unwrap_or(i64::MAX)),
+            top_p: Some(self.top_p),
+            min_p: Some(self.min_p),
+            repetition_penalty: Some(self.repeat_penalty),
+            repeat_last_n: Some(self.repeat_last_n),
+            presence_penalty: Some(self.presence_penalty),
+            frequency_penalty: Some(self.frequency_penalty),
+            seed: Some(seed as i64),
+            stop: Some(Stop::Many(self.stop.clone())),
+            ignore_eos: Some(self.ignore_eos),
+            ..Request::default()
+        };
+        let (max_tokens, options) = request.generation_options(seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
+        Ok(GenerateOptions { max_tokens: max_tokens.unwrap_or(self.max_tokens), ..options })
     }
 }
 
@@ -105,29 +107,24 @@ pub fn run(args: RunArgs) -> Result<()> {
     let options = args.sampling.options()?;
     let conversation = args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
-    let (text, templated) = match (&conversation, &args.prompt) {
-        (Some(messages), _) => {
-            let Some(template) = engine.chat_template() else {
+    let prompt = match (conversation, &args.prompt) {
+        (Some(conversation), _) => {
+            if engine.chat_template().is_none() {
                 bail!("{} has no chat template, so it cannot continue a conversation; use -p", path.display());
-            };
-            (template.render_json(messages, true, None)?, true)
+            }
+            conversation
         }
         (None, Some(prompt)) if args.chat => {
-            let template = match engine.chat_template() {
-                Some(t) => t,
-                None => bail!("{} has no chat template; run without --chat", path.display()),
-            };
-            let mut messages = Vec::new();
-            if let Some(system) = &args.system {
-                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+            if engine.chat_template().is_none() {
+                bail!("{} has no chat template; run without --chat", path.display());
             }
-            messages.push(ChatMessage { role: "user".into(), content: prompt.clone() });
-            (template.render(&messages, true)?, true)
+            let system = args.system.iter().map(|s| serde_json::json!({"role": "system", "content": s}));
+            Prompt::Chat(system.chain([serde_json::json!({"role": "user", "content": prompt})]).collect())
         }
-        (None, Some(prompt)) => (prompt.clone(), false),
+        (None, Some(prompt)) => Prompt::Text(prompt.clone()),
         (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
-    let prompt = load::tokenize_prompt(&engine, &text, templated)?;
+    let prompt = prompt.tokenize(engine.tokenizer(), engine.chat_template(), None)?;
     let mut drafter = args.speculative.drafter(&args.model, &engine)?;
     let speculative = args.speculative.options();
     let stream = !args.json;
@@ -166,7 +163,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// The conversation in `file` (a JSON array of messages), `system` first when given: checked
 /// before the model loads, rendered with its chat template after.
-fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<serde_json::Value> {
+fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<Prompt> {
     let text = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the conversation from stdin")?
     } else {
@@ -189,7 +186,8 @@ fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<ser
         bail!("{} starts with a system message and --system gives another: keep one", file.display());
     }
     let system = system.map(|s| serde_json::json!({ "role": "system", "content": s }));
-    Ok(serde_json::Value::Array(system.into_iter().chain(list.iter().cloned()).collect()))
+    let messages: Vec<serde_json::Value> = system.into_iter().chain(list.iter().cloned()).collect();
+    Prompt::from_messages(Some(&messages)).with_context(|| format!("the conversation in {}", file.display()))
 }
 
 fn report(

@@ -91,9 +91,11 @@ impl SpeculativeArgs {
         };
         let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, ..EngineOptions::default() };
         let bar = load::progress_bar(&path, target.quiet);
-        let session = Session::load(&file, load::backend(&draft_args)?, &options, &mut |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
+        let session = load::load_with(&draft_args, |backend| {
+            Session::load(&file, backend, &options, &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })
         })
         .with_context(|| format!("loading the draft model {}", path.display()))?;
         bar.finish_and_clear();

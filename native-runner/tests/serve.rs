@@ -72,6 +72,22 @@ fn bad_input_gets_openai_errors() {
     assert_error(&post(addr, chat, &chat_body(4, json!({"temperature": 3.5}))), 400, None, Some("temperature"));
     assert_error(&post(addr, chat, &chat_body(4, json!({"logit_bias": {"abc": 1}}))), 400, None, Some("logit_bias"));
     assert_error(&post(addr, "/v1/completions", &json!({"max_tokens": 4})), 400, None, Some("prompt"));
+    // What the server does not implement is refused by name, never ignored with a 200.
+    for (extra, param) in [
+        (json!({"response_format": {"type": "json_object"}}), "response_format"),
+        (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), "tools"),
+        (json!({"logprobs": true}), "logprobs"),
+        (json!({"n": 2}), "n"),
+        (json!({"speculative": {"mode": "lookup"}}), "speculative"),
+    ] {
+        assert_error(&post(addr, chat, &chat_body(4, extra)), 400, None, Some(param));
+    }
+    let unknown = post(addr, chat, &chat_body(4, json!({"temprature": 0.5})));
+    assert_error(&unknown, 400, None, Some("temprature"));
+    assert!(unknown.text().contains("unknown field `temprature`"), "{}", unknown.text());
+    // Their neutral values are accepted.
+    let neutral = post(addr, chat, &chat_body(2, json!({"response_format": {"type": "text"}, "n": 1, "logprobs": false, "user": "u1"})));
+    assert_eq!(neutral.status, 200, "{}", neutral.text());
     let body = chat_body(4, json!({})).to_string();
     assert_error(&request(addr, "POST", chat, None, &body), 401, Some("invalid_api_key"), None);
     assert_error(&request(addr, "POST", chat, Some("wrong"), &body), 401, Some("invalid_api_key"), None);
@@ -303,6 +319,18 @@ fn a_predicted_output_is_drafted_from_without_lookup() {
     assert_eq!(post(addr, "/v1/chat/completions", &chat_body(32, parts)).json()["choices"][0]["message"]["content"], expected);
     for bad in [json!({"type": "text", "content": "x"}), json!({"type": "content", "content": 5}), json!("x")] {
         assert_error(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"prediction": bad}))), 400, None, Some("prediction"));
+    }
+}
+
+#[test]
+fn the_model_id_is_a_name_and_alias_sets_it() {
+    let server = Server::start(&["--alias", "coder"]);
+    let models = get(&server.addr, "/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "coder");
+    for name in ["coder", MODEL] {
+        let r = post(&server.addr, "/v1/completions", &json!({"model": name, "prompt": "1, 2,", "max_tokens": 2, "temperature": 0}));
+        assert_eq!(r.status, 200, "model {name}: {}", r.text());
+        assert_eq!(r.json()["model"], "coder");
     }
 }
 

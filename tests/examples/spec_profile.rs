@@ -30,7 +30,7 @@ const PROSE: &str = "Write a short paragraph about why lighthouses were importan
 
 fn engine(stem: &str) -> Engine {
     let file = GgufFile::open(&model_path(stem)).expect("open");
-    let backend = hearth_cpu::CpuBackend::new(Some(2)).expect("cpu backend");
+    let backend = hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions { threads: Some(2), ..hearth_cpu::CpuOptions::from_env() }).expect("cpu backend");
     let options = EngineOptions {
         n_ctx: 1024,
         ..EngineOptions::default()
@@ -122,7 +122,7 @@ fn main() {
     // DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
     let draft_vocab = std::env::var("DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
     let draft_options = EngineOptions { n_ctx: 1024, logits_vocab: draft_vocab, ..EngineOptions::default() };
-    let draft_session = hearth_core::engine::Session::load(&draft_file, Box::new(hearth_cpu::CpuBackend::new(Some(2)).expect("cpu")), &draft_options, &mut |_, _| {}).expect("load draft");
+    let draft_session = hearth_core::engine::Session::load(&draft_file, Box::new(hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions { threads: Some(2), ..hearth_cpu::CpuOptions::from_env() }).expect("cpu")), &draft_options, &mut |_, _| {}).expect("load draft");
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
     let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     if std::env::var("SKIP_PASSES").is_err() {

@@ -6,7 +6,7 @@ pub mod golden;
 use hearth_core::runner::Runner;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
-use hearth_cpu::CpuBackend;
+use hearth_cpu::{CpuBackend, CpuOptions};
 pub use hearth_cpu::Numerics;
 use std::path::PathBuf;
 
@@ -61,17 +61,17 @@ pub fn cpu_session_at(path: &std::path::Path, n_ctx: usize) -> (GgufFile, Sessio
 /// [`cpu_session_at`] with the CPU backend computing in `numerics`.
 pub fn cpu_session_numerics(path: &std::path::Path, n_ctx: usize, numerics: Numerics) -> (GgufFile, Session) {
     let file = GgufFile::open(path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
-    let backend = CpuBackend::new(None).expect("cpu backend").with_numerics(numerics);
+    let backend = CpuBackend::with_options(CpuOptions { numerics, ..CpuOptions::from_env() }).expect("cpu backend");
     let options = EngineOptions { n_ctx, ..EngineOptions::default() };
     let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
     (file, session)
 }
 
-/// [`cpu_session`] with the CPU backend's Q4_K repacking on or off (`CpuBackend::with_repack`).
+/// [`cpu_session`] with the CPU backend's Q4_K repacking on or off (`CpuOptions::repack`).
 pub fn cpu_session_repack(stem: &str, n_ctx: usize, repack: bool) -> (GgufFile, Session) {
     let path = model_path(stem);
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
-    let backend = CpuBackend::new(None).expect("cpu backend").with_repack(repack);
+    let backend = CpuBackend::with_options(CpuOptions { repack, ..CpuOptions::from_env() }).expect("cpu backend");
     let options = EngineOptions { n_ctx, ..EngineOptions::default() };
     let session = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model");
     (file, session)
@@ -81,7 +81,7 @@ pub fn cpu_session_repack(stem: &str, n_ctx: usize, repack: bool) -> (GgufFile, 
 pub fn cpu_session_with(stem: &str, options: &EngineOptions) -> (GgufFile, Session) {
     let path = model_path(stem);
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
-    let backend = CpuBackend::new(None).expect("cpu backend");
+    let backend = CpuBackend::with_options(CpuOptions::from_env()).expect("cpu backend");
     let session = Session::load(&file, Box::new(backend), options, &mut |_, _| {}).expect("load model");
     (file, session)
 }
@@ -90,7 +90,7 @@ pub fn cpu_session_with(stem: &str, options: &EngineOptions) -> (GgufFile, Sessi
 pub fn cpu_runner(stem: &str, options: &EngineOptions) -> (GgufFile, Runner) {
     let path = model_path(stem);
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open model {}: {e}", path.display()));
-    let backend = CpuBackend::new(None).expect("cpu backend");
+    let backend = CpuBackend::with_options(CpuOptions::from_env()).expect("cpu backend");
     let runner = Runner::load(&file, Box::new(backend), options, &mut |_, _| {}).expect("load model");
     (file, runner)
 }

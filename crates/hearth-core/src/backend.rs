@@ -2,15 +2,15 @@
 //! and whole [`Graph`]s, never individual tensor ops from the model, so it is free to fuse, record
 //! command buffers once, or capture CUDA graphs. Backends know nothing about architectures.
 
-use crate::error::Result;
+use crate::error::{CoreError, Result};
 use crate::gguf::ByteSource;
-use crate::graph::{Graph, StepInput, WeightDesc, WeightId};
+use crate::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
 use crate::kv::{BlockCopy, KvGroup, KvType};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-/// What [`Backend::logits_ready`] returns when the logits are not available yet: resolves once
+/// What [`Backend::ready`] returns when a step's output is not available yet: resolves once
 /// they can be taken. `'static` (owns what it waits on) so it can be awaited while the caller
 /// holds `&mut` to the backend; not `Send` (a browser's WebGPU objects live on one thread).
 pub type LogitsFuture = Pin<Box<dyn Future<Output = Result<()>>>>;
@@ -71,6 +71,8 @@ pub struct GraphId(pub u32);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendCounters {
     pub graphs_compiled: u64,
+    /// Graphs freed by [`Backend::release_graph`]: `graphs_compiled - graphs_released` are alive.
+    pub graphs_released: u64,
     pub steps_executed: u64,
     pub ops_executed: u64,
     /// GPU backends: compute pipelines built (should stop growing after warm-up).
@@ -154,15 +156,37 @@ impl TopK {
     }
 }
 
+/// What [`Backend::supports`] is asked about. [`crate::runner::Runner::load`] asks for every op of
+/// the model's graphs and for the KV layout before it allocates or compiles anything, so a model a
+/// backend cannot run is refused with the reason (or run on another backend) instead of failing
+/// half-way through `compile`.
+#[derive(Clone, Copy, Debug)]
+pub enum Capability<'a> {
+    /// One op of `graph`, its weights given by the ids this backend returned from
+    /// [`Backend::upload_weight`].
+    Op { op: &'a Op, graph: &'a Graph },
+    /// A KV pool of this layout (its storage type and row widths).
+    Kv(&'a KvLayout),
+}
+
+/// The contract between model code and a compute backend. Every method is required: a backend
+/// that leaves one out does not compile, so none can be half-implemented by a default.
+///
+/// A step runs in three calls, so that a browser can wait for a GPU readback on its event loop:
+/// [`Backend::submit`] starts it, the future of [`Backend::ready`] (when there is one) resolves
+/// once its output can be read, and [`Backend::take`] reads it. [`run_step`] chains the three
+/// synchronously. A synchronous backend computes inside `submit` and returns `None` from `ready`.
 pub trait Backend: Send {
     /// Short name for logs and `--json` output ("cpu", "wgpu", "cuda").
     fn name(&self) -> &str;
 
     /// Which kernel variant this backend runs, when it has several (the wgpu backend's
     /// `shader-f16` / subgroup kernels): for `hearth bench` and runtime stats.
-    fn variant(&self) -> Option<String> {
-        None
-    }
+    fn variant(&self) -> Option<String>;
+
+    /// `Ok` when this backend can run `what`; otherwise the reason, which names the op and the
+    /// weight or type it cannot handle ("mat_mul of weight 'blk.0.ffn_down.weight' (Q5_K)").
+    fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String>;
 
     /// Makes a weight available to graphs. Called once per tensor at load time.
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId>;
@@ -175,68 +199,163 @@ pub trait Backend: Send {
     /// next step writes into the copies.
     fn copy_kv_blocks(&mut self, kv: KvId, copies: &[BlockCopy]) -> Result<()>;
 
-    /// Prepares a graph for repeated execution.
+    /// Prepares a graph for repeated execution, after checking it with [`Graph::validate`].
     fn compile(&mut self, graph: &Graph) -> Result<GraphId>;
 
-    /// Frees what `compile` made for a graph (a batching scheduler sees many step shapes and
-    /// keeps only the recent ones). The id is invalid afterwards.
-    fn release_graph(&mut self, graph: GraphId) {
-        let _ = graph;
-    }
+    /// Frees everything `compile` made for a graph (its activation buffers, bind groups, captured
+    /// command streams). A batching scheduler sees many step shapes and keeps only the recent
+    /// ones, so a backend that keeps released graphs grows without bound. The id is invalid
+    /// afterwards and may be handed out again by a later `compile`.
+    fn release_graph(&mut self, graph: GraphId);
 
-    /// Runs a compiled graph for one step against `kv`, writing the logits ([n_out, n_vocab],
-    /// row-major; n_out = the number of sequences for `LogitsMode::Last`, of tokens for `All`)
-    /// into `logits`. Backends check `input` with [`StepInput::validate`] first.
-    fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()>;
+    /// Starts a step of a compiled graph against `kv`. `readback` says what [`Backend::take`]
+    /// will bring back: the logits `[n_out, n_vocab]` (n_out = the number of sequences for
+    /// `LogitsMode::Last`, of tokens for `All`), or each output row's top-k candidates (`k` ≤
+    /// n_vocab; the caller clamps), which a GPU backend reduces on the device. Backends check
+    /// `input` with [`StepInput::validate`] first. At most one step is in flight.
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback) -> Result<()>;
 
-    // The split step: `submit`, await `logits_ready` (when it is `Some`), then `take_logits`.
-    // This is how a step runs in the browser, where a GPU readback completes only on the JS event
-    // loop and must not be waited for by blocking. [`crate::runner::Runner::step_async`] drives
-    // it; the defaults run `execute` inside `submit`, so synchronous backends (CPU) need nothing.
-
-    /// Starts a step. The default runs it to completion with [`Backend::execute`], writing the
-    /// logits into `logits` right away. A backend that overrides it starts the work, returns, and
-    /// writes `logits` only in [`Backend::take_logits`].
-    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
-        self.execute(graph, kv, input, logits)
-    }
-
-    /// `None` when the submitted step's logits can be taken now; otherwise a future to await
+    /// `None` when the submitted step's output can be taken now; otherwise a future to await
     /// first.
-    fn logits_ready(&mut self) -> Option<LogitsFuture> {
-        None
-    }
+    fn ready(&mut self) -> Option<LogitsFuture>;
 
-    /// Writes the logits of the submitted step ([n_out, n_vocab], as for `execute`) into
-    /// `logits`, or reports the step's failure. The default: `submit` already wrote them.
-    fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
-        let _ = logits;
-        Ok(())
-    }
+    /// Writes the submitted step's output, as its `readback` asked: `logits` for
+    /// `Readback::Logits`, `top_k` for the candidates (then `logits` is scratch the backend may
+    /// use). Also called when waiting failed: the backend then drops the pending step and reports
+    /// its failure.
+    fn take(&mut self, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()>;
 
-    /// [`Backend::submit`] with a choice of what to read back. `Readback::TopK(k)` asks for the
-    /// candidates of every output row (`k` ≤ n_vocab; the caller clamps), taken with
-    /// [`Backend::take_output`]. The default reads back the logits and reduces them on the host,
-    /// which is the reference behaviour; a GPU backend records the reduction into the step.
-    fn submit_for(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback, logits: &mut Vec<f32>) -> Result<()> {
-        let _ = readback;
-        self.submit(graph, kv, input, logits)
-    }
-
-    /// [`Backend::take_logits`] for a step started with [`Backend::submit_for`]: for
-    /// `Readback::Logits` fills `logits`; for `TopK(k)` fills `top_k` (`logits` is then scratch
-    /// the default may use). `n_vocab`: the width of a logits row.
-    fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()> {
-        self.take_logits(logits)?;
-        crate::sampling::reduce_rows(readback, logits, n_vocab, top_k);
-        Ok(())
-    }
-
-    /// Copies a buffer of the last execution of `graph` by name (debug taps, op conformance tests).
+    /// Copies a buffer of the last execution of `graph` by name (debug taps, op conformance
+    /// tests); `None` where a readback cannot be waited for (a browser).
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;
 
     fn counters(&self) -> BackendCounters;
 
-    /// Bytes of host memory the backend holds for weights and KV (for `hearth bench`).
+    /// Bytes the backend holds for weights, KV and compiled graphs (host memory for the CPU,
+    /// device memory for a GPU): for `hearth bench`, and bounded however many graphs were
+    /// compiled and released.
     fn memory_bytes(&self) -> u64;
+}
+
+/// One step, synchronously: [`Backend::submit`], wait for [`Backend::ready`], [`Backend::take`].
+/// In a browser a WebGPU readback cannot be waited for by blocking: that is an error here, never a
+/// hang (drive the three calls from async code instead, as [`crate::runner::Runner`] does).
+pub fn run_step(
+    backend: &mut dyn Backend,
+    graph: GraphId,
+    kv: KvId,
+    input: StepInput<'_>,
+    readback: Readback,
+    logits: &mut Vec<f32>,
+    top_k: &mut TopK,
+) -> Result<()> {
+    backend.submit(graph, kv, input, readback)?;
+    let waited = match backend.ready() {
+        Some(ready) => crate::block_on::block_on(ready),
+        None => Ok(()),
+    };
+    // take also when waiting failed: the backend then drops the pending step.
+    let taken = backend.take(logits, top_k);
+    waited.and(taken)
+}
+
+/// Ids into a backend's list of compiled graphs, reusing released slots: a long batching session
+/// compiles many graphs over time and keeps only a bounded number alive.
+#[derive(Debug)]
+pub struct GraphSlots<T> {
+    slots: Vec<Option<T>>,
+}
+
+impl<T> Default for GraphSlots<T> {
+    fn default() -> Self {
+        GraphSlots { slots: Vec::new() }
+    }
+}
+
+impl<T> GraphSlots<T> {
+    /// Stores `graph` in the first free slot.
+    pub fn insert(&mut self, graph: T) -> GraphId {
+        match self.slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.slots[i] = Some(graph);
+                GraphId(i as u32)
+            }
+            None => {
+                self.slots.push(Some(graph));
+                GraphId(self.slots.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// Drops the graph of `id` (nothing when the slot is already free) and returns it.
+    pub fn remove(&mut self, id: GraphId) -> Option<T> {
+        self.slots.get_mut(id.0 as usize).and_then(Option::take)
+    }
+
+    pub fn get(&self, id: GraphId) -> Option<&T> {
+        self.slots.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    pub fn get_mut(&mut self, id: GraphId) -> Option<&mut T> {
+        self.slots.get_mut(id.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// The live graphs.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten()
+    }
+
+    /// How many graphs are alive.
+    pub fn live(&self) -> usize {
+        self.iter().count()
+    }
+}
+
+/// Which backend runs a model, as the CLI's `--backend` and the browser's `backend` option name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The best available here: a hardware GPU through WebGPU, else the CPU.
+    Auto,
+    Cpu,
+    /// WebGPU (wgpu natively over Vulkan, Metal or DX12; the browser's `navigator.gpu`).
+    Wgpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 4] = [BackendKind::Auto, BackendKind::Cpu, BackendKind::Wgpu, BackendKind::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Auto => "auto",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// Parses a name; `webgpu` is the browser's spelling of `wgpu`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "auto" => Ok(BackendKind::Auto),
+            "cpu" => Ok(BackendKind::Cpu),
+            "wgpu" | "webgpu" => Ok(BackendKind::Wgpu),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(CoreError::InvalidArgument(format!("unknown backend '{other}' (expected auto, cpu, wgpu or cuda)"))),
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = CoreError;
+
+    fn from_str(name: &str) -> Result<Self> {
+        BackendKind::parse(name)
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }

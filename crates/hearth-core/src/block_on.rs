@@ -1,5 +1,5 @@
 //! Runs the async step API synchronously. Natively every backend finishes a step inside
-//! `submit`/`logits_ready` (the wgpu backend waits on the device there), so the futures of
+//! `submit`/`ready` (the wgpu backend waits on the device there), so the futures of
 //! [`crate::runner::Runner::step_async`] and friends are ready at their first poll; the sync API
 //! is that one poll. A future that is still pending is a backend that needs an event loop (WebGPU
 //! in a browser): that is an error, never a hang.

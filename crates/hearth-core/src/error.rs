@@ -52,15 +52,48 @@ pub enum CoreError {
     #[error("context overflow: {needed} tokens needed, but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
     #[error(
-        "KV memory exhausted: {needed_blocks} more blocks of {block_size} tokens needed, {available_blocks} of {total_blocks} available (raise --kv-memory or shorten the request)"
+        "KV memory exhausted: {needed_blocks} more blocks of {block_size} tokens needed, {available_blocks} of {total_blocks} available (give the KV cache more memory or shorten the request)"
     )]
     KvExhausted { needed_blocks: usize, available_blocks: usize, total_blocks: usize, block_size: usize },
     #[error("the draft model's vocabulary does not match the target's: {0}")]
     VocabMismatch(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A request parameter that is missing, of the wrong type, out of range or not implemented
+    /// ([`crate::request`]): a client error (HTTP 400, JS `bad-argument`) naming `param`.
+    #[error("{message}")]
+    BadRequest { param: Option<String>, message: String },
+    #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
+    BadGraph { index: usize, op: &'static str, reason: String },
+    /// The backend cannot run this model or KV layout (asked through `Backend::supports` before
+    /// anything compiles): another backend may.
+    #[error("backend '{backend}' does not support {what}")]
+    Unsupported { backend: String, what: String },
+    /// The device itself failed; what a caller can do depends on `kind`.
+    #[error("backend '{backend}': {kind}: {message}")]
+    Device { backend: String, kind: DeviceFault, message: String },
     #[error("backend '{backend}': {message}")]
     Backend { backend: String, message: String },
+}
+
+/// How a device failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceFault {
+    /// The device is gone (driver reset, GPU process crash, a browser reclaiming it): every later
+    /// step fails; the model must be loaded again on a new device.
+    Lost,
+    /// An allocation (weights, KV pool, activations) failed: a smaller context, KV budget or
+    /// batch may fit.
+    OutOfMemory,
+}
+
+impl std::fmt::Display for DeviceFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceFault::Lost => "the device was lost",
+            DeviceFault::OutOfMemory => "out of device memory",
+        })
+    }
 }
 
 impl CoreError {

@@ -23,10 +23,11 @@ pub mod graph;
 pub mod kv;
 pub mod model;
 pub mod quant;
+pub mod request;
 pub mod runner;
 pub mod sampling;
 pub mod scheduler;
 pub mod speculative;
 pub mod tokenizer;
 
-pub use error::{CoreError, Result};
+pub use error::{CoreError, DeviceFault, Result};

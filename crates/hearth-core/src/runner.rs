@@ -1,7 +1,7 @@
 //! A model on a backend with its paged KV pool: runs steps over any number of sequences. The
 //! single-sequence [`crate::engine::Session`] and the batching scheduler both drive this.
 
-use crate::backend::{Backend, GraphId, KvId, KvLayout, Readback, TopK};
+use crate::backend::{Backend, Capability, GraphId, KvId, KvLayout, Readback, TopK};
 use crate::block_on::block_on;
 use crate::engine::{EngineOptions, Instant};
 use crate::error::{CoreError, Result};
@@ -55,6 +55,7 @@ impl Runner {
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
         let model = Model::load(file, backend.as_mut(), options.logits_vocab, on_progress)?;
+        check_support(backend.as_ref(), &model, options)?;
         let n_ctx = match options.n_ctx {
             0 => model.config.n_ctx_train.min(4096),
             n => n,
@@ -69,6 +70,7 @@ impl Runner {
                 layout.k_width
             )));
         }
+        backend.supports(Capability::Kv(&layout)).map_err(|what| CoreError::Unsupported { backend: backend.name().to_string(), what })?;
         // A sequence can never hold more positions than the global groups' pools.
         let pool_positions = groups.iter().filter(|g| g.window.is_none()).map(|g| g.n_blocks * block_size).min().unwrap_or(usize::MAX);
         let n_ctx = n_ctx.min(pool_positions);
@@ -145,7 +147,7 @@ impl Runner {
     }
 
     /// [`Runner::step`] for backends whose logits arrive later (WebGPU in a browser): submits the
-    /// step, awaits [`Backend::logits_ready`], takes the logits. If this future is dropped before
+    /// step, awaits [`Backend::ready`], takes the logits. If this future is dropped before
     /// it finishes, the entries keep their reserved (uncommitted) positions: truncate them.
     pub async fn step_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode) -> Result<&[f32]> {
         self.step_for_async(batch, mode, Readback::Logits).await?;
@@ -163,13 +165,13 @@ impl Runner {
         };
         let lens = self.submit_step(batch, mode, readback)?;
         let waited = Instant::now();
-        let result = match self.backend.logits_ready() {
+        let result = match self.backend.ready() {
             Some(ready) => ready.await,
             None => Ok(()),
         };
         self.device_wait += waited.elapsed();
-        // take_output also when waiting failed: the backend then drops the pending step.
-        let taken = self.backend.take_output(readback, n_logits, &mut self.logits, &mut self.top_k);
+        // take also when waiting failed: the backend then drops the pending step.
+        let taken = self.backend.take(&mut self.logits, &mut self.top_k);
         let result = result.and(taken);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;
@@ -247,7 +249,7 @@ impl Runner {
             .map(|(e, &pos0)| SeqStep { n_tokens: e.tokens.len(), pos0, block_tables: self.kv.block_tables(e.seq) })
             .collect();
         let input = StepInput { tokens: &self.tokens_scratch, seqs: &seqs };
-        let result = self.backend.submit_for(graph, self.kv_id, input, readback, &mut self.logits);
+        let result = self.backend.submit(graph, self.kv_id, input, readback);
         drop(seqs);
         if let Err(err) = result {
             self.undo_reservations(batch, &lens)?;
@@ -258,7 +260,21 @@ impl Runner {
 }
 
 /// Compiled graphs kept at once (each holds activation buffers sized for its step).
-const MAX_GRAPHS: usize = 24;
+pub const MAX_GRAPHS: usize = 24;
+
+/// Asks `backend` about every op of the model's decode and prompt graphs (the same ops with other
+/// row counts make up every other step), before anything is allocated or compiled.
+fn check_support(backend: &dyn Backend, model: &Model, options: &EngineOptions) -> Result<()> {
+    let chunk = options.prefill_chunk.max(2);
+    for graph in [model.build_graph(1, 1, LogitsMode::Last), model.build_graph(chunk, 1, LogitsMode::All)] {
+        for op in &graph.ops {
+            backend
+                .supports(Capability::Op { op, graph: &graph })
+                .map_err(|what| CoreError::Unsupported { backend: backend.name().to_string(), what })?;
+        }
+    }
+    Ok(())
+}
 
 /// Positions kept past a sliding window so that rolling back a rejected draft still finds keys.
 pub const ROLLBACK_MARGIN: usize = 64;
@@ -289,7 +305,7 @@ fn size_groups(model: &Model, options: &EngineOptions, n_ctx: usize, block_size:
                 }
             }
             let global_bytes: usize = (0..groups.len()).filter(|&i| groups[i].window.is_none()).map(|i| probe.block_bytes(i)).sum();
-            let global_blocks = if global_bytes == 0 { 0 } else { (left.max(0) as usize) / global_bytes };
+            let global_blocks = (left.max(0) as usize).checked_div(global_bytes).unwrap_or(0);
             for g in groups.iter_mut().filter(|g| g.window.is_none()) {
                 g.n_blocks = global_blocks;
             }

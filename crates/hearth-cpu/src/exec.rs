@@ -3,7 +3,7 @@
 use crate::weights::CpuWeight;
 use crate::kv_store::KvStore;
 use crate::{attention, matmul, ops, CompiledGraph, CpuError};
-use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightId};
 use hearth_core::Result;
 
 pub(crate) struct ExecContext<'a> {
@@ -13,7 +13,7 @@ pub(crate) struct ExecContext<'a> {
     pub numerics: crate::Numerics,
 }
 
-/// Debug aids, read from the environment once when the backend is created (not per step):
+/// Debug aids, set when the backend is created (not per step); [`DebugOptions::from_env`] reads
 /// `HEARTH_DUMP_TAPS` (print every op's output; a directory path also writes them as raw f32) and
 /// `HEARTH_OP_TIMES` (wall time per op kind, per step).
 #[derive(Clone, Debug, Default)]
@@ -29,114 +29,6 @@ impl DebugOptions {
             op_times: std::env::var_os("HEARTH_OP_TIMES").is_some(),
         }
     }
-}
-
-pub(crate) fn validate_op<'w>(
-    graph: &Graph,
-    op: &Op,
-    index: usize,
-    weight: impl Fn(WeightId) -> std::result::Result<&'w WeightDesc, CpuError>,
-) -> std::result::Result<(), CpuError> {
-    let bad = |reason: String| CpuError::BadGraph { index, op: op.name(), reason };
-    let shape = |b: BufId| -> std::result::Result<(usize, usize), CpuError> {
-        graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| bad(format!("unknown buffer {}", b.0)))
-    };
-    let same = |a: BufId, b: BufId| -> std::result::Result<(), CpuError> {
-        let (sa, sb) = (shape(a)?, shape(b)?);
-        if sa != sb {
-            return Err(bad(format!("shapes {sa:?} and {sb:?} differ")));
-        }
-        Ok(())
-    };
-    let vector = |w: WeightId, len: usize| -> std::result::Result<(), CpuError> {
-        let d = weight(w)?;
-        if d.dims.iter().product::<u64>() != len as u64 {
-            return Err(bad(format!("weight '{}' {:?} should hold {len} values", d.name, d.dims)));
-        }
-        Ok(())
-    };
-    let n = graph.n_tokens;
-    match op {
-        Op::Embed { table, out } => {
-            let d = weight(*table)?;
-            if shape(*out)? != (n, d.row_len()) {
-                return Err(bad(format!("output {:?} vs table rows of {}", shape(*out)?, d.row_len())));
-            }
-        }
-        Op::RmsNorm { x, weight: w, group, out, .. } => {
-            same(*x, *out)?;
-            let (_, cols) = shape(*x)?;
-            if *group == 0 || cols % group != 0 {
-                return Err(bad(format!("group {group} does not divide {cols}")));
-            }
-            if let Some(w) = w {
-                vector(*w, *group)?;
-            }
-        }
-        Op::MatMul { w, x, bias, out } => {
-            let d = weight(*w)?;
-            let (rows, k) = shape(*x)?;
-            if k != d.row_len() || shape(*out)? != (rows, d.n_rows()) || x == out {
-                return Err(bad(format!("x {:?}, out {:?}, weight '{}' {:?}", shape(*x)?, shape(*out)?, d.name, d.dims)));
-            }
-            if let Some(b) = bias {
-                vector(*b, d.n_rows())?;
-            }
-        }
-        Op::Rope { x, params } => {
-            let (_, cols) = shape(*x)?;
-            if params.head_dim == 0 || cols % params.head_dim != 0 || params.n_rot > params.head_dim || params.n_rot % 2 != 0 {
-                return Err(bad(format!("{cols} columns with head_dim {} n_rot {}", params.head_dim, params.n_rot)));
-            }
-            if let Some(f) = params.freq_factors {
-                vector(f, params.n_rot / 2)?;
-            }
-        }
-        Op::StoreKv { k, v, k_offset, v_offset, .. } => {
-            let (_, k_cols) = shape(*k)?;
-            let (_, v_cols) = shape(*v)?;
-            if let Some(o) = k_offset {
-                vector(*o, k_cols)?;
-            }
-            if let Some(o) = v_offset {
-                vector(*o, v_cols)?;
-            }
-        }
-        Op::Attention { q, params, out } => {
-            same(*q, *out)?;
-            let (_, cols) = shape(*q)?;
-            if params.n_head_kv == 0 || params.n_head % params.n_head_kv != 0 || cols != params.n_head * params.head_dim || q == out {
-                return Err(bad(format!("{cols} columns for {} heads of {}", params.n_head, params.head_dim)));
-            }
-            if let Some(o) = params.v_offset {
-                vector(o, params.n_head_kv * params.head_dim)?;
-            }
-        }
-        Op::Add { a, b, out } => {
-            same(*a, *b)?;
-            same(*a, *out)?;
-            if b == out && a != out {
-                return Err(bad("out may alias a, not b".into()));
-            }
-        }
-        Op::Scale { x, .. } => {
-            shape(*x)?;
-        }
-        Op::SwiGlu { gate, up, out } | Op::GeGlu { gate, up, out } => {
-            same(*gate, *up)?;
-            same(*gate, *out)?;
-            if up == out {
-                return Err(bad("out may alias gate, not up".into()));
-            }
-        }
-        Op::LastRows { x, out } => {
-            let (_, cols) = shape(*x)?;
-            if shape(*out)? != (graph.n_seqs, cols) {
-                return Err(bad("output must have one row per sequence".into()));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// KV ops must fit the pool: the layer exists and K/V rows have the pool's widths.
@@ -304,28 +196,12 @@ impl OpTimer {
     }
 }
 
-/// The buffer an op writes (for `HEARTH_DUMP_TAPS`); `None` for ops that only write the KV cache.
-fn written_buffer(op: &Op) -> Option<BufId> {
-    match op {
-        Op::Embed { out, .. }
-        | Op::RmsNorm { out, .. }
-        | Op::MatMul { out, .. }
-        | Op::Attention { out, .. }
-        | Op::Add { out, .. }
-        | Op::SwiGlu { out, .. }
-        | Op::GeGlu { out, .. }
-        | Op::LastRows { out, .. } => Some(*out),
-        Op::Rope { x, .. } | Op::Scale { x, .. } => Some(*x),
-        Op::StoreKv { .. } => None,
-    }
-}
-
 /// Debug aid (env `HEARTH_DUMP_TAPS`): prints each op's output to stderr as llama.cpp's
 /// `llama-eval-callback` does — per row the first and last 3 values, then the sum — so the two
 /// runtimes can be compared op by op. When the variable names a directory, the whole output is
 /// also written there as raw little-endian f32 (`<op index>_<buffer name>.f32`).
 fn dump_tap(graph: &Graph, bufs: &[Vec<f32>], index: usize, op: &Op, dir: &std::path::Path) {
-    let Some(b) = written_buffer(op) else { return };
+    let Some(b) = op.output() else { return };
     let desc = &graph.bufs[b.0 as usize];
     let data = &bufs[b.0 as usize];
     eprintln!("tap {index} {} -> {} [{}, {}]", op.name(), desc.name, desc.rows, desc.cols);

@@ -13,8 +13,8 @@ mod matmul;
 mod ops;
 mod weights;
 
-use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
-use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK, WeightData};
+use hearth_core::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
@@ -24,6 +24,7 @@ pub use kv_store::KvStore;
 /// backend runs it from `Op::Attention`).
 pub use attention::{attention as paged_attention, PagedKv};
 pub use compat::Numerics;
+pub use exec::DebugOptions;
 use compat::GGML_FA_TILE_Q;
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
@@ -31,8 +32,6 @@ use compat::GGML_FA_TILE_Q;
 pub enum CpuError {
     #[error("unknown {what} id {id}")]
     UnknownId { what: &'static str, id: u32 },
-    #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
-    BadGraph { index: usize, op: &'static str, reason: String },
     #[error("bad step input: {0}")]
     BadStep(String),
     #[error("KV pool: {0}")]
@@ -56,13 +55,14 @@ pub(crate) struct CompiledGraph {
     bufs: Vec<Vec<f32>>,
     /// The last mat-mul input converted to 8-bit blocks (reused by the next mat-mul on it).
     activations: matmul::QuantizedActivations,
-    released: bool,
 }
 
 pub struct CpuBackend {
     weights: Vec<CpuWeight>,
     kvs: Vec<KvStore>,
-    graphs: Vec<CompiledGraph>,
+    graphs: GraphSlots<CompiledGraph>,
+    /// The step `submit` ran, whose output `take` reads: its graph and what to read back.
+    pending: Option<(GraphId, Readback)>,
     counters: BackendCounters,
     debug: exec::DebugOptions,
     numerics: Numerics,
@@ -95,44 +95,67 @@ fn shared_pool(threads: Option<usize>) -> std::result::Result<std::sync::Arc<ray
     Ok(pool)
 }
 
+/// How a [`CpuBackend`] is set up. The library never reads the environment; binaries and dev tools
+/// start from [`CpuOptions::from_env`].
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// Worker threads (None = all cores).
+    pub threads: Option<usize>,
+    /// The arithmetic where two roundings are both valid (default [`Numerics::Hearth`]); see
+    /// compat.rs for what [`Numerics::LlamaCpp`] changes.
+    pub numerics: Numerics,
+    /// Whether Q4_K matrices are repacked into tiles of 16 interleaved rows (default true; it
+    /// happens only where this CPU has AVX-512 VNNI, whose kernel reads them), each at its first
+    /// mat-mul. A repacked weight is an owned copy, 2.8% larger than its rows; a memory-mapped
+    /// model's pages it was read from are released (rows read later, by embedding lookups or
+    /// `Numerics::LlamaCpp`, come back from the file), other sources keep both. Every mat-mul
+    /// then reads the tiles without rearranging: speculative verification, batched decode and
+    /// prompt reading get cheaper. Results are the same bit for bit.
+    pub repack: bool,
+    pub debug: exec::DebugOptions,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions { threads: None, numerics: Numerics::Hearth, repack: true, debug: exec::DebugOptions::default() }
+    }
+}
+
+impl CpuOptions {
+    /// The defaults with what the environment asks for: `HEARTH_NO_REPACK=1` (anything but empty
+    /// or 0) keeps Q4_K weights as the file stores them; `HEARTH_DUMP_TAPS` and `HEARTH_OP_TIMES`
+    /// turn on the debug aids of [`exec::DebugOptions`].
+    pub fn from_env() -> Self {
+        CpuOptions {
+            repack: std::env::var("HEARTH_NO_REPACK").map_or(true, |v| matches!(v.as_str(), "" | "0")),
+            debug: exec::DebugOptions::from_env(),
+            ..CpuOptions::default()
+        }
+    }
+}
+
 impl CpuBackend {
-    /// `threads`: worker threads (None = all cores).
+    /// The backend with the default options and `threads` workers (None = all cores).
     pub fn new(threads: Option<usize>) -> Result<Self> {
+        Self::with_options(CpuOptions { threads, ..CpuOptions::default() })
+    }
+
+    pub fn with_options(options: CpuOptions) -> Result<Self> {
         // wasm32 runs single-threaded (no rayon pool) until wasm threads are wired in.
         #[cfg(target_arch = "wasm32")]
-        let _ = threads;
+        let _ = options.threads;
         Ok(CpuBackend {
             weights: Vec::new(),
             kvs: Vec::new(),
-            graphs: Vec::new(),
+            graphs: GraphSlots::default(),
+            pending: None,
             counters: BackendCounters::default(),
-            debug: exec::DebugOptions::from_env(),
-            numerics: Numerics::Hearth,
-            // HEARTH_NO_REPACK=0 (or empty) leaves repacking on, as unset does.
-            repack: std::env::var("HEARTH_NO_REPACK").map_or(true, |v| matches!(v.as_str(), "" | "0")),
+            debug: options.debug,
+            numerics: options.numerics,
+            repack: options.repack,
             #[cfg(not(target_arch = "wasm32"))]
-            pool: shared_pool(threads)?,
+            pool: shared_pool(options.threads)?,
         })
-    }
-
-    /// This backend computing in `numerics` (default [`Numerics::Hearth`]); see compat.rs for what
-    /// [`Numerics::LlamaCpp`] changes.
-    pub fn with_numerics(mut self, numerics: Numerics) -> Self {
-        self.numerics = numerics;
-        self
-    }
-
-    /// Whether Q4_K matrices are repacked into tiles of 16 interleaved rows (default true, unless
-    /// `HEARTH_NO_REPACK` is set to anything but 0; it happens only where this CPU has AVX-512
-    /// VNNI, whose kernel reads them), each at its first mat-mul. A repacked weight is an owned copy, 2.8% larger
-    /// than its rows; a memory-mapped model's pages it was read from are released (rows read
-    /// later, by embedding lookups or `Numerics::LlamaCpp`, come back from the file), other
-    /// sources keep both. Every mat-mul then reads the tiles without rearranging: speculative
-    /// verification, batched decode and prompt reading get cheaper. Results are the same bit
-    /// for bit.
-    pub fn with_repack(mut self, repack: bool) -> Self {
-        self.repack = repack;
-        self
     }
 
     pub fn threads(&self) -> usize {
@@ -145,19 +168,27 @@ impl CpuBackend {
     fn weight(&self, id: WeightId) -> std::result::Result<&CpuWeight, CpuError> {
         self.weights.get(id.0 as usize).ok_or(CpuError::UnknownId { what: "weight", id: id.0 })
     }
-
-    /// Checks every op against buffer shapes and weight shapes once, so execution can index freely.
-    fn validate(&self, graph: &Graph) -> std::result::Result<(), CpuError> {
-        for (index, op) in graph.ops.iter().enumerate() {
-            exec::validate_op(graph, op, index, |id| self.weight(id).map(|w| &w.desc))?;
-        }
-        Ok(())
-    }
 }
 
 impl Backend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    fn variant(&self) -> Option<String> {
+        None
+    }
+
+    fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
+        // Every weight type has a kernel and every KV type a store; only the activation-only
+        // formats (Q8_1, Q8_K) cannot be the weight side of a product.
+        let Capability::Op { op: Op::MatMul { w: id, .. } | Op::Embed { table: id, .. }, .. } = what else { return Ok(()) };
+        let w = self.weight(*id).map_err(|e| e.to_string())?;
+        if w.desc.ty.is_weight_type() {
+            Ok(())
+        } else {
+            Err(format!("weight '{}' of type {} (an activation format)", w.desc.name, w.desc.ty))
+        }
     }
 
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
@@ -176,12 +207,11 @@ impl Backend for CpuBackend {
     }
 
     fn release_graph(&mut self, graph: GraphId) {
-        // Ids index the list, so the slot stays; its buffers go.
-        if let Some(g) = self.graphs.get_mut(graph.0 as usize) {
-            g.bufs = Vec::new();
-            g.graph.ops.clear();
-            g.graph.bufs.clear();
-            g.released = true;
+        if self.graphs.remove(graph).is_some() {
+            self.counters.graphs_released += 1;
+        }
+        if self.pending.is_some_and(|(g, _)| g == graph) {
+            self.pending = None;
         }
     }
 
@@ -191,19 +221,17 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
-        self.validate(graph)?;
+        graph.validate(|id| self.weights.get(id.0 as usize).map(|w| &w.desc))?;
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
-        self.graphs.push(CompiledGraph { graph: graph.clone(), bufs, activations: Default::default(), released: false });
+        let id = self.graphs.insert(CompiledGraph { graph: graph.clone(), bufs, activations: Default::default() });
         self.counters.graphs_compiled += 1;
-        Ok(GraphId(self.graphs.len() as u32 - 1))
+        Ok(id)
     }
 
-    fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
-        let compiled = self
-            .graphs
-            .get_mut(graph.0 as usize)
-            .filter(|g| !g.released)
-            .ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
+    /// Runs the whole step here; `take` then reads its logits buffer.
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback) -> Result<()> {
+        self.pending = None;
+        let compiled = self.graphs.get_mut(graph).ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
         let kv = self.kvs.get_mut(kv.0 as usize).ok_or(CpuError::UnknownId { what: "kv cache", id: kv.0 })?;
         let n_ops = compiled.graph.ops.len() as u64;
         // Token ids are checked against the embedding table by the embed op.
@@ -213,16 +241,35 @@ impl Backend for CpuBackend {
         self.pool.install(|| exec::run(compiled, kv, &ctx))?;
         #[cfg(target_arch = "wasm32")]
         exec::run(compiled, kv, &ctx)?;
-        let out = &compiled.bufs[compiled.graph.logits.0 as usize];
-        logits.clear();
-        logits.extend_from_slice(out);
+        self.pending = Some((graph, readback));
         self.counters.steps_executed += 1;
         self.counters.ops_executed += n_ops;
         Ok(())
     }
 
+    fn ready(&mut self) -> Option<hearth_core::backend::LogitsFuture> {
+        None
+    }
+
+    fn take(&mut self, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()> {
+        let (graph, readback) = self.pending.take().ok_or(CpuError::BadStep("take without a submitted step".into()))?;
+        let compiled = self.graphs.get(graph).ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
+        let out = &compiled.bufs[compiled.graph.logits.0 as usize];
+        match readback {
+            Readback::Logits => {
+                logits.clear();
+                logits.extend_from_slice(out);
+            }
+            Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => {
+                let n_vocab = compiled.graph.desc(compiled.graph.logits).cols;
+                hearth_core::sampling::reduce_rows(readback, out, n_vocab, top_k);
+            }
+        }
+        Ok(())
+    }
+
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
-        let compiled = self.graphs.get(graph.0 as usize)?;
+        let compiled = self.graphs.get(graph)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
         Some(compiled.bufs[index].clone())
     }
@@ -238,4 +285,3 @@ impl Backend for CpuBackend {
         kv + weights + acts
     }
 }
-

@@ -194,7 +194,7 @@ fn matmul_rows(
 /// `out[(j - j0) * rows + r]` = weight row j · activation row r for j in j0..j1 (j0 a multiple of
 /// 16), each equal to the one-row kernel bit for bit: from the x16 tiles where `w` has them.
 fn dot_weight_rows(w: &CpuWeight, x16: Option<&X16Tiles>, k: usize, j0: usize, j1: usize, act: &[u8], out: &mut [f32]) {
-    debug_assert!(j0 % q4k_x16::TILE_ROWS == 0, "weight rows from {j0}: not a tile's start");
+    debug_assert!(j0.is_multiple_of(q4k_x16::TILE_ROWS), "weight rows from {j0}: not a tile's start");
     let tiled_end = x16.map_or(j0, |x| j1.min(x.tiled_rows).max(j0));
     let rows = out.len() / (j1 - j0).max(1);
     let (tiled_out, rest_out) = out.split_at_mut((tiled_end - j0) * rows);

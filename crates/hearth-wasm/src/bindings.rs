@@ -8,8 +8,9 @@ use crate::gpu::classify;
 use crate::source::JsModel;
 use crate::driver::{drive, DraftRuntime, JsRequest, Loaded, Pending, State};
 use crate::host::{EngineHost, OwnedBytes};
-use crate::request::{LoadOptions, PromptInput, RequestOptions};
-use hearth_core::backend::Backend;
+use crate::request::{parse_request, LoadOptions};
+use hearth_core::backend::{Backend, BackendKind};
+use hearth_core::CoreError;
 use hearth_wgpu::{DeviceInfo, WgpuBackend, WgpuOptions};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -29,7 +30,12 @@ pub fn on_start() {
 /// A JS `Error` with hearth's message and a `code` property ([`WasmError::code`]), which the
 /// package turns into a `HearthError`.
 pub(crate) fn js_error(error: WasmError) -> JsValue {
-    coded_error(error.code(), &error.to_string())
+    let value = coded_error(error.code(), &error.to_string());
+    // A refused request parameter is named (HearthError.param).
+    if let WasmError::Core(hearth_core::CoreError::BadRequest { param: Some(param), .. }) = &error {
+        let _ = js_sys::Reflect::set(&value, &JsValue::from_str("param"), &JsValue::from_str(param));
+    }
+    value
 }
 
 pub(crate) fn coded_error(code: &str, message: &str) -> JsValue {
@@ -85,16 +91,28 @@ impl WasmEngine {
                     let _ = f.call2(&JsValue::NULL, &JsValue::from_f64(done as f64), &JsValue::from_f64(total as f64));
                 }
             };
-            let (gpu, fallback_reason) = open_backend(&backend).await?;
-            let loaded = match gpu {
-                Some(gpu) => {
-                    let watch = gpu.watch();
-                    let info = gpu.info().clone();
-                    let host = EngineHost::load_source(model.source(), &options, Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
-                    // Allocation failures of the upload are reported asynchronously.
-                    watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
-                    Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason, draft: RefCell::new(None) }
+            let kind = backend_kind(&backend)?;
+            let (gpu, mut fallback_reason) = open_backend(kind).await?;
+            let mut on_gpu = None;
+            if let Some(gpu) = gpu {
+                let watch = gpu.watch();
+                let info = gpu.info().clone();
+                match EngineHost::load_source(model.source(), &options, Box::new(gpu), &mut report) {
+                    Ok(host) => {
+                        // Allocation failures of the upload are reported asynchronously.
+                        watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
+                        on_gpu = Some(Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason: None, draft: RefCell::new(None) });
+                    }
+                    // 'auto' runs a model the WebGPU kernels cannot (a weight type without a
+                    // kernel) on the CPU engine, and says why.
+                    Err(WasmError::Core(CoreError::Unsupported { what, .. })) if kind == BackendKind::Auto => {
+                        fallback_reason = Some(format!("the WebGPU backend does not support {what}"));
+                    }
+                    Err(e) => return Err(failed(js_error(classify(&watch, e)))),
                 }
+            }
+            let loaded = match on_gpu {
+                Some(loaded) => loaded,
                 None => {
                     let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
                     let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
@@ -134,7 +152,7 @@ impl WasmEngine {
             drop(header);
             // The host is never borrowed across an await: a `generate` call meanwhile starts the
             // driver, which borrows it.
-            let (gpu, fallback_reason) = open_backend(&backend).await?;
+            let (gpu, fallback_reason) = open_backend(backend_kind(&backend)?).await?;
             if state.driving.get() {
                 return Err(busy());
             }
@@ -176,14 +194,15 @@ impl WasmEngine {
         })
     }
 
-    /// Generates for `prompt_json` (a JSON string = raw completion, or a JSON array of chat
-    /// messages) with `options_json` (OpenAI-named sampling options, plus `speculative`).
+    /// Generates for `request_json`, an OpenAI request of `kind` "chat" (with `messages`) or
+    /// "text" (with `prompt`), plus hearth's `speculative`: checked by the core's request schema,
+    /// so a refused field rejects with code `bad-argument` and `param` naming it.
     /// `on_chunk(text)` receives each text delta; returning `false` cancels. `key` names the
     /// request for [`WasmEngine::cancel`]. Resolves to the report as a JSON string. Concurrent
     /// calls are batched.
-    pub fn generate(&self, prompt_json: &str, options_json: &str, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
+    pub fn generate(&self, kind: &str, request_json: &str, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
         let state = self.state.clone();
-        let parsed = PromptInput::parse(prompt_json).and_then(|input| Ok((input, RequestOptions::parse(options_json)?)));
+        let parsed = parse_request(kind, request_json);
         let mut handlers = None;
         let promise = js_sys::Promise::new(&mut |resolve, reject| handlers = Some((resolve, reject)));
         let Some((resolve, reject)) = handlers else { return promise };
@@ -206,7 +225,7 @@ impl WasmEngine {
             options,
         };
         state.requests.borrow_mut().insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None });
-        let queue = if pending.options.speculative.is_some() { &state.speculative } else { &state.inbox };
+        let queue = if pending.options.speculative().is_some() { &state.speculative } else { &state.inbox };
         queue.borrow_mut().push_back(pending);
         if !state.driving.get() {
             state.driving.set(true);
@@ -300,24 +319,32 @@ impl WasmEngine {
     }
 }
 
-/// The WebGPU device for `backend` ("webgpu", "cpu" or "auto"), or `None` for the CPU engine with
-/// why 'auto' fell back. 'webgpu' without a device is `no-webgpu`.
-async fn open_backend(backend: &str) -> Result<(Option<WgpuBackend>, Option<String>), JsValue> {
-    Ok(match backend {
-        "cpu" => (None, None),
-        "auto" if !has_navigator_gpu() => (None, Some("navigator.gpu is missing".to_string())),
-        "webgpu" if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
-        "webgpu" | "auto" => match WgpuBackend::new_async(WgpuOptions::default()).await {
+/// The backend a JS caller named: "webgpu" (or "wgpu"), "cpu" or "auto".
+fn backend_kind(backend: &str) -> Result<BackendKind, JsValue> {
+    match BackendKind::parse(backend) {
+        Ok(BackendKind::Cuda) | Err(_) => Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{backend}'")))),
+        Ok(kind) => Ok(kind),
+    }
+}
+
+/// The WebGPU device for `kind`, or `None` for the CPU engine with why 'auto' fell back. 'webgpu'
+/// without a device is `no-webgpu`.
+async fn open_backend(kind: BackendKind) -> Result<(Option<WgpuBackend>, Option<String>), JsValue> {
+    let auto = kind == BackendKind::Auto;
+    Ok(match kind {
+        BackendKind::Cpu | BackendKind::Cuda => (None, None),
+        _ if !has_navigator_gpu() && auto => (None, Some("navigator.gpu is missing".to_string())),
+        _ if !has_navigator_gpu() => return Err(js_error(WasmError::NoWebGpu("navigator.gpu is missing".into()))),
+        BackendKind::Wgpu | BackendKind::Auto => match WgpuBackend::new_async(WgpuOptions::default()).await {
             // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
             // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
-            Ok(gpu) if backend == "auto" && gpu.info().device_type == "Cpu" => {
+            Ok(gpu) if auto && gpu.info().device_type == "Cpu" => {
                 (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
             }
             Ok(gpu) => (Some(gpu), None),
-            Err(e) if backend == "auto" => (None, Some(e.to_string())),
+            Err(e) if auto => (None, Some(e.to_string())),
             Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
         },
-        other => return Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{other}'")))),
     })
 }
 

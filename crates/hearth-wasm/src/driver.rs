@@ -8,7 +8,8 @@ use crate::bindings::{coded_error, js_error};
 use crate::error::WasmError;
 use crate::gpu::classify;
 use crate::host::{BatchStats, EngineHost, HostEvent, Report};
-use crate::request::{PromptInput, RequestOptions};
+use crate::request::RequestOptions;
+use hearth_core::request::Prompt;
 use hearth_core::scheduler::RequestId;
 use hearth_wgpu::{DeviceInfo, GpuWatch};
 use std::cell::{Cell, RefCell};
@@ -74,7 +75,7 @@ impl Loaded {
 /// A `generate` call waiting to be submitted.
 pub(crate) struct Pending {
     pub key: u32,
-    pub input: PromptInput,
+    pub input: Prompt,
     pub options: RequestOptions,
     pub seed: u64,
     pub now_unix: i64,
@@ -256,7 +257,7 @@ fn apply_cancels(state: &State, host: &mut EngineHost) {
 /// Runs a speculative request to its end, streaming as it goes. On WebGPU each verification pass
 /// awaits the device (other calls queue meanwhile and start once it ends); on the CPU it never awaits.
 async fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
-    let Some(speculative) = p.options.speculative.clone() else { return };
+    let Some(speculative) = p.options.speculative().cloned() else { return };
     let mut on_text = |delta: &str| {
         state.stream(p.key, delta);
         !state.cancels.borrow().contains(&p.key)

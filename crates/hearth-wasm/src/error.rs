@@ -1,7 +1,7 @@
 //! The one error type of `hearth-wasm`; at the JS boundary every variant becomes a `JsError`
 //! carrying its message (see `bindings.rs`).
 
-use hearth_core::CoreError;
+use hearth_core::{CoreError, DeviceFault};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -29,8 +29,9 @@ pub enum WasmError {
 impl WasmError {
     /// The stable machine-readable code JS sees as `HearthError.code` (see web/hearth-llm/src/errors.js):
     /// `invalid-model` (corrupt or truncated file), `unsupported-model` (a valid GGUF that hearth cannot
-    /// run: architecture, tensor type, GGUF version, chat template), `context-overflow`, `bad-argument`,
-    /// `not-loaded`, `internal` (anything else: a bug or a backend failure).
+    /// run: architecture, tensor type, GGUF version, chat template, or a weight type the chosen
+    /// backend has no kernel for), `context-overflow`, `bad-argument`, `not-loaded`, `no-webgpu`,
+    /// `device-lost`, `out-of-memory`, `internal` (anything else: a bug or a backend failure).
     pub fn code(&self) -> &'static str {
         use CoreError as C;
         match self {
@@ -56,8 +57,11 @@ impl WasmError {
                 C::UnsupportedVersion(_) | C::UnknownTensorType { .. } | C::UnknownArchitecture(_) | C::UnsupportedTensorType { .. } | C::ChatTemplate(_) => {
                     "unsupported-model"
                 }
+                C::Unsupported { .. } => "unsupported-model",
+                C::Device { kind: DeviceFault::Lost, .. } => "device-lost",
+                C::Device { kind: DeviceFault::OutOfMemory, .. } => "out-of-memory",
                 C::ContextOverflow { .. } => "context-overflow",
-                C::InvalidArgument(_) => "bad-argument",
+                C::InvalidArgument(_) | C::BadRequest { .. } => "bad-argument",
                 _ => "internal",
             },
         }

@@ -4,13 +4,14 @@
 //! `bindings.rs` only converts JS values and drives the steps on the JS event loop.
 
 use crate::error::{Result, WasmError};
-use crate::request::{LoadOptions, PromptInput, RequestOptions, SpeculativeMode, SpeculativeRequest};
+use crate::request::{LoadOptions, RequestOptions};
 use hearth_core::backend::Backend;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
+use hearth_core::request::{Prompt, Speculation, SpeculativeMode};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
+use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeMetrics};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -219,32 +220,15 @@ impl EngineHost {
         self.scheduler().ok().and_then(|s| s.tokenizer().decode(ids, false).ok()).unwrap_or_default()
     }
 
-    /// Prompt text → token ids. Chat prompts are tokenized with special tokens parsed and without
-    /// a second BOS when the template already wrote one (as `hearth run --chat` does).
-    pub fn tokenize(&self, input: &PromptInput, now_unix: Option<i64>) -> Result<Vec<u32>> {
+    /// Prompt → token ids, by the core's one rule ([`Prompt::tokenize`]): chat messages through
+    /// the model's template at `now_unix`, tokenized without a second BOS.
+    pub fn tokenize(&self, input: &Prompt, now_unix: Option<i64>) -> Result<Vec<u32>> {
         let tokenizer = self.scheduler()?.tokenizer();
-        let ids = match input {
-            PromptInput::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true)?,
-            PromptInput::Messages(messages) => {
-                let template = self.chat_template.as_ref().ok_or_else(|| {
-                    WasmError::bad_request("messages", "this model has no chat template; use a text prompt (completions)")
-                })?;
-                let template = match now_unix {
-                    Some(now) => template.clone().with_now(now),
-                    None => template.clone(),
-                };
-                let text = template.render_json(messages, true, None)?;
-                tokenizer.encode(&text, add_bos_for_templated(tokenizer, &text), true)?
-            }
-        };
-        if ids.is_empty() {
-            return Err(WasmError::bad_request("prompt", "the prompt is empty"));
-        }
-        Ok(ids)
+        Ok(input.tokenize(tokenizer, self.chat_template.as_ref(), now_unix)?)
     }
 
     /// The prompt's tokens and checked options of one request.
-    fn prepare(&self, input: &PromptInput, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
+    fn prepare(&self, input: &Prompt, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
         let prompt = self.tokenize(input, now_unix)?;
         let n_ctx = self.info.n_ctx;
         if prompt.len() >= n_ctx {
@@ -255,13 +239,15 @@ impl EngineHost {
     }
 
     /// Queues a request for the batch (not speculative ones: see [`EngineHost::generate_speculative`]).
-    pub fn submit(&mut self, input: &PromptInput, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<RequestId> {
-        if options.speculative.is_some() {
+    pub fn submit(&mut self, input: &Prompt, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<RequestId> {
+        if options.speculative().is_some() {
             return Err(WasmError::bad_request("generation options", "speculative requests run alone (generate_speculative)"));
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
-        let id = self.scheduler_mut()?.submit(prompt, generate_options)?;
+        // A predicted output reads as text inside the answer: no special tokens, no BOS.
+        let prediction = options.prediction().map(|text| self.scheduler().and_then(|s| Ok(s.tokenizer().encode(text, false, false)?))).transpose()?;
+        let id = self.scheduler_mut()?.submit_predicted(prompt, generate_options, prediction)?;
         self.seeds.insert(id, seed);
         Ok(id)
     }
@@ -307,13 +293,13 @@ impl EngineHost {
     /// report then says `cancelled`). Synchronous: [`EngineHost::generate_async`] polled once.
     pub fn generate(
         &mut self,
-        input: &PromptInput,
+        input: &Prompt,
         options: &RequestOptions,
         default_seed: u64,
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
-        if let Some(speculative) = &options.speculative {
+        if let Some(speculative) = options.speculative() {
             let speculative = speculative.clone();
             return self.generate_speculative(input, options, &speculative, default_seed, now_unix, on_text);
         }
@@ -325,7 +311,7 @@ impl EngineHost {
     /// submits the request and steps until it ends.
     pub async fn generate_async(
         &mut self,
-        input: &PromptInput,
+        input: &Prompt,
         options: &RequestOptions,
         default_seed: u64,
         now_unix: Option<i64>,
@@ -394,9 +380,9 @@ impl EngineHost {
     /// (the backend must finish steps inside `submit`: the CPU backend; natively every backend).
     pub fn generate_speculative(
         &mut self,
-        input: &PromptInput,
+        input: &Prompt,
         options: &RequestOptions,
-        speculative: &SpeculativeRequest,
+        speculative: &Speculation,
         default_seed: u64,
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
@@ -412,9 +398,9 @@ impl EngineHost {
     /// and given back at its end.
     pub async fn generate_speculative_async(
         &mut self,
-        input: &PromptInput,
+        input: &Prompt,
         options: &RequestOptions,
-        speculative: &SpeculativeRequest,
+        speculative: &Speculation,
         default_seed: u64,
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
@@ -424,15 +410,15 @@ impl EngineHost {
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
-        let speculative_options = SpeculativeOptions { max_draft_tokens: speculative.draft_tokens(), adaptive: !speculative.fixed_length };
+        let speculative_options = speculative.options.clone();
         let mut lookup = PromptLookup::default();
         let mut lookup_then;
         let drafter: &mut dyn Drafter = match speculative.mode {
             SpeculativeMode::Lookup => &mut lookup,
             SpeculativeMode::DraftModel => match self.draft.as_mut() {
                 Some(draft) => {
-                    draft.min_confidence = speculative.draft_min_p();
-                    if speculative.lookup {
+                    draft.min_confidence = speculative.draft_min_p;
+                    if speculative.lookup_first {
                         lookup_then = LookupThen::new(draft);
                         &mut lookup_then
                     } else {
@@ -459,13 +445,3 @@ impl EngineHost {
     }
 }
 
-/// A template that writes the BOS text itself must not get a second BOS token.
-fn add_bos_for_templated(tokenizer: &Tokenizer, text: &str) -> bool {
-    if let Some(bos) = tokenizer.bos() {
-        let bos_text = String::from_utf8_lossy(&tokenizer.token_bytes(bos)).into_owned();
-        if !bos_text.is_empty() && text.starts_with(&bos_text) {
-            return false;
-        }
-    }
-    tokenizer.add_bos_default()
-}

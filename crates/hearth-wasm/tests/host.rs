@@ -3,7 +3,8 @@
 
 use hearth_cpu::CpuBackend;
 use hearth_wasm::host::{EngineHost, HostEvent, OwnedBytes};
-use hearth_wasm::request::{LoadOptions, PromptInput, RequestOptions};
+use hearth_core::request::Prompt;
+use hearth_wasm::request::{parse_prompt, parse_request, LoadOptions, RequestOptions};
 use std::path::PathBuf;
 
 fn repo_root() -> PathBuf {
@@ -40,7 +41,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 fn greedy_text_prompt_matches_the_native_runner_and_streams_the_same_text() {
     let expected = expected();
     let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
-    let input = PromptInput::parse(r#""def fibonacci(n):""#).unwrap();
+    let input = parse_prompt(r#""def fibonacci(n):""#).unwrap();
     let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16}"#).unwrap();
     let mut streamed = String::new();
     let report = host
@@ -59,7 +60,7 @@ fn greedy_text_prompt_matches_the_native_runner_and_streams_the_same_text() {
 
 #[test]
 fn chat_messages_use_the_template_and_the_callback_interrupts() {
-    let input = PromptInput::parse(r#"[{"role": "user", "content": "Say hi."}]"#).unwrap();
+    let input = parse_prompt(r#"[{"role": "user", "content": "Say hi."}]"#).unwrap();
     // The Gemma 270M GGUF carries no chat template: a clear error, not a guess.
     let gemma = load(gemma_bytes(), r#"{"n_ctx": 64}"#).unwrap();
     let no_template = gemma.tokenize(&input, Some(0)).err().unwrap().to_string();
@@ -100,16 +101,31 @@ fn bad_inputs_are_errors_with_clear_messages() {
         (r#"{"top_p": 2}"#, "top_p"),
         (r#"{"max_tokens": 0}"#, "max_tokens"),
         (r#"{"temprature": 0.5}"#, "temprature"),
-        (r#"{"stop": 5}"#, "generation options"),
-        ("{not json", "generation options"),
+        (r#"{"stop": 5}"#, "stop"),
+        ("{not json", "not valid JSON"),
+        (r#"{"response_format": {"type": "json_object"}}"#, "response_format is not supported"),
+        (r#"{"messages": []}"#, "prompt argument"),
     ] {
         let message = RequestOptions::parse(json).and_then(|o| o.generate_options(10, 0).map(|_| ())).err().unwrap().to_string();
         assert!(message.contains(needle), "{json}: {message}");
     }
-    for (json, needle) in [("42", "a number"), ("[]", "empty"), (r#"[{"content": "x"}]"#, "role"), ("{", "not JSON")] {
-        let message = PromptInput::parse(json).err().unwrap().to_string();
+    for (json, needle) in [("42", "a number"), ("[]", "at least one message"), (r#"[{"content": "x"}]"#, "role"), ("{", "not JSON")] {
+        let message = parse_prompt(json).err().unwrap().to_string();
         assert!(message.contains(needle), "{json}: {message}");
     }
+    // A whole request, as the JS API sends it: the endpoint's own prompt field is required.
+    for (kind, json, needle) in [
+        ("chat", r#"{"prompt": "x"}"#, "belongs to completions"),
+        ("text", r#"{"messages": [{"role": "user", "content": "x"}]}"#, "belongs to chat"),
+        ("text", r#"{"prompt": "x", "n": 2}"#, "n is not supported"),
+        ("json", r#"{"prompt": "x"}"#, "'chat' or 'text'"),
+    ] {
+        let message = parse_request(kind, json).err().unwrap().to_string();
+        assert!(message.contains(needle), "{kind} {json}: {message}");
+    }
+    let (prompt, options) = parse_request("chat", r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "temperature": 0, "max_tokens": 3}"#).unwrap();
+    assert_eq!(prompt, Prompt::Chat(vec![serde_json::json!({"role": "user", "content": "hi"})]));
+    assert_eq!(options.generate_options(10, 0).unwrap().max_tokens, 3);
 }
 
 #[test]
@@ -127,7 +143,7 @@ fn unknown_architecture_and_context_overflow_are_reported() {
     assert!(unknown.contains("unsupported architecture 'xlama'"), "{unknown}");
 
     let mut host = load(gemma_bytes(), r#"{"n_ctx": 8}"#).unwrap();
-    let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
+    let long = Prompt::Text("one two three four five six seven eight nine ten".into());
     let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).err().unwrap().to_string();
     assert!(overflow.contains("context overflow"), "{overflow}");
 }
@@ -154,11 +170,10 @@ fn errors_carry_stable_codes_for_js() {
     bytes[value] = b'x';
     assert_eq!(code_of_load(bytes, "").unwrap_err().code(), "unsupported-model");
 
-    let options = RequestOptions::parse(r#"{"temperature": -1}"#).unwrap();
-    assert_eq!(options.generate_options(10, 0).unwrap_err().code(), "bad-argument");
+    assert_eq!(RequestOptions::parse(r#"{"temperature": -1}"#).unwrap_err().code(), "bad-argument");
 
     let mut host = EngineHost::load(gemma_bytes(), &LoadOptions::parse(r#"{"n_ctx": 8}"#).unwrap(), Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).unwrap();
-    let long = PromptInput::Text("one two three four five six seven eight nine ten".into());
+    let long = Prompt::Text("one two three four five six seven eight nine ten".into());
     let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).unwrap_err();
     assert_eq!(overflow.code(), "context-overflow");
 }
@@ -186,7 +201,7 @@ fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
     let expected = expected();
     let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
     let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 10}"#).unwrap();
-    let input = |p: &str| PromptInput::Text(p.to_string());
+    let input = |p: &str| Prompt::Text(p.to_string());
     let solo: Vec<Vec<u32>> =
         BATCH_PROMPTS.iter().map(|p| host.generate(&input(p), &options, 0, None, &mut |_| true).unwrap().token_ids).collect();
     assert_eq!(solo[0], ids(&expected["tokens"])[..10]);
@@ -217,7 +232,7 @@ fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
 #[test]
 fn speculative_requests_keep_the_greedy_output() {
     let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
-    let input = PromptInput::Text("red green blue red green blue red green blue red green blue red".into());
+    let input = Prompt::Text("red green blue red green blue red green blue red green blue red".into());
     let plain = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 16, "ignore_eos": true}"#).unwrap();
     let reference = host.generate(&input, &plain, 0, None, &mut |_| true).unwrap();
     assert!(reference.speculative.is_none());
@@ -262,8 +277,8 @@ fn speculative_requests_keep_the_greedy_output() {
     let metrics = report.speculative.unwrap();
     // Every step proposes (a last step with one token left has no budget for a draft).
     assert!(metrics.proposed + 1 >= metrics.target_forward_passes && metrics.accepted > 0, "{metrics:?}");
-    let bad = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 4, "speculative": {"mode": "draft-model", "draft_min_p": 1.5}}"#).unwrap();
-    let error = host.generate(&input, &bad, 0, None, &mut |_| true).unwrap_err();
+    // Refused when parsed, before it reaches the engine.
+    let error = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 4, "speculative": {"mode": "draft-model", "draft_min_p": 1.5}}"#).unwrap_err();
     assert_eq!(error.code(), "bad-argument");
     assert!(error.to_string().contains("draft_min_p"), "{error}");
     // The batch path works again after a speculative request borrowed the model.

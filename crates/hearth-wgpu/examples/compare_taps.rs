@@ -2,9 +2,9 @@
 //! the normalised MSE of the wgpu values against the CPU's (first divergence = suspect op).
 //! Usage: cargo run --release -p hearth-wgpu --example compare_taps -- <model.gguf> "<prompt>"
 
-use hearth_core::backend::Backend;
+use hearth_core::backend::{run_step, Backend, Readback, TopK};
 use hearth_core::gguf::GgufFile;
-use hearth_core::graph::{LogitsMode, Op, SeqStep, StepInput};
+use hearth_core::graph::{LogitsMode, SeqStep, StepInput};
 use hearth_core::kv::{KvGroup, KvType};
 use hearth_core::model::Model;
 use hearth_core::tokenizer::Tokenizer;
@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt = args.get(2).map(String::as_str).unwrap_or("The capital of France is");
     let file = GgufFile::open(std::path::Path::new(path))?;
     let tokens = Tokenizer::from_gguf(&file.metadata)?.encode(prompt, true, false)?;
-    let mut cpu = hearth_cpu::CpuBackend::new(None)?;
+    let mut cpu = hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions::from_env())?;
     let mut gpu = hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env())?;
     if let Some(steps) = std::env::var("DECODE_STEPS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return decode(&file, &tokens, steps, cpu, gpu);
@@ -41,18 +41,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for cut in (from.max(1)..=limit.min(full.ops.len())).step_by(stride.max(1)) {
         let mut g = full.clone();
         g.ops.truncate(cut);
-        let out = match &g.ops[cut - 1] {
-            Op::Embed { out, .. } | Op::RmsNorm { out, .. } | Op::MatMul { out, .. } | Op::Attention { out, .. }
-            | Op::Add { out, .. } | Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } | Op::LastRows { out, .. } => *out,
-            Op::Rope { x, .. } | Op::Scale { x, .. } => *x,
-            Op::StoreKv { .. } => continue,
-        };
+        let Some(out) = g.ops[cut - 1].output() else { continue };
         g.logits = out;
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut a, mut b, mut top) = (Vec::new(), Vec::new(), TopK::default());
         let gc = cpu.compile(&g)?;
-        cpu.execute(gc, kv_c, input, &mut a)?;
+        run_step(&mut cpu, gc, kv_c, input, Readback::Logits, &mut a, &mut top)?;
         let gg = gpu.compile(&g)?;
-        gpu.execute(gg, kv_g, input, &mut b)?;
+        run_step(&mut gpu, gg, kv_g, input, Readback::Logits, &mut b, &mut top)?;
+        cpu.release_graph(gc);
+        gpu.release_graph(gg);
         let err: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
         let norm: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
         println!("{cut:>4} {:<50} {:<16} nmse {:.3e}", format!("{:?}", g.ops[cut - 1]).chars().take(50).collect::<String>(), g.bufs[out.0 as usize].name, err / norm.max(1e-30));

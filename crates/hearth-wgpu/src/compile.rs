@@ -76,6 +76,9 @@ pub(crate) struct CompiledGraph {
     pub table_words: Vec<u32>,
     /// Per k: the top-k reduction of the logits (`sample.rs`), built on first use.
     pub top_k_plans: HashMap<crate::sample::TopKSpec, crate::sample::TopKPlan>,
+    /// The other buffers made at compile time: the activation scratch and each dispatch's
+    /// parameters.
+    pub owned: Vec<wgpu::Buffer>,
 }
 
 
@@ -89,37 +92,57 @@ struct Builder<'a> {
     /// [rows, k] f32 scratch shared by every mat-mul: its activations as the CPU rounds them.
     act_scratch: Option<wgpu::Buffer>,
     dispatches: Vec<Dispatch>,
-    index: usize,
+    /// Parameter buffers made so far.
+    params: Vec<wgpu::Buffer>,
 }
 
-impl Builder<'_> {
-    fn bad(&self, reason: String) -> WgpuError {
-        WgpuError::BadGraph { index: self.index, op: self.graph.ops[self.index].name(), reason }
-    }
-
-    fn shape(&self, b: BufId) -> Result<(usize, usize), WgpuError> {
-        self.graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))
-    }
-
-    fn same(&self, a: BufId, b: BufId) -> Result<(usize, usize), WgpuError> {
-        let (sa, sb) = (self.shape(a)?, self.shape(b)?);
-        if sa != sb {
-            return Err(self.bad(format!("shapes {sa:?} and {sb:?} differ")));
+/// Whether the kernels can run `op` with these weights (`Backend::supports`): its matrices are of a
+/// type `shaders/quant.wgsl` decodes, its vectors (norm weights, biases, offsets, RoPE factors)
+/// F32 in one binding, and attention heads at most 512 wide. Shapes are `Graph::validate`'s.
+pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
+    let weight = |id: &WeightId| weights.get(id.0 as usize).ok_or_else(|| format!("unknown weight {}", id.0));
+    let matrix = |id: &WeightId, role: &str| -> Result<(), String> {
+        let w = weight(id)?;
+        match type_define(w.desc.ty) {
+            Some(_) => Ok(()),
+            None => Err(format!("{role} of weight '{}' stored as {} (the WebGPU kernels decode F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K)", w.desc.name, w.desc.ty.name())),
         }
-        Ok(sa)
+    };
+    let vectors = |ids: &[Option<WeightId>]| -> Result<(), String> {
+        ids.iter().flatten().try_for_each(|id| weight(id)?.as_f32_vector().map(|_| ()).map_err(|e| e.to_string()))
+    };
+    match op {
+        Op::Embed { table, .. } => matrix(table, "an embedding lookup"),
+        Op::MatMul { w, bias, .. } => {
+            matrix(w, "a mat-mul")?;
+            vectors(&[*bias])
+        }
+        Op::RmsNorm { weight: w, .. } => vectors(&[*w]),
+        Op::Rope { params, .. } => vectors(&[params.freq_factors]),
+        Op::StoreKv { k_offset, v_offset, .. } => vectors(&[*k_offset, *v_offset]),
+        Op::Attention { params, .. } if params.head_dim > MAX_HEAD_DIM => Err(format!("attention heads of {} values (at most {MAX_HEAD_DIM})", params.head_dim)),
+        Op::Attention { params, .. } => vectors(&[params.v_offset]),
+        Op::Add { .. } | Op::Scale { .. } | Op::SwiGlu { .. } | Op::GeGlu { .. } | Op::LastRows { .. } => Ok(()),
+    }
+}
+
+/// The widest attention head `shaders/attention.wgsl` holds in its workgroup memory.
+const MAX_HEAD_DIM: usize = 512;
+
+impl Builder<'_> {
+    /// `[rows, cols]` of a buffer of the validated graph.
+    fn shape(&self, b: BufId) -> (usize, usize) {
+        let d = self.graph.desc(b);
+        (d.rows, d.cols)
     }
 
     fn weight(&self, id: WeightId) -> Result<&GpuWeight, WgpuError> {
         self.weights.get(id.0 as usize).ok_or(WgpuError::UnknownId { what: "weight", id: id.0 })
     }
 
-    /// An F32 vector weight of exactly `len` values.
-    fn vector(&self, id: WeightId, len: usize) -> Result<wgpu::Buffer, WgpuError> {
-        let w = self.weight(id)?;
-        if w.desc.dims.iter().product::<u64>() != len as u64 {
-            return Err(self.bad(format!("weight '{}' {:?} should hold {len} values", w.desc.name, w.desc.dims)));
-        }
-        Ok(w.as_f32_vector()?.clone())
+    /// A vector weight (its length checked by `Graph::validate`), which must be F32 in one chunk.
+    fn vector(&self, id: WeightId) -> Result<wgpu::Buffer, WgpuError> {
+        Ok(self.weight(id)?.as_f32_vector()?.clone())
     }
 
     fn buf(&self, b: BufId) -> Res {
@@ -139,6 +162,7 @@ impl Builder<'_> {
             contents: bytemuck::cast_slice(params),
             usage: wgpu::BufferUsages::STORAGE,
         });
+        self.params.push(params.clone());
         entries.insert(0, (0, Res::Buf(params)));
         let (pipeline, bind_group) = match kv_need {
             Some(_) => (None, None),
@@ -153,7 +177,7 @@ impl Builder<'_> {
     }
 
     fn elementwise(&mut self, entry: &'static str, define: &'static str, a: BufId, b: Option<BufId>, out: BufId, extra: &[u32]) -> Result<(), WgpuError> {
-        let (rows, cols) = self.shape(out)?;
+        let (rows, cols) = self.shape(out);
         let len = rows * cols;
         let (gx, gy) = fold(len.div_ceil(256));
         let mut defines = vec![define];
@@ -180,9 +204,6 @@ impl Builder<'_> {
                 let w = self.weight(*table)?;
                 let ty = type_define(w.desc.ty).ok_or_else(|| WgpuError::Unsupported(format!("embedding type {}", w.desc.ty.name())))?;
                 let row_len = w.desc.row_len();
-                if self.shape(*out)? != (n, row_len) {
-                    return Err(self.bad(format!("output {:?} vs table rows of {row_len}", self.shape(*out)?)));
-                }
                 let row_bytes = w.row_bytes as u32;
                 let chunks: Vec<(u32, u32, wgpu::Buffer)> = w.chunks.iter().map(|c| (c.row0 as u32, c.rows as u32, c.buffer.clone())).collect();
                 for (row0, rows, buffer) in chunks {
@@ -192,10 +213,7 @@ impl Builder<'_> {
                 }
             }
             Op::RmsNorm { x, weight, eps, group, out } => {
-                let (rows, cols) = self.same(*x, *out)?;
-                if *group == 0 || cols % group != 0 {
-                    return Err(self.bad(format!("group {group} does not divide {cols}")));
-                }
+                let (rows, cols) = self.shape(*x);
                 let n_groups = rows * cols / group;
                 let (gx, gy) = fold(n_groups);
                 let mut defines = self.gpu.info.defines();
@@ -207,7 +225,7 @@ impl Builder<'_> {
                 }
                 if let Some(w) = weight {
                     defines.push("WEIGHT");
-                    entries.push((2, Res::Buf(self.vector(*w, *group)?)));
+                    entries.push((2, Res::Buf(self.vector(*w)?)));
                 }
                 entries.push((3, self.buf(*out)));
                 let params = [n_groups as u32, gx, *group as u32, eps.to_bits()];
@@ -217,13 +235,10 @@ impl Builder<'_> {
                 let wt = self.weight(*w)?;
                 let ty = type_define(wt.desc.ty).ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
                 let (k, n_out) = (wt.desc.row_len(), wt.desc.n_rows());
-                let (rows, xk) = self.shape(*x)?;
-                if xk != k || self.shape(*out)? != (rows, n_out) || x == out {
-                    return Err(self.bad(format!("x {:?}, out {:?}, weight '{}' {:?}", self.shape(*x)?, self.shape(*out)?, wt.desc.name, wt.desc.dims)));
-                }
+                let (rows, _) = self.shape(*x);
                 let row_bytes = wt.row_bytes as u32;
                 let chunks: Vec<(u32, usize, wgpu::Buffer)> = wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
-                let bias = bias.map(|b| self.vector(b, n_out)).transpose()?;
+                let bias = bias.map(|b| self.vector(b)).transpose()?;
                 // The CPU multiplies with activations rounded to the weight's dot type.
                 let act = match wt.desc.ty.vec_dot_type() {
                     GgmlType::Q8_0 => Some(("Q8_0", 32)),
@@ -233,7 +248,7 @@ impl Builder<'_> {
                 };
                 let x_used = match act {
                     Some((define, block_len)) => {
-                        let scratch = self.act_scratch.clone().ok_or_else(|| self.bad("no activation scratch".into()))?;
+                        let scratch = self.act_scratch.clone().ok_or(WgpuError::Execution("no activation scratch".into()))?;
                         let n_blocks = rows * k / block_len;
                         let (gx, gy) = fold(n_blocks.div_ceil(64));
                         let entries = vec![(1, self.buf(*x)), (2, Res::Buf(scratch.clone()))];
@@ -258,7 +273,7 @@ impl Builder<'_> {
                 };
                 let x_buffer = match x_used {
                     Res::Buf(b) => b,
-                    _ => return Err(self.bad("activation is not a buffer".into())),
+                    _ => return Err(WgpuError::Execution("activation is not a buffer".into())),
                 };
                 for (row0, chunk_rows, buffer) in chunks {
                     let (gx, gy) = fold(chunk_rows);
@@ -271,13 +286,7 @@ impl Builder<'_> {
                 }
             }
             Op::Rope { x, params: p } => {
-                let (rows, cols) = self.shape(*x)?;
-                if p.head_dim == 0 || cols % p.head_dim != 0 || p.n_rot > p.head_dim || p.n_rot % 2 != 0 {
-                    return Err(self.bad(format!("{cols} columns with head_dim {} n_rot {}", p.head_dim, p.n_rot)));
-                }
-                if rows != n {
-                    return Err(self.bad(format!("{rows} rows for {n} tokens")));
-                }
+                let (rows, cols) = self.shape(*x);
                 if p.n_rot == 0 {
                     return Ok(());
                 }
@@ -292,7 +301,7 @@ impl Builder<'_> {
                 let mut entries = vec![(1, Res::Buf(self.step.clone()))];
                 if let Some(f) = p.freq_factors {
                     defines.push("FREQ_FACTORS");
-                    entries.push((2, Res::Buf(self.vector(f, p.n_rot / 2)?)));
+                    entries.push((2, Res::Buf(self.vector(f)?)));
                 }
                 entries.push((3, self.buf(*x)));
                 let params = [rows as u32, n_heads as u32, p.head_dim as u32, p.n_rot as u32, theta_scale.to_bits(), p.freq_scale.to_bits(), cols as u32, gx];
@@ -300,17 +309,14 @@ impl Builder<'_> {
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
                 for (src, is_k, offset) in [(*k, true, k_offset), (*v, false, v_offset)] {
-                    let (rows, cols) = self.shape(src)?;
-                    if rows != n {
-                        return Err(self.bad(format!("{rows} rows for {n} tokens")));
-                    }
+                    let (rows, cols) = self.shape(src);
                     // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
                     // for the smallest, extra invocations return at once.
                     let (gx, gy) = fold((rows * cols).div_ceil(256));
                     let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
                     let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
                     if let Some(o) = offset {
-                        entries.push((5, Res::KvOffset(self.vector(*o, cols)?)));
+                        entries.push((5, Res::KvOffset(self.vector(*o)?)));
                     }
                     let need = if is_k {
                         KvNeed { layer: *layer, k_width: Some(cols), v_width: None, window: None }
@@ -322,12 +328,9 @@ impl Builder<'_> {
                 }
             }
             Op::Attention { q, params: p, out } => {
-                let (rows, cols) = self.same(*q, *out)?;
-                if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 || cols != p.n_head * p.head_dim || q == out {
-                    return Err(self.bad(format!("{cols} columns for {} heads of {}", p.n_head, p.head_dim)));
-                }
-                if p.head_dim > 512 {
-                    return Err(WgpuError::Unsupported(format!("attention head_dim {} > 512", p.head_dim)));
+                let (rows, _) = self.shape(*q);
+                if p.head_dim > MAX_HEAD_DIM {
+                    return Err(WgpuError::Unsupported(format!("attention head_dim {} > {MAX_HEAD_DIM}", p.head_dim)));
                 }
                 let (gx, gy) = fold(rows * p.n_head);
                 let kv_width = p.n_head_kv * p.head_dim;
@@ -340,7 +343,7 @@ impl Builder<'_> {
                     (6, self.buf(*out)),
                 ];
                 if let Some(o) = p.v_offset {
-                    entries.push((7, Res::KvOffset(self.vector(o, kv_width)?)));
+                    entries.push((7, Res::KvOffset(self.vector(o)?)));
                 }
                 let params = [
                     rows as u32,
@@ -359,11 +362,6 @@ impl Builder<'_> {
                 self.push(PipelineKey::new(ShaderFile::Attention, "attention", &defines), &params, entries, [gx, gy, 1], Some(need))?;
             }
             Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
-                self.same(*a, *b)?;
-                self.same(*a, *out)?;
-                if b == out {
-                    return Err(self.bad("out may alias the first operand, not the second".into()));
-                }
                 let (entry, define) = match op {
                     Op::Add { .. } => ("add", "ADD"),
                     Op::SwiGlu { .. } => ("swiglu", "SWIGLU"),
@@ -372,15 +370,11 @@ impl Builder<'_> {
                 self.elementwise(entry, define, *a, Some(*b), *out, &[])?;
             }
             Op::Scale { x, factor } => {
-                self.shape(*x)?;
                 self.elementwise("scale", "SCALE", *x, None, *x, &[factor.to_bits()])?;
             }
             Op::LastRows { x, out } => {
-                let (rows, cols) = self.shape(*x)?;
+                let (_, cols) = self.shape(*x);
                 let n_seqs = self.graph.n_seqs;
-                if self.shape(*out)? != (n_seqs, cols) || rows != n || x == out {
-                    return Err(self.bad("output must have one row per sequence, of the input's width".into()));
-                }
                 let (gx, gy) = fold((n_seqs * cols).div_ceil(256));
                 let entries = vec![(1, self.buf(*x)), (3, self.buf(*out)), (4, Res::Buf(self.step.clone()))];
                 let params = [(n_seqs * cols) as u32, gx, cols as u32];
@@ -391,6 +385,7 @@ impl Builder<'_> {
     }
 }
 
+/// The dispatches of a graph `Graph::validate` accepted.
 pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWeight], graph: &Graph) -> Result<CompiledGraph, WgpuError> {
     let storage = |label: &str, bytes: usize, extra: wgpu::BufferUsages| {
         gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -401,12 +396,9 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         })
     };
     let bufs: Vec<wgpu::Buffer> = graph.bufs.iter().map(|b| storage(&b.name, b.rows * b.cols * 4, wgpu::BufferUsages::COPY_SRC)).collect();
-    if graph.n_seqs == 0 || graph.n_seqs > graph.n_tokens {
-        return Err(WgpuError::BadGraph { index: 0, op: "graph", reason: format!("{} sequences for {} tokens", graph.n_seqs, graph.n_tokens) });
-    }
     let step_len = 2 + 3 * graph.n_tokens + 3 * graph.n_seqs;
     let step = storage("step", step_len * 4, wgpu::BufferUsages::COPY_DST);
-    let logits = graph.bufs.get(graph.logits.0 as usize).ok_or(WgpuError::BadGraph { index: 0, op: "logits", reason: "unknown logits buffer".into() })?;
+    let logits = graph.desc(graph.logits);
     let logits_len = logits.rows * logits.cols;
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("logits staging"),
@@ -423,10 +415,9 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         })
         .max();
     let act_scratch = scratch_len.map(|len| storage("activation scratch", len * 4, wgpu::BufferUsages::empty()));
-    let mut b = Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), index: 0 };
+    let mut b = Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), params: Vec::new() };
     let mut embed_rows: Option<usize> = None;
-    for (index, op) in graph.ops.iter().enumerate() {
-        b.index = index;
+    for op in &graph.ops {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();
             embed_rows = Some(embed_rows.map_or(rows, |r| r.min(rows)));
@@ -445,5 +436,6 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         step_words: Vec::with_capacity(step_len),
         table_words: Vec::new(),
         top_k_plans: HashMap::new(),
+        owned: b.act_scratch.into_iter().chain(b.params).collect(),
     })
 }

@@ -2,10 +2,11 @@
 //!
 //! Weights stay in their GGUF encoding on the device (`array<u32>` storage buffers, decoded in
 //! the shaders); `compile` turns a [`Graph`] into a list of dispatches with their pipelines and
-//! bind groups, so `execute` only writes the step words (token ids, per-token sequence and
-//! position, per-sequence block tables), records one compute pass, submits once and reads the
-//! logits back. The KV pool is paged (`kv.rs`): per layer `[n_blocks, block_size, row]` in f32,
-//! f16 or q8_0, read through block tables. Kernels live in the top-level `shaders/`.
+//! bind groups, so a step's `submit` only writes the step words (token ids, per-token sequence and
+//! position, per-sequence block tables), records one compute pass and submits once; `take` reads
+//! back the logits or the device's top-k candidates. `release_graph` destroys a graph's buffers.
+//! The KV pool is paged (`kv.rs`): per layer `[n_blocks, block_size, row]` in f32, f16, q8_0 or
+//! q4_0, read through block tables. Kernels live in the top-level `shaders/`.
 
 mod compile;
 mod device;
@@ -17,17 +18,18 @@ mod weights;
 
 use compile::CompiledGraph;
 use device::Gpu;
-use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
+use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
-use hearth_core::{CoreError, Result};
+use hearth_core::{CoreError, DeviceFault, Result};
 use kv::GpuKv;
 use shader::PipelineCache;
 use weights::GpuWeight;
 
 pub use device::{DeviceInfo, FaultWatch, WgpuOptions};
 
-/// Errors of this crate; they reach callers as [`CoreError::Backend`].
+/// Errors of this crate; they reach callers as [`CoreError::Device`] (device lost, out of
+/// memory), [`CoreError::Unsupported`] or [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
 pub enum WgpuError {
     #[error("no WebGPU adapter: {0}")]
@@ -38,8 +40,6 @@ pub enum WgpuError {
     Shader { file: String, message: String },
     #[error("unknown {what} id {id}")]
     UnknownId { what: &'static str, id: u32 },
-    #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
-    BadGraph { index: usize, op: &'static str, reason: String },
     #[error("not supported by the wgpu backend: {0}")]
     Unsupported(String),
     #[error("weight '{name}': {reason}")]
@@ -63,7 +63,13 @@ pub enum WgpuError {
 
 impl From<WgpuError> for CoreError {
     fn from(e: WgpuError) -> Self {
-        CoreError::Backend { backend: "wgpu".into(), message: e.to_string() }
+        let backend = "wgpu".to_string();
+        match e {
+            WgpuError::DeviceLost(message) => CoreError::Device { backend, kind: DeviceFault::Lost, message },
+            WgpuError::OutOfMemory(message) => CoreError::Device { backend, kind: DeviceFault::OutOfMemory, message },
+            WgpuError::Unsupported(what) => CoreError::Unsupported { backend, what },
+            other => CoreError::Backend { backend, message: other.to_string() },
+        }
     }
 }
 
@@ -110,12 +116,20 @@ pub struct WgpuBackend {
     gpu: Gpu,
     weights: Vec<GpuWeight>,
     kvs: Vec<GpuKv>,
-    graphs: Vec<CompiledGraph>,
+    graphs: GraphSlots<CompiledGraph>,
     pipelines: PipelineCache,
     counters: BackendCounters,
-    /// The submitted step whose output is being mapped: (graph index, map signal, the top-k
-    /// reduced on the device if any).
-    pending: Option<(usize, replay::MapSignal, Option<sample::TopKSpec>)>,
+    /// The submitted step whose output is being mapped.
+    pending: Option<PendingStep>,
+}
+
+struct PendingStep {
+    graph: GraphId,
+    signal: replay::MapSignal,
+    readback: Readback,
+    /// The top-k reduction recorded into the step, if the device reduces (else `take` reduces the
+    /// logits on the host).
+    top_k: Option<sample::TopKSpec>,
 }
 
 /// Whether any WebGPU adapter can be opened here (for `--backend auto`).
@@ -148,7 +162,7 @@ impl WgpuBackend {
             gpu,
             weights: Vec::new(),
             kvs: Vec::new(),
-            graphs: Vec::new(),
+            graphs: GraphSlots::default(),
             pipelines: PipelineCache::default(),
             counters: BackendCounters::default(),
             pending: None,
@@ -181,6 +195,14 @@ impl Backend for WgpuBackend {
         Some(format!("{} on {} ({})", self.gpu.info.variant(), self.gpu.info.adapter_name, self.gpu.info.backend))
     }
 
+    fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
+        match what {
+            Capability::Op { op, .. } => compile::supports(&self.weights, op),
+            // Every KV storage type has a store and attention kernel (kv.rs).
+            Capability::Kv(_) => Ok(()),
+        }
+    }
+
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
         let w = weights::upload(&self.gpu.device, &self.gpu.queue, self.gpu.max_binding, desc, data)?;
         self.weights.push(w);
@@ -206,44 +228,39 @@ impl Backend for WgpuBackend {
     }
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
+        graph.validate(|id| self.weights.get(id.0 as usize).map(|w| &w.desc))?;
         let compiled = compile::compile(&self.gpu, &mut self.pipelines, &self.weights, graph)?;
         self.counters.bind_groups_created += compiled.bind_groups_created();
-        self.graphs.push(compiled);
         self.counters.graphs_compiled += 1;
-        Ok(GraphId(self.graphs.len() as u32 - 1))
+        Ok(self.graphs.insert(compiled))
     }
 
-    fn execute(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
-        self.submit(graph, kv, input, logits)?;
-        if let Some(ready) = self.logits_ready() {
-            // Only in a browser; an error there (not a hang): use the async step.
-            hearth_core::block_on::block_on(ready)?;
+    fn release_graph(&mut self, graph: GraphId) {
+        if self.pending.as_ref().is_some_and(|p| p.graph == graph) {
+            self.pending = None;
         }
-        self.take_logits(logits)
+        if let Some(compiled) = self.graphs.remove(graph) {
+            // Free the device memory now rather than when the last handle drops.
+            compiled.destroy();
+            self.counters.graphs_released += 1;
+        }
     }
 
-    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, logits: &mut Vec<f32>) -> Result<()> {
-        self.submit_for(graph, kv, input, Readback::Logits, logits)
-    }
-
-    fn submit_for(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback, _logits: &mut Vec<f32>) -> Result<()> {
+    fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback) -> Result<()> {
         self.gpu.faults.check()?;
-        let gi = graph.0 as usize;
-        if gi >= self.graphs.len() {
-            return Err(WgpuError::UnknownId { what: "graph", id: graph.0 }.into());
-        }
+        self.pending = None;
         let kv_store = self.kvs.get(kv.0 as usize).ok_or(WgpuError::UnknownId { what: "kv cache", id: kv.0 })?;
-        let compiled = &mut self.graphs[gi];
+        let compiled = self.graphs.get_mut(graph).ok_or(WgpuError::UnknownId { what: "graph", id: graph.0 })?;
         let made = compiled.ensure_kv_binding(&self.gpu, &mut self.pipelines, kv, kv_store)?;
         self.counters.bind_groups_created += made;
-        // Wider reductions than the shader is meant for read the logits (take_output reduces).
+        // Wider reductions than the shader is meant for read the logits (take reduces them).
         let top_k = sample::TopKSpec::for_readback(readback);
         if let Some(spec) = top_k {
             self.counters.bind_groups_created += compiled.ensure_top_k(&self.gpu, &mut self.pipelines, spec)?;
         }
         let n_ops = compiled.graph.ops.len() as u64;
         let (signal, bytes) = compiled.submit(&self.gpu, kv_store, kv, input, top_k)?;
-        self.pending = Some((gi, signal, top_k));
+        self.pending = Some(PendingStep { graph, signal, readback, top_k });
         self.counters.bytes_read_back += bytes;
         self.counters.submits += 1;
         self.counters.steps_executed += 1;
@@ -251,8 +268,8 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn logits_ready(&mut self) -> Option<LogitsFuture> {
-        let (_, signal, _) = self.pending.as_ref()?;
+    fn ready(&mut self) -> Option<LogitsFuture> {
+        let signal = &self.pending.as_ref()?.signal;
         // Natively the map completes while we wait for the device here.
         #[cfg(not(target_arch = "wasm32"))]
         if let Err(e) = replay::wait_idle(&self.gpu) {
@@ -265,21 +282,19 @@ impl Backend for WgpuBackend {
         Some(Box::pin(async move { done.await.map_err(CoreError::from) }))
     }
 
-    fn take_logits(&mut self, logits: &mut Vec<f32>) -> Result<()> {
-        self.take_output(Readback::Logits, 0, logits, &mut TopK::default())
-    }
-
-    fn take_output(&mut self, readback: Readback, n_vocab: usize, logits: &mut Vec<f32>, top: &mut TopK) -> Result<()> {
-        let (gi, signal, top_k) = self.pending.take().ok_or(WgpuError::Execution("take_logits without a submitted step".into()))?;
-        let copied = match top_k {
-            Some(spec) => self.graphs[gi].take_top_k(spec, &signal, top),
-            None => self.graphs[gi].take_logits(&signal, logits),
+    fn take(&mut self, logits: &mut Vec<f32>, top: &mut TopK) -> Result<()> {
+        let step = self.pending.take().ok_or(WgpuError::Execution("take without a submitted step".into()))?;
+        let compiled = self.graphs.get(step.graph).ok_or(WgpuError::UnknownId { what: "graph", id: step.graph.0 })?;
+        let copied = match step.top_k {
+            Some(spec) => compiled.take_top_k(spec, &step.signal, top),
+            None => compiled.take_logits(&step.signal, logits),
         };
         // A fault (device lost, out of memory) makes the step's output meaningless.
         self.gpu.faults.check()?;
         copied?;
-        if top_k.is_none() {
-            hearth_core::sampling::reduce_rows(readback, logits, n_vocab, top);
+        if step.top_k.is_none() {
+            let n_vocab = compiled.graph.desc(compiled.graph.logits).cols;
+            hearth_core::sampling::reduce_rows(step.readback, logits, n_vocab, top);
         }
         Ok(())
     }
@@ -291,7 +306,7 @@ impl Backend for WgpuBackend {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
-        let compiled = self.graphs.get(graph.0 as usize)?;
+        let compiled = self.graphs.get(graph)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
         replay::read_back(&self.gpu, &compiled.bufs[index], compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols).ok()
     }
@@ -303,7 +318,7 @@ impl Backend for WgpuBackend {
     fn memory_bytes(&self) -> u64 {
         let w: u64 = self.weights.iter().map(|w| w.bytes()).sum();
         let kv: u64 = self.kvs.iter().map(GpuKv::bytes).sum();
-        let acts: u64 = self.graphs.iter().flat_map(|g| g.bufs.iter()).map(|b| b.size()).sum();
-        w + kv + acts
+        let graphs: u64 = self.graphs.iter().map(CompiledGraph::bytes).sum();
+        w + kv + graphs
     }
 }

@@ -154,6 +154,24 @@ fn check_fit(d: &Dispatch, kv: &GpuKv) -> Result<(), WgpuError> {
 }
 
 impl CompiledGraph {
+    /// Every buffer this graph made (activations, step words, staging, scratch, parameters,
+    /// block tables, top-k reductions); not the weights or the KV pool it binds.
+    fn owned_buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
+        let tables = self.kv_bindings.values().map(|b| &b.tables);
+        let top_k = self.top_k_plans.values().flat_map(|p| p.owned.iter());
+        self.bufs.iter().chain([&self.step, &self.staging]).chain(&self.owned).chain(tables).chain(top_k)
+    }
+
+    /// Device bytes this graph holds.
+    pub fn bytes(&self) -> u64 {
+        self.owned_buffers().map(wgpu::Buffer::size).sum()
+    }
+
+    /// Frees this graph's device memory now (its bind groups and pipelines go with the value).
+    pub fn destroy(self) {
+        self.owned_buffers().for_each(wgpu::Buffer::destroy);
+    }
+
     /// Bind groups made at compile time (those of dispatches that do not touch the KV pool).
     pub fn bind_groups_created(&self) -> u64 {
         self.dispatches.iter().filter(|d| d.bind_group.is_some()).count() as u64

@@ -52,6 +52,8 @@ pub(crate) struct TopKPlan {
     out: wgpu::Buffer,
     /// Host-mappable copy of `out`.
     staging: wgpu::Buffer,
+    /// Every buffer this plan made (freed with its graph).
+    pub owned: Vec<wgpu::Buffer>,
 }
 
 impl TopKPlan {
@@ -102,10 +104,11 @@ impl TopKPlan {
             pipelines,
             "top_k_merge",
             "TOPK_MERGE",
-            vec![(0, Res::Buf(params)), (2, Res::Buf(candidates)), (3, Res::Buf(out.clone()))],
+            vec![(0, Res::Buf(params.clone())), (2, Res::Buf(candidates.clone())), (3, Res::Buf(out.clone()))],
             [n_rows as u32, 1, 1],
         )?;
-        Ok(TopKPlan { k, log_sum_exp, n_rows, chunks, merge, out, staging })
+        let owned = [Some(params), Some(candidates), Some(out.clone()), Some(staging.clone()), partial_sums].into_iter().flatten().collect();
+        Ok(TopKPlan { k, log_sum_exp, n_rows, chunks, merge, out, staging, owned })
     }
 
     /// Bind groups `new` made.

@@ -7,7 +7,7 @@ mod common;
 
 use common::case::{single, small_layout, Case};
 use common::{open, Rng};
-use hearth_core::backend::{Backend, GraphId, KvId, Readback, TopK};
+use hearth_core::backend::{run_step, Backend, GraphId, KvId, Readback, TopK};
 use hearth_core::graph::{Op, SeqStep, StepInput};
 use hearth_core::quant::GgmlType;
 use hearth_core::sampling::top_k_rows;
@@ -52,17 +52,13 @@ fn bits(top: &TopK) -> (Vec<u32>, Vec<u32>) {
 }
 
 /// Runs one step of the loaded case (`ids` from `Case::load`) reading back `readback`.
-fn run_top_k(backend: &mut dyn Backend, ids: (KvId, GraphId), tokens: &[u32], n_vocab: usize, readback: Readback) -> (Vec<f32>, TopK) {
+fn run_top_k(backend: &mut dyn Backend, ids: (KvId, GraphId), tokens: &[u32], readback: Readback) -> (Vec<f32>, TopK) {
     let (kv, g) = ids;
     let step = single(tokens.to_vec(), 0, &small_layout());
     let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
     let input = StepInput { tokens: &step.tokens, seqs: &seqs };
     let (mut logits, mut top) = (Vec::new(), TopK::default());
-    backend.submit_for(g, kv, input, readback, &mut logits).expect("submit");
-    if let Some(ready) = backend.logits_ready() {
-        hearth_core::block_on::block_on(ready).expect("ready");
-    }
-    backend.take_output(readback, n_vocab, &mut logits, &mut top).expect("take_output");
+    run_step(backend, g, kv, input, readback, &mut logits, &mut top).expect("step");
     (logits, top)
 }
 
@@ -84,7 +80,7 @@ fn device_top_k_equals_host_reference_bit_for_bit() {
         let cpu_ids = case.load(&mut cpu);
         for k in [1usize, 2, 40, 64, 256] {
             let k = k.min(n_vocab);
-            let (logits, got) = run_top_k(&mut gpu, gpu_ids, &tokens, n_vocab, Readback::TopK(k));
+            let (logits, got) = run_top_k(&mut gpu, gpu_ids, &tokens, Readback::TopK(k));
             assert!(logits.is_empty(), "the logits were read back too");
             let mut want = TopK::default();
             let rows: Vec<f32> = tokens.iter().flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied()).collect();
@@ -92,7 +88,7 @@ fn device_top_k_equals_host_reference_bit_for_bit() {
             assert_eq!(got.k, k);
             assert_eq!(bits(&got), bits(&want), "n_vocab {n_vocab} k {k}: device top-k differs from the host reference");
             // The CPU backend (host reduction of its logits) agrees too.
-            let (_, cpu_top) = run_top_k(&mut cpu, cpu_ids, &tokens, n_vocab, Readback::TopK(k));
+            let (_, cpu_top) = run_top_k(&mut cpu, cpu_ids, &tokens, Readback::TopK(k));
             assert_eq!(bits(&cpu_top), bits(&want), "n_vocab {n_vocab} k {k}: CPU backend");
         }
         eprintln!("n_vocab {n_vocab}: ok");
@@ -114,11 +110,7 @@ fn top_k_steps_replay_without_creating_anything() {
     let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
     let run = |gpu: &mut dyn Backend| {
         let (mut logits, mut top) = (Vec::new(), TopK::default());
-        gpu.submit_for(g, kv, StepInput { tokens: &step.tokens, seqs: &seqs }, Readback::TopK(40), &mut logits).expect("submit");
-        if let Some(ready) = gpu.logits_ready() {
-            hearth_core::block_on::block_on(ready).expect("ready");
-        }
-        gpu.take_output(Readback::TopK(40), n_vocab, &mut logits, &mut top).expect("take");
+        run_step(gpu, g, kv, StepInput { tokens: &step.tokens, seqs: &seqs }, Readback::TopK(40), &mut logits, &mut top).expect("step");
         top
     };
     let first = run(&mut gpu);
@@ -155,7 +147,7 @@ fn device_log_sum_exp_matches_host_reference() {
             let mut want = TopK::default();
             top_k_rows(&rows, n_vocab, k, &mut want);
             for (name, backend, ids) in [("wgpu", &mut gpu as &mut dyn Backend, gpu_ids), ("cpu", &mut cpu as &mut dyn Backend, cpu_ids)] {
-                let (_, got) = run_top_k(backend, ids, &tokens, n_vocab, Readback::TopKAndLogSumExp(k));
+                let (_, got) = run_top_k(backend, ids, &tokens, Readback::TopKAndLogSumExp(k));
                 assert_eq!(bits(&got), bits(&want), "{name} n_vocab {n_vocab} k {k}: candidates");
                 assert_eq!(got.log_sum_exp.len(), n_table_rows, "{name}: one log-sum-exp per row");
                 for (r, (&g, &w)) in got.log_sum_exp.iter().zip(&want_lse).enumerate() {

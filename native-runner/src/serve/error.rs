@@ -44,6 +44,11 @@ impl ApiError {
         ApiError { status: 405, message: format!("{method} is not allowed on {path}"), kind: "invalid_request_error", param: None, code: None }
     }
 
+    /// The device failed (lost, out of memory): 503, so that a client retries elsewhere or later.
+    pub fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
+        ApiError { status: 503, message: message.into(), kind: "server_error", param: None, code: Some(code) }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: 500, message: message.into(), kind: "server_error", param: None, code: None }
     }

@@ -4,7 +4,7 @@ use hearth_core::engine::Generation;
 use hearth_core::scheduler::SchedulerStats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Cumulative histogram with fixed upper bounds in seconds.
@@ -54,6 +54,8 @@ pub struct Metrics {
     pub accepted: AtomicI64,
     /// Jobs in the bounded queue, not yet taken by the engine thread.
     pub queue_depth: AtomicI64,
+    /// A request failed because the GPU device was lost: every later step fails as well.
+    pub device_lost: AtomicBool,
     /// The scheduler's state after its latest step.
     scheduler: Mutex<SchedulerStats>,
     ttft: Mutex<Histogram>,
@@ -71,6 +73,7 @@ impl Default for Metrics {
             draft_tokens_accepted: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             accepted: AtomicI64::new(0),
+            device_lost: AtomicBool::new(false),
             scheduler: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// Fastest on edits and rewrites, where the answer copies the prompt.
     #[arg(long)]
     pub lookup: bool,
+    /// The model's id in /v1/models and responses (default: the built-in name given to -m, or
+    /// the file's name without .gguf; never a local path). Requests may name it by this id, the
+    /// -m argument or the file name.
+    #[arg(long)]
+    pub alias: Option<String>,
     /// With --lookup: most draft tokens per step (default 15, at most 64 are used); each step
     /// verifies as many as pay at the measured pass costs.
     #[arg(long = "draft-tokens")]
@@ -93,7 +98,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let max_batch = args.max_batch.max(1);
     let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
     let options = SchedulerOptions { max_batch, max_stall: args.max_stall, lookup: args.lookup()?, ..SchedulerOptions::default() };
-    let (model_id, model_names, prompter) = spawn_worker(&args.model, options, jobs, metrics.clone())?;
+    let (model_id, model_names, prompter) = spawn_worker(&args.model, args.alias.clone(), options, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
@@ -116,7 +121,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
 /// Loads the model on the worker thread (which then owns it) and waits until it is ready.
 type Loaded = (String, Vec<String>, worker::Prompter);
 
-fn spawn_worker(args: &ModelArgs, options: SchedulerOptions, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+fn spawn_worker(args: &ModelArgs, alias: Option<String>, options: SchedulerOptions, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
     let max_batch = options.max_batch;
     let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
@@ -129,7 +134,11 @@ fn spawn_worker(args: &ModelArgs, options: SchedulerOptions, jobs: mpsc::Receive
             let options = SchedulerOptions { prefill_chunk: l.options.prefill_chunk, ..options };
             let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
             metrics.set_scheduler(scheduler.stats());
-            let _ = ready.send(Ok((args.model.clone(), vec![args.model.clone(), file, stem], prompter)));
+            // A path given to -m is not an id to show clients; the file's stem is.
+            let given_a_path = args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
+            let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
+            let names = vec![id.clone(), args.model.clone(), file, stem];
+            let _ = ready.send(Ok((id, names, prompter)));
             worker::run(scheduler, jobs, metrics, max_batch);
         }
         Err(e) => {
@@ -151,7 +160,10 @@ fn route(state: &State, request: tiny_http::Request) {
             ("POST", "/v1/chat/completions") => completion::handle(state, request, Endpoint::Chat, received),
             ("POST", "/v1/completions") => completion::handle(state, request, Endpoint::Completions, received),
             ("GET", "/v1/models") => respond_json(request, 200, &models(state)),
-            ("GET", "/health") => respond_json(request, 200, &health(state)),
+            ("GET", "/health") => {
+                let status = if state.metrics.device_lost.load(std::sync::atomic::Ordering::SeqCst) { 503 } else { 200 };
+                respond_json(request, status, &health(state))
+            }
             ("GET", "/metrics") => respond_text(request, 200, &state.metrics.render(), "text/plain; version=0.0.4"),
             (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
                 respond_error(request, &ApiError::method_not_allowed(&method, &path))
@@ -182,8 +194,9 @@ fn authorized(state: &State, request: &tiny_http::Request) -> bool {
 
 fn health(state: &State) -> serde_json::Value {
     let stats = state.metrics.scheduler();
+    let lost = state.metrics.device_lost.load(std::sync::atomic::Ordering::SeqCst);
     json!({
-        "status": "ok",
+        "status": if lost { "device_lost" } else { "ok" },
         "running": stats.running,
         "waiting": state.metrics.waiting(),
         "kv_blocks_used": stats.kv_blocks_used,

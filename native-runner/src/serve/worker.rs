@@ -4,15 +4,15 @@
 //! client disconnected, so its receiver was dropped) is cancelled at the first failed send, which
 //! frees its KV blocks at once.
 
-use super::api::{GenerationRequest, PromptInput};
+use super::api::request_error;
 use super::error::ApiError;
 use super::metrics::Metrics;
-use crate::load;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{GenerateOptions, Generation};
+use hearth_core::request::ValidRequest;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent};
 use hearth_core::tokenizer::Tokenizer;
-use hearth_core::CoreError;
+use hearth_core::{CoreError, DeviceFault};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, TrySendError};
@@ -49,7 +49,7 @@ pub struct Prompter {
 impl Prompter {
     /// The predicted output's tokens (as the text would read inside the answer: no special
     /// tokens, no BOS).
-    pub fn prediction(&self, request: &GenerationRequest) -> Result<Option<Vec<u32>>, ApiError> {
+    pub fn prediction(&self, request: &ValidRequest) -> Result<Option<Vec<u32>>, ApiError> {
         let Some(text) = &request.prediction else { return Ok(None) };
         let tokens = self
             .tokenizer
@@ -60,43 +60,24 @@ impl Prompter {
 
     /// The prompt tokens and the options with `max_tokens` resolved: as asked, or the rest of
     /// the context.
-    pub fn prepare(&self, request: &GenerationRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
-        let (text, templated) = match &request.prompt {
-            PromptInput::Chat(messages) => {
-                let template = self
-                    .chat_template
-                    .as_ref()
-                    .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions.", None, None))?;
-                let text = template
-                    .render(messages, true)
-                    .map_err(|e| ApiError::bad_request(format!("The chat template rejected the messages: {e}"), Some("messages"), None))?;
-                (text, true)
-            }
-            PromptInput::Text(text) => (text.clone(), false),
-        };
-        let prompt = load::tokenize_with(&self.tokenizer, &text, templated)
-            .map_err(|e| ApiError::bad_request(format!("Cannot tokenize the prompt: {e:#}"), None, None))?;
+    pub fn prepare(&self, request: &ValidRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
+        let prompt = request.prompt.tokenize(&self.tokenizer, self.chat_template.as_ref(), None).map_err(|e| match e {
+            CoreError::BadRequest { .. } => request_error(&e),
+            other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
+        })?;
         let n_ctx = self.n_ctx;
-        let too_long = |requested: usize| {
+        let options = request.options_for(prompt.len(), n_ctx).map_err(|_| {
+            let requested = request.max_tokens.unwrap_or(0);
             ApiError::bad_request(
                 format!(
                     "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({} in the prompt, {requested} for the completion).",
                     prompt.len() + requested,
                     prompt.len()
                 ),
-                Some(if requested == 0 { "messages" } else { "max_tokens" }),
+                Some(if request.max_tokens.is_some() && prompt.len() < n_ctx { "max_tokens" } else { "messages" }),
                 Some("context_length_exceeded"),
             )
-        };
-        if prompt.len() >= n_ctx {
-            return Err(too_long(0));
-        }
-        let max_tokens = match request.max_tokens {
-            Some(n) if n > n_ctx - prompt.len() => return Err(too_long(n)),
-            Some(n) => n,
-            None => n_ctx - prompt.len(),
-        };
-        let options = GenerateOptions { max_tokens, ..request.options.clone() };
+        })?;
         Ok((prompt, options))
     }
 }
@@ -174,9 +155,10 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
         if let Err(e) = stepped {
             // Not expected (the scheduler reports per-request failures as events); fail everyone.
             gone.extend(in_flight.keys().copied());
+            let failure = api_error(&e, &metrics);
             for (_, request) in in_flight.drain() {
                 metrics.accepted.fetch_sub(1, Ordering::SeqCst);
-                let _ = request.events.send(Event::Failed(ApiError::internal(format!("Generation failed: {e}"))));
+                let _ = request.events.send(Event::Failed(failure.clone()));
             }
         }
         let mut cancelled = 0;
@@ -205,7 +187,7 @@ fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight
         }
         Err(e) => {
             metrics.accepted.fetch_sub(1, Ordering::SeqCst);
-            let _ = job.events.send(Event::Failed(api_error(&e)));
+            let _ = job.events.send(Event::Failed(api_error(&e, metrics)));
         }
     }
 }
@@ -236,18 +218,27 @@ fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, me
         SchedulerEvent::Failed { id, error } => {
             if let Some(request) = in_flight.remove(&id) {
                 metrics.accepted.fetch_sub(1, Ordering::SeqCst);
-                let _ = request.events.send(Event::Failed(api_error(&error)));
+                let _ = request.events.send(Event::Failed(api_error(&error, metrics)));
             }
         }
     }
 }
 
-fn api_error(error: &CoreError) -> ApiError {
+/// The HTTP error of a failed request. A lost device is remembered: `/health` then answers 503 so
+/// that whoever runs the server restarts it (every later step would fail too).
+fn api_error(error: &CoreError, metrics: &Metrics) -> ApiError {
     match error {
         CoreError::ContextOverflow { .. } | CoreError::KvExhausted { .. } => {
             ApiError::bad_request(format!("The request does not fit in the KV cache: {error}"), None, Some("context_length_exceeded"))
         }
         CoreError::InvalidArgument(message) => ApiError::bad_request(message.clone(), None, None),
+        CoreError::Device { kind: DeviceFault::Lost, .. } => {
+            metrics.device_lost.store(true, Ordering::SeqCst);
+            ApiError::unavailable(format!("The GPU device was lost; the server must be restarted: {error}"), "device_lost")
+        }
+        CoreError::Device { kind: DeviceFault::OutOfMemory, .. } => {
+            ApiError::unavailable(format!("The GPU ran out of memory; retry with a shorter request: {error}"), "device_out_of_memory")
+        }
         other => ApiError::internal(format!("Generation failed: {other}")),
     }
 }

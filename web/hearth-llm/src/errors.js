@@ -47,7 +47,7 @@ export function hearthError(code, message, cause) {
 export function toHearthError(error) {
   if (error instanceof HearthError) return error;
   const message = String(error?.message ?? error);
-  if (typeof error?.code === 'string' && error.code) return hearthError(error.code, message, error);
+  if (typeof error?.code === 'string' && error.code) return withParam(hearthError(error.code, message, error), error.param);
   if (error?.name === 'AbortError') return hearthError('aborted', 'the operation was aborted', error);
   if (error?.name === 'QuotaExceededError') return hearthError('quota-exceeded', `browser storage is full: ${message}`, error);
   if (/allocation failed|out of memory|could not allocate|memory access out of bounds|grow/i.test(message)) {
@@ -57,9 +57,15 @@ export function toHearthError(error) {
   return hearthError('internal', message, error);
 }
 
-/** Rebuilds a HearthError sent from the worker as { name, code, message }. */
-export function fromWorkerMessage({ code, message, name }) {
-  if (code) return new HearthError(code, message);
+/** A refused request parameter, named as the engine named it. */
+function withParam(error, param) {
+  if (typeof param === 'string' && param) error.param = param;
+  return error;
+}
+
+/** Rebuilds a HearthError sent from the worker as { name, code, message, param }. */
+export function fromWorkerMessage({ code, message, name, param }) {
+  if (code) return withParam(new HearthError(code, message), param);
   return toHearthError(Object.assign(new Error(message), { name }));
 }
 

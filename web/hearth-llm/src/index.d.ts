@@ -22,8 +22,9 @@ export class HearthError extends Error {
   constructor(code: HearthErrorCode, message: string, options?: { cause?: unknown });
   readonly name: 'HearthError';
   readonly code: HearthErrorCode;
-  /** For 'bad-argument' from request validation: the kind of mistake. */
-  readonly kind?: 'TypeError' | 'RangeError';
+  /** For 'bad-argument' from request validation: the request field that was refused
+   * ("temperature", "messages", "speculative", ...). */
+  readonly param?: string;
 }
 
 export interface Progress {
@@ -91,7 +92,10 @@ export function listCachedModels(): Promise<CachedModel[]>;
 /** Removes the cached copy of `url` (relative URLs resolve against the page); resolves to whether one existed. */
 export function deleteCachedModel(url: string | URL): Promise<boolean>;
 
+/** The fields hearth checks as `hearth serve` does (docs/REQUESTS.md has every range and default);
+ * a field it does not implement is refused with 'bad-argument', never ignored. */
 export interface SamplingRequest {
+  /** 0..2 (default 1; 0 is greedy). */
   temperature?: number;
   top_p?: number;
   top_k?: number;
@@ -102,8 +106,16 @@ export interface SamplingRequest {
   stop?: string | string[];
   presence_penalty?: number;
   frequency_penalty?: number;
+  /** Also accepted as `repeat_penalty`. */
   repetition_penalty?: number;
+  /** How many recent tokens the penalties look at: -1 (default) the whole history, 0 none. */
+  repeat_last_n?: number;
+  /** Token id → bias in -100..100. */
+  logit_bias?: Record<string, number>;
   ignore_eos?: boolean;
+  /** OpenAI's predicted outputs: text the answer is expected to repeat (drafts are copied from it). */
+  prediction?: { type: 'content'; content: string | { type: 'text'; text: string }[] };
+  user?: string;
   /** Speculative decoding (greedy output is unchanged; sampling keeps the target's distribution),
    * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`. Runs alone (not batched), on
    * the WebGPU or the CPU engine. */
@@ -116,7 +128,7 @@ export interface SamplingRequest {
 export interface SpeculativeRequest {
   /** 'lookup': drafts copied from the prompt and output; 'draft-model': from `createEngine({ draftModel })`. */
   mode: 'lookup' | 'draft-model';
-  /** Most draft tokens per step, 1..64 (default 5). Each step drafts and verifies the number in
+  /** Most draft tokens per step, 1..64 (default 15 for 'lookup', 5 for 'draft-model'). Each step drafts and verifies the number in
    * 0..draftTokens that gives the most tokens per second at the acceptance rate and the pass costs
    * measured so far (0: a plain step, where speculation would be slower). */
   draftTokens?: number;
@@ -295,7 +307,3 @@ export interface Engine {
 /** Rejects with a HearthError. */
 export function createEngine(options: CreateEngineOptions): Promise<Engine>;
 
-/** OpenAI request → the engine's sampling options (snake_case). */
-export function samplingOptions(request: SamplingRequest): Record<string, unknown>;
-
-export function checkRequest(request: unknown, kind: 'chat' | 'text'): { prompt: string | ChatMessage[]; options: Record<string, unknown>; stream: boolean; signal?: AbortSignal };

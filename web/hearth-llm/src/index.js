@@ -8,11 +8,11 @@
 
 import { readModel } from './model-source.js';
 import { LocalEngine, WorkerEngine } from './transport.js';
-import { checkRequest, samplingOptions } from './request.js';
+import { checkRequest } from './request.js';
 import { HearthError, hearthError, toHearthError, checkModelSize } from './errors.js';
 import { listCachedModels, deleteCachedModel } from './cache.js';
 
-export { checkRequest, HearthError, listCachedModels, deleteCachedModel };
+export { HearthError, listCachedModels, deleteCachedModel };
 
 const BACKENDS = ['auto', 'cpu', 'webgpu'];
 
@@ -163,12 +163,12 @@ export class Engine {
 
   async #create(request, kind) {
     this.#checkLoaded();
-    const { prompt, options, stream, signal } = checkRequest(request, kind);
+    const { request: body, stream, signal } = checkRequest(request, kind);
     if (signal?.aborted) throw hearthError('aborted', 'the request was aborted before it started', signal.reason);
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-hearth-${++serial}`;
     const created = Math.floor(Date.now() / 1000);
     const chunks = new ChunkQueue();
-    const done = this.#run(prompt, options, signal, chunks);
+    const done = this.#run(kind, body, signal, chunks);
     const shape = { id, created, model: this.#modelName, kind };
     if (stream) return streamChunks(chunks, done, shape);
     const report = await done.catch((error) => {
@@ -177,7 +177,7 @@ export class Engine {
     return completionObject(report, shape);
   }
 
-  async #run(prompt, sampling, signal, chunks) {
+  async #run(kind, request, signal, chunks) {
     this.#checkLoaded();
     const key = ++requestKeys;
     let stopped = false;
@@ -189,7 +189,7 @@ export class Engine {
     };
     chunks.interrupt = interrupt;
     signal?.addEventListener('abort', interrupt, { once: true });
-    const done = this.#backend.generate(prompt, sampling, (text) => {
+    const done = this.#backend.generate(kind, request, (text) => {
       chunks.push(text);
       return !stopped;
     }, key);
@@ -289,4 +289,3 @@ function completionObject(report, shape) {
   return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: null, ...choice }], usage: usage(report), hearth: details(report) };
 }
 
-export { samplingOptions };

@@ -55,8 +55,8 @@ export class WorkerEngine {
   }
 
   /** Resolves to the report; `key` (unique per request) names it for cancel(key). */
-  generate(prompt, options, onChunk, key) {
-    return this.#call({ type: 'generate', prompt, options, key }, { onChunk });
+  generate(kind, request, onChunk, key) {
+    return this.#call({ type: 'generate', kind, request, key }, { onChunk });
   }
 
   cancel(key) {

@@ -3,7 +3,7 @@
 //     model: bytes, or a streamed source { blob } | { url, size } (worker only, range-reader.js)
 //   loadDraft(model, backend, onProgress)  (a draft model for speculative requests; model as in load,
 //     backend: 'auto'|'webgpu'|'cpu')
-//   generate(prompt, options, onChunk, key) → report  (concurrent calls run as one batch)
+//   generate(kind, request, onChunk, key) → report  (concurrent calls run as one batch; kind: 'chat' | 'text')
 //   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
 // `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
 // names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
@@ -39,9 +39,9 @@ export class LocalEngine {
   }
 
   /** `onChunk(text)` returning false cancels; `key` names the request for cancel(key). */
-  async generate(prompt, options, onChunk, key) {
+  async generate(kind, request, onChunk, key) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    const report = await this.#engine.generate(JSON.stringify(prompt), JSON.stringify(options), (text) => onChunk(text) !== false, key);
+    const report = await this.#engine.generate(kind, JSON.stringify(request), (text) => onChunk(text) !== false, key);
     return JSON.parse(report);
   }
 

@@ -3,7 +3,7 @@
 // between steps, so 'cancel' messages arrive while they run):
 //   page → worker: { id, type: 'load', model, options } (model: bytes, or { blob } | { url, size })
 //                  | { id, type: 'load-draft', model, backend } (model as in 'load'; backend: 'auto' | 'webgpu' | 'cpu')
-//                  | { id, type: 'generate', prompt, options, key } | { type: 'cancel', key } (key: unique per request)
+//                  | { id, type: 'generate', kind, request, key } | { type: 'cancel', key } (key: unique per request)
 //                  | { type: 'interrupt' } | { id, type: 'unload' } | { id, type: 'stats' } | { id, type: 'lose-device-for-test' }
 //   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text }
 //                  | { id, type: 'done', result } | { id, type: 'error', name, code, message } (a HearthError)
@@ -23,7 +23,7 @@ self.onmessage = async (event) => {
     } else if (type === 'load-draft') {
       await engine.loadDraft(event.data.model, event.data.backend, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'generate') {
-      result = await engine.generate(event.data.prompt, event.data.options, (text) => reply({ type: 'chunk', text }), event.data.key);
+      result = await engine.generate(event.data.kind, event.data.request, (text) => reply({ type: 'chunk', text }), event.data.key);
     } else if (type === 'cancel') {
       engine.cancel(event.data.key);
       return;
@@ -41,7 +41,7 @@ self.onmessage = async (event) => {
     }
     reply({ type: 'done', result });
   } catch (error) {
-    const { code, message } = toHearthError(error);
-    reply({ type: 'error', name: 'HearthError', code, message });
+    const { code, message, param } = toHearthError(error);
+    reply({ type: 'error', name: 'HearthError', code, message, param });
   }
 };

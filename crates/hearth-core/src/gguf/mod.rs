@@ -234,7 +234,7 @@ fn tensor_info(
     if !ty.is_weight_type() {
         return Err(bad(format!("type {ty} is an activation-only format")));
     }
-    if dims.iter().any(|&d| d == 0) {
+    if dims.contains(&0) {
         return Err(bad(format!("has a zero dimension {dims:?}")));
     }
     let n_elements = dims
@@ -242,11 +242,11 @@ fn tensor_info(
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .filter(|&n| n < (1 << 40))
         .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
-    if dims[0] % ty.block_len() as u64 != 0 {
+    if !dims[0].is_multiple_of(ty.block_len() as u64) {
         return Err(bad(format!("row length {} is not a multiple of the {ty} block size {}", dims[0], ty.block_len())));
     }
     let n_bytes = n_elements / ty.block_len() as u64 * ty.block_bytes() as u64;
-    if rel_offset % alignment != 0 {
+    if !rel_offset.is_multiple_of(alignment) {
         return Err(bad(format!("data offset {rel_offset} is not aligned to {alignment}")));
     }
     let offset = data_offset.checked_add(rel_offset).ok_or_else(|| bad("data offset overflows".into()))?;

@@ -12,7 +12,7 @@ pub use weights::{LayerWeights, ModelWeights};
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::graph::{AttentionParams, Graph, LogitsMode, Op, RopeParams};
+use crate::graph::{AttentionParams, BufId, Graph, LogitsMode, Op, RopeParams};
 use crate::kv::{KvGroup, KvType};
 
 pub struct Model {
@@ -52,92 +52,26 @@ impl Model {
     }
 
     /// The forward pass for `n_tokens` tokens of `n_seqs` sequences (each sequence's tokens
-    /// consecutive). Activation buffers are shared by all layers (the residual stream is updated
-    /// in place), so memory does not grow with depth.
+    /// consecutive): per layer an attention block and an FFN block around the residual stream.
+    /// Activation buffers are shared by all layers (the residual stream is updated in place), so
+    /// memory does not grow with depth.
     pub fn build_graph(&self, n_tokens: usize, n_seqs: usize, logits: LogitsMode) -> Graph {
         let c = &self.config;
         let w = &self.weights;
         let n = n_tokens;
-        let q_width = c.n_head * c.head_dim;
-        let kv_width = c.n_head_kv * c.head_dim;
         let mut g = Graph::new(n, n_seqs);
+        let b = Activations::new(&mut g, c, n);
 
-        let x = g.buf("residual", n, c.n_embd); // [n, n_embd]
-        let h = g.buf("normed", n, c.n_embd); // [n, n_embd]
-        let q = g.buf("q", n, q_width); // [n, n_head * head_dim]
-        let k = g.buf("k", n, kv_width); // [n, n_head_kv * head_dim]
-        let v = g.buf("v", n, kv_width); // [n, n_head_kv * head_dim]
-        let attn = g.buf("attn_out", n, q_width); // [n, n_head * head_dim]
-        let proj = g.buf("proj", n, c.n_embd); // [n, n_embd]: attention output / FFN output
-        let gate = g.buf("ffn_gate", n, c.n_ff); // [n, n_ff], then the activated product
-        let up = g.buf("ffn_up", n, c.n_ff); // [n, n_ff]
-
-        g.push(Op::Embed { table: w.token_embd, out: x });
+        g.push(Op::Embed { table: w.token_embd, out: b.residual });
         if let Some(s) = c.embd_scale {
-            g.push(Op::Scale { x, factor: s });
+            g.push(Op::Scale { x: b.residual, factor: s });
+        }
+        for il in 0..w.layers.len() {
+            self.attention_block(&mut g, &b, il);
+            self.ffn_block(&mut g, &b, il);
         }
 
-        for (il, lw) in w.layers.iter().enumerate() {
-            let la = c.layers[il];
-            g.push(Op::RmsNorm { x, weight: Some(lw.attn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
-            g.push(Op::MatMul { w: lw.wq, x: h, bias: lw.bq, out: q });
-            g.push(Op::MatMul { w: lw.wk, x: h, bias: lw.bk, out: k });
-            g.push(Op::MatMul { w: lw.wv, x: h, bias: lw.bv, out: v });
-            if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
-                g.push(Op::RmsNorm { x: q, weight: Some(qn), eps: c.rms_eps, group: c.head_dim, out: q });
-                g.push(Op::RmsNorm { x: k, weight: Some(kn), eps: c.rms_eps, group: c.head_dim, out: k });
-            }
-            let rope = RopeParams {
-                mode: c.rope_mode,
-                head_dim: c.head_dim,
-                n_rot: c.n_rot,
-                freq_base: la.rope_base,
-                freq_scale: la.rope_scale,
-                freq_factors: w.rope_freqs,
-            };
-            g.push(Op::Rope { x: q, params: rope.clone() });
-            g.push(Op::Rope { x: k, params: rope });
-            if c.scale_queries {
-                g.push(Op::Scale { x: q, factor: c.attn_scale });
-            }
-            // Quantized caches store keys and values minus the K and V biases (Qwen2's K bias
-            // reaches ~150 where the rest of a key is ~1): exact, as the softmax ignores a shift
-            // shared by all of a query's scores and its weights sum to 1 (softcap is None below).
-            // After RoPE a key holds R_p·b_k rather than b_k, yet b_k everywhere measured closer
-            // to the f32 cache than b_k on the slowly rotating pairs only (docs/BENCHMARKS.md).
-            let (k_offset, v_offset) = (lw.bk, lw.bv);
-            g.push(Op::StoreKv { layer: il, k, v, k_offset, v_offset });
-            let params = AttentionParams {
-                layer: il,
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: c.head_dim,
-                scale: if c.scale_queries { 1.0 } else { c.attn_scale },
-                window: la.window,
-                softcap: None,
-                v_offset,
-            };
-            g.push(Op::Attention { q, params, out: attn });
-            g.push(Op::MatMul { w: lw.wo, x: attn, bias: None, out: proj });
-            if let Some(pn) = lw.attn_post_norm {
-                g.push(Op::RmsNorm { x: proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: proj });
-            }
-            g.push(Op::Add { a: x, b: proj, out: x });
-
-            g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
-            g.push(Op::MatMul { w: lw.ffn_gate, x: h, bias: None, out: gate });
-            g.push(Op::MatMul { w: lw.ffn_up, x: h, bias: None, out: up });
-            g.push(match c.ffn_activation {
-                FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
-                FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
-            });
-            g.push(Op::MatMul { w: lw.ffn_down, x: gate, bias: None, out: proj });
-            if let Some(pn) = lw.ffn_post_norm {
-                g.push(Op::RmsNorm { x: proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: proj });
-            }
-            g.push(Op::Add { a: x, b: proj, out: x });
-        }
-
+        let x = b.residual;
         let n_out = match logits {
             LogitsMode::Last => n_seqs,
             LogitsMode::All => n,
@@ -149,11 +83,116 @@ impl Model {
             g.push(Op::LastRows { x, out: last });
             last
         };
-        let out_norm = g.buf("output_norm", n_out, c.n_embd);
+        let out_norm = g.buf("output_norm", n_out, c.n_embd); // [n_out, n_embd]
         g.push(Op::RmsNorm { x: last, weight: Some(w.output_norm), eps: c.rms_eps, group: c.n_embd, out: out_norm });
         let logits_buf = g.buf("logits", n_out, c.n_logits); // [n_out, n_logits]
         g.push(Op::MatMul { w: w.output, x: out_norm, bias: None, out: logits_buf });
         g.logits = logits_buf;
         g
+    }
+
+    /// Layer `il`'s self-attention, added to the residual stream: norm, Q/K/V projections (with
+    /// biases and q/k norms where the architecture has them), RoPE, the KV store, paged attention
+    /// over the sequence's cache, the output projection and its post-norm.
+    fn attention_block(&self, g: &mut Graph, b: &Activations, il: usize) {
+        let c = &self.config;
+        let lw = &self.weights.layers[il];
+        let la = c.layers[il];
+        let (x, h, q, k, v) = (b.residual, b.normed, b.q, b.k, b.v);
+        g.push(Op::RmsNorm { x, weight: Some(lw.attn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
+        g.push(Op::MatMul { w: lw.wq, x: h, bias: lw.bq, out: q });
+        g.push(Op::MatMul { w: lw.wk, x: h, bias: lw.bk, out: k });
+        g.push(Op::MatMul { w: lw.wv, x: h, bias: lw.bv, out: v });
+        if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
+            g.push(Op::RmsNorm { x: q, weight: Some(qn), eps: c.rms_eps, group: c.head_dim, out: q });
+            g.push(Op::RmsNorm { x: k, weight: Some(kn), eps: c.rms_eps, group: c.head_dim, out: k });
+        }
+        let rope = RopeParams {
+            mode: c.rope_mode,
+            head_dim: c.head_dim,
+            n_rot: c.n_rot,
+            freq_base: la.rope_base,
+            freq_scale: la.rope_scale,
+            freq_factors: self.weights.rope_freqs,
+        };
+        g.push(Op::Rope { x: q, params: rope.clone() });
+        g.push(Op::Rope { x: k, params: rope });
+        if c.scale_queries {
+            g.push(Op::Scale { x: q, factor: c.attn_scale });
+        }
+        // Quantized caches store keys and values minus the K and V biases (Qwen2's K bias
+        // reaches ~150 where the rest of a key is ~1): exact, as the softmax ignores a shift
+        // shared by all of a query's scores and its weights sum to 1 (softcap is None below).
+        // After RoPE a key holds R_p·b_k rather than b_k, yet b_k everywhere measured closer
+        // to the f32 cache than b_k on the slowly rotating pairs only (docs/BENCHMARKS.md).
+        let (k_offset, v_offset) = (lw.bk, lw.bv);
+        g.push(Op::StoreKv { layer: il, k, v, k_offset, v_offset });
+        let params = AttentionParams {
+            layer: il,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            scale: if c.scale_queries { 1.0 } else { c.attn_scale },
+            window: la.window,
+            softcap: None,
+            v_offset,
+        };
+        g.push(Op::Attention { q, params, out: b.attn });
+        g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: None, out: b.proj });
+        if let Some(pn) = lw.attn_post_norm {
+            g.push(Op::RmsNorm { x: b.proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: b.proj });
+        }
+        g.push(Op::Add { a: x, b: b.proj, out: x });
+    }
+
+    /// Layer `il`'s feed-forward network, added to the residual stream: norm, gate and up
+    /// projections, the gated activation, the down projection and its post-norm.
+    fn ffn_block(&self, g: &mut Graph, b: &Activations, il: usize) {
+        let c = &self.config;
+        let lw = &self.weights.layers[il];
+        let (x, h, gate, up, proj) = (b.residual, b.normed, b.gate, b.up, b.proj);
+        g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
+        g.push(Op::MatMul { w: lw.ffn_gate, x: h, bias: None, out: gate });
+        g.push(Op::MatMul { w: lw.ffn_up, x: h, bias: None, out: up });
+        g.push(match c.ffn_activation {
+            FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
+            FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
+        });
+        g.push(Op::MatMul { w: lw.ffn_down, x: gate, bias: None, out: proj });
+        if let Some(pn) = lw.ffn_post_norm {
+            g.push(Op::RmsNorm { x: proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: proj });
+        }
+        g.push(Op::Add { a: x, b: proj, out: x });
+    }
+}
+
+/// The activation buffers every layer shares.
+struct Activations {
+    residual: BufId, // [n, n_embd]
+    normed: BufId,   // [n, n_embd]
+    q: BufId,        // [n, n_head * head_dim]
+    k: BufId,        // [n, n_head_kv * head_dim]
+    v: BufId,        // [n, n_head_kv * head_dim]
+    attn: BufId,     // [n, n_head * head_dim]
+    proj: BufId,     // [n, n_embd]: attention output / FFN output
+    gate: BufId,     // [n, n_ff], then the activated product
+    up: BufId,       // [n, n_ff]
+}
+
+impl Activations {
+    fn new(g: &mut Graph, c: &ModelConfig, n: usize) -> Self {
+        let q_width = c.n_head * c.head_dim;
+        let kv_width = c.n_head_kv * c.head_dim;
+        Activations {
+            residual: g.buf("residual", n, c.n_embd),
+            normed: g.buf("normed", n, c.n_embd),
+            q: g.buf("q", n, q_width),
+            k: g.buf("k", n, kv_width),
+            v: g.buf("v", n, kv_width),
+            attn: g.buf("attn_out", n, q_width),
+            proj: g.buf("proj", n, c.n_embd),
+            gate: g.buf("ffn_gate", n, c.n_ff),
+            up: g.buf("ffn_up", n, c.n_ff),
+        }
     }
 }

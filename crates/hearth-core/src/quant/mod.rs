@@ -136,7 +136,7 @@ impl GgmlType {
 
     /// Bytes of a row of `n` elements; `n` must be a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
-        if n % self.block_len() != 0 {
+        if !n.is_multiple_of(self.block_len()) {
             return Err(CoreError::InvalidArgument(format!(
                 "a row of {n} elements is not a whole number of {} blocks ({} elements each)",
                 self.name(),

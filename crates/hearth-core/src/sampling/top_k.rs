@@ -23,7 +23,7 @@ fn before(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
     b.1.partial_cmp(&a.1).unwrap_or(Ordering::Equal).then(a.0.cmp(&b.0))
 }
 
-/// What [`crate::backend::Backend::take_output`] returns for `readback` when a backend reads
+/// What [`crate::backend::Backend::take`] returns for `readback` when a backend reads
 /// the logits back (`[n_rows, n_vocab]`) and reduces them on the host: the reference behaviour.
 pub fn reduce_rows(readback: Readback, logits: &[f32], n_vocab: usize, out: &mut TopK) {
     if let Some(k) = readback.top_k() {

@@ -604,6 +604,8 @@ fn clone_error(e: &CoreError) -> CoreError {
             block_size: *block_size,
         },
         CoreError::ContextOverflow { needed, capacity } => CoreError::ContextOverflow { needed: *needed, capacity: *capacity },
+        // Each request learns how the device failed, so the server and the browser can react.
+        CoreError::Device { backend, kind, message } => CoreError::Device { backend: backend.clone(), kind: *kind, message: message.clone() },
         other => CoreError::Backend { backend: "scheduler".into(), message: other.to_string() },
     }
 }

@@ -180,8 +180,8 @@ impl DraftModel {
             // Decided before drawing, from the top candidate: a stop that depended on the drawn
             // token would change the proposal distribution away from the q verification uses.
             let confidence = if greedy { top_probability } else { distribution.first().map_or(0.0, |&(_, p)| p) };
-            // Also stops on a NaN row.
-            if !(confidence >= self.min_confidence) {
+            // Also stops on a NaN row (NaN compares as unordered).
+            if confidence.partial_cmp(&self.min_confidence).is_none_or(|o| o.is_lt()) {
                 break;
             }
             let token = if greedy { distribution.first().map(|&(id, _)| id) } else { sample_from(&distribution, &mut self.rng) };

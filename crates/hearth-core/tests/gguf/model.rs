@@ -2,7 +2,7 @@
 
 use super::parse;
 use super::writer::GgufWriter;
-use hearth_core::backend::{Backend, BackendCounters, GraphId, KvId, KvLayout, WeightData};
+use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::Value;
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
@@ -10,16 +10,28 @@ use hearth_core::model::ModelConfig;
 use hearth_core::quant::GgmlType;
 use hearth_core::{CoreError, Result};
 
-/// A backend that only records what it is given (loading never executes anything).
+/// A backend that only records what it is given (loading never executes anything), and refuses
+/// the ops named `refuse` in `supports`.
 #[derive(Default)]
 struct RecordingBackend {
     uploaded: Vec<WeightDesc>,
-    kv: Vec<KvLayout>,
+    /// KV pools allocated, shared with the test (the backend moves into the session).
+    kv_allocated: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    refuse: Option<&'static str>,
 }
 
 impl Backend for RecordingBackend {
     fn name(&self) -> &str {
         "recording"
+    }
+    fn variant(&self) -> Option<String> {
+        None
+    }
+    fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
+        match what {
+            Capability::Op { op, .. } if Some(op.name()) == self.refuse => Err(format!("{} (refused by the test)", op.name())),
+            _ => Ok(()),
+        }
     }
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId> {
         // The reader promised this range is inside the source.
@@ -27,8 +39,8 @@ impl Backend for RecordingBackend {
         self.uploaded.push(desc);
         Ok(WeightId(self.uploaded.len() as u32 - 1))
     }
-    fn alloc_kv(&mut self, layout: KvLayout) -> Result<KvId> {
-        self.kv.push(layout);
+    fn alloc_kv(&mut self, _: KvLayout) -> Result<KvId> {
+        self.kv_allocated.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(KvId(0))
     }
     fn copy_kv_blocks(&mut self, _: KvId, _: &[hearth_core::kv::BlockCopy]) -> Result<()> {
@@ -37,7 +49,14 @@ impl Backend for RecordingBackend {
     fn compile(&mut self, _graph: &Graph) -> Result<GraphId> {
         Err(CoreError::InvalidArgument("recording backend cannot compile".into()))
     }
-    fn execute(&mut self, _: GraphId, _: KvId, _: StepInput<'_>, _: &mut Vec<f32>) -> Result<()> {
+    fn release_graph(&mut self, _: GraphId) {}
+    fn submit(&mut self, _: GraphId, _: KvId, _: StepInput<'_>, _: Readback) -> Result<()> {
+        Err(CoreError::InvalidArgument("recording backend cannot execute".into()))
+    }
+    fn ready(&mut self) -> Option<LogitsFuture> {
+        None
+    }
+    fn take(&mut self, _: &mut Vec<f32>, _: &mut TopK) -> Result<()> {
         Err(CoreError::InvalidArgument("recording backend cannot execute".into()))
     }
     fn read_buffer(&self, _graph: GraphId, _name: &str) -> Option<Vec<f32>> {
@@ -125,6 +144,24 @@ fn tiny_llama_loads() {
     let session = session.unwrap();
     assert_eq!(n_progress, 11, "one progress call per uploaded tensor");
     assert_eq!(session.n_ctx(), 64);
+}
+
+#[test]
+fn an_op_the_backend_refuses_fails_the_load_before_the_kv_pool_is_allocated() {
+    let file = parse(&tiny_llama(None, None, None).write().bytes).unwrap();
+    let backend = RecordingBackend { refuse: Some("rope"), ..RecordingBackend::default() };
+    let allocated = backend.kv_allocated.clone();
+    match Session::load(&file, Box::new(backend), &EngineOptions::default(), &mut |_, _| {}) {
+        Err(CoreError::Unsupported { backend, what }) => assert!(backend == "recording" && what.contains("rope"), "{what}"),
+        Err(other) => panic!("expected Unsupported, got {other}"),
+        Ok(_) => panic!("a refused op loaded"),
+    }
+    assert_eq!(allocated.load(std::sync::atomic::Ordering::SeqCst), 0, "the KV pool was allocated before the refusal");
+    // Accepted, the same model allocates its pool.
+    let backend = RecordingBackend::default();
+    let allocated = backend.kv_allocated.clone();
+    Session::load(&file, Box::new(backend), &EngineOptions::default(), &mut |_, _| {}).expect("loads");
+    assert_eq!(allocated.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 #[test]

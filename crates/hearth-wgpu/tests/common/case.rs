@@ -138,8 +138,9 @@ impl Case {
 pub fn run_step(backend: &mut dyn Backend, g: hearth_core::backend::GraphId, kv: hearth_core::backend::KvId, step: &Step) -> hearth_core::Result<Vec<f32>> {
     backend.copy_kv_blocks(kv, &step.copies)?;
     let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
-    let mut logits = Vec::new();
-    backend.execute(g, kv, StepInput { tokens: &step.tokens, seqs: &seqs }, &mut logits)?;
+    let (mut logits, mut top_k) = (Vec::new(), hearth_core::backend::TopK::default());
+    let input = StepInput { tokens: &step.tokens, seqs: &seqs };
+    hearth_core::backend::run_step(backend, g, kv, input, hearth_core::backend::Readback::Logits, &mut logits, &mut top_k)?;
     Ok(logits)
 }
 

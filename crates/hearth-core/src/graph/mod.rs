@@ -4,8 +4,12 @@
 //! graph is built (one graph per token-count, e.g. 1 for decode, the chunk size for prefill). What
 //! changes between steps — the token ids and the position of the first token — is passed in
 //! [`StepInput`], so a backend can compile the graph once (pipelines, bind groups, a CUDA graph) and
-//! replay it every token. Buffers carry names ("attn_norm.3") so any intermediate can be dumped and
-//! compared with another backend or with llama.cpp.
+//! replay it every token. Buffers carry names ("normed", "logits") so an intermediate can be dumped
+//! and compared with another backend or with llama.cpp; the decoder shares its buffers across
+//! layers, so a tap shows the last layer's values. [`Graph::validate`] (validate.rs) is the one
+//! shape check every backend runs before compiling.
+
+mod validate;
 
 use crate::backend::KvLayout;
 use crate::quant::GgmlType;
@@ -138,6 +142,34 @@ impl Op {
             Op::SwiGlu { .. } => "swiglu",
             Op::GeGlu { .. } => "geglu",
             Op::LastRows { .. } => "last_rows",
+        }
+    }
+
+    /// The activation buffers the op reads (an in-place op's buffer is also its output).
+    pub fn inputs(&self) -> Vec<BufId> {
+        match self {
+            Op::Embed { .. } => Vec::new(),
+            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::Rope { x, .. } | Op::Scale { x, .. } | Op::LastRows { x, .. } => vec![*x],
+            Op::StoreKv { k, v, .. } => vec![*k, *v],
+            Op::Attention { q, .. } => vec![*q],
+            Op::Add { a, b, .. } => vec![*a, *b],
+            Op::SwiGlu { gate, up, .. } | Op::GeGlu { gate, up, .. } => vec![*gate, *up],
+        }
+    }
+
+    /// The activation buffer the op writes; `None` for an op that writes only the KV cache.
+    pub fn output(&self) -> Option<BufId> {
+        match self {
+            Op::Embed { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::MatMul { out, .. }
+            | Op::Attention { out, .. }
+            | Op::Add { out, .. }
+            | Op::SwiGlu { out, .. }
+            | Op::GeGlu { out, .. }
+            | Op::LastRows { out, .. } => Some(*out),
+            Op::Rope { x, .. } | Op::Scale { x, .. } => Some(*x),
+            Op::StoreKv { .. } => None,
         }
     }
 }

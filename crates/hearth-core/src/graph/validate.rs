@@ -1,0 +1,249 @@
+//! The one shape check of a [`Graph`], run by every backend's `compile`: after it, a backend may
+//! index buffers and weights without bounds checks of its own. The aliasing rules are the
+//! strictest any backend needs (a WebGPU dispatch cannot bind one buffer both as read-write
+//! output and as a second input), so a graph valid on one backend is valid on all.
+
+use super::{BufId, Graph, Op, WeightDesc, WeightId};
+use crate::error::CoreError;
+
+impl Graph {
+    /// Checks every op against the buffer shapes and the shapes of the weights `weight` finds
+    /// (by the backend's ids); the first inconsistency is a [`CoreError::BadGraph`] naming the op.
+    pub fn validate<'w>(&self, weight: impl Fn(WeightId) -> Option<&'w WeightDesc>) -> Result<(), CoreError> {
+        let graph_error = |reason: String| CoreError::BadGraph { index: 0, op: "graph", reason };
+        if self.n_seqs == 0 || self.n_seqs > self.n_tokens {
+            return Err(graph_error(format!("{} sequences for {} tokens", self.n_seqs, self.n_tokens)));
+        }
+        if self.bufs.get(self.logits.0 as usize).is_none() {
+            return Err(graph_error(format!("the logits buffer {} does not exist", self.logits.0)));
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            OpCheck { graph: self, op, index, weight: &weight }.run()?;
+        }
+        Ok(())
+    }
+}
+
+struct OpCheck<'a, F> {
+    graph: &'a Graph,
+    op: &'a Op,
+    index: usize,
+    weight: &'a F,
+}
+
+impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
+    fn bad(&self, reason: String) -> CoreError {
+        CoreError::BadGraph { index: self.index, op: self.op.name(), reason }
+    }
+
+    /// `[rows, cols]` of a buffer.
+    fn shape(&self, b: BufId) -> Result<(usize, usize), CoreError> {
+        self.graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))
+    }
+
+    fn same(&self, a: BufId, b: BufId) -> Result<(usize, usize), CoreError> {
+        let (sa, sb) = (self.shape(a)?, self.shape(b)?);
+        if sa != sb {
+            return Err(self.bad(format!("shapes {sa:?} and {sb:?} differ")));
+        }
+        Ok(sa)
+    }
+
+    /// A buffer with one row per token of the step.
+    fn per_token(&self, b: BufId) -> Result<usize, CoreError> {
+        let (rows, cols) = self.shape(b)?;
+        if rows != self.graph.n_tokens {
+            return Err(self.bad(format!("{rows} rows for {} tokens", self.graph.n_tokens)));
+        }
+        Ok(cols)
+    }
+
+    fn weight(&self, id: WeightId) -> Result<&'w WeightDesc, CoreError> {
+        (self.weight)(id).ok_or_else(|| self.bad(format!("unknown weight {}", id.0)))
+    }
+
+    /// A weight read as a plain vector of `len` values (norm weights, biases, offsets).
+    fn vector(&self, id: WeightId, len: usize) -> Result<(), CoreError> {
+        let d = self.weight(id)?;
+        if d.dims.iter().product::<u64>() != len as u64 {
+            return Err(self.bad(format!("weight '{}' {:?} should hold {len} values", d.name, d.dims)));
+        }
+        Ok(())
+    }
+
+    fn run(&self) -> Result<(), CoreError> {
+        let n = self.graph.n_tokens;
+        match self.op {
+            Op::Embed { table, out } => {
+                let d = self.weight(*table)?;
+                if self.shape(*out)? != (n, d.row_len()) {
+                    return Err(self.bad(format!("output {:?} vs {n} tokens of table rows of {}", self.shape(*out)?, d.row_len())));
+                }
+            }
+            Op::RmsNorm { x, weight, group, out, .. } => {
+                let (_, cols) = self.same(*x, *out)?;
+                if *group == 0 || cols % group != 0 {
+                    return Err(self.bad(format!("group {group} does not divide {cols}")));
+                }
+                if let Some(w) = weight {
+                    self.vector(*w, *group)?;
+                }
+            }
+            Op::MatMul { w, x, bias, out } => {
+                let d = self.weight(*w)?;
+                let (rows, k) = self.shape(*x)?;
+                if k != d.row_len() || self.shape(*out)? != (rows, d.n_rows()) || x == out {
+                    return Err(self.bad(format!("x {:?}, out {:?}, weight '{}' {:?}", (rows, k), self.shape(*out)?, d.name, d.dims)));
+                }
+                if let Some(b) = bias {
+                    self.vector(*b, d.n_rows())?;
+                }
+            }
+            Op::Rope { x, params: p } => {
+                let cols = self.per_token(*x)?;
+                if p.head_dim == 0 || cols % p.head_dim != 0 || p.n_rot > p.head_dim || p.n_rot % 2 != 0 {
+                    return Err(self.bad(format!("{cols} columns with head_dim {} n_rot {}", p.head_dim, p.n_rot)));
+                }
+                if let Some(f) = p.freq_factors {
+                    self.vector(f, p.n_rot / 2)?;
+                }
+            }
+            Op::StoreKv { k, v, k_offset, v_offset, .. } => {
+                let k_cols = self.per_token(*k)?;
+                let v_cols = self.per_token(*v)?;
+                if let Some(o) = k_offset {
+                    self.vector(*o, k_cols)?;
+                }
+                if let Some(o) = v_offset {
+                    self.vector(*o, v_cols)?;
+                }
+            }
+            Op::Attention { q, params: p, out } => {
+                self.same(*q, *out)?;
+                let cols = self.per_token(*q)?;
+                if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 || cols != p.n_head * p.head_dim || q == out {
+                    return Err(self.bad(format!("{cols} columns for {} heads of {} ({} KV heads)", p.n_head, p.head_dim, p.n_head_kv)));
+                }
+                if let Some(o) = p.v_offset {
+                    self.vector(o, p.n_head_kv * p.head_dim)?;
+                }
+            }
+            Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
+                self.same(*a, *b)?;
+                self.same(*a, *out)?;
+                // `out` may be the first operand (updated in place), never the second.
+                if b == out {
+                    return Err(self.bad("out may alias the first operand, not the second".into()));
+                }
+            }
+            Op::Scale { x, .. } => {
+                self.shape(*x)?;
+            }
+            Op::LastRows { x, out } => {
+                let cols = self.per_token(*x)?;
+                if self.shape(*out)? != (self.graph.n_seqs, cols) || x == out {
+                    return Err(self.bad("output must have one row per sequence, of the input's width".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+
+    fn matrix(rows: u64, k: u64) -> WeightDesc {
+        WeightDesc { name: "w".into(), ty: GgmlType::F32, dims: vec![k, rows] }
+    }
+
+    fn graph_with(op: impl FnOnce(&mut Graph) -> Op) -> Graph {
+        let mut g = Graph::new(2, 1);
+        let op = op(&mut g);
+        g.push(op);
+        g.logits = BufId(0);
+        g
+    }
+
+    #[test]
+    fn a_consistent_mat_mul_passes() {
+        let w = matrix(3, 4);
+        let g = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            let out = g.buf("out", 2, 3);
+            Op::MatMul { w: WeightId(0), x, bias: None, out }
+        });
+        g.validate(|_| Some(&w)).expect("valid");
+    }
+
+    #[test]
+    fn a_mat_mul_of_the_wrong_width_names_the_op_and_weight() {
+        let w = matrix(3, 5);
+        let g = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            let out = g.buf("out", 2, 3);
+            Op::MatMul { w: WeightId(0), x, bias: None, out }
+        });
+        let err = g.validate(|_| Some(&w)).expect_err("k differs").to_string();
+        assert!(err.contains("mat_mul") && err.contains("'w'"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_weight_or_buffer_is_an_error_not_a_panic() {
+        let g = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            Op::MatMul { w: WeightId(7), x, bias: None, out: BufId(9) }
+        });
+        assert!(matches!(g.validate(|_| None), Err(CoreError::BadGraph { op: "mat_mul", .. })));
+        let w = matrix(3, 4);
+        assert!(matches!(g.validate(|_| Some(&w)), Err(CoreError::BadGraph { op: "mat_mul", .. })));
+    }
+
+    #[test]
+    fn out_may_alias_the_first_operand_only() {
+        let in_place = graph_with(|g| {
+            let a = g.buf("a", 2, 4);
+            let b = g.buf("b", 2, 4);
+            Op::Add { a, b, out: a }
+        });
+        in_place.validate(|_| None).expect("out = a");
+        let second = graph_with(|g| {
+            let a = g.buf("a", 2, 4);
+            let b = g.buf("b", 2, 4);
+            Op::SwiGlu { gate: a, up: b, out: b }
+        });
+        assert!(second.validate(|_| None).is_err());
+    }
+
+    #[test]
+    fn per_token_ops_need_one_row_per_token() {
+        let g = graph_with(|g| {
+            let q = g.buf("q", 3, 8);
+            let out = g.buf("out", 3, 8);
+            let params = crate::graph::AttentionParams { layer: 0, n_head: 2, n_head_kv: 1, head_dim: 4, scale: 1.0, window: None, softcap: None, v_offset: None };
+            Op::Attention { q, params, out }
+        });
+        let err = g.validate(|_| None).expect_err("3 rows for 2 tokens").to_string();
+        assert!(err.contains("3 rows for 2 tokens"), "{err}");
+    }
+
+    #[test]
+    fn more_sequences_than_tokens_is_refused() {
+        let mut g = Graph::new(1, 2);
+        g.logits = g.buf("logits", 2, 4);
+        assert!(g.validate(|_| None).is_err());
+    }
+
+    #[test]
+    fn ops_name_what_they_read_and_write() {
+        let (a, b, c) = (BufId(0), BufId(1), BufId(2));
+        assert_eq!((Op::Add { a, b, out: c }.inputs(), Op::Add { a, b, out: c }.output()), (vec![a, b], Some(c)));
+        assert_eq!((Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.output()), (vec![a], Some(a)));
+        let store = Op::StoreKv { layer: 0, k: a, v: b, k_offset: None, v_offset: None };
+        assert_eq!((store.inputs(), store.output()), (vec![a, b], None));
+        let embed = Op::Embed { table: WeightId(0), out: c };
+        assert_eq!((embed.inputs(), embed.output()), (vec![], Some(c)));
+    }
+}

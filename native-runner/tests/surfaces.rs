@@ -1,0 +1,131 @@
+//! The one request schema on every surface: the same chat requests through `hearth run --json`,
+//! `hearth serve` and the browser's engine host (run natively, on the CPU backend, as the wasm
+//! build runs it) give the same tokens, sampled with penalties and stop strings included, and the
+//! same refusals. The model must be in the cache (`hearth models fetch all`).
+
+mod serve_support;
+
+use hearth_cpu::CpuBackend;
+use hearth_wasm::host::EngineHost;
+use hearth_wasm::request::{parse_request, LoadOptions};
+use serde_json::{json, Value};
+use serve_support::{post, Server, CTX, MODEL};
+use std::process::Command;
+
+const SYSTEM: &str = "You are a terse assistant.";
+const USER: &str = "Name three colours, then say why the sky is blue.";
+
+/// Requests that set every sampling field (the surfaces' defaults differ: `hearth run` samples
+/// with llama.cpp's, the API with OpenAI's).
+fn cases() -> Vec<Value> {
+    vec![
+        json!({"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "max_tokens": 40, "stop": ["\n\n"], "seed": 1}),
+        json!({"temperature": 0.9, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "presence_penalty": 0.6, "frequency_penalty": 0.4,
+               "repetition_penalty": 1.15, "max_tokens": 32, "seed": 1234}),
+        json!({"temperature": 0.7, "top_k": 20, "top_p": 1, "min_p": 0.1, "repetition_penalty": 1.3, "repeat_last_n": 16,
+               "max_tokens": 32, "seed": 7, "stop": ["sky"]}),
+    ]
+}
+
+/// The request's fields as `hearth run` flags.
+fn flags(params: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for (field, value) in params.as_object().expect("object") {
+        let flag = match field.as_str() {
+            "temperature" => "--temperature",
+            "top_k" => "--top-k",
+            "top_p" => "--top-p",
+            "min_p" => "--min-p",
+            "presence_penalty" => "--presence-penalty",
+            "frequency_penalty" => "--frequency-penalty",
+            "repetition_penalty" => "--repeat-penalty",
+            "repeat_last_n" => "--repeat-last-n",
+            "max_tokens" => "-n",
+            "seed" => "--seed",
+            "stop" => {
+                for stop in value.as_array().expect("stops") {
+                    out.extend(["--stop".to_string(), stop.as_str().expect("stop").to_string()]);
+                }
+                continue;
+            }
+            other => panic!("no flag for {other}"),
+        };
+        out.extend([flag.to_string(), value.to_string()]);
+    }
+    out
+}
+
+fn messages() -> Value {
+    json!([{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}])
+}
+
+fn with_messages(params: &Value) -> Value {
+    let mut body = params.clone();
+    body["messages"] = messages();
+    body
+}
+
+/// (tokens, text) from `hearth run --json`, or its error output.
+fn run_cli(params: &Value) -> Result<(Vec<u64>, String), String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["run", "-m", MODEL, "--backend", "cpu", "-c", CTX, "--quiet", "--json", "--chat", "--system", SYSTEM, "-p", USER])
+        .args(flags(params))
+        .output()
+        .expect("spawn hearth run");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let report: Value = serde_json::from_slice(&out.stdout).expect("run --json output");
+    let tokens = report["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("id")).collect();
+    Ok((tokens, report["text"].as_str().expect("text").to_string()))
+}
+
+fn model_bytes() -> Vec<u8> {
+    let dir = std::env::var("HEARTH_MODELS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
+    });
+    let path = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{} ({e}): run `hearth models fetch qwen2.5-coder-0.5b`", path.display()))
+}
+
+#[test]
+fn the_same_request_gives_the_same_tokens_on_every_surface() {
+    let server = Server::start(&[]);
+    let load = LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
+    let mut host = EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {}).expect("load host");
+    for params in cases() {
+        let (cli_tokens, cli_text) = run_cli(&params).unwrap_or_else(|e| panic!("hearth run {params}: {e}"));
+
+        let (prompt, options) = parse_request("chat", &with_messages(&params).to_string()).expect("host request");
+        let report = host.generate(&prompt, &options, 0, None, &mut |_| true).expect("host generate");
+        assert_eq!(report.token_ids.iter().map(|&t| t as u64).collect::<Vec<_>>(), cli_tokens, "browser host vs hearth run: {params}");
+        assert_eq!(report.text, cli_text, "{params}");
+
+        let answer = post(&server.addr, "/v1/chat/completions", &with_messages(&params));
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let answer = answer.json();
+        assert_eq!(answer["choices"][0]["message"]["content"], cli_text, "hearth serve vs hearth run: {params}");
+        assert_eq!(answer["usage"]["completion_tokens"], cli_tokens.len(), "{params}");
+        eprintln!("{params}: {} tokens, the same on all three: {cli_text:?}", cli_tokens.len());
+    }
+}
+
+#[test]
+fn a_refused_value_is_refused_with_the_same_words_everywhere() {
+    let server = Server::start(&[]);
+    for (params, param) in [
+        (json!({"temperature": 3, "top_k": 0, "top_p": 1, "min_p": 0}), "temperature"),
+        (json!({"temperature": 0, "top_k": 0, "top_p": 1.5, "min_p": 0}), "top_p"),
+        (json!({"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "repeat_last_n": -5}), "repeat_last_n"),
+    ] {
+        let Err(host) = parse_request("chat", &with_messages(&params).to_string()) else { panic!("the host accepted {params}") };
+        let host = host.to_string();
+        let response = post(&server.addr, "/v1/chat/completions", &with_messages(&params));
+        assert_eq!(response.status, 400);
+        let error = &response.json()["error"];
+        assert_eq!(error["param"], param, "{params}");
+        assert_eq!(error["message"].as_str(), Some(host.as_str()), "server vs browser host: {params}");
+        let Err(cli) = run_cli(&params) else { panic!("hearth run accepted {params}") };
+        assert!(cli.contains(&host), "hearth run: {cli} (expected {host})");
+    }
+}
