@@ -10,7 +10,12 @@ fn check(stem: &str, tol: Tolerance) {
     let golden = read_json(&format!("golden/{stem}.json"));
     let (_file, mut session) = cpu_session(stem, 512);
     let report = compare_with_llama_cpp(stem, &mut session, &golden, tol);
-    assert!(report.top1_agree * 100 >= report.steps * 95, "{stem}: top-1 agrees on only {}/{} steps", report.top1_agree, report.steps);
+    assert!(
+        report.top1_agree * 100 >= report.steps * 95,
+        "{stem}: top-1 agrees on only {}/{} steps",
+        report.top1_agree,
+        report.steps
+    );
 }
 
 #[test]
@@ -39,7 +44,11 @@ fn check_exact(stem: &str) {
     let tol = Tolerance { mean_logprob: 1e-3, max_logprob: 5e-3, decisive_margin: 1e-2 };
     let report = compare_with_llama_cpp(&format!("{stem} (llama.cpp numerics)"), &mut session, &golden, tol);
     assert_eq!(report.top1_agree, report.steps, "{stem}: teacher-forced top-1 differs from llama.cpp");
-    assert_eq!(report.free_running_matched, 4 * 32, "{stem}: free-running greedy parts from llama.cpp within 32 tokens");
+    assert_eq!(
+        report.free_running_matched,
+        4 * 32,
+        "{stem}: free-running greedy parts from llama.cpp within 32 tokens"
+    );
 }
 
 #[test]

@@ -56,8 +56,10 @@ fn batched_steps_give_the_logits_of_single_sequence_steps() {
         if step == n_decode {
             break;
         }
-        let next: Vec<[u32; 1]> = (0..seqs.len()).map(|i| [argmax(&logits[i * n_vocab..(i + 1) * n_vocab]) as u32]).collect();
-        let batch: Vec<BatchEntry<'_>> = seqs.iter().zip(&next).map(|(&seq, t)| BatchEntry { seq, tokens: t }).collect();
+        let next: Vec<[u32; 1]> =
+            (0..seqs.len()).map(|i| [argmax(&logits[i * n_vocab..(i + 1) * n_vocab]) as u32]).collect();
+        let batch: Vec<BatchEntry<'_>> =
+            seqs.iter().zip(&next).map(|(&seq, t)| BatchEntry { seq, tokens: t }).collect();
         logits = runner.step(&batch, LogitsMode::Last).expect("batched decode").to_vec();
     }
     for seq in seqs {
@@ -79,7 +81,8 @@ fn a_cached_prefix_gives_the_logits_of_a_full_recompute() {
     let second = runner.kv_mut().add_sequence();
     let reused = runner.kv_mut().reuse_cached_prefix(second, &prompt).expect("lookup");
     assert_eq!(reused, 96);
-    let got = runner.step(&[BatchEntry { seq: second, tokens: &prompt[reused..] }], LogitsMode::Last).expect("rest").to_vec();
+    let got =
+        runner.step(&[BatchEntry { seq: second, tokens: &prompt[reused..] }], LogitsMode::Last).expect("rest").to_vec();
     assert_eq!(max_abs_diff(&got, &want), 0.0, "logits after prefix reuse differ from a full recompute");
 
     // Roll back into a cached (shared) block and continue differently: copy-on-write keeps the
@@ -88,7 +91,8 @@ fn a_cached_prefix_gives_the_logits_of_a_full_recompute() {
     runner.step(&[BatchEntry { seq: second, tokens: &[7, 8, 9] }], LogitsMode::Last).expect("diverge");
     let third = runner.kv_mut().add_sequence();
     assert_eq!(runner.kv_mut().reuse_cached_prefix(third, &prompt).expect("lookup"), 96);
-    let again = runner.step(&[BatchEntry { seq: third, tokens: &prompt[96..] }], LogitsMode::Last).expect("rest").to_vec();
+    let again =
+        runner.step(&[BatchEntry { seq: third, tokens: &prompt[96..] }], LogitsMode::Last).expect("rest").to_vec();
     assert_eq!(max_abs_diff(&again, &want), 0.0, "a cached block was overwritten");
     runner.kv_mut().remove_sequence(second);
     runner.kv_mut().remove_sequence(third);
@@ -153,5 +157,7 @@ fn a_request_beyond_the_kv_budget_gets_a_typed_error_and_changes_nothing() {
     assert_eq!(runner.kv().pool_stats(), before, "a failed step must not change the pool");
     assert_eq!(runner.kv().len(second), 0);
     runner.kv_mut().remove_sequence(first);
-    runner.step(&[BatchEntry { seq: second, tokens: &prompt[..20] }], LogitsMode::Last).expect("fits once the first ended");
+    runner
+        .step(&[BatchEntry { seq: second, tokens: &prompt[..20] }], LogitsMode::Last)
+        .expect("fits once the first ended");
 }

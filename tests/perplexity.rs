@@ -62,5 +62,8 @@ fn qwen_05b_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
         (q8_all / f16_all - 1.0) * 100.0
     );
     assert!((q8_all - f16_all).abs() / f16_all <= 0.005, "q8_0 KV perplexity {q8_all:.4} vs f16 {f16_all:.4}");
-    assert!(q8_first < llama_cpp_q8, "q8_0 KV perplexity {q8_first:.4} is worse than llama.cpp's q8_0 cache {llama_cpp_q8:.4}");
+    assert!(
+        q8_first < llama_cpp_q8,
+        "q8_0 KV perplexity {q8_first:.4} is worse than llama.cpp's q8_0 cache {llama_cpp_q8:.4}"
+    );
 }

@@ -21,18 +21,38 @@ fn scheduler(max_batch: usize, kv_memory: Option<u64>) -> Scheduler {
 }
 
 fn scheduler_with(max_batch: usize, kv_memory: Option<u64>, max_stall: f64) -> Scheduler {
-    let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: max_batch, kv_memory, ..EngineOptions::default() };
+    let options = EngineOptions {
+        n_ctx: 512,
+        prefill_chunk: PREFILL_CHUNK,
+        max_sequences: max_batch,
+        kv_memory,
+        ..EngineOptions::default()
+    };
     let (file, runner) = cpu_runner(QWEN_05B, &options);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, max_stall, lookup: None })
+    Scheduler::new(
+        runner,
+        tokenizer,
+        SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, max_stall, lookup: None },
+    )
 }
 
 fn prompts(tokenizer: &Tokenizer, n: usize) -> Vec<Vec<u32>> {
-    let subjects = ["a linked list", "binary search", "a web server", "quicksort", "a hash map", "JSON parsing", "a trie", "matrix multiplication"];
+    let subjects = [
+        "a linked list",
+        "binary search",
+        "a web server",
+        "quicksort",
+        "a hash map",
+        "JSON parsing",
+        "a trie",
+        "matrix multiplication",
+    ];
     (0..n)
         .map(|i| {
             // Different lengths: some prompts span several prefill chunks.
-            let text = format!("# Python: {}{}\ndef ", subjects[i % subjects.len()], " with comments".repeat(i % 4 * 5));
+            let text =
+                format!("# Python: {}{}\ndef ", subjects[i % subjects.len()], " with comments".repeat(i % 4 * 5));
             tokenizer.encode(&text, false, false).expect("encode")
         })
         .collect()
@@ -43,7 +63,10 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
 }
 
 /// Steps until idle; the finished generations and the text streamed per request.
-fn run(s: &mut Scheduler, mut each_step: impl FnMut(&mut Scheduler, usize)) -> (HashMap<RequestId, Generation>, HashMap<RequestId, String>) {
+fn run(
+    s: &mut Scheduler,
+    mut each_step: impl FnMut(&mut Scheduler, usize),
+) -> (HashMap<RequestId, Generation>, HashMap<RequestId, String>) {
     let mut done = HashMap::new();
     let mut streamed: HashMap<RequestId, String> = HashMap::new();
     let mut steps = 0;
@@ -90,7 +113,8 @@ fn concurrent_requests_produce_the_tokens_of_solo_runs() {
     let want = solo_outputs(&prompts, max_tokens);
 
     let mut s = scheduler(8, None);
-    let ids: Vec<RequestId> = prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
+    let ids: Vec<RequestId> =
+        prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
     // Two more arrive while the first ones run: they join the running batch.
     let late = prompts[..2].to_vec();
     let mut late_ids = Vec::new();
@@ -102,7 +126,11 @@ fn concurrent_requests_produce_the_tokens_of_solo_runs() {
     for (i, id) in ids.iter().enumerate() {
         let g = &done[id];
         assert_eq!(g.tokens, want[i], "request {i}: batched tokens differ from the solo run");
-        assert_eq!(streamed.get(id).map(String::as_str).unwrap_or(""), g.text, "request {i}: streamed text differs from the result");
+        assert_eq!(
+            streamed.get(id).map(String::as_str).unwrap_or(""),
+            g.text,
+            "request {i}: streamed text differs from the result"
+        );
     }
     assert_eq!(s.stats().running + s.stats().waiting, 0);
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
@@ -149,8 +177,10 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     // shared steps (how many is the joint rule's: unit tests in scheduler/lookup.rs and
     // policy_tests.rs).
     let mut s = lookup_scheduler_with(4, None, fixed);
-    let copy_ids: Vec<RequestId> = (0..2).map(|_| s.submit(copying.clone(), greedy(copy_tokens)).expect("submit")).collect();
-    let other_ids: Vec<RequestId> = others.iter().map(|p| s.submit(p.clone(), greedy(other_tokens)).expect("submit")).collect();
+    let copy_ids: Vec<RequestId> =
+        (0..2).map(|_| s.submit(copying.clone(), greedy(copy_tokens)).expect("submit")).collect();
+    let other_ids: Vec<RequestId> =
+        others.iter().map(|p| s.submit(p.clone(), greedy(other_tokens)).expect("submit")).collect();
     let mut shared_steps_with_drafts = 0;
     let (done, streamed) = run(&mut s, |s, _| {
         let last = s.stats().last_step;
@@ -167,7 +197,10 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
         assert_eq!(done[id].tokens, want_others[i], "request {i}: tokens differ from the solo run");
     }
     eprintln!("steps with drafts and 2+ requests decoding: {shared_steps_with_drafts}");
-    assert!(shared_steps_with_drafts >= 3, "drafts were verified in {shared_steps_with_drafts} steps of requests decoding together");
+    assert!(
+        shared_steps_with_drafts >= 3,
+        "drafts were verified in {shared_steps_with_drafts} steps of requests decoding together"
+    );
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 
@@ -177,11 +210,21 @@ fn lookup_scheduler(max_batch: usize, kv_memory: Option<u64>) -> Scheduler {
 }
 
 fn lookup_scheduler_with(max_batch: usize, kv_memory: Option<u64>, lookup: SpeculativeOptions) -> Scheduler {
-    let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: max_batch, kv_memory, ..EngineOptions::default() };
+    let options = EngineOptions {
+        n_ctx: 512,
+        prefill_chunk: PREFILL_CHUNK,
+        max_sequences: max_batch,
+        kv_memory,
+        ..EngineOptions::default()
+    };
     let (file, runner) = cpu_runner(QWEN_05B, &options);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     let lookup = Some(lookup);
-    Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() })
+    Scheduler::new(
+        runner,
+        tokenizer,
+        SchedulerOptions { max_batch, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() },
+    )
 }
 
 /// Drafts need KV blocks too: in a pool too small for every request at full length, steps whose
@@ -207,7 +250,11 @@ fn lookup_in_a_tight_pool_keeps_the_tokens_and_leaks_nothing() {
     }
     let stats = s.stats();
     assert_eq!(stats.kv_blocks_used, 0, "KV blocks leaked");
-    eprintln!("preemptions: {}, drafts: {:?}", stats.preemptions, ids.iter().map(|id| done[id].speculative.as_ref().map(|m| m.accepted)).collect::<Vec<_>>());
+    eprintln!(
+        "preemptions: {}, drafts: {:?}",
+        stats.preemptions,
+        ids.iter().map(|id| done[id].speculative.as_ref().map(|m| m.accepted)).collect::<Vec<_>>()
+    );
 }
 
 /// With sampling, lookup's drafts go through rejection sampling: the tokens decided by a
@@ -224,14 +271,29 @@ fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
     let prompt = copying_prompt(&tokenizer, "");
     let runs = 160;
     let second_tokens = |lookup: Option<SpeculativeOptions>| -> (BTreeMap<u32, u64>, usize) {
-        let options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 1, ..EngineOptions::default() };
+        let options =
+            EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 1, ..EngineOptions::default() };
         let (_, runner) = cpu_runner(QWEN_05B, &options);
         let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-        let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 1, prefill_chunk: PREFILL_CHUNK, lookup: lookup.clone(), ..SchedulerOptions::default() });
+        let mut s = Scheduler::new(
+            runner,
+            tokenizer,
+            SchedulerOptions {
+                max_batch: 1,
+                prefill_chunk: PREFILL_CHUNK,
+                lookup: lookup.clone(),
+                ..SchedulerOptions::default()
+            },
+        );
         let (mut counts, mut verified) = (BTreeMap::new(), 0);
         for seed in 0..runs {
             let sampling = SamplingParams { temperature: 1.5, top_k: 8, seed, ..SamplingParams::default() };
-            let id = s.submit(prompt.clone(), GenerateOptions { max_tokens: 3, sampling, ignore_eos: true, ..GenerateOptions::default() }).expect("submit");
+            let id = s
+                .submit(
+                    prompt.clone(),
+                    GenerateOptions { max_tokens: 3, sampling, ignore_eos: true, ..GenerateOptions::default() },
+                )
+                .expect("submit");
             let (done, _) = run(&mut s, |_, _| {});
             let g = &done[&id];
             *counts.entry(g.tokens[1]).or_insert(0) += 1;
@@ -264,7 +326,10 @@ fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
     let dof = categories.len().saturating_sub(1).clamp(1, critical.len());
     eprintln!("plain {plain:?}, lookup {lookup:?} ({n} runs each): chi-square {statistic:.1}, {dof} dof");
     assert!(categories.len() >= 2, "a single outcome tests nothing: {categories:?}");
-    assert!(statistic < critical[dof - 1], "lookup's sampled tokens differ from plain sampling's: chi-square {statistic:.1}");
+    assert!(
+        statistic < critical[dof - 1],
+        "lookup's sampled tokens differ from plain sampling's: chi-square {statistic:.1}"
+    );
 }
 
 #[test]
@@ -281,7 +346,8 @@ fn cancelled_and_preempted_requests_leak_no_blocks_and_others_are_unaffected() {
     drop(probe);
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + max_tokens;
     let mut s = scheduler(6, Some(per_token * (2 * longest as u64 + 64)));
-    let ids: Vec<RequestId> = prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
+    let ids: Vec<RequestId> =
+        prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
     let cancelled = [ids[1], ids[4]];
     let (done, _) = run(&mut s, |s, step| {
         if step == 6 {
@@ -307,7 +373,9 @@ fn a_long_prompt_arriving_mid_stream_is_fed_in_granules_without_stalling_the_str
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     let streaming = tokenizer.encode("# Python: a trie\ndef ", false, false).expect("encode");
-    let long = tokenizer.encode(&format!("# Python: a web server{}\ndef ", " with comments".repeat(40)), false, false).expect("encode");
+    let long = tokenizer
+        .encode(&format!("# Python: a web server{}\ndef ", " with comments".repeat(40)), false, false)
+        .expect("encode");
     assert!(long.len() > 5 * PROMPT_GRANULE, "the long prompt has {} tokens", long.len());
     let max_tokens = 40;
     let want = solo_outputs(&[streaming.clone(), long.clone()], max_tokens);
@@ -331,9 +399,16 @@ fn a_long_prompt_arriving_mid_stream_is_fed_in_granules_without_stalling_the_str
             assert_eq!(last.prompt_budget, PREFILL_CHUNK, "step {step}: {last:?}");
         }
     });
-    assert!(steps_sharing_the_stream >= long.len() / PROMPT_GRANULE, "only {steps_sharing_the_stream} steps fed the long prompt");
+    assert!(
+        steps_sharing_the_stream >= long.len() / PROMPT_GRANULE,
+        "only {steps_sharing_the_stream} steps fed the long prompt"
+    );
     assert_eq!(done[&first].tokens, want[0], "the stream's tokens changed");
-    assert_eq!(done[&second.expect("submitted")].tokens, want[1], "the granule-fed prompt's tokens differ from the solo run");
+    assert_eq!(
+        done[&second.expect("submitted")].tokens,
+        want[1],
+        "the granule-fed prompt's tokens differ from the solo run"
+    );
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
 
@@ -372,7 +447,8 @@ fn mixed_sampling_from_candidates_equals_full_logits() {
     let plain = greedy(max_tokens);
     let plain_tokens = full_logits_tokens(&prompts[4], &plain);
     // Ban the first tokens greedy decoding picks for prompt 4, so the bias changes the output.
-    let bans: BTreeMap<u32, f32> = plain_tokens[..3].iter().map(|&t| (t, f32::NEG_INFINITY)).chain([(plain_tokens[3], -3.0)]).collect();
+    let bans: BTreeMap<u32, f32> =
+        plain_tokens[..3].iter().map(|&t| (t, f32::NEG_INFINITY)).chain([(plain_tokens[3], -3.0)]).collect();
     let sampling = |s: SamplingParams| GenerateOptions { sampling: s, ..plain.clone() };
     let top_k = SamplingParams { temperature: 0.9, top_k: 20, top_p: 0.9, seed: 11, ..SamplingParams::default() };
     let requests = [
@@ -382,15 +458,23 @@ fn mixed_sampling_from_candidates_equals_full_logits() {
         sampling(SamplingParams { presence_penalty: 1.0, frequency_penalty: 0.5, seed: 12, ..top_k.clone() }),
         sampling(SamplingParams { logit_bias: bans, ..SamplingParams::default() }),
         // A positive bias reads whole rows for the steps it runs in; it finishes early.
-        GenerateOptions { max_tokens: 4, ..sampling(SamplingParams { logit_bias: BTreeMap::from([(plain_tokens[0], 2.0)]), ..top_k }) },
+        GenerateOptions {
+            max_tokens: 4,
+            ..sampling(SamplingParams { logit_bias: BTreeMap::from([(plain_tokens[0], 2.0)]), ..top_k })
+        },
     ];
     let want: Vec<Vec<u32>> = prompts.iter().zip(&requests).map(|(p, o)| full_logits_tokens(p, o)).collect();
     assert_ne!(want[4], plain_tokens, "the bias should change the output");
 
     let mut s = scheduler(8, None);
-    let ids: Vec<RequestId> = prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
+    let ids: Vec<RequestId> =
+        prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
     let (done, _) = run(&mut s, |_, _| {});
     for (i, id) in ids.iter().enumerate() {
-        assert_eq!(done[id].tokens, want[i], "request {i} ({:?}): the scheduler differs from the full-logits path", requests[i].sampling);
+        assert_eq!(
+            done[id].tokens, want[i],
+            "request {i} ({:?}): the scheduler differs from the full-logits path",
+            requests[i].sampling
+        );
     }
 }

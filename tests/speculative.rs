@@ -10,7 +10,10 @@ use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
 use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
-use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeOptions, DEFAULT_DRAFT_VOCAB};
+use hearth_core::speculative::{
+    default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeOptions,
+    DEFAULT_DRAFT_VOCAB,
+};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::CoreError;
 use hearth_tests::*;
@@ -41,7 +44,8 @@ fn shortlisted_session(stem: &str, logits_vocab: usize) -> (GgufFile, Session) {
     let options = EngineOptions { n_ctx: 1024, logits_vocab: Some(logits_vocab), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
     let mut last_progress = (0, 1);
-    let session = Session::load(&file, Box::new(backend), &options, &mut |done, total| last_progress = (done, total)).expect("load shortlisted");
+    let session = Session::load(&file, Box::new(backend), &options, &mut |done, total| last_progress = (done, total))
+        .expect("load shortlisted");
     // The progress total counts the shortlist's bytes instead of the whole head's (an untied
     // head is uploaded only as its shortlist), and the last report reaches it.
     let (done, total) = last_progress;
@@ -59,7 +63,9 @@ fn shortlisted_session(stem: &str, logits_vocab: usize) -> (GgufFile, Session) {
 /// plain text for a model without a template.
 fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
     let text = match engine.chat_template() {
-        Some(template) => template.render(&[ChatMessage { role: "user".into(), content: user.into() }], true).expect("render"),
+        Some(template) => {
+            template.render(&[ChatMessage { role: "user".into(), content: user.into() }], true).expect("render")
+        }
         None => user.to_string(),
     };
     let tok = engine.tokenizer();
@@ -93,7 +99,11 @@ fn assert_same_as_greedy(
         })
         .expect("generate_speculative");
     assert_eq!(plain.tokens.len(), N_TOKENS, "{label}: plain generation length");
-    assert_eq!(spec.tokens, plain.tokens, "{label}: speculative greedy differs from greedy\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
+    assert_eq!(
+        spec.tokens, plain.tokens,
+        "{label}: speculative greedy differs from greedy\nplain: {:?}\nspec:  {:?}",
+        plain.text, spec.text
+    );
     assert_eq!(spec.text, plain.text, "{label}");
     assert_eq!(streamed, spec.text, "{label}: streamed text");
     assert_eq!(spec.finish_reason, plain.finish_reason, "{label}");
@@ -121,7 +131,13 @@ fn draft_model_greedy_equals_greedy_on_qwen_15b() {
     let prose = chat_prompt(&engine, PROSE);
     assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &prose, "1.5B + 0.5B draft, prose");
     // ...and the default, cost-driven lengths (on a CPU mostly plain steps and probes).
-    assert_same_as_greedy(&mut engine, &mut drafter, &SpeculativeOptions::default(), &prose, "1.5B + 0.5B draft, prose, adaptive");
+    assert_same_as_greedy(
+        &mut engine,
+        &mut drafter,
+        &SpeculativeOptions::default(),
+        &prose,
+        "1.5B + 0.5B draft, prose, adaptive",
+    );
 }
 
 /// Prompt lookup first, the draft model (with a shortlisted head) where nothing matches: the
@@ -134,13 +150,25 @@ fn lookup_then_draft_model_greedy_equals_greedy_on_qwen_15b() {
     let draft = DraftModel::new(session, &tokenizer, engine.tokenizer()).expect("compatible vocabularies");
     let mut drafter = LookupThen::new(draft);
     let code = chat_prompt(&engine, CODE_EDIT);
-    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &fixed_length(3), &code, "1.5B + lookup then 0.5B draft, code edit");
+    let spec = assert_same_as_greedy(
+        &mut engine,
+        &mut drafter,
+        &fixed_length(3),
+        &code,
+        "1.5B + lookup then 0.5B draft, code edit",
+    );
     let m = spec.speculative.expect("metrics");
     assert!(m.free_passes > 0 && m.free_accepted > 0, "the lookup never drafted the copied body: {m:?}");
     assert!(m.proposed > m.free_proposed && m.accepted > m.free_accepted, "the draft model never drafted: {m:?}");
     assert!(m.free_proposed <= m.proposed && m.free_passes <= m.target_forward_passes, "{m:?}");
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(&mut engine, &mut drafter, &SpeculativeOptions::default(), &prose, "1.5B + lookup then 0.5B draft, prose, adaptive");
+    assert_same_as_greedy(
+        &mut engine,
+        &mut drafter,
+        &SpeculativeOptions::default(),
+        &prose,
+        "1.5B + lookup then 0.5B draft, prose, adaptive",
+    );
 }
 
 /// A shortlisted head computes exactly the first logits of the whole head (the same rows of the
@@ -151,7 +179,10 @@ fn shortlisted_head_gives_the_first_logits_of_the_whole_head() {
     let (_, mut whole) = cpu_session(QWEN_05B, 1024);
     let (_, mut short) = shortlisted_session(QWEN_05B, SHORTLIST);
     let n_vocab = whole.config().n_vocab;
-    assert_eq!((whole.config().n_logits, short.config().n_logits, short.config().n_vocab), (n_vocab, SHORTLIST, n_vocab));
+    assert_eq!(
+        (whole.config().n_logits, short.config().n_logits, short.config().n_vocab),
+        (n_vocab, SHORTLIST, n_vocab)
+    );
     let prompt = chat_prompt(&cpu_engine(QWEN_05B), CODE_EDIT);
     let full = whole.eval(&prompt, LogitsMode::All).expect("eval whole").to_vec();
     let part = short.eval(&prompt, LogitsMode::All).expect("eval shortlisted").to_vec();
@@ -166,7 +197,9 @@ fn shortlisted_head_gives_the_first_logits_of_the_whole_head() {
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let options = EngineOptions { logits_vocab: Some(0), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
-    let err = Session::load(&file, Box::new(backend), &options, &mut |_, _| {}).err().expect("a logits vocabulary of 0 must fail");
+    let err = Session::load(&file, Box::new(backend), &options, &mut |_, _| {})
+        .err()
+        .expect("a logits vocabulary of 0 must fail");
     assert!(matches!(err, CoreError::InvalidArgument(_)), "{err:?}");
     // The default shortlist: byte-level BPE vocabularies only (their ids follow merge order).
     assert_eq!(default_draft_vocab(&file.metadata), Some(DEFAULT_DRAFT_VOCAB));
@@ -196,17 +229,39 @@ fn prompt_lookup_equals_greedy(stem: &str) {
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0, "{stem}: prompt lookup never accepted on a rewrite");
     // The default policy verifies what pays here: any choice must give the same tokens.
     let adaptive = SpeculativeOptions::lookup();
-    let want = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &adaptive, &code, &format!("{label}, adaptive")).tokens;
+    let want = assert_same_as_greedy(
+        &mut engine,
+        &mut PromptLookup::default(),
+        &adaptive,
+        &code,
+        &format!("{label}, adaptive"),
+    )
+    .tokens;
     // Later turns start from what earlier ones learnt (`hearth chat`, the JS API): same tokens.
     let mut memory = PolicyMemory::default();
     for turn in 0..2 {
         engine.session_mut().reset();
-        let g = engine.generate_speculative_with(&code, &greedy(N_TOKENS), &mut PromptLookup::default(), &adaptive, &mut memory, &mut |_| true).expect("generate");
+        let g = engine
+            .generate_speculative_with(
+                &code,
+                &greedy(N_TOKENS),
+                &mut PromptLookup::default(),
+                &adaptive,
+                &mut memory,
+                &mut |_| true,
+            )
+            .expect("generate");
         assert_eq!(g.tokens, want, "{label}, turn {turn} with the policy carried");
         assert!(!memory.is_empty());
     }
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &adaptive, &prose, &format!("{stem} lookup, prose"));
+    assert_same_as_greedy(
+        &mut engine,
+        &mut PromptLookup::default(),
+        &adaptive,
+        &prose,
+        &format!("{stem} lookup, prose"),
+    );
 }
 
 #[test]
@@ -255,20 +310,28 @@ fn rollback_leaves_the_session_consistent() {
 
 #[test]
 fn gemma_cannot_draft_for_qwen() {
-    let target = Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_15B)).expect("open").metadata).expect("tokenizer");
+    let target =
+        Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_15B)).expect("open").metadata).expect("tokenizer");
     let gemma_file = GgufFile::open(&model_path(GEMMA_270M)).expect("open");
     let gemma = Tokenizer::from_gguf(&gemma_file.metadata).expect("tokenizer");
     let err = hearth_core::speculative::check_vocab_compatible(&target, &gemma).expect_err("incompatible");
     assert!(matches!(err, CoreError::VocabMismatch(_)), "{err:?}");
     let message = err.to_string();
-    assert!(message.contains(&target.vocab_size().to_string()) && message.contains(&gemma.vocab_size().to_string()), "{message}");
+    assert!(
+        message.contains(&target.vocab_size().to_string()) && message.contains(&gemma.vocab_size().to_string()),
+        "{message}"
+    );
 
     // Through the DraftModel constructor too, with the real session.
     let (_file, session) = cpu_session(GEMMA_270M, 64);
     assert!(matches!(DraftModel::new(session, &gemma, &target), Err(CoreError::VocabMismatch(_))));
     // And the Qwen pair is compatible over the whole vocabulary.
-    let small = Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_05B)).expect("open").metadata).expect("tokenizer");
-    assert_eq!(hearth_core::speculative::check_vocab_compatible(&target, &small).expect("compatible"), target.vocab_size());
+    let small =
+        Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_05B)).expect("open").metadata).expect("tokenizer");
+    assert_eq!(
+        hearth_core::speculative::check_vocab_compatible(&target, &small).expect("compatible"),
+        target.vocab_size()
+    );
 }
 
 /// Pearson's chi-square statistic of observed counts against probabilities `p` (all > 0).
@@ -362,7 +425,12 @@ fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
         deltas_at_prepare: Option<usize>,
     }
     impl Drafter for Recorder<'_> {
-        fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> hearth_core::Result<hearth_core::speculative::Proposal> {
+        fn propose(
+            &mut self,
+            context: &[u32],
+            max_tokens: usize,
+            sampling: &SamplingParams,
+        ) -> hearth_core::Result<hearth_core::speculative::Proposal> {
             self.lookup.propose(context, max_tokens, sampling)
         }
         fn prepare_async<'a>(&'a mut self, _context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
@@ -374,12 +442,14 @@ fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let deltas = std::cell::Cell::new(0);
     let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
-    let options = GenerateOptions { max_tokens: 8, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
+    let options =
+        GenerateOptions { max_tokens: 8, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
     let mut on_text = |_: &str| {
         deltas.set(deltas.get() + 1);
         true
     };
-    let generation = engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(3), &mut on_text).expect("generate");
+    let generation =
+        engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(3), &mut on_text).expect("generate");
     assert_eq!(generation.tokens.len(), 8);
     assert_eq!(drafter.deltas_at_prepare, Some(1), "the drafter should be prepared right after the first token");
     // A request that ends at its first token never prepares the drafter.
@@ -398,7 +468,8 @@ fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
 #[test]
 fn sampled_prompt_lookup_keeps_the_targets_distribution() {
     let mut engine = cpu_engine(QWEN_05B);
-    let text = "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
+    let text =
+        "def merge_counts(first, second):\n    result = dict(first)\n    for key, value in second.items():\n        \
                 result[key] = result.get(key, 0) + value\n    return result\n\n\n# The same function, unchanged:\n";
     let prompt = engine.tokenizer().encode(text, false, false).expect("encode");
     let sampling = SamplingParams { temperature: 1.5, top_k: 8, ..SamplingParams::default() };
@@ -413,9 +484,16 @@ fn sampled_prompt_lookup_keeps_the_targets_distribution() {
     let mut verified = 0;
     for seed in 0..240u64 {
         // Three tokens: room for one draft after the first (the last token is the pass's own).
-        let options = GenerateOptions { max_tokens: 3, sampling: SamplingParams { seed, ..sampling.clone() }, stop: Vec::new(), ignore_eos: true };
+        let options = GenerateOptions {
+            max_tokens: 3,
+            sampling: SamplingParams { seed, ..sampling.clone() },
+            stop: Vec::new(),
+            ignore_eos: true,
+        };
         // (Each run reuses the prompt's cached positions.)
-        let g = engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(1), &mut |_| true).expect("generate");
+        let g = engine
+            .generate_speculative(&prompt, &options, &mut drafter, &fixed_length(1), &mut |_| true)
+            .expect("generate");
         if g.tokens[0] == def {
             *counts.entry(g.tokens[1]).or_insert(0) += 1;
             verified += g.speculative.as_ref().map_or(0, |m| m.proposed);
@@ -428,7 +506,11 @@ fn sampled_prompt_lookup_keeps_the_targets_distribution() {
     for &(token, probability) in &p {
         let observed = counts.get(&token).copied().unwrap_or(0);
         let expected = probability as f64 * n as f64;
-        if expected >= 5.0 { cells.push((observed, expected)) } else { pooled = (pooled.0 + observed, pooled.1 + expected) }
+        if expected >= 5.0 {
+            cells.push((observed, expected))
+        } else {
+            pooled = (pooled.0 + observed, pooled.1 + expected)
+        }
     }
     if pooled.1 > 0.0 {
         cells.push(pooled);

@@ -42,8 +42,7 @@ pub struct BenchArgs {
 
 #[derive(serde::Serialize)]
 pub(crate) struct Stat {
-    pub
-mean: f64,
+    pub mean: f64,
     pub sd: f64,
 }
 
@@ -107,7 +106,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let session = engine.session_mut();
     let n_vocab = session.config().n_vocab;
     // Ordinary tokens (skipping the low ids some vocabularies reserve), deterministic across runs.
-    let prompt: Vec<u32> = (0..args.prompt_tokens).map(|i| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32).collect();
+    let prompt: Vec<u32> =
+        (0..args.prompt_tokens).map(|i| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32).collect();
 
     let readback = if args.full_logits { Readback::Logits } else { Readback::TopK(1) };
     let (mut pp, mut tg, mut ttft, mut itl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -198,7 +198,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             percentile(&itl, 95.0),
             percentile(&itl, 99.0)
         );
-        println!("peak rss   {:.0} MiB (after load {:.0} MiB)", peak_rss_bytes() as f64 / 1048576.0, load_peak_rss as f64 / 1048576.0);
+        println!(
+            "peak rss   {:.0} MiB (after load {:.0} MiB)",
+            peak_rss_bytes() as f64 / 1048576.0,
+            load_peak_rss as f64 / 1048576.0
+        );
         println!("load       {load_ms:.0} ms");
         println!(
             "per token  {:.0} ops dispatched, {:.1} submits, {:.1} pipelines and {:.1} bind groups created",

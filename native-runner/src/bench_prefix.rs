@@ -33,7 +33,9 @@ pub fn bench_cached_prefix(args: &BenchArgs) -> Result<()> {
     let n_vocab = session.config().n_vocab;
     let token = |i: usize| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32;
     let prefix: Vec<u32> = (0..prefix_len).map(token).collect();
-    let request = |rep: usize| -> Vec<u32> { prefix.iter().copied().chain((0..suffix_len).map(|i| token(50_000 + rep * 977 + i))).collect() };
+    let request = |rep: usize| -> Vec<u32> {
+        prefix.iter().copied().chain((0..suffix_len).map(|i| token(50_000 + rep * 977 + i))).collect()
+    };
 
     let (mut cold, mut warm, mut reused) = (Vec::new(), Vec::new(), 0);
     // Rep 0 is an untimed warm-up (pages weights in, builds graphs).
@@ -64,7 +66,10 @@ pub fn bench_cached_prefix(args: &BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("model        {}", path.display());
-        println!("prompt       {prefix_len} shared + {suffix_len} new tokens ({} reused from the prefix cache)", reused);
+        println!(
+            "prompt       {prefix_len} shared + {suffix_len} new tokens ({} reused from the prefix cache)",
+            reused
+        );
         println!("ttft cold    {:>9.1} ± {:.1} ms", c.mean, c.sd);
         println!("ttft cached  {:>9.1} ± {:.1} ms", w.mean, w.sd);
         println!("speedup      {:>9.1}x", c.mean / w.mean.max(1e-9));

@@ -74,7 +74,13 @@ fn target(args: &ServerBenchArgs, url: &str) -> Result<Target> {
     let rest = url.strip_prefix("http://").ok_or_else(|| anyhow!("--server must be an http:// URL, got '{url}'"))?;
     let (host_port, base) = rest.split_once('/').map_or((rest, ""), |(h, p)| (h, p));
     let base = base.trim_end_matches('/');
-    let base = if base.is_empty() { "/v1".to_string() } else if base.ends_with("v1") { format!("/{base}") } else { format!("/{base}/v1") };
+    let base = if base.is_empty() {
+        "/v1".to_string()
+    } else if base.ends_with("v1") {
+        format!("/{base}")
+    } else {
+        format!("/{base}/v1")
+    };
     let chat = match args.endpoint.as_str() {
         "chat" => true,
         "completions" => false,
@@ -87,7 +93,10 @@ fn target(args: &ServerBenchArgs, url: &str) -> Result<Target> {
 /// About `len` tokens of ordinary words, distinct from the first word on so that no request
 /// shares a prefix with another (beyond a chat template's).
 fn prompt_text(index: usize, len: usize) -> String {
-    const WORDS: [&str; 16] = ["river", "stone", "garden", "window", "paper", "music", "engine", "forest", "silver", "market", "winter", "bridge", "candle", "harbor", "planet", "letter"];
+    const WORDS: [&str; 16] = [
+        "river", "stone", "garden", "window", "paper", "music", "engine", "forest", "silver", "market", "winter",
+        "bridge", "candle", "harbor", "planet", "letter",
+    ];
     let mut text = format!("{index}");
     for i in 1..len.max(1) {
         text.push(' ');
@@ -133,7 +142,11 @@ fn one_request(t: &Target, body: &Value) -> Result<Sample> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line)?;
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| anyhow!("bad status line {line:?}"))?;
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line {line:?}"))?;
     let mut chunked = false;
     loop {
         line.clear();
@@ -147,7 +160,8 @@ fn one_request(t: &Target, body: &Value) -> Result<Sample> {
         }
     }
     let mut events = SseEvents { pending: String::new() };
-    let (mut first, mut last, mut tokens, mut itl, mut prompt_tokens, mut usage_tokens) = (None, None, 0, Vec::new(), None, None);
+    let (mut first, mut last, mut tokens, mut itl, mut prompt_tokens, mut usage_tokens) =
+        (None, None, 0, Vec::new(), None, None);
     let mut error_body = String::new();
     let mut on_data = |data: &str, now: Instant| {
         if status != 200 {
@@ -202,7 +216,13 @@ fn one_request(t: &Target, body: &Value) -> Result<Sample> {
         bail!("HTTP {status}: {error_body}");
     }
     let first = first.ok_or_else(|| anyhow!("the stream carried no text"))?;
-    Ok(Sample { ttft_ms: ms(start, first), itl_ms: itl, e2e_ms: ms(start, Instant::now()), tokens: usage_tokens.map_or(tokens, |n| n as usize), prompt_tokens })
+    Ok(Sample {
+        ttft_ms: ms(start, first),
+        itl_ms: itl,
+        e2e_ms: ms(start, Instant::now()),
+        tokens: usage_tokens.map_or(tokens, |n| n as usize),
+        prompt_tokens,
+    })
 }
 
 fn ms(a: Instant, b: Instant) -> f64 {
@@ -287,7 +307,10 @@ fn report(url: &str, args: &ServerBenchArgs, samples: &[Sample], errors: &[Strin
     let prompt_tokens: Vec<f64> = samples.iter().filter_map(|s| s.prompt_tokens.map(|n| n as f64)).collect();
     let slo_met = samples
         .iter()
-        .filter(|s| args.slo_ttft_ms.is_none_or(|x| s.ttft_ms <= x) && args.slo_itl_ms.is_none_or(|y| s.tpot_ms().is_none_or(|t| t <= y)))
+        .filter(|s| {
+            args.slo_ttft_ms.is_none_or(|x| s.ttft_ms <= x)
+                && args.slo_itl_ms.is_none_or(|y| s.tpot_ms().is_none_or(|t| t <= y))
+        })
         .count();
     json!({
         "server": url,
@@ -314,14 +337,25 @@ fn report(url: &str, args: &ServerBenchArgs, samples: &[Sample], errors: &[Strin
 
 fn print_report(r: &Value) {
     let row = |name: &str, v: &Value| {
-        println!("{name:<6} mean {:>8.1}  p50 {:>8.1}  p95 {:>8.1}  p99 {:>8.1} ms", f(&v["mean"]), f(&v["p50"]), f(&v["p95"]), f(&v["p99"]));
+        println!(
+            "{name:<6} mean {:>8.1}  p50 {:>8.1}  p95 {:>8.1}  p99 {:>8.1} ms",
+            f(&v["mean"]),
+            f(&v["p50"]),
+            f(&v["p95"]),
+            f(&v["p99"])
+        );
     };
     println!("server       {} ({})", r["server"].as_str().unwrap_or(""), r["endpoint"].as_str().unwrap_or(""));
     println!("requests     {} completed, {} failed, concurrency {}", r["completed"], r["failed"], r["concurrency"]);
     if let Some(e) = r["first_error"].as_str() {
         println!("first error  {e}");
     }
-    println!("throughput   {:.2} req/s, {:.1} output tok/s over {:.1} s", f(&r["request_throughput"]), f(&r["output_tok_s"]), f(&r["duration_s"]));
+    println!(
+        "throughput   {:.2} req/s, {:.1} output tok/s over {:.1} s",
+        f(&r["request_throughput"]),
+        f(&r["output_tok_s"]),
+        f(&r["duration_s"])
+    );
     row("ttft", &r["ttft_ms"]);
     row("itl", &r["itl_ms"]);
     row("tpot", &r["tpot_ms"]);

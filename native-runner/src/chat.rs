@@ -68,7 +68,10 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         let prompt = Prompt::Chat(turns).tokenize(engine.tokenizer(), engine.chat_template(), None)?;
         if prompt.len() + 1 >= engine.session().n_ctx() {
             messages.pop();
-            eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.session().n_ctx());
+            eprintln!(
+                "(the conversation no longer fits the {}-token context; /reset to start over)",
+                engine.session().n_ctx()
+            );
             continue;
         }
         let mut on_text = |delta: &str| {
@@ -77,7 +80,14 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             true
         };
         let generation = match drafter.as_deref_mut() {
-            Some(drafter) => engine.generate_speculative_with(&prompt, &options, drafter, &speculative, &mut policy_memory, &mut on_text)?,
+            Some(drafter) => engine.generate_speculative_with(
+                &prompt,
+                &options,
+                drafter,
+                &speculative,
+                &mut policy_memory,
+                &mut on_text,
+            )?,
             None => engine.generate(&prompt, &options, &mut on_text)?,
         };
         println!();

@@ -3,12 +3,12 @@
 use crate::{fetch, ModelArgs};
 use anyhow::{bail, Context, Result};
 use hearth_core::backend::{Backend, BackendKind};
-use hearth_core::CoreError;
-use hearth_core::engine::{Engine, EngineOptions};
 use hearth_core::chat::ChatTemplate;
+use hearth_core::engine::{Engine, EngineOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::runner::Runner;
 use hearth_core::tokenizer::Tokenizer;
+use hearth_core::CoreError;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -45,7 +45,8 @@ fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
 }
 
 fn cpu_backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
-    let options = hearth_cpu::CpuOptions { threads: args.threads, numerics: args.numerics, ..hearth_cpu::CpuOptions::from_env() };
+    let options =
+        hearth_cpu::CpuOptions { threads: args.threads, numerics: args.numerics, ..hearth_cpu::CpuOptions::from_env() };
     Ok(Box::new(hearth_cpu::CpuBackend::with_options(options)?))
 }
 
@@ -106,7 +107,13 @@ pub fn progress_bar(path: &std::path::Path, quiet: bool) -> ProgressBar {
 /// Engine options from the command line, for `max_sequences` concurrent requests.
 pub fn engine_options(args: &ModelArgs, max_sequences: usize) -> Result<EngineOptions> {
     let kv_type = args.kv_type;
-    Ok(EngineOptions { n_ctx: args.ctx_size, kv_type, kv_memory: args.kv_memory, max_sequences, ..EngineOptions::default() })
+    Ok(EngineOptions {
+        n_ctx: args.ctx_size,
+        kv_type,
+        kv_memory: args.kv_memory,
+        max_sequences,
+        ..EngineOptions::default()
+    })
 }
 
 /// A multi-sequence [`Runner`] (for the batching scheduler) with its tokenizer and chat template.
@@ -127,6 +134,7 @@ pub fn load_runner(args: &ModelArgs, max_sequences: usize) -> Result<LoadedRunne
     let tokenizer = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
     let tokenizer_copy = Tokenizer::from_gguf(&file.metadata).context("reading the tokenizer")?;
     let chat_template = ChatTemplate::from_gguf(&file.metadata).context("reading the chat template")?;
-    let runner = load_with(args, |backend| Runner::load(&file, backend, &options, &mut |_, _| {})).with_context(|| format!("loading {}", path.display()))?;
+    let runner = load_with(args, |backend| Runner::load(&file, backend, &options, &mut |_, _| {}))
+        .with_context(|| format!("loading {}", path.display()))?;
     Ok(LoadedRunner { runner, tokenizer, tokenizer_copy, chat_template, path, options })
 }

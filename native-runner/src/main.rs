@@ -154,7 +154,13 @@ fn models(action: ModelsAction) -> anyhow::Result<()> {
         ModelsAction::List => {
             println!("{:<22} {:>10}  {:<8} FILE", "NAME", "SIZE", "CACHED");
             for m in fetch::list_models() {
-                let state = if m.verified { "yes" } else if m.cached { "unverified" } else { "no" };
+                let state = if m.verified {
+                    "yes"
+                } else if m.cached {
+                    "unverified"
+                } else {
+                    "no"
+                };
                 println!("{:<22} {:>7} MB  {:<8} {}", m.name, m.size / 1_000_000, state, m.path.display());
             }
             Ok(())

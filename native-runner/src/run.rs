@@ -97,7 +97,8 @@ impl SamplingArgs {
             ignore_eos: Some(self.ignore_eos),
             ..Request::default()
         };
-        let (max_tokens, options) = request.generation_options(seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
+        let (max_tokens, options) =
+            request.generation_options(seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
         Ok(GenerateOptions { max_tokens: max_tokens.unwrap_or(self.max_tokens), ..options })
     }
 }
@@ -105,7 +106,8 @@ impl SamplingArgs {
 pub fn run(args: RunArgs) -> Result<()> {
     args.speculative.check()?;
     let options = args.sampling.options()?;
-    let conversation = args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
+    let conversation =
+        args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
     let prompt = match (conversation, &args.prompt) {
         (Some(conversation), _) => {
@@ -141,7 +143,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         None => engine.generate(&prompt, &options, &mut on_text)?,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report(&generation, &engine, &path, load_ms, options.sampling.seed))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report(&generation, &engine, &path, load_ms, options.sampling.seed))?
+        );
     } else {
         println!();
         let t = &generation.timings;
@@ -172,7 +177,10 @@ fn read_conversation(file: &std::path::Path, system: Option<&str>) -> Result<Pro
     let messages: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
     let Some(list) = messages.as_array() else {
-        bail!("{} must hold a JSON array of messages, like [{{\"role\": \"user\", \"content\": \"Hi\"}}]", file.display());
+        bail!(
+            "{} must hold a JSON array of messages, like [{{\"role\": \"user\", \"content\": \"Hi\"}}]",
+            file.display()
+        );
     };
     if list.is_empty() {
         bail!("{} holds no messages", file.display());

@@ -6,7 +6,9 @@ use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::engine::{Engine, EngineOptions, Session};
-use hearth_core::speculative::{default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions};
+use hearth_core::speculative::{
+    default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions,
+};
 use hearth_core::tokenizer::Tokenizer;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -46,13 +48,17 @@ impl SpeculativeArgs {
     /// Flags that would be ignored are errors: a user who set them expects an effect.
     pub fn check(&self) -> Result<()> {
         if self.draft_model.is_none() {
-            for (set, flag) in [(self.draft_vocab.is_some(), "--draft-vocab"), (self.draft_min_p.is_some(), "--draft-min-p")] {
+            for (set, flag) in
+                [(self.draft_vocab.is_some(), "--draft-vocab"), (self.draft_min_p.is_some(), "--draft-min-p")]
+            {
                 if set {
                     bail!("{flag} sets up the draft model: add --draft-model MODEL, or drop {flag}");
                 }
             }
             if !self.lookup {
-                for (set, flag) in [(self.draft_tokens.is_some(), "--draft-tokens"), (self.fixed_draft_length, "--fixed-draft-length")] {
+                for (set, flag) in
+                    [(self.draft_tokens.is_some(), "--draft-tokens"), (self.fixed_draft_length, "--fixed-draft-length")]
+                {
                     if set {
                         bail!("{flag} applies to speculative decoding: add --draft-model MODEL or --lookup, or drop {flag}");
                     }
@@ -83,7 +89,8 @@ impl SpeculativeArgs {
         };
         let draft_args = ModelArgs { model: draft.clone(), ..target.clone() };
         let (file, path) = load::open(&draft_args)?;
-        let tokenizer = Tokenizer::from_gguf(&file.metadata).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+        let tokenizer = Tokenizer::from_gguf(&file.metadata)
+            .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
         let logits_vocab = match self.draft_vocab {
             None => default_draft_vocab(&file.metadata),
             Some(0) => None,
@@ -119,7 +126,10 @@ impl SpeculativeArgs {
             String::new()
         };
         if self.draft_model.is_some() {
-            details += &format!("; the draft model caught up with the prompt in {:.0} ms, after the first token", m.drafter_prepare_ms);
+            details += &format!(
+                "; the draft model caught up with the prompt in {:.0} ms, after the first token",
+                m.drafter_prepare_ms
+            );
         }
         format!(
             "[speculative: {} of {} draft tokens accepted ({:.0}%), {:.2} per step, {} target passes{details}]",

@@ -22,7 +22,8 @@ fn ids(v: &serde_json::Value) -> Vec<u64> {
 fn run_json(args: &[&str]) -> serde_json::Value {
     let out = hearth(args);
     assert!(out.status.success(), "hearth {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Steps before llama.cpp's top-1/top-2 margin first drops below `margin` nats: up to there greedy
@@ -43,7 +44,8 @@ fn decisive_prefix(case: &serde_json::Value, margin: f64) -> usize {
 fn run_plain_prompt_matches_llama_cpp_gemma() {
     let case = golden_case("gemma-3-270m-q4_k_m.json", "b");
     let prompt = case["prompt"].as_str().expect("prompt");
-    let out = run_json(&["run", "-m", "gemma-3-270m", "-p", prompt, "-n", "32", "--temperature", "0", "--json", "--quiet"]);
+    let out =
+        run_json(&["run", "-m", "gemma-3-270m", "-p", prompt, "-n", "32", "--temperature", "0", "--json", "--quiet"]);
     assert_eq!(ids(&out["prompt_tokens"]), ids(&case["prompt_token_ids"]), "prompt tokenization");
     let n = decisive_prefix(&case, 0.25);
     assert!(n >= 8, "fixture has only {n} decisive steps");
@@ -88,14 +90,42 @@ fn run_chat_matches_llama_cpp_qwen() {
 fn run_with_llama_cpp_numerics_gives_all_of_its_tokens() {
     let case = golden_case("gemma-3-270m-q4_k_m.json", "c");
     let prompt = case["prompt"].as_str().expect("prompt");
-    let out = run_json(&["run", "-m", "gemma-3-270m", "-p", prompt, "-n", "32", "--temperature", "0", "--numerics", "llama-cpp", "--json", "--quiet"]);
+    let out = run_json(&[
+        "run",
+        "-m",
+        "gemma-3-270m",
+        "-p",
+        prompt,
+        "-n",
+        "32",
+        "--temperature",
+        "0",
+        "--numerics",
+        "llama-cpp",
+        "--json",
+        "--quiet",
+    ]);
     assert_eq!(ids(&out["prompt_tokens"]), ids(&case["prompt_token_ids"]), "prompt tokenization");
     assert_eq!(ids(&out["tokens"]), ids(&case["generated_token_ids"])[..32]);
 }
 
 #[test]
 fn same_seed_same_tokens() {
-    let args = ["run", "-m", "gemma-3-270m", "-p", "Once upon a time", "-n", "12", "--seed", "7", "--temperature", "1.0", "--json", "--quiet"];
+    let args = [
+        "run",
+        "-m",
+        "gemma-3-270m",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "12",
+        "--seed",
+        "7",
+        "--temperature",
+        "1.0",
+        "--json",
+        "--quiet",
+    ];
     let (a, b) = (run_json(&args), run_json(&args));
     assert_eq!(a["tokens"], b["tokens"]);
     assert_eq!(a["seed"], 7);
@@ -106,21 +136,66 @@ fn same_seed_same_tokens() {
 #[test]
 fn lookup_then_draft_model_gives_the_greedy_tokens() {
     let prompt = "Rewrite this function with type hints:\ndef add(first, second):\n    total = first + second\n    return total\n";
-    let base = ["run", "-m", "qwen2.5-coder-0.5b", "--chat", "-p", prompt, "-n", "40", "--temperature", "0", "--ignore-eos", "--json", "--quiet"];
+    let base = [
+        "run",
+        "-m",
+        "qwen2.5-coder-0.5b",
+        "--chat",
+        "-p",
+        prompt,
+        "-n",
+        "40",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--json",
+        "--quiet",
+    ];
     let plain = run_json(&base);
     // The 0.5B drafting for itself (same vocabulary), whole-length drafts verified every step.
-    let both: Vec<&str> = base.iter().copied().chain(["--lookup", "--draft-model", "qwen2.5-coder-0.5b", "--draft-tokens", "3", "--fixed-draft-length"]).collect();
+    let both: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--lookup", "--draft-model", "qwen2.5-coder-0.5b", "--draft-tokens", "3", "--fixed-draft-length"])
+        .collect();
     let spec = run_json(&both);
     assert_eq!(spec["tokens"], plain["tokens"], "{}\nvs\n{}", spec["text"], plain["text"]);
     let m = &spec["speculative"];
-    let (passes, free_passes) = (m["target_forward_passes"].as_u64().unwrap_or(0), m["free_passes"].as_u64().unwrap_or(0));
+    let (passes, free_passes) =
+        (m["target_forward_passes"].as_u64().unwrap_or(0), m["free_passes"].as_u64().unwrap_or(0));
     assert!(free_passes > 0 && free_passes < passes, "both drafters should have drafted: {m}");
-    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "gemma-3-270m", "--quiet"], "cannot draft");
+    assert_fails_with(
+        &["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "gemma-3-270m", "--quiet"],
+        "cannot draft",
+    );
     // Flags that would be ignored are errors that say what is missing.
-    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--lookup", "--draft-vocab", "100", "--quiet"], "--draft-vocab sets up the draft model");
-    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-min-p", "0.5", "--quiet"], "add --draft-model");
-    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-tokens", "4", "--quiet"], "add --draft-model MODEL or --lookup");
-    assert_fails_with(&["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-model", "qwen2.5-coder-0.5b", "--draft-min-p", "1.5", "--quiet"], "not a probability");
+    assert_fails_with(
+        &["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--lookup", "--draft-vocab", "100", "--quiet"],
+        "--draft-vocab sets up the draft model",
+    );
+    assert_fails_with(
+        &["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-min-p", "0.5", "--quiet"],
+        "add --draft-model",
+    );
+    assert_fails_with(
+        &["run", "-m", "qwen2.5-coder-0.5b", "-p", "hi", "--draft-tokens", "4", "--quiet"],
+        "add --draft-model MODEL or --lookup",
+    );
+    assert_fails_with(
+        &[
+            "run",
+            "-m",
+            "qwen2.5-coder-0.5b",
+            "-p",
+            "hi",
+            "--draft-model",
+            "qwen2.5-coder-0.5b",
+            "--draft-min-p",
+            "1.5",
+            "--quiet",
+        ],
+        "not a probability",
+    );
 }
 
 fn assert_fails_with(args: &[&str], needle: &str) {
@@ -146,7 +221,10 @@ fn bad_input_gives_clear_errors() {
     assert_fails_with(&["run", "-m", "no-such-model", "-p", "hi", "--quiet"], "no-such-model");
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--backend", "tpu", "--quiet"], "unknown backend");
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--numerics", "exact", "--quiet"], "unknown numerics");
-    assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--numerics", "llama-cpp", "--backend", "wgpu", "--quiet"], "CPU backend");
+    assert_fails_with(
+        &["run", "-m", "gemma-3-270m", "-p", "hi", "--numerics", "llama-cpp", "--backend", "wgpu", "--quiet"],
+        "CPU backend",
+    );
     let long_prompt = "word ".repeat(200);
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-c", "64", "-p", &long_prompt, "--quiet"], "context overflow");
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--top-p", "2", "--quiet"], "invalid sampling");
@@ -176,7 +254,10 @@ fn chat(args: &[&str], input: &str) -> (String, String) {
 /// cache of the first (only the new turn's tokens are evaluated).
 #[test]
 fn chat_keeps_the_kv_cache_between_turns() {
-    let (stdout, stderr) = chat(&["-m", "qwen2.5-coder-0.5b", "-n", "8", "--temperature", "0", "--quiet"], "What is 2+2?\nAnd 3+3?\n/exit\n");
+    let (stdout, stderr) = chat(
+        &["-m", "qwen2.5-coder-0.5b", "-n", "8", "--temperature", "0", "--quiet"],
+        "What is 2+2?\nAnd 3+3?\n/exit\n",
+    );
     let stats: Vec<(usize, usize)> = stderr
         .lines()
         .filter_map(|l| {
@@ -212,7 +293,10 @@ fn chat_with_speculative_decoding_gives_the_greedy_answers() {
             .sum();
         assert!(accepted > 0, "no draft token was accepted over two turns: {stderr}");
     }
-    assert_fails_with(&["chat", "-m", "qwen2.5-coder-0.5b", "--draft-tokens", "4", "--quiet"], "add --draft-model MODEL or --lookup");
+    assert_fails_with(
+        &["chat", "-m", "qwen2.5-coder-0.5b", "--draft-tokens", "4", "--quiet"],
+        "add --draft-model MODEL or --lookup",
+    );
 }
 
 /// `run --messages FILE` continues a conversation: one user message renders as `--chat -p` does
@@ -240,7 +324,12 @@ fn run_continues_a_conversation_from_a_messages_file() {
         use std::io::Write;
         use std::process::Stdio;
         let args: Vec<&str> = base.iter().copied().chain(["--messages", "-", "--system", "Be brief."]).collect();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth")).args(&args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
         child.stdin.take().expect("stdin").write_all(&std::fs::read(&one_turn).expect("read")).expect("write");
         let out = child.wait_with_output().expect("wait");
         assert!(out.status.success(), "hearth run --messages - failed");
@@ -258,10 +347,15 @@ fn run_continues_a_conversation_from_a_messages_file() {
     let second = run_with(&["--messages", &two_turns]);
     let second_prompt = ids(&second["prompt_tokens"]);
     let first_prompt = ids(&from_flag["prompt_tokens"]);
-    assert!(second_prompt.len() > first_prompt.len() + 10, "the follow-up prompt should hold the first turn and its answer");
+    assert!(
+        second_prompt.len() > first_prompt.len() + 10,
+        "the follow-up prompt should hold the first turn and its answer"
+    );
     assert!(!second["tokens"].as_array().expect("tokens").is_empty());
 
-    let bad = |name: &str, text: &str, needle: &str| assert_fails_with(&["run", "--messages", &write(name, text), "--quiet"], needle);
+    let bad = |name: &str, text: &str, needle: &str| {
+        assert_fails_with(&["run", "--messages", &write(name, text), "--quiet"], needle)
+    };
     bad("not-json.json", "not json", "is not JSON");
     bad("object.json", r#"{"role": "user"}"#, "must hold a JSON array");
     bad("empty.json", "[]", "holds no messages");
@@ -279,7 +373,19 @@ fn run_continues_a_conversation_from_a_messages_file() {
 fn a_closed_stdout_ends_run_without_a_panic() {
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["run", "-m", "gemma-3-270m", "-p", "Once upon a time", "-n", "8", "--temperature", "0", "--json", "--quiet"])
+        .args([
+            "run",
+            "-m",
+            "gemma-3-270m",
+            "-p",
+            "Once upon a time",
+            "-n",
+            "8",
+            "--temperature",
+            "0",
+            "--json",
+            "--quiet",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

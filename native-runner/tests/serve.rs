@@ -39,7 +39,8 @@ fn streamed(r: &Response) -> (String, String, Vec<Value>) {
     assert_eq!(r.header("Content-Type"), Some("text/event-stream"));
     let events = r.events();
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "stream must end with [DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect();
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect();
     let mut text = String::new();
     let mut finish = String::new();
     for c in &chunks {
@@ -62,13 +63,23 @@ fn bad_input_gets_openai_errors() {
     assert_error(&raw("not json"), 400, None, None);
     assert_error(&post(addr, chat, &json!({"model": MODEL})), 400, None, Some("messages"));
     assert_error(&post(addr, chat, &json!({"messages": []})), 400, None, Some("messages"));
-    assert_error(&post(addr, chat, &chat_body(4, json!({"model": "gpt-4o"}))), 404, Some("model_not_found"), Some("model"));
+    assert_error(
+        &post(addr, chat, &chat_body(4, json!({"model": "gpt-4o"}))),
+        404,
+        Some("model_not_found"),
+        Some("model"),
+    );
     let long = "word ".repeat(2000);
     let r = post(addr, chat, &json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}));
     assert_error(&r, 400, Some("context_length_exceeded"), None);
     assert_error(&post(addr, chat, &chat_body(0, json!({}))), 400, None, Some("max_tokens"));
     assert_error(&post(addr, chat, &chat_body(4, json!({"max_tokens": -3}))), 400, None, Some("max_tokens"));
-    assert_error(&post(addr, chat, &chat_body(100_000, json!({}))), 400, Some("context_length_exceeded"), Some("max_tokens"));
+    assert_error(
+        &post(addr, chat, &chat_body(100_000, json!({}))),
+        400,
+        Some("context_length_exceeded"),
+        Some("max_tokens"),
+    );
     assert_error(&post(addr, chat, &chat_body(4, json!({"temperature": 3.5}))), 400, None, Some("temperature"));
     assert_error(&post(addr, chat, &chat_body(4, json!({"logit_bias": {"abc": 1}}))), 400, None, Some("logit_bias"));
     assert_error(&post(addr, "/v1/completions", &json!({"max_tokens": 4})), 400, None, Some("prompt"));
@@ -86,7 +97,11 @@ fn bad_input_gets_openai_errors() {
     assert_error(&unknown, 400, None, Some("temprature"));
     assert!(unknown.text().contains("unknown field `temprature`"), "{}", unknown.text());
     // Their neutral values are accepted.
-    let neutral = post(addr, chat, &chat_body(2, json!({"response_format": {"type": "text"}, "n": 1, "logprobs": false, "user": "u1"})));
+    let neutral = post(
+        addr,
+        chat,
+        &chat_body(2, json!({"response_format": {"type": "text"}, "n": 1, "logprobs": false, "user": "u1"})),
+    );
     assert_eq!(neutral.status, 200, "{}", neutral.text());
     let body = chat_body(4, json!({})).to_string();
     assert_error(&request(addr, "POST", chat, None, &body), 401, Some("invalid_api_key"), None);
@@ -119,7 +134,11 @@ fn chat_equals_hearth_run_streaming_and_not() {
     assert_eq!(body["usage"]["total_tokens"], n_prompt + n_generated);
     assert!(body["usage"].get("completion_tokens_details").is_none(), "no drafts without --lookup");
 
-    let r = post(addr, "/v1/chat/completions", &chat_body(24, json!({"stream": true, "stream_options": {"include_usage": true}})));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &chat_body(24, json!({"stream": true, "stream_options": {"include_usage": true}})),
+    );
     let (text, finish, chunks) = streamed(&r);
     assert_eq!(text, expected);
     assert_eq!(finish, body["choices"][0]["finish_reason"].as_str().expect("finish"));
@@ -172,7 +191,8 @@ fn stop_sequences_cut_the_text() {
         let r = post(addr, "/v1/chat/completions", &chat_body(32, json!({"stop": stop_field}))).json();
         assert_eq!(r["choices"][0]["message"]["content"], expected, "stop {stop_field}");
         assert_eq!(r["choices"][0]["finish_reason"], "stop");
-        let (text, finish, _) = streamed(&post(addr, "/v1/chat/completions", &chat_body(32, json!({"stop": stop_field, "stream": true}))));
+        let (text, finish, _) =
+            streamed(&post(addr, "/v1/chat/completions", &chat_body(32, json!({"stop": stop_field, "stream": true}))));
         assert_eq!(text, expected);
         assert_eq!(finish, "stop");
     }
@@ -182,12 +202,29 @@ fn stop_sequences_cut_the_text() {
 fn seeded_sampling_is_deterministic_and_matches_hearth_run() {
     let addr = server();
     let body = |seed: u64| json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": seed});
-    let text = |seed: u64| post(addr, "/v1/completions", &body(seed)).json()["choices"][0]["text"].as_str().expect("text").to_string();
+    let text = |seed: u64| {
+        post(addr, "/v1/completions", &body(seed)).json()["choices"][0]["text"].as_str().expect("text").to_string()
+    };
     let first = text(42);
     assert_eq!(text(42), first, "same seed, same text");
     assert!([7, 8, 9].iter().any(|&s| text(s) != first), "different seeds all gave the same text");
     // The server's defaults are plain temperature sampling (no top-k/top-p/min-p).
-    let run = hearth_run(&["-p", "Once upon a time", "-n", "16", "--temperature", "1", "--seed", "42", "--top-k", "0", "--top-p", "1", "--min-p", "0"]);
+    let run = hearth_run(&[
+        "-p",
+        "Once upon a time",
+        "-n",
+        "16",
+        "--temperature",
+        "1",
+        "--seed",
+        "42",
+        "--top-k",
+        "0",
+        "--top-p",
+        "1",
+        "--min-p",
+        "0",
+    ]);
     assert_eq!(run["text"].as_str(), Some(first.as_str()));
 }
 
@@ -205,7 +242,8 @@ fn models_health_and_metrics() {
     assert_eq!(r.status, 200);
     let metrics = request(addr, "GET", "/metrics", None, "").text();
     let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
+        let line =
+            metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
         line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value")
     };
     assert!(value("hearth_requests_total{endpoint=\"/v1/completions\",code=\"200\"}") >= 1.0);
@@ -216,7 +254,15 @@ fn models_health_and_metrics() {
     assert!(metrics.contains("hearth_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
     assert!(metrics.contains("# TYPE hearth_queue_depth gauge"));
     assert!(metrics.contains("hearth_requests_cancelled_total"));
-    for gauge in ["hearth_requests_running", "hearth_requests_waiting", "hearth_kv_blocks_used", "hearth_kv_blocks_total", "hearth_prefix_cache_hit_rate", "hearth_step_prompt_budget_tokens", "hearth_step_cost_per_row_ms"] {
+    for gauge in [
+        "hearth_requests_running",
+        "hearth_requests_waiting",
+        "hearth_kv_blocks_used",
+        "hearth_kv_blocks_total",
+        "hearth_prefix_cache_hit_rate",
+        "hearth_step_prompt_budget_tokens",
+        "hearth_step_cost_per_row_ms",
+    ] {
         assert!(metrics.contains(&format!("# TYPE {gauge} gauge")), "{gauge} missing");
     }
     assert!(value("hearth_kv_blocks_total") > 0.0);
@@ -296,7 +342,10 @@ fn lookup_keeps_outputs_and_reports_accepted_drafts() {
     assert_eq!(text, expected, "lookup changed the streamed greedy answer");
     let metrics = request(addr, "GET", "/metrics", None, "").text();
     let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
         line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value")
     };
     assert!(value("hearth_draft_tokens_accepted_total") >= accepted as f64);
@@ -309,16 +358,30 @@ fn a_predicted_output_is_drafted_from_without_lookup() {
     let run = hearth_run(&["--chat", "--system", SYSTEM, "-p", QUESTION, "-n", "32", "--temperature", "0"]);
     let expected = run["text"].as_str().expect("text");
     // OpenAI's predicted output: the answer the client expects (here, exactly the answer).
-    let r = post(addr, "/v1/chat/completions", &chat_body(32, json!({"prediction": {"type": "content", "content": expected}})));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &chat_body(32, json!({"prediction": {"type": "content", "content": expected}})),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let answer = r.json();
     assert_eq!(answer["choices"][0]["message"]["content"], expected, "a prediction changed the greedy answer");
-    let accepted = answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64().expect("accepted_prediction_tokens");
+    let accepted = answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+        .as_u64()
+        .expect("accepted_prediction_tokens");
     assert!(accepted > 0, "{}", answer["usage"]);
     let parts = json!({"prediction": {"type": "content", "content": [{"type": "text", "text": expected}]}});
-    assert_eq!(post(addr, "/v1/chat/completions", &chat_body(32, parts)).json()["choices"][0]["message"]["content"], expected);
+    assert_eq!(
+        post(addr, "/v1/chat/completions", &chat_body(32, parts)).json()["choices"][0]["message"]["content"],
+        expected
+    );
     for bad in [json!({"type": "text", "content": "x"}), json!({"type": "content", "content": 5}), json!("x")] {
-        assert_error(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"prediction": bad}))), 400, None, Some("prediction"));
+        assert_error(
+            &post(addr, "/v1/chat/completions", &chat_body(4, json!({"prediction": bad}))),
+            400,
+            None,
+            Some("prediction"),
+        );
     }
 }
 
@@ -328,7 +391,11 @@ fn the_model_id_is_a_name_and_alias_sets_it() {
     let models = get(&server.addr, "/v1/models").json();
     assert_eq!(models["data"][0]["id"], "coder");
     for name in ["coder", MODEL] {
-        let r = post(&server.addr, "/v1/completions", &json!({"model": name, "prompt": "1, 2,", "max_tokens": 2, "temperature": 0}));
+        let r = post(
+            &server.addr,
+            "/v1/completions",
+            &json!({"model": name, "prompt": "1, 2,", "max_tokens": 2, "temperature": 0}),
+        );
         assert_eq!(r.status, 200, "model {name}: {}", r.text());
         assert_eq!(r.json()["model"], "coder");
     }

@@ -16,14 +16,24 @@ const MAX_TOKENS: usize = 12;
 const PATH: &str = "/v1/completions";
 
 fn prompt(i: usize) -> String {
-    let subjects = ["a linked list", "binary search", "a web server", "quicksort", "a hash map", "JSON parsing", "a trie", "matrix multiplication"];
+    let subjects = [
+        "a linked list",
+        "binary search",
+        "a web server",
+        "quicksort",
+        "a hash map",
+        "JSON parsing",
+        "a trie",
+        "matrix multiplication",
+    ];
     // Distinct prompts of different lengths.
     format!("# Task {i}: {}{}\ndef ", subjects[i % subjects.len()], " with comments".repeat(i % 3))
 }
 
 fn body(i: usize, max_tokens: usize) -> String {
     // End-of-text tokens are banned so that a request is still running when its client hangs up.
-    let mut body = json!({"model": MODEL, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0, "stream": true});
+    let mut body =
+        json!({"model": MODEL, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0, "stream": true});
     if max_tokens > MAX_TOKENS {
         body["logit_bias"] = json!({"151643": -100, "151645": -100});
     }
@@ -55,7 +65,10 @@ fn hang_up_after(addr: &str, body: &str, chunks: usize) {
 
 fn metric(addr: &str, name: &str) -> f64 {
     let metrics = request(addr, "GET", "/metrics", None, "").text();
-    let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"));
     line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("metric value")
 }
 

@@ -68,7 +68,22 @@ fn with_messages(params: &Value) -> Value {
 /// (tokens, text) from `hearth run --json`, or its error output.
 fn run_cli(params: &Value) -> Result<(Vec<u64>, String), String> {
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["run", "-m", MODEL, "--backend", "cpu", "-c", CTX, "--quiet", "--json", "--chat", "--system", SYSTEM, "-p", USER])
+        .args([
+            "run",
+            "-m",
+            MODEL,
+            "--backend",
+            "cpu",
+            "-c",
+            CTX,
+            "--quiet",
+            "--json",
+            "--chat",
+            "--system",
+            SYSTEM,
+            "-p",
+            USER,
+        ])
         .args(flags(params))
         .output()
         .expect("spawn hearth run");
@@ -85,20 +100,28 @@ fn model_bytes() -> Vec<u8> {
         std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
     });
     let path = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{} ({e}): run `hearth models fetch qwen2.5-coder-0.5b`", path.display()))
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{} ({e}): run `hearth models fetch qwen2.5-coder-0.5b`", path.display()))
 }
 
 #[test]
 fn the_same_request_gives_the_same_tokens_on_every_surface() {
     let server = Server::start(&[]);
-    let load = LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
-    let mut host = EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {}).expect("load host");
+    let load =
+        LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
+    let mut host =
+        EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {})
+            .expect("load host");
     for params in cases() {
         let (cli_tokens, cli_text) = run_cli(&params).unwrap_or_else(|e| panic!("hearth run {params}: {e}"));
 
         let (prompt, options) = parse_request("chat", &with_messages(&params).to_string()).expect("host request");
         let report = host.generate(&prompt, &options, 0, None, &mut |_| true).expect("host generate");
-        assert_eq!(report.token_ids.iter().map(|&t| t as u64).collect::<Vec<_>>(), cli_tokens, "browser host vs hearth run: {params}");
+        assert_eq!(
+            report.token_ids.iter().map(|&t| t as u64).collect::<Vec<_>>(),
+            cli_tokens,
+            "browser host vs hearth run: {params}"
+        );
         assert_eq!(report.text, cli_text, "{params}");
 
         let answer = post(&server.addr, "/v1/chat/completions", &with_messages(&params));
@@ -118,7 +141,9 @@ fn a_refused_value_is_refused_with_the_same_words_everywhere() {
         (json!({"temperature": 0, "top_k": 0, "top_p": 1.5, "min_p": 0}), "top_p"),
         (json!({"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "repeat_last_n": -5}), "repeat_last_n"),
     ] {
-        let Err(host) = parse_request("chat", &with_messages(&params).to_string()) else { panic!("the host accepted {params}") };
+        let Err(host) = parse_request("chat", &with_messages(&params).to_string()) else {
+            panic!("the host accepted {params}")
+        };
         let host = host.to_string();
         let response = post(&server.addr, "/v1/chat/completions", &with_messages(&params));
         assert_eq!(response.status, 400);

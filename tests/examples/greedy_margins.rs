@@ -13,7 +13,8 @@ fn main() {
         eprintln!("usage: greedy_margins <model.gguf> <n_tokens> <prompt ids...>");
         std::process::exit(2);
     };
-    let prompt: Vec<u32> = args[2..].iter().map(|a| a.parse().unwrap_or_else(|_| panic!("not a token id: {a}"))).collect();
+    let prompt: Vec<u32> =
+        args[2..].iter().map(|a| a.parse().unwrap_or_else(|_| panic!("not a token id: {a}"))).collect();
     assert!(!prompt.is_empty(), "no prompt ids");
     let (_file, mut session) = cpu_session_at(&PathBuf::from(path), 4096);
     let mut input = prompt;

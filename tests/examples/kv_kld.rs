@@ -23,7 +23,8 @@ fn main() {
     });
     let chunks = args.get(2).and_then(|c| c.parse().ok()).unwrap_or(usize::MAX);
     let text = std::fs::read_to_string(fixtures_dir().join("golden/ppl_gpl3_4k.txt")).expect("text");
-    let (file, mut oracle) = cpu_session_with(stem, &EngineOptions { n_ctx: N_CTX, kv_type: KvType::F32, ..EngineOptions::default() });
+    let (file, mut oracle) =
+        cpu_session_with(stem, &EngineOptions { n_ctx: N_CTX, kv_type: KvType::F32, ..EngineOptions::default() });
     let (_, mut tested) = cpu_session_with(stem, &EngineOptions { n_ctx: N_CTX, kv_type, ..EngineOptions::default() });
     let tokenizer = hearth_core::tokenizer::Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     let add_bos = tokenizer.add_bos_default();

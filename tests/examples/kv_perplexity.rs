@@ -16,5 +16,9 @@ fn main() {
     });
     let chunks = args.get(2).and_then(|c| c.parse().ok()).unwrap_or(usize::MAX);
     let (ppl, _) = hearth_tests::perplexity_with(stem, kv_type, chunks);
-    println!("{stem} kv={} chunks={} perplexity={ppl:.4}", kv_type.name(), if chunks == usize::MAX { "all".into() } else { chunks.to_string() });
+    println!(
+        "{stem} kv={} chunks={} perplexity={ppl:.4}",
+        kv_type.name(),
+        if chunks == usize::MAX { "all".into() } else { chunks.to_string() }
+    );
 }

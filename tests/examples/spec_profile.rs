@@ -18,7 +18,9 @@ use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::SamplingParams;
-use hearth_core::speculative::{DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions, VerificationOutcome};
+use hearth_core::speculative::{
+    DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions, VerificationOutcome,
+};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::time::Instant;
@@ -30,11 +32,12 @@ const PROSE: &str = "Write a short paragraph about why lighthouses were importan
 
 fn engine(stem: &str) -> Engine {
     let file = GgufFile::open(&model_path(stem)).expect("open");
-    let backend = hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions { threads: Some(2), ..hearth_cpu::CpuOptions::from_env() }).expect("cpu backend");
-    let options = EngineOptions {
-        n_ctx: 1024,
-        ..EngineOptions::default()
-    };
+    let backend = hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions {
+        threads: Some(2),
+        ..hearth_cpu::CpuOptions::from_env()
+    })
+    .expect("cpu backend");
+    let options = EngineOptions { n_ctx: 1024, ..EngineOptions::default() };
     Engine::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load")
 }
 
@@ -44,10 +47,7 @@ fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
     let user = ChatMessage { role: "user".into(), content: user.into() };
     let messages: Vec<ChatMessage> = system.into_iter().chain([user]).collect();
     let text = engine.chat_template().expect("template").render(&messages, true).expect("render");
-    engine
-        .tokenizer()
-        .encode(&text, false, true)
-        .expect("encode")
+    engine.tokenizer().encode(&text, false, true).expect("encode")
 }
 
 /// Times the inner drafter.
@@ -110,19 +110,30 @@ fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {
 }
 
 fn main() {
-    let max_tokens: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
+    let max_tokens: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(64);
     let mut target = engine(QWEN_15B);
     // PROMPT_FILE: a user message of your own instead of the code edit.
-    let user = std::env::var("PROMPT_FILE").map(|f| std::fs::read_to_string(f).expect("PROMPT_FILE")).unwrap_or_else(|_| CODE_EDIT.to_string());
+    let user = std::env::var("PROMPT_FILE")
+        .map(|f| std::fs::read_to_string(f).expect("PROMPT_FILE"))
+        .unwrap_or_else(|_| CODE_EDIT.to_string());
     let prompt = chat_prompt(&target, &user);
     let draft_file = hearth_core::gguf::GgufFile::open(&model_path(QWEN_05B)).expect("open draft");
     // DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
     let draft_vocab = std::env::var("DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
     let draft_options = EngineOptions { n_ctx: 1024, logits_vocab: draft_vocab, ..EngineOptions::default() };
-    let draft_session = hearth_core::engine::Session::load(&draft_file, Box::new(hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions { threads: Some(2), ..hearth_cpu::CpuOptions::from_env() }).expect("cpu")), &draft_options, &mut |_, _| {}).expect("load draft");
+    let draft_session = hearth_core::engine::Session::load(
+        &draft_file,
+        Box::new(
+            hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions {
+                threads: Some(2),
+                ..hearth_cpu::CpuOptions::from_env()
+            })
+            .expect("cpu"),
+        ),
+        &draft_options,
+        &mut |_, _| {},
+    )
+    .expect("load draft");
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
     let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     if std::env::var("SKIP_PASSES").is_err() {
@@ -145,12 +156,8 @@ fn main() {
         }
         eprintln!("0.5B one token (Last): {best:.1} ms");
     }
-    let options0 = GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        ignore_eos: true,
-    };
+    let options0 =
+        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
     if let (Ok(dir), Ok(costs)) = (std::env::var("REPLAY_DIR"), std::env::var("SIMULATE")) {
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
         replay_dir(&mut target, &dir, max_tokens, &costs);
@@ -162,39 +169,35 @@ fn main() {
         for user in [user.as_str(), PROSE] {
             let prompt = chat_prompt(&target, user);
             target.session_mut().reset();
-            let plain = target
-                .generate(&prompt, &options0, &mut |_| true)
-                .expect("generate");
+            let plain = target.generate(&prompt, &options0, &mut |_| true).expect("generate");
             eprintln!("{:?}", &user[..20]);
             for cap in [1usize, 3, 7, 15] {
-                let (passes, proposed, accepted, ms) = simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, &costs);
-                eprintln!("lookup verified up to {cap}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
+                let (passes, proposed, accepted, ms) =
+                    simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, &costs);
+                eprintln!(
+                    "lookup verified up to {cap}: {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}",
+                    (plain.tokens.len() - 1) as f64 * costs[0]
+                );
             }
             // The default lookup under the default cost-driven policy, its observed pass costs
             // disturbed by a multiplicative noise of up to ±NOISE (a shared machine).
             for noise in [0.0, 0.2, 0.5] {
                 let mut policy = DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 15, adaptive: true });
-                let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, &costs, noise);
-                eprintln!("policy (noise {noise}): {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}", (plain.tokens.len() - 1) as f64 * costs[0]);
+                let (passes, proposed, accepted, ms) =
+                    simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, &costs, noise);
+                eprintln!(
+                    "policy (noise {noise}): {passes} passes, {accepted}/{proposed}, {ms:.0} ms vs plain {:.0}",
+                    (plain.tokens.len() - 1) as f64 * costs[0]
+                );
             }
         }
         return;
     }
-    let options = GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        ignore_eos: true,
-    };
+    let options =
+        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
     target.session_mut().reset();
-    let plain = target
-        .generate(&prompt, &options, &mut |_| true)
-        .expect("generate");
-    eprintln!(
-        "plain: {:.1} tok/s decode ({} tokens)",
-        plain.timings.decode_tok_s,
-        plain.tokens.len()
-    );
+    let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
+    eprintln!("plain: {:.1} tok/s decode ({} tokens)", plain.timings.decode_tok_s, plain.tokens.len());
     // (label, drafter, max draft tokens, adaptive, draft min confidence)
     let mut lookup = PromptLookup::default();
     let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, true, 0.0)];
@@ -217,25 +220,13 @@ fn main() {
         } else {
             &mut draft
         };
-        let mut timed = Timed {
-            inner,
-            ms: 0.0,
-            calls: 0,
-        };
-        let spec_opts = SpeculativeOptions {
-            max_draft_tokens: k,
-            adaptive,
-        };
+        let mut timed = Timed { inner, ms: 0.0, calls: 0 };
+        let spec_opts = SpeculativeOptions { max_draft_tokens: k, adaptive };
         let t = Instant::now();
-        let g = target
-            .generate_speculative(&prompt, &options, &mut timed, &spec_opts, &mut |_| true)
-            .expect("spec");
+        let g = target.generate_speculative(&prompt, &options, &mut timed, &spec_opts, &mut |_| true).expect("spec");
         let total = t.elapsed().as_secs_f64() * 1e3;
         let m = g.speculative.expect("metrics");
-        assert_eq!(
-            g.tokens, plain.tokens,
-            "{label}: output differs from plain greedy"
-        );
+        assert_eq!(g.tokens, plain.tokens, "{label}: output differs from plain greedy");
         eprintln!(
             "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}), drafting {:.0} ms in {} calls; {} passes, {}/{} accepted ({:.2}/pass); free {} passes {}/{}",
             g.timings.decode_tok_s,
@@ -258,7 +249,8 @@ fn main() {
 /// the answer, at most `max_tokens`) against the pass costs `costs`: the speedup over plain
 /// decoding per prompt and over the `code-*` prompts together.
 fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) {
-    let options = GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
+    let options =
+        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
     let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     paths.sort();
     let (mut plain_total, mut lookup_total, mut oracle_total) = (0.0, 0.0, 0.0);
@@ -278,7 +270,8 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
             (Some(last), true) => last.for_next_request(),
             _ => DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 15, adaptive: true }),
         };
-        let (passes, proposed, accepted, ms) = simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, costs, 0.0);
+        let (passes, proposed, accepted, ms) =
+            simulate_policy(&PromptLookup::default(), &prompt, &plain.tokens, &mut policy, costs, 0.0);
         carried = Some(policy);
         let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
         let code = name.starts_with("code");
@@ -286,13 +279,20 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
             plain_total += plain_ms;
             lookup_total += ms;
         }
-        eprintln!("{name}: {} tokens, {passes} passes, {accepted}/{proposed} accepted, {:.2}x", plain.tokens.len(), plain_ms / ms);
+        eprintln!(
+            "{name}: {} tokens, {passes} passes, {accepted}/{proposed} accepted, {:.2}x",
+            plain.tokens.len(),
+            plain_ms / ms
+        );
         if std::env::var("ORACLE").is_ok() {
             let oracle = oracle_ms(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs);
-            let caps: Vec<String> = [1usize, 2, 3, 4, 5, 7, 15].iter().map(|&cap| {
-                let (_, _, _, ms) = simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, costs);
-                format!("cap {cap}: {:.2}x", plain_ms / ms)
-            }).collect();
+            let caps: Vec<String> = [1usize, 2, 3, 4, 5, 7, 15]
+                .iter()
+                .map(|&cap| {
+                    let (_, _, _, ms) = simulate(&PromptLookup::default(), &prompt, &plain.tokens, cap, costs);
+                    format!("cap {cap}: {:.2}x", plain_ms / ms)
+                })
+                .collect();
             eprintln!("    oracle {:.2}x; {}", plain_ms / oracle, caps.join(", "));
             if code {
                 oracle_total += oracle;
@@ -336,11 +336,7 @@ fn simulate(
         let context: Vec<u32> = prompt.iter().chain(&output[..pos]).copied().collect();
         let budget = k.min(output.len() - pos - 1);
         let draft = lookup.proposal(&context, budget).tokens;
-        let ok = draft
-            .iter()
-            .zip(&output[pos..])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let ok = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
         passes += 1;
         proposed += draft.len();
         accepted += ok;
@@ -384,7 +380,10 @@ fn simulate_policy(
         policy.observe_step(&outcome, &draft[..verify], &draft[verify..], matched, budget);
         if std::env::var("VERBOSE").is_ok() {
             let would = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
-            eprintln!("  pos {pos} matched {matched:?} proposed {} verified {verify} kept {ok} (would keep {would})", draft.len());
+            eprintln!(
+                "  pos {pos} matched {matched:?} proposed {} verified {verify} kept {ok} (would keep {would})",
+                draft.len()
+            );
         }
         passes += 1;
         proposed += verify;

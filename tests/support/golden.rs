@@ -36,7 +36,12 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
     crate::as_ids(v)
 }
 
-pub fn compare_with_llama_cpp(label: &str, session: &mut Session, golden: &serde_json::Value, tol: Tolerance) -> Agreement {
+pub fn compare_with_llama_cpp(
+    label: &str,
+    session: &mut Session,
+    golden: &serde_json::Value,
+    tol: Tolerance,
+) -> Agreement {
     let n_vocab = session.config().n_vocab;
     let mut report = Agreement::default();
     let mut err_sum = 0f64;

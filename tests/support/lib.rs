@@ -3,11 +3,11 @@
 
 pub mod golden;
 
-use hearth_core::runner::Runner;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
-use hearth_cpu::{CpuBackend, CpuOptions};
+use hearth_core::runner::Runner;
 pub use hearth_cpu::Numerics;
+use hearth_cpu::{CpuBackend, CpuOptions};
 use std::path::PathBuf;
 
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
@@ -24,7 +24,10 @@ pub fn models_dir() -> PathBuf {
         return PathBuf::from(d).join("models");
     }
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    std::env::var("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(home).join(".cache")).join("hearth/models")
+    std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(home).join(".cache"))
+        .join("hearth/models")
 }
 
 /// Path of a real model; fails the test with instructions when it is missing (never skips).

@@ -341,7 +341,9 @@ impl BackendKind {
             "cpu" => Ok(BackendKind::Cpu),
             "wgpu" | "webgpu" => Ok(BackendKind::Wgpu),
             "cuda" => Ok(BackendKind::Cuda),
-            other => Err(CoreError::InvalidArgument(format!("unknown backend '{other}' (expected auto, cpu, wgpu or cuda)"))),
+            other => {
+                Err(CoreError::InvalidArgument(format!("unknown backend '{other}' (expected auto, cpu, wgpu or cuda)")))
+            }
         }
     }
 }

@@ -9,8 +9,8 @@ use crate::error::{CoreError, Result};
 use crate::gguf::GgufFile;
 use crate::graph::LogitsMode;
 use crate::kv::{KvType, SeqId};
-use crate::runner::{BatchEntry, Runner, StepOutput};
 use crate::model::ModelConfig;
+use crate::runner::{BatchEntry, Runner, StepOutput};
 use crate::sampling::{Sampler, SamplingParams, StopStrings};
 use crate::speculative::SpeculativeMetrics;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -43,7 +43,15 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, prefill_chunk: 256, kv_type: KvType::F16, kv_block_size: 16, kv_memory: None, max_sequences: 1, logits_vocab: None }
+        EngineOptions {
+            n_ctx: 0,
+            prefill_chunk: 256,
+            kv_type: KvType::F16,
+            kv_block_size: 16,
+            kv_memory: None,
+            max_sequences: 1,
+            logits_vocab: None,
+        }
     }
 }
 
@@ -250,9 +258,13 @@ impl Session {
         self.check_eval(tokens)?;
         let last_start = (tokens.len() - 1) / self.prefill_chunk * self.prefill_chunk;
         for chunk in tokens[..last_start].chunks(self.prefill_chunk) {
-            self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens: chunk }], LogitsMode::Last, Readback::TopK(1)).await?;
+            self.runner
+                .step_for_async(&[BatchEntry { seq: self.seq, tokens: chunk }], LogitsMode::Last, Readback::TopK(1))
+                .await?;
         }
-        self.runner.step_for_async(&[BatchEntry { seq: self.seq, tokens: &tokens[last_start..] }], LogitsMode::Last, readback).await
+        self.runner
+            .step_for_async(&[BatchEntry { seq: self.seq, tokens: &tokens[last_start..] }], LogitsMode::Last, readback)
+            .await
     }
 
     /// Appends `tokens` and returns what `readback` asks for about every one of them: logits
@@ -430,7 +442,14 @@ impl Engine {
         };
         let (tokens, text) = output.finish();
         let timings = Timings::new(prompt.len() - common, prompt_ms, ttft_ms, ms(decode_start), itl_ms);
-        Ok(Generation { prompt_tokens: prompt.to_vec(), tokens, text, finish_reason: finish, timings, speculative: None })
+        Ok(Generation {
+            prompt_tokens: prompt.to_vec(),
+            tokens,
+            text,
+            finish_reason: finish,
+            timings,
+            speculative: None,
+        })
     }
 }
 

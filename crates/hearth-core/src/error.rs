@@ -17,7 +17,9 @@ pub enum CoreError {
     BadMagic { found: [u8; 4] },
     #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
     UnsupportedVersion(u32),
-    #[error("GGUF file is truncated: {what} needs {needed} bytes at offset {offset}, but the file is {file_len} bytes long")]
+    #[error(
+        "GGUF file is truncated: {what} needs {needed} bytes at offset {offset}, but the file is {file_len} bytes long"
+    )]
     Truncated { what: String, offset: u64, needed: u64, file_len: u64 },
     #[error("GGUF limit exceeded: {what} is {value}, the maximum is {max}")]
     LimitExceeded { what: String, value: u64, max: u64 },

@@ -70,13 +70,29 @@ impl Runner {
                 layout.k_width
             )));
         }
-        backend.supports(Capability::Kv(&layout)).map_err(|what| CoreError::Unsupported { backend: backend.name().to_string(), what })?;
+        backend
+            .supports(Capability::Kv(&layout))
+            .map_err(|what| CoreError::Unsupported { backend: backend.name().to_string(), what })?;
         // A sequence can never hold more positions than the global groups' pools.
-        let pool_positions = groups.iter().filter(|g| g.window.is_none()).map(|g| g.n_blocks * block_size).min().unwrap_or(usize::MAX);
+        let pool_positions =
+            groups.iter().filter(|g| g.window.is_none()).map(|g| g.n_blocks * block_size).min().unwrap_or(usize::MAX);
         let n_ctx = n_ctx.min(pool_positions);
         let kv_id = backend.alloc_kv(layout.clone())?;
         let kv = KvManager::new(block_size, groups, ROLLBACK_MARGIN)?;
-        Ok(Runner { backend, model, kv_id, layout, kv, graphs: HashMap::new(), steps: 0, logits: Vec::new(), top_k: TopK::default(), device_wait: Duration::ZERO, n_ctx, tokens_scratch: Vec::new() })
+        Ok(Runner {
+            backend,
+            model,
+            kv_id,
+            layout,
+            kv,
+            graphs: HashMap::new(),
+            steps: 0,
+            logits: Vec::new(),
+            top_k: TopK::default(),
+            device_wait: Duration::ZERO,
+            n_ctx,
+            tokens_scratch: Vec::new(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -157,7 +173,12 @@ impl Runner {
     /// [`Runner::step_async`] reading back what `readback` asks for: with `Readback::TopK(k)`
     /// each output row's `min(k, n_vocab)` largest logits (a GPU backend reduces them on the
     /// device and reads back only those). `TopK(0)` is taken as `TopK(1)`.
-    pub async fn step_for_async(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<StepOutput<'_>> {
+    pub async fn step_for_async(
+        &mut self,
+        batch: &[BatchEntry<'_>],
+        mode: LogitsMode,
+        readback: Readback,
+    ) -> Result<StepOutput<'_>> {
         let n_logits = self.model.config.n_logits;
         let readback = match readback.top_k() {
             Some(k) => readback.with_k(k.clamp(1, n_logits.max(1))),
@@ -203,7 +224,9 @@ impl Runner {
                 return Err(CoreError::InvalidArgument("a step needs at least one token per sequence".into()));
             }
             if let Some(&bad) = e.tokens.iter().find(|&&t| t as usize >= n_vocab) {
-                return Err(CoreError::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
+                return Err(CoreError::InvalidArgument(format!(
+                    "token id {bad} is outside the vocabulary of {n_vocab}"
+                )));
             }
             if batch[..i].iter().any(|o| o.seq == e.seq) {
                 return Err(CoreError::InvalidArgument("a sequence appears twice in one step".into()));
@@ -291,7 +314,11 @@ fn size_groups(model: &Model, options: &EngineOptions, n_ctx: usize, block_size:
         Some(w) => ctx_blocks.min((w + ROLLBACK_MARGIN + options.prefill_chunk.max(1)).div_ceil(block_size) + 2),
         None => ctx_blocks,
     };
-    let probe = model.kv_layout(options.kv_type, block_size, groups.iter().map(|g| KvGroup { n_blocks: 1, ..g.clone() }).collect());
+    let probe = model.kv_layout(
+        options.kv_type,
+        block_size,
+        groups.iter().map(|g| KvGroup { n_blocks: 1, ..g.clone() }).collect(),
+    );
     match options.kv_memory {
         None => groups.iter_mut().for_each(|g| g.n_blocks = seqs * per_seq(g)),
         Some(budget) => {
@@ -304,7 +331,8 @@ fn size_groups(model: &Model, options: &EngineOptions, n_ctx: usize, block_size:
                     left -= (g.n_blocks * probe.block_bytes(i)) as i128;
                 }
             }
-            let global_bytes: usize = (0..groups.len()).filter(|&i| groups[i].window.is_none()).map(|i| probe.block_bytes(i)).sum();
+            let global_bytes: usize =
+                (0..groups.len()).filter(|&i| groups[i].window.is_none()).map(|i| probe.block_bytes(i)).sum();
             let global_blocks = (left.max(0) as usize).checked_div(global_bytes).unwrap_or(0);
             for g in groups.iter_mut().filter(|g| g.window.is_none()) {
                 g.n_blocks = global_blocks;

@@ -126,8 +126,8 @@ fn gemma_matches_llama_cpp_golden_prompt() {
     // llama.cpp added <bos> while tokenizing; the Gemma template writes it itself.
     let (prompt, bos_added) = golden_prompt("gemma-3-270m-q4_k_m");
     assert!(bos_added);
-    let template = ChatTemplate::new(read_fixture("gemma3.jinja"), Some("<bos>".into()), Some("<eos>".into()))
-        .expect("compile");
+    let template =
+        ChatTemplate::new(read_fixture("gemma3.jinja"), Some("<bos>".into()), Some("<eos>".into())).expect("compile");
     let rendered = template.render(&golden_conversation(false), true).expect("render");
     assert_eq!(rendered, format!("<bos>{prompt}"));
 }
@@ -140,7 +140,8 @@ fn qwen_gguf_template_and_tokens() {
     ] {
         let fixture = read_fixture(fixture);
         let gguf = open_model(file);
-        let template = ChatTemplate::from_gguf(&gguf.metadata).expect("from_gguf").expect("Qwen GGUFs carry a template");
+        let template =
+            ChatTemplate::from_gguf(&gguf.metadata).expect("from_gguf").expect("Qwen GGUFs carry a template");
         assert_eq!(template.source(), fixture, "{file}: fixture is not the GGUF's template");
         assert_eq!(template.bos_token(), Some("<|endoftext|>"), "{file}");
         assert_eq!(template.eos_token(), Some("<|im_end|>"), "{file}");
@@ -172,7 +173,10 @@ fn syntax_errors_are_chat_template_errors() {
         other => panic!("expected a ChatTemplate error, got {other:?}"),
     }
     let template = ChatTemplate::new("x", None, None).expect("compile");
-    assert!(matches!(template.render_json(&serde_json::json!({"role": "user"}), false, None), Err(CoreError::ChatTemplate(_))));
+    assert!(matches!(
+        template.render_json(&serde_json::json!({"role": "user"}), false, None),
+        Err(CoreError::ChatTemplate(_))
+    ));
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! GGUF reader: round trips through an independent test writer, every corrupt-file case we know of
 //! (each must be the specific `CoreError`, never a panic), and a seeded mutation smoke test.
 
-#[path = "gguf/writer.rs"]
-mod writer;
 #[path = "gguf/model.rs"]
 mod model;
 #[path = "gguf/mutation.rs"]
 mod mutation;
+#[path = "gguf/writer.rs"]
+mod writer;
 
 use hearth_core::gguf::{GgufFile, Limits, MemorySource, Value};
 use hearth_core::quant::GgmlType;
@@ -36,21 +36,18 @@ fn all_values() -> Vec<(&'static str, Value)> {
         ("t.i64", Value::I64(i64::MIN)),
         ("t.f64", Value::F64(std::f64::consts::PI)),
         ("t.arr_i32", Value::Array(vec![Value::I32(1), Value::I32(-2), Value::I32(3)])),
-        ("t.arr_str", Value::Array(vec![Value::String("a".into()), Value::String(String::new()), Value::String("<s>".into())])),
+        (
+            "t.arr_str",
+            Value::Array(vec![Value::String("a".into()), Value::String(String::new()), Value::String("<s>".into())]),
+        ),
         ("t.arr_bool", Value::Array(vec![Value::Bool(true), Value::Bool(false)])),
         ("t.arr_f64", Value::Array(vec![Value::F64(0.25), Value::F64(-0.0)])),
         ("t.arr_empty", Value::Array(vec![])),
         (
             "t.arr_nested",
-            Value::Array(vec![
-                Value::Array(vec![Value::U16(1), Value::U16(2)]),
-                Value::Array(vec![Value::U16(3)]),
-            ]),
+            Value::Array(vec![Value::Array(vec![Value::U16(1), Value::U16(2)]), Value::Array(vec![Value::U16(3)])]),
         ),
-        (
-            "t.arr_depth3",
-            Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::String("deep".into())])])]),
-        ),
+        ("t.arr_depth3", Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::String("deep".into())])])])),
     ]
 }
 
@@ -176,7 +173,10 @@ fn huge_lengths_are_limited_before_allocating() {
     let mut payload = Vec::new();
     put_u64(&mut payload, 1000);
     payload.extend_from_slice(b"short");
-    assert!(matches!(first_err(GgufWriter::new(3).raw_kv(b"k", 8, &payload)), CoreError::Truncated { needed: 1000, .. }));
+    assert!(matches!(
+        first_err(GgufWriter::new(3).raw_kv(b"k", 8, &payload)),
+        CoreError::Truncated { needed: 1000, .. }
+    ));
     // Array lengths: above the cap, and within it but beyond the file.
     for (len, cap_hit) in [(u64::MAX, true), (1 << 30, true), (100, false)] {
         let mut payload = Vec::new();
@@ -233,7 +233,10 @@ fn bad_value_types_bools_utf8_and_duplicates() {
     put_u32(&mut payload, 99);
     put_u64(&mut payload, 1);
     payload.push(0);
-    assert!(matches!(first_err(GgufWriter::new(3).raw_kv(b"k", 9, &payload)), CoreError::BadValueType { type_id: 99, .. }));
+    assert!(matches!(
+        first_err(GgufWriter::new(3).raw_kv(b"k", 9, &payload)),
+        CoreError::BadValueType { type_id: 99, .. }
+    ));
     assert!(matches!(first_err(GgufWriter::new(3).raw_kv(b"k", 7, &[2])), CoreError::BadHyperParameter(_)));
     let e = first_err(GgufWriter::new(3).raw_kv(b"bad\xff\xfekey", 4, &[0; 4]));
     assert!(matches!(e, CoreError::BadUtf8 { ref what } if what == "metadata key"), "{e:?}");
@@ -275,7 +278,10 @@ fn bad_tensor_infos() {
     assert!(is_bad_tensor(&e, "not a multiple"), "{e:?}");
     for bad in [4, 5, 16, 29, 31, 1000, u32::MAX] {
         let e = tensor_err(&[32], bad, None, 64);
-        assert!(matches!(e, CoreError::UnknownTensorType { ref tensor, type_id } if tensor == "w" && type_id == bad), "{e:?}");
+        assert!(
+            matches!(e, CoreError::UnknownTensorType { ref tensor, type_id } if tensor == "w" && type_id == bad),
+            "{e:?}"
+        );
     }
     for act in [GgmlType::Q8_K, GgmlType::Q8_1] {
         let e = tensor_err(&[256], act.id(), None, 292);
@@ -293,13 +299,19 @@ fn bad_tensor_infos() {
 
 #[test]
 fn bad_alignment_values() {
-    for v in [Value::U32(0), Value::U32(3), Value::U32(48), Value::U64(1 << 40), Value::I32(-32), Value::String("32".into())] {
+    for v in
+        [Value::U32(0), Value::U32(3), Value::U32(48), Value::U64(1 << 40), Value::I32(-32), Value::String("32".into())]
+    {
         let e = first_err(GgufWriter::new(3).kv("general.alignment", v.clone()).tensor("t", GgmlType::F32, &[4]));
         assert!(matches!(e, CoreError::BadHyperParameter(ref m) if m.contains("general.alignment")), "{v:?}: {e:?}");
     }
     // Valid non-default alignments.
     for a in [1u32, 8, 256, 4096] {
-        let w = GgufWriter::new(3).kv("general.alignment", Value::U32(a)).tensor("t", GgmlType::F32, &[3]).tensor("u", GgmlType::F32, &[5]).with_alignment(a as u64);
+        let w = GgufWriter::new(3)
+            .kv("general.alignment", Value::U32(a))
+            .tensor("t", GgmlType::F32, &[3])
+            .tensor("u", GgmlType::F32, &[5])
+            .with_alignment(a as u64);
         let file = parse(&w.write().bytes).unwrap();
         assert_eq!(file.alignment, a as u64);
         assert_eq!(file.tensors[1].offset % a as u64, 0);
@@ -334,7 +346,9 @@ fn counts_beyond_caps_and_beyond_the_file() {
 #[test]
 fn parses_files_written_by_gguf_py() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
-    for (name, alignment, offsets) in [("tiny_v3.gguf", 32, [640, 672, 704]), ("tiny_v3_align64.gguf", 64, [704, 768, 832])] {
+    for (name, alignment, offsets) in
+        [("tiny_v3.gguf", 32, [640, 672, 704]), ("tiny_v3_align64.gguf", 64, [704, 768, 832])]
+    {
         let file = GgufFile::open(&dir.join(name)).unwrap();
         let m = &file.metadata;
         assert_eq!((file.version, file.alignment), (3, alignment));
@@ -353,7 +367,8 @@ fn parses_files_written_by_gguf_py() {
         assert_eq!(m.str("t.str").unwrap(), "gguf ▁ok");
         assert_eq!(m.get("t.arr_i32"), Some(&Value::Array(vec![Value::I32(1), Value::I32(-2), Value::I32(3)])));
         assert_eq!(m.str_array("t.arr_str").unwrap(), vec!["a", "bc"]);
-        let nested = Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![Value::I32(3)])]);
+        let nested =
+            Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![Value::I32(3)])]);
         assert_eq!(m.get("t.arr_nested"), Some(&nested));
         let names: Vec<_> = file.tensors.iter().map(|t| (t.name.as_str(), t.dims.clone(), t.ty, t.offset)).collect();
         assert_eq!(

@@ -295,7 +295,7 @@ fn false_starts_are_released_when_they_stop_matching() {
     let (outcomes, rest) = emitted(&["abc"], &["xab", "d", "a", "b"]);
     assert_eq!(outcomes, [out("x", false), out("abd", false), out("", false), out("", false)]);
     assert_eq!(rest, "ab"); // held back to the end, handed over by finish
-    // "aab!": the first "a" is released once "aa" arrived; the stop "ab" swallows the rest
+                            // "aab!": the first "a" is released once "aa" arrived; the stop "ab" swallows the rest
     let (outcomes, _) = emitted(&["ab"], &["a", "a", "b!"]);
     assert_eq!(outcomes, [out("", false), out("a", false), out("", true)]);
 }

@@ -36,7 +36,10 @@ fn readback_asks_for_candidates_only_when_they_suffice() {
     let readback = |p: SamplingParams, history: &[u32]| Sampler::new(p).readback(history);
     assert_eq!(readback(greedy.clone(), &[]), Readback::TopK(1));
     assert_eq!(readback(top_k.clone(), &[]), Readback::TopK(40));
-    assert_eq!(readback(SamplingParams { top_k: MAX_CANDIDATES, ..top_k.clone() }, &[]), Readback::TopK(MAX_CANDIDATES));
+    assert_eq!(
+        readback(SamplingParams { top_k: MAX_CANDIDATES, ..top_k.clone() }, &[]),
+        Readback::TopK(MAX_CANDIDATES)
+    );
     // The whole row: no top-k (top-p over the whole vocabulary), too many candidates.
     assert_eq!(readback(SamplingParams { top_k: 0, ..top_k.clone() }, &[]), Readback::Logits);
     assert_eq!(readback(SamplingParams { top_k: MAX_CANDIDATES + 1, ..top_k.clone() }, &[]), Readback::Logits);
@@ -45,14 +48,24 @@ fn readback_asks_for_candidates_only_when_they_suffice() {
     let repeat = SamplingParams { repeat_penalty: 1.1, repeat_last_n: 4, ..greedy.clone() };
     assert_eq!(readback(repeat.clone(), &history), Readback::TopK(1 + 3), "window 2, 5, 7, 7");
     assert_eq!(Sampler::new(repeat.clone()).readback_after(&history, &[3]), Readback::TopK(1 + 3), "window 5, 7, 7, 3");
-    assert_eq!(readback(SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.1, ..top_k.clone() }, &history), Readback::TopK(40 + 4));
+    assert_eq!(
+        readback(SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.1, ..top_k.clone() }, &history),
+        Readback::TopK(40 + 4)
+    );
     // Penalties over an empty window are no penalties.
     assert_eq!(readback(SamplingParams { repeat_last_n: 0, ..repeat.clone() }, &history), Readback::TopK(1));
     assert_eq!(readback(repeat.clone(), &[]), Readback::TopK(1));
     // A negative bias (a ban included) lowers like a penalty; the biased tokens count once.
     let bias = BTreeMap::from([(3, -1.0), (7, f32::NEG_INFINITY)]);
-    assert_eq!(readback(SamplingParams { logit_bias: bias.clone(), ..greedy.clone() }, &history), Readback::TopK(1 + 2));
-    assert_eq!(readback(SamplingParams { logit_bias: bias, ..repeat.clone() }, &history), Readback::TopK(1 + 4), "bias 3, 7; window 2, 5, 7: 7 counts once");
+    assert_eq!(
+        readback(SamplingParams { logit_bias: bias.clone(), ..greedy.clone() }, &history),
+        Readback::TopK(1 + 2)
+    );
+    assert_eq!(
+        readback(SamplingParams { logit_bias: bias, ..repeat.clone() }, &history),
+        Readback::TopK(1 + 4),
+        "bias 3, 7; window 2, 5, 7: 7 counts once"
+    );
     // What may raise a logit reads the whole row: a penalty below 1, negative presence or
     // frequency penalties, a positive or NaN bias, NaN or infinite parameters.
     for params in [
@@ -69,7 +82,10 @@ fn readback_asks_for_candidates_only_when_they_suffice() {
     // More lowered tokens than the device reduces: the whole row.
     let long: Vec<u32> = (0..MAX_ADJUSTED_CANDIDATES as u32).collect();
     let whole_history = SamplingParams { repeat_last_n: usize::MAX, ..repeat };
-    assert_eq!(readback(whole_history.clone(), &long[..MAX_ADJUSTED_CANDIDATES - 1]), Readback::TopK(MAX_ADJUSTED_CANDIDATES));
+    assert_eq!(
+        readback(whole_history.clone(), &long[..MAX_ADJUSTED_CANDIDATES - 1]),
+        Readback::TopK(MAX_ADJUSTED_CANDIDATES)
+    );
     assert_eq!(readback(whole_history, &long), Readback::Logits);
 }
 
@@ -98,7 +114,14 @@ fn seeded_sampling_from_candidates_equals_sampling_from_full_logits() {
     for top_k in [1, 2, 7, 40, MAX_CANDIDATES] {
         for (top_p, min_p) in [(1.0, 0.0), (0.9, 0.0), (1.0, 0.1), (0.5, 0.05)] {
             for temperature in [0.3, 1.0, 1.7] {
-                configs.push(SamplingParams { temperature, top_k, top_p, min_p, seed: configs.len() as u64, ..SamplingParams::default() });
+                configs.push(SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: configs.len() as u64,
+                    ..SamplingParams::default()
+                });
             }
         }
     }
@@ -141,19 +164,30 @@ fn greedy_top_one_is_argmax() {
 /// one plus the token drawn (so the tokens most likely to win are the ones penalised), the
 /// candidates are read as `readback` asks for that history, and the tokens, the random stream and
 /// the verification distributions must equal those of the full row.
-fn both_paths_with_history(params: &SamplingParams, n_vocab: usize, steps: usize, rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
+fn both_paths_with_history(
+    params: &SamplingParams,
+    n_vocab: usize,
+    steps: usize,
+    rng: &mut Rng,
+) -> (Vec<u32>, Vec<u32>) {
     let mut full = Sampler::new(params.clone());
     let mut from_candidates = Sampler::new(params.clone());
     let mut history: Vec<u32> = (0..8).map(|_| (rng.next() % n_vocab as u64) as u32).collect();
     let mut top = TopK::default();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..steps {
-        let Readback::TopK(k) = from_candidates.readback(&history) else { panic!("{params:?} should read back candidates") };
+        let Readback::TopK(k) = from_candidates.readback(&history) else {
+            panic!("{params:?} should read back candidates")
+        };
         let logits = rng.logits(n_vocab);
         top_k_rows(&logits, n_vocab, k, &mut top);
         let (ids, values) = top.row(0);
         let want = full.distribution(&mut logits.clone(), &history);
-        assert_eq!(from_candidates.distribution_candidates(ids, values, &history), want, "{params:?}, history {history:?}");
+        assert_eq!(
+            from_candidates.distribution_candidates(ids, values, &history),
+            want,
+            "{params:?}, history {history:?}"
+        );
         let token = from_candidates.sample_candidates(ids, values, &history);
         b.push(token);
         a.push(full.sample(&mut logits.clone(), &history));
@@ -167,7 +201,9 @@ fn penalties_and_negative_bias_on_candidates_equal_the_full_row() {
     let mut rng = Rng(0xbeef);
     let mut configs = Vec::new();
     for (temperature, top_k) in [(0.0, 0), (0.7, 1), (1.0, 5), (1.3, 40)] {
-        for (repeat_penalty, presence_penalty, frequency_penalty) in [(1.0, 0.0, 0.0), (1.3, 0.0, 0.0), (1.0, 0.75, 0.5), (2.0, 1.5, 0.25)] {
+        for (repeat_penalty, presence_penalty, frequency_penalty) in
+            [(1.0, 0.0, 0.0), (1.3, 0.0, 0.0), (1.0, 0.75, 0.5), (2.0, 1.5, 0.25)]
+        {
             for repeat_last_n in [1, 16, usize::MAX] {
                 for bias in [BTreeMap::new(), BTreeMap::from([(1, -2.0), (4, f32::NEG_INFINITY), (17, -0.25)])] {
                     configs.push(SamplingParams {
@@ -193,7 +229,13 @@ fn penalties_and_negative_bias_on_candidates_equal_the_full_row() {
             assert_eq!(full, candidates, "n_vocab {n_vocab}, {params:?}");
             // The penalties change choices (so the comparison above covers them): the same run
             // without them picks other tokens.
-            let plain = SamplingParams { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, logit_bias: BTreeMap::new(), ..params.clone() };
+            let plain = SamplingParams {
+                repeat_penalty: 1.0,
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
+                logit_bias: BTreeMap::new(),
+                ..params.clone()
+            };
             let mut replay = Rng(rng.0);
             let (with, _) = both_paths_with_history(params, n_vocab, 30, &mut Rng(rng.0));
             let (without, _) = both_paths_with_history(&plain, n_vocab, 30, &mut replay);

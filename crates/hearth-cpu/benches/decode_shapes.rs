@@ -26,7 +26,8 @@ fn main() {
         Ok("avx2") => Isa::Avx2,
         _ => detected_isa(),
     };
-    let picked: Option<Vec<usize>> = std::env::var("SHAPES").ok().map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect());
+    let picked: Option<Vec<usize>> =
+        std::env::var("SHAPES").ok().map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect());
     println!("{isa:?}; one thread, from memory (HOT=1: cache); ms per matrix, best of 5");
     for (idx, (label, ty, k, n)) in SHAPES.iter().copied().enumerate() {
         if picked.as_ref().is_some_and(|p| !p.contains(&idx)) {

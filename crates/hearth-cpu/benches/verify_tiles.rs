@@ -26,7 +26,14 @@ fn main() {
     println!("{isa:?}; ms per sweep (ratio to 1 row), best of 5, 2 threads");
     // Qwen2.5-1.5B shapes: attention/ffn_up/output rows of 1536, ffn_down rows of 8960 (Q4_K_M
     // has Q4_K and Q6_K ones).
-    let shapes = [(GgmlType::Q4_K, 1536, false), (GgmlType::Q4_K, 1536, true), (GgmlType::Q4_K, 8960, false), (GgmlType::Q4_K, 8960, true), (GgmlType::Q6_K, 1536, false), (GgmlType::Q6_K, 8960, false)];
+    let shapes = [
+        (GgmlType::Q4_K, 1536, false),
+        (GgmlType::Q4_K, 1536, true),
+        (GgmlType::Q4_K, 8960, false),
+        (GgmlType::Q4_K, 8960, true),
+        (GgmlType::Q6_K, 1536, false),
+        (GgmlType::Q6_K, 8960, false),
+    ];
     for (ty, k, x16) in shapes {
         let row = ty.row_bytes(k).expect("row");
         let mib: usize = std::env::var("MB").ok().and_then(|m| m.parse().ok()).unwrap_or(192).clamp(1, 192);

@@ -15,7 +15,8 @@ const CHUNK: usize = 256;
 const BLOCK_SIZE: usize = 16;
 
 /// (name, query heads, KV heads, head_dim).
-const SHAPES: [(&str, usize, usize, usize); 3] = [("qwen2.5-0.5b", 14, 2, 64), ("qwen2.5-1.5b", 12, 2, 128), ("gemma-3-270m", 4, 1, 256)];
+const SHAPES: [(&str, usize, usize, usize); 3] =
+    [("qwen2.5-0.5b", 14, 2, 64), ("qwen2.5-1.5b", 12, 2, 128), ("gemma-3-270m", 4, 1, 256)];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -34,14 +35,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let context = context.max(CHUNK);
                 let width = n_head_kv * head_dim;
                 let n_blocks = context.div_ceil(BLOCK_SIZE);
-                let k: Vec<f32> = (0..context * width).map(|i| value(i) * if i % 7 == 0 { 12.0 } else { 1.0 }).collect();
+                let k: Vec<f32> =
+                    (0..context * width).map(|i| value(i) * if i % 7 == 0 { 12.0 } else { 1.0 }).collect();
                 let v: Vec<f32> = (0..context * width).map(|i| value(i + 17) * 2.0).collect();
                 let offsets: Vec<f32> = (0..width).map(|i| value(i + 3)).collect();
                 let q: Vec<f32> = (0..CHUNK * n_head * head_dim).map(|i| value(i + 5) * 1.5).collect();
                 // A block table in pool order reversed, so that logical order is not memory order.
                 let tables = vec![(0..n_blocks as u32).rev().collect::<Vec<_>>()];
                 let group = KvGroup { layers: vec![0], window: None, n_blocks };
-                let layout = KvLayout { n_layers: 1, k_width: width, v_width: width, kv_type, block_size: BLOCK_SIZE, groups: vec![group] };
+                let layout = KvLayout {
+                    n_layers: 1,
+                    k_width: width,
+                    v_width: width,
+                    kv_type,
+                    block_size: BLOCK_SIZE,
+                    groups: vec![group],
+                };
                 let mut kv = KvStore::new(layout)?;
                 let all = SeqStep { n_tokens: context, pos0: 0, block_tables: &tables };
                 let offset = kv_type.rotates().then_some(&offsets[..]);

@@ -37,7 +37,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("context {context}, {threads} threads, {N_LAYERS} layers of {N_HEAD}/{N_HEAD_KV} heads x {HEAD_DIM}");
     for kv_type in types {
         let group = KvGroup { layers: (0..N_LAYERS).collect(), window: None, n_blocks };
-        let layout = KvLayout { n_layers: N_LAYERS, k_width: width, v_width: width, kv_type, block_size: BLOCK_SIZE, groups: vec![group] };
+        let layout = KvLayout {
+            n_layers: N_LAYERS,
+            k_width: width,
+            v_width: width,
+            kv_type,
+            block_size: BLOCK_SIZE,
+            groups: vec![group],
+        };
         let mut kv = KvStore::new(layout)?;
         let all = SeqStep { n_tokens: context, pos0: 0, block_tables: &tables };
         for layer in 0..N_LAYERS {

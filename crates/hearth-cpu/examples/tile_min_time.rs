@@ -41,7 +41,8 @@ fn main() {
             println!("{ty} cold tile 16 x  1: {gbs:.2} GB/s of weights (best of 5)");
         }
         // The detected ISA's tiles, and the AVX2 ones where that is not AVX2 already.
-        let isas = if detected_isa() == Isa::Avx512Vnni { vec![detected_isa(), Isa::Avx2] } else { vec![detected_isa()] };
+        let isas =
+            if detected_isa() == Isa::Avx512Vnni { vec![detected_isa(), Isa::Avx2] } else { vec![detected_isa()] };
         for (isa, tokens) in isas.into_iter().flat_map(|isa| [(isa, 1usize), (isa, 64)]) {
             let acts: Vec<u8> = a.iter().cycle().take(a.len() * tokens).copied().collect();
             let mut out = vec![0f32; 16 * tokens];

@@ -60,7 +60,8 @@ pub(crate) fn matmul_rows(w: &CpuWeight, act: &[u8], k: usize, rows: usize, bias
     let act_row = GgmlType::Q8_K.row_bytes(k).unwrap_or(0);
     let (n, nb) = (w.desc.n_rows(), k / ty.block_len());
     // [rows] outputs of weight row j.
-    let column = |j: usize| -> Vec<f32> { act[..rows * act_row].chunks_exact(act_row).map(|a| dot(nb, w.row(j), a)).collect() };
+    let column =
+        |j: usize| -> Vec<f32> { act[..rows * act_row].chunks_exact(act_row).map(|a| dot(nb, w.row(j), a)).collect() };
     #[cfg(not(target_arch = "wasm32"))]
     let columns: Vec<Vec<f32>> = (0..n).into_par_iter().map(column).collect();
     #[cfg(target_arch = "wasm32")]

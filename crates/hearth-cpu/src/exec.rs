@@ -1,7 +1,7 @@
 //! Runs a validated graph op by op.
 
-use crate::weights::CpuWeight;
 use crate::kv_store::KvStore;
+use crate::weights::CpuWeight;
 use crate::{attention, matmul, ops, CompiledGraph, CpuError};
 use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightId};
 use hearth_core::Result;
@@ -37,11 +37,19 @@ fn check_kv_ops(graph: &Graph, kv: &KvStore) -> std::result::Result<(), CpuError
     for op in &graph.ops {
         let (layer, widths) = match op {
             Op::StoreKv { layer, k, v, .. } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
-            Op::Attention { params, .. } => (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0))),
+            Op::Attention { params, .. } => {
+                (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0)))
+            }
             _ => continue,
         };
         if kv.group_of(layer).is_none() || widths.is_some_and(|w| w != (l.k_width, l.v_width)) {
-            return Err(CpuError::BadKv(format!("op {} on layer {layer} does not fit the KV pool ({} layers, widths {}/{})", op.name(), l.n_layers, l.k_width, l.v_width)));
+            return Err(CpuError::BadKv(format!(
+                "op {} on layer {layer} does not fit the KV pool ({} layers, widths {}/{})",
+                op.name(),
+                l.n_layers,
+                l.k_width,
+                l.v_width
+            )));
         }
     }
     Ok(())
@@ -88,7 +96,16 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::MatMul { w: wid, x, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let bias = bias.map(|b| w(b).f32.as_deref().unwrap_or(&[]));
-                matmul::matmul(w(*wid), &bufs[x.0 as usize], *x, cols(*x), bias, &mut compiled.activations, ctx.numerics, &mut o);
+                matmul::matmul(
+                    w(*wid),
+                    &bufs[x.0 as usize],
+                    *x,
+                    cols(*x),
+                    bias,
+                    &mut compiled.activations,
+                    ctx.numerics,
+                    &mut o,
+                );
                 bufs[out.0 as usize] = o;
             }
             Op::Rope { x, params } => {
@@ -110,7 +127,15 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                     let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
                     let paged = kv.paged(params.layer, seq, lo, hi, v_offset)?;
                     let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
-                    attention::attention(&bufs[q.0 as usize][rows.clone()], paged, params, seq.pos0, seq.n_tokens, ctx.numerics, &mut o[rows])?;
+                    attention::attention(
+                        &bufs[q.0 as usize][rows.clone()],
+                        paged,
+                        params,
+                        seq.pos0,
+                        seq.n_tokens,
+                        ctx.numerics,
+                        &mut o[rows],
+                    )?;
                     t0 += seq.n_tokens;
                 }
                 bufs[out.0 as usize] = o;

@@ -2,10 +2,10 @@
 //! pool's storage type (f32, f16, q8_0 or q4_0 rows). Attention reads a sequence's rows in place
 //! through its block table ([`KvStore::paged`]), decoding them block by block.
 
+use crate::attention::PagedKv;
 use crate::CpuError;
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::SeqStep;
-use crate::attention::PagedKv;
 use hearth_core::kv::{hadamard32, BlockCopy};
 use hearth_core::quant::{quantize_row, GgmlType};
 
@@ -27,12 +27,16 @@ impl KvStore {
     pub fn new(layout: KvLayout) -> Result<Self, CpuError> {
         let ty = layout.kv_type.ggml_type();
         let row = |w: usize| {
-            layout.kv_type.row_bytes(w).ok_or_else(|| CpuError::BadKv(format!("KV type {} cannot store rows of {w} values", layout.kv_type.name())))
+            layout.kv_type.row_bytes(w).ok_or_else(|| {
+                CpuError::BadKv(format!("KV type {} cannot store rows of {w} values", layout.kv_type.name()))
+            })
         };
         let (k_row, v_row) = (row(layout.k_width)?, row(layout.v_width)?);
         let mut layers = Vec::with_capacity(layout.n_layers);
         for layer in 0..layout.n_layers {
-            let group = layout.group_of(layer).ok_or_else(|| CpuError::BadKv(format!("layer {layer} is in no KV block group")))?;
+            let group = layout
+                .group_of(layer)
+                .ok_or_else(|| CpuError::BadKv(format!("layer {layer} is in no KV block group")))?;
             let positions = layout.groups[group].n_blocks * layout.block_size;
             layers.push(LayerKv { group, k: vec![0u8; positions * k_row], v: vec![0u8; positions * v_row] });
         }
@@ -55,7 +59,15 @@ impl KvStore {
 
     /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position. A
     /// quantized pool stores k − `k_offset` and v − `v_offset` (see `Op::StoreKv`).
-    pub fn store(&mut self, layer: usize, seqs: &[SeqStep<'_>], k: &[f32], v: &[f32], k_offset: Option<&[f32]>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
+    pub fn store(
+        &mut self,
+        layer: usize,
+        seqs: &[SeqStep<'_>],
+        k: &[f32],
+        v: &[f32],
+        k_offset: Option<&[f32]>,
+        v_offset: Option<&[f32]>,
+    ) -> Result<(), CpuError> {
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let rotate = self.layout.kv_type.rotates();
@@ -83,8 +95,10 @@ impl KvStore {
                     (k_src, v_src) = (&k_rot, &v_rot);
                 }
                 let l = &mut self.layers[layer];
-                quantize_row(self.ty, k_src, &mut l.k[slot * self.k_row..(slot + 1) * self.k_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
-                quantize_row(self.ty, v_src, &mut l.v[slot * self.v_row..(slot + 1) * self.v_row]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+                quantize_row(self.ty, k_src, &mut l.k[slot * self.k_row..(slot + 1) * self.k_row])
+                    .map_err(|e| CpuError::BadKv(e.to_string()))?;
+                quantize_row(self.ty, v_src, &mut l.v[slot * self.v_row..(slot + 1) * self.v_row])
+                    .map_err(|e| CpuError::BadKv(e.to_string()))?;
                 t += 1;
             }
         }
@@ -94,7 +108,9 @@ impl KvStore {
     /// The offset a store subtracts: only a quantized pool does, and it must fit the rows.
     fn offset<'a>(&self, offset: Option<&'a [f32]>, width: usize) -> Result<Option<&'a [f32]>, CpuError> {
         match offset.filter(|_| self.layout.kv_type.subtracts_offsets()) {
-            Some(o) if o.len() != width => Err(CpuError::BadKv(format!("KV offset of {} values for rows of {width}", o.len()))),
+            Some(o) if o.len() != width => {
+                Err(CpuError::BadKv(format!("KV offset of {} values for rows of {width}", o.len())))
+            }
             o => Ok(o),
         }
     }
@@ -102,14 +118,26 @@ impl KvStore {
     /// `layer`'s K/V of a sequence for attention over positions `lo..=hi`, after checking that
     /// its block table maps every one of them into the pool. A quantized pool adds `v_offset`
     /// back to the values it decodes.
-    pub fn paged<'a>(&'a self, layer: usize, seq: &SeqStep<'a>, lo: usize, hi: usize, v_offset: Option<&'a [f32]>) -> Result<PagedKv<'a>, CpuError> {
+    pub fn paged<'a>(
+        &'a self,
+        layer: usize,
+        seq: &SeqStep<'a>,
+        lo: usize,
+        hi: usize,
+        v_offset: Option<&'a [f32]>,
+    ) -> Result<PagedKv<'a>, CpuError> {
         let bs = self.layout.block_size;
-        let l = self.layers.get(layer).ok_or_else(|| CpuError::BadKv(format!("attention on layer {layer} outside the KV pool")))?;
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| CpuError::BadKv(format!("attention on layer {layer} outside the KV pool")))?;
         let n_blocks = self.layout.groups[l.group].n_blocks;
         let table = seq.block_tables.get(l.group).map_or(&[][..], |t| &t[..]);
         for b in lo / bs..=hi / bs {
             if table.get(b).is_none_or(|&block| block as usize >= n_blocks) {
-                return Err(CpuError::BadKv(format!("positions {lo}..={hi} of layer {layer}: block {b} of the sequence is not in the pool")));
+                return Err(CpuError::BadKv(format!(
+                    "positions {lo}..={hi} of layer {layer}: block {b} of the sequence is not in the pool"
+                )));
             }
         }
         let v_offset = self.offset(v_offset, self.layout.v_width)?;
@@ -131,7 +159,16 @@ impl KvStore {
     /// the value offset `v_offset` added back).
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
-    pub fn gather(&self, layer: usize, seq: &SeqStep<'_>, lo: usize, hi: usize, k_out: &mut Vec<f32>, v_out: &mut Vec<f32>, v_offset: Option<&[f32]>) -> Result<(), CpuError> {
+    pub fn gather(
+        &self,
+        layer: usize,
+        seq: &SeqStep<'_>,
+        lo: usize,
+        hi: usize,
+        k_out: &mut Vec<f32>,
+        v_out: &mut Vec<f32>,
+        v_offset: Option<&[f32]>,
+    ) -> Result<(), CpuError> {
         use hearth_core::quant::dequantize_row;
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
@@ -141,8 +178,10 @@ impl KvStore {
         let l = &self.layers[layer];
         for (i, pos) in (lo..=hi).enumerate() {
             let slot = self.slot(seq, g, pos);
-            dequantize_row(self.ty, &l.k[slot * self.k_row..(slot + 1) * self.k_row], &mut k_out[i * kw..(i + 1) * kw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
-            dequantize_row(self.ty, &l.v[slot * self.v_row..(slot + 1) * self.v_row], &mut v_out[i * vw..(i + 1) * vw]).map_err(|e| CpuError::BadKv(e.to_string()))?;
+            dequantize_row(self.ty, &l.k[slot * self.k_row..(slot + 1) * self.k_row], &mut k_out[i * kw..(i + 1) * kw])
+                .map_err(|e| CpuError::BadKv(e.to_string()))?;
+            dequantize_row(self.ty, &l.v[slot * self.v_row..(slot + 1) * self.v_row], &mut v_out[i * vw..(i + 1) * vw])
+                .map_err(|e| CpuError::BadKv(e.to_string()))?;
         }
         if self.layout.kv_type.rotates() {
             // The rotation is its own inverse.

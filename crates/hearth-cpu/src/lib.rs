@@ -7,25 +7,27 @@ mod attention;
 mod compat;
 mod exec;
 mod fma;
-mod kv_store;
 pub mod kernels;
+mod kv_store;
 mod matmul;
 mod ops;
 mod weights;
 
-use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK, WeightData};
+use hearth_core::backend::{
+    Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK, WeightData,
+};
 use hearth_core::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
 
-pub use kv_store::KvStore;
 /// Attention of one sequence's queries over a [`KvStore::paged`] view (for benchmarks; the
 /// backend runs it from `Op::Attention`).
 pub use attention::{attention as paged_attention, PagedKv};
 pub use compat::Numerics;
-pub use exec::DebugOptions;
 use compat::GGML_FA_TILE_Q;
+pub use exec::DebugOptions;
+pub use kv_store::KvStore;
 
 /// Errors of this crate; they reach callers as [`CoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
@@ -182,7 +184,9 @@ impl Backend for CpuBackend {
     fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
         // Every weight type has a kernel and every KV type a store; only the activation-only
         // formats (Q8_1, Q8_K) cannot be the weight side of a product.
-        let Capability::Op { op: Op::MatMul { w: id, .. } | Op::Embed { table: id, .. }, .. } = what else { return Ok(()) };
+        let Capability::Op { op: Op::MatMul { w: id, .. } | Op::Embed { table: id, .. }, .. } = what else {
+            return Ok(());
+        };
         let w = self.weight(*id).map_err(|e| e.to_string())?;
         if w.desc.ty.is_weight_type() {
             Ok(())

@@ -239,7 +239,8 @@ mod tests {
         let source: Arc<dyn hearth_core::gguf::ByteSource> = Arc::new(MemorySource::new(bytes));
         let weight = |repack: bool| {
             let desc = WeightDesc { name: "w".into(), ty: GgmlType::Q4_K, dims: vec![k as u64, n_rows as u64] };
-            CpuWeight::new(desc, WeightData { source: source.clone(), offset: 0, len: n_rows * row_bytes }, repack).expect("weight")
+            CpuWeight::new(desc, WeightData { source: source.clone(), offset: 0, len: n_rows * row_bytes }, repack)
+                .expect("weight")
         };
         let (repacked, rows_only) = (weight(true), weight(false));
         eprintln!("repacked: {}", repacked.x16().is_some());

@@ -165,7 +165,9 @@ fn gelu_tanh(x: f32) -> f32 {
 /// Gemma-3-270M's prefill computed directly).
 fn gelu_f16_table() -> &'static [u16] {
     static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| (0..=u16::MAX).map(|bits| f16::from_f32(gelu_tanh(f16::from_bits(bits).to_f32())).to_bits()).collect())
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX).map(|bits| f16::from_f32(gelu_tanh(f16::from_bits(bits).to_f32())).to_bits()).collect()
+    })
 }
 
 /// GELU of `x` evaluated on the f16-rounded input and rounded to f16 (0 below -10, x above 10).

@@ -14,7 +14,11 @@ use std::sync::{Arc, OnceLock};
 
 enum Bytes {
     /// Borrowed from a source that can lend its bytes (mmap); the Arc keeps them alive.
-    Lent { source: Arc<dyn ByteSource>, offset: u64, len: usize },
+    Lent {
+        source: Arc<dyn ByteSource>,
+        offset: u64,
+        len: usize,
+    },
     Owned(Vec<u8>),
 }
 
@@ -76,7 +80,8 @@ impl CpuWeight {
         self.x16
             .get_or_init(|| {
                 let tiled_rows = self.desc.n_rows() / q4k_x16::TILE_ROWS * q4k_x16::TILE_ROWS;
-                let wanted = self.repack && self.desc.ty == GgmlType::Q4_K && self.desc.dims.len() >= 2 && tiled_rows > 0;
+                let wanted =
+                    self.repack && self.desc.ty == GgmlType::Q4_K && self.desc.dims.len() >= 2 && tiled_rows > 0;
                 if !wanted || !crate::kernels::q4k_x16_available() {
                     return None;
                 }

@@ -1,12 +1,12 @@
 //! SIMD kernels against the scalar reference of `hearth_core::quant` (itself checked against the
 //! `gguf` Python package in hearth-core's tests), on random rows of several lengths.
 
+use half::f16;
 use hearth_core::quant::{self, GgmlType};
 use hearth_cpu::kernels::{
-    detected_isa, has_simd_vec_dot, quantize_activation, vec_dot, vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa,
-    MULTI_ROWS, TILE_WEIGHT_ROWS, q4k_x16, q4k_x16_available, vec_dot_q4k_x16,
+    detected_isa, has_simd_vec_dot, q4k_x16, q4k_x16_available, quantize_activation, vec_dot, vec_dot_q4k_x16,
+    vec_dot_rows_with, vec_dot_tile_with, vec_dot_with, Isa, MULTI_ROWS, TILE_WEIGHT_ROWS,
 };
-use half::f16;
 
 mod common;
 use common::Rng;
@@ -209,7 +209,12 @@ fn multi_row_dots_equal_single_row_dots_bit_for_bit() {
                 vec_dot_rows_with(isa, ty, n, &w, &acts, &mut out);
                 for (r, a) in acts.chunks_exact(act_row).enumerate() {
                     let single = vec_dot_with(isa, ty, n, &w, a);
-                    assert_eq!(out[r].to_bits(), single.to_bits(), "{ty} n={n} {isa:?} row {r}: {} vs {single}", out[r]);
+                    assert_eq!(
+                        out[r].to_bits(),
+                        single.to_bits(),
+                        "{ty} n={n} {isa:?} row {r}: {} vs {single}",
+                        out[r]
+                    );
                 }
             }
         }
@@ -283,7 +288,9 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
             }
             // All rows (token tiles, with remainders of 3, 2 and 1 rows), and a single row
             // (decode, wider weight tiles).
-            for (isa, rows) in available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, rows - 1), (isa, rows - 2), (isa, 1)]) {
+            for (isa, rows) in
+                available_isas().into_iter().flat_map(|isa| [(isa, rows), (isa, rows - 1), (isa, rows - 2), (isa, 1)])
+            {
                 let acts = &acts[..rows * act_row];
                 let mut out = vec![0f32; n_w * rows];
                 vec_dot_tile_with(isa, ty, n, &weights, acts, &mut out);
@@ -291,7 +298,11 @@ fn tiled_dots_equal_single_row_dots_bit_for_bit() {
                     for (r, a) in acts.chunks_exact(act_row).enumerate() {
                         let single = vec_dot_with(isa, ty, n, wr, a);
                         let got = out[wi * rows + r];
-                        assert_eq!(got.to_bits(), single.to_bits(), "{ty} n={n} {isa:?} w {wi} r {r}: {got} vs {single}");
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "{ty} n={n} {isa:?} w {wi} r {r}: {got} vs {single}"
+                        );
                     }
                 }
             }
@@ -333,7 +344,11 @@ fn verification_tiles_equal_single_row_dots_bit_for_bit() {
                             for (r, a) in acts.chunks_exact(act_row).enumerate() {
                                 let single = vec_dot_with(isa, ty, n, wr, a);
                                 let got = out[wi * rows + r];
-                                assert_eq!(got.to_bits(), single.to_bits(), "{ty} n={n} {isa:?} {n_w}x{rows}: w {wi} r {r}: {got} vs {single}");
+                                assert_eq!(
+                                    got.to_bits(),
+                                    single.to_bits(),
+                                    "{ty} n={n} {isa:?} {n_w}x{rows}: w {wi} r {r}: {got} vs {single}"
+                                );
                             }
                         }
                     }
@@ -382,7 +397,8 @@ fn q4k_x16_dots_equal_single_row_dots_bit_for_bit() {
         let w_row = GgmlType::Q4_K.row_bytes(n).expect("row bytes");
         let act_row = GgmlType::Q8_K.row_bytes(n).expect("act bytes");
         let n_tiles = 3;
-        let rows: Vec<u8> = (0..n_tiles * q4k_x16::TILE_ROWS).flat_map(|_| random_weights(GgmlType::Q4_K, n, &mut rng)).collect();
+        let rows: Vec<u8> =
+            (0..n_tiles * q4k_x16::TILE_ROWS).flat_map(|_| random_weights(GgmlType::Q4_K, n, &mut rng)).collect();
         let tile_bytes = q4k_x16::tile_bytes(n);
         let mut tiles = vec![0u8; n_tiles * tile_bytes];
         for (dst, src) in tiles.chunks_exact_mut(tile_bytes).zip(rows.chunks_exact(q4k_x16::TILE_ROWS * w_row)) {
@@ -401,7 +417,11 @@ fn q4k_x16_dots_equal_single_row_dots_bit_for_bit() {
                     for (r, a) in acts.chunks_exact(act_row).enumerate() {
                         let single = vec_dot(GgmlType::Q4_K, n, wr, a);
                         let got = out[w * act_rows + r];
-                        assert_eq!(got.to_bits(), single.to_bits(), "n={n} {used_tiles} tiles x {act_rows} rows: w {w} r {r}: {got} vs {single}");
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "n={n} {used_tiles} tiles x {act_rows} rows: w {w} r {r}: {got} vs {single}"
+                        );
                     }
                 }
             }

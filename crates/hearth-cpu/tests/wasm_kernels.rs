@@ -83,7 +83,11 @@ fn simd128_dots_equal_the_scalar_reference_bit_for_bit() {
                 let reference = quant::vec_dot(ty, n, &w, &a).expect("reference");
                 let simd = vec_dot_with(Isa::Simd128, ty, n, &w, &a);
                 assert_eq!(simd.to_bits(), reference.to_bits(), "{ty} n={n}: {simd} vs {reference}");
-                assert_eq!(vec_dot_with(Isa::Scalar, ty, n, &w, &a).to_bits(), reference.to_bits(), "{ty} n={n} scalar");
+                assert_eq!(
+                    vec_dot_with(Isa::Scalar, ty, n, &w, &a).to_bits(),
+                    reference.to_bits(),
+                    "{ty} n={n} scalar"
+                );
             }
         }
     }

@@ -3,12 +3,12 @@
 //! property (`WasmError::code`), never a trap.
 //! Concurrent `generate` calls run as one continuous batch (see `driver.rs`).
 
+use crate::driver::{drive, DraftRuntime, JsRequest, Loaded, Pending, State};
 use crate::error::WasmError;
 use crate::gpu::classify;
-use crate::source::JsModel;
-use crate::driver::{drive, DraftRuntime, JsRequest, Loaded, Pending, State};
 use crate::host::{EngineHost, OwnedBytes};
 use crate::request::{parse_request, LoadOptions};
+use crate::source::JsModel;
 use hearth_core::backend::{Backend, BackendKind};
 use hearth_core::CoreError;
 use hearth_wgpu::{DeviceInfo, WgpuBackend, WgpuOptions};
@@ -71,7 +71,13 @@ impl WasmEngine {
     /// buffers and the model is never copied into wasm memory; the CPU engine copies it once.
     /// `options_json`: `{"n_ctx": 2048, "max_batch": 4}` or "". `on_progress(done_bytes,
     /// total_bytes)`. Resolves to undefined; a reader's own exception is rethrown as is.
-    pub fn load(&self, model: &JsValue, options_json: &str, backend: &str, on_progress: Option<js_sys::Function>) -> js_sys::Promise {
+    pub fn load(
+        &self,
+        model: &JsValue,
+        options_json: &str,
+        backend: &str,
+        on_progress: Option<js_sys::Function>,
+    ) -> js_sys::Promise {
         let state = self.state.clone();
         let model = model.clone();
         let options_json = options_json.to_string();
@@ -101,7 +107,12 @@ impl WasmEngine {
                     Ok(host) => {
                         // Allocation failures of the upload are reported asynchronously.
                         watch.settle().await.map_err(|e| js_error(classify(&watch, WasmError::Core(e.into()))))?;
-                        on_gpu = Some(Loaded { host: RefCell::new(host), gpu: Some((watch, info)), fallback_reason: None, draft: RefCell::new(None) });
+                        on_gpu = Some(Loaded {
+                            host: RefCell::new(host),
+                            gpu: Some((watch, info)),
+                            fallback_reason: None,
+                            draft: RefCell::new(None),
+                        });
                     }
                     // 'auto' runs a model the WebGPU kernels cannot (a weight type without a
                     // kernel) on the CPU engine, and says why.
@@ -115,7 +126,8 @@ impl WasmEngine {
                 Some(loaded) => loaded,
                 None => {
                     let model = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
-                    let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+                    let cpu: Box<dyn Backend> =
+                        Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
                     let host = EngineHost::load(model, &options, cpu, &mut report).map_err(js_error)?;
                     Loaded { host: RefCell::new(host), gpu: None, fallback_reason, draft: RefCell::new(None) }
                 }
@@ -169,12 +181,14 @@ impl WasmEngine {
                 match gpu {
                     Some(gpu) => {
                         let (watch, info) = (gpu.watch(), gpu.info().clone());
-                        host.load_draft(model.source(), Box::new(gpu), &mut report).map_err(|e| failed(js_error(classify(&watch, e))))?;
+                        host.load_draft(model.source(), Box::new(gpu), &mut report)
+                            .map_err(|e| failed(js_error(classify(&watch, e))))?;
                         DraftRuntime { gpu: Some((watch, info)), fallback_reason }
                     }
                     None => {
                         let bytes = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
-                        let cpu: Box<dyn Backend> = Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
+                        let cpu: Box<dyn Backend> =
+                            Box::new(hearth_cpu::CpuBackend::new(None).map_err(|e| js_error(e.into()))?);
                         host.load_draft(Arc::new(OwnedBytes(bytes)), cpu, &mut report).map_err(js_error)?;
                         DraftRuntime { gpu: None, fallback_reason }
                     }
@@ -322,7 +336,10 @@ impl WasmEngine {
 /// The backend a JS caller named: "webgpu" (or "wgpu"), "cpu" or "auto".
 fn backend_kind(backend: &str) -> Result<BackendKind, JsValue> {
     match BackendKind::parse(backend) {
-        Ok(BackendKind::Cuda) | Err(_) => Err(js_error(WasmError::bad_request("backend", format!("expected 'webgpu', 'cpu' or 'auto', got '{backend}'")))),
+        Ok(BackendKind::Cuda) | Err(_) => Err(js_error(WasmError::bad_request(
+            "backend",
+            format!("expected 'webgpu', 'cpu' or 'auto', got '{backend}'"),
+        ))),
         Ok(kind) => Ok(kind),
     }
 }
@@ -338,9 +355,13 @@ async fn open_backend(kind: BackendKind) -> Result<(Option<WgpuBackend>, Option<
         BackendKind::Wgpu | BackendKind::Auto => match WgpuBackend::new_async(WgpuOptions::default()).await {
             // A software adapter (SwiftShader: Vulkan on the CPU) runs our kernels far
             // slower than the wasm CPU engine (docs/BENCHMARKS.md): 'auto' skips it.
-            Ok(gpu) if auto && gpu.info().device_type == "Cpu" => {
-                (None, Some(format!("the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster", gpu.info().backend)))
-            }
+            Ok(gpu) if auto && gpu.info().device_type == "Cpu" => (
+                None,
+                Some(format!(
+                    "the WebGPU adapter is a software renderer ({}); the WebAssembly CPU engine is faster",
+                    gpu.info().backend
+                )),
+            ),
             Ok(gpu) => (Some(gpu), None),
             Err(e) if auto => (None, Some(e.to_string())),
             Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
@@ -364,6 +385,9 @@ fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
 
 /// Whether this global scope (page or worker) has `navigator.gpu` (checked before wgpu touches it).
 fn has_navigator_gpu() -> bool {
-    let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
-    !navigator.is_undefined() && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
+    let navigator =
+        js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
+    !navigator.is_undefined()
+        && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu"))
+            .is_ok_and(|gpu| !gpu.is_undefined() && !gpu.is_null())
 }

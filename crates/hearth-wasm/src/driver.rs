@@ -112,7 +112,8 @@ impl State {
         let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
         let outcome = match (request.callback_error, result) {
             (Some(e), _) => {
-                let message = e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
+                let message =
+                    e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
                 Err(coded_error("internal", &format!("on_chunk threw: {message}")))
             }
             (None, Ok(report)) => serde_json::to_string(&report)
@@ -146,7 +147,8 @@ impl State {
     }
 
     fn reject_all_queued(&self, error: impl Fn() -> JsValue) {
-        let queued: Vec<u32> = self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
+        let queued: Vec<u32> =
+            self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
         for key in queued {
             self.settle(key, Err(error()));
         }
@@ -262,7 +264,9 @@ async fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, 
         state.stream(p.key, delta);
         !state.cancels.borrow().contains(&p.key)
     };
-    let result = host.generate_speculative_async(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text).await;
+    let result = host
+        .generate_speculative_async(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text)
+        .await;
     state.cancels.borrow_mut().retain(|&k| k != p.key);
     if result.is_err() {
         wait_for_device_fault(loaded).await;
@@ -302,7 +306,9 @@ async fn yield_to_event_loop() {
 async fn sleep_ms(ms: f64) {
     let promise = js_sys::Promise::new(&mut |resolve, _reject| {
         let global = js_sys::global();
-        let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let set_timeout = js_sys::Reflect::get(&global, &JsValue::from_str("setTimeout"))
+            .ok()
+            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
         let scheduled = set_timeout.is_some_and(|f| f.call2(&global, &resolve, &JsValue::from_f64(ms)).is_ok());
         if !scheduled {
             let _ = resolve.call0(&JsValue::NULL);
@@ -310,4 +316,3 @@ async fn sleep_ms(ms: f64) {
     });
     let _ = JsFuture::from(promise).await;
 }
-

@@ -54,9 +54,11 @@ impl WasmError {
                 | C::ShapeMismatch { .. }
                 | C::BadHyperParameter(_)
                 | C::Tokenizer(_) => "invalid-model",
-                C::UnsupportedVersion(_) | C::UnknownTensorType { .. } | C::UnknownArchitecture(_) | C::UnsupportedTensorType { .. } | C::ChatTemplate(_) => {
-                    "unsupported-model"
-                }
+                C::UnsupportedVersion(_)
+                | C::UnknownTensorType { .. }
+                | C::UnknownArchitecture(_)
+                | C::UnsupportedTensorType { .. }
+                | C::ChatTemplate(_) => "unsupported-model",
                 C::Unsupported { .. } => "unsupported-model",
                 C::Device { kind: DeviceFault::Lost, .. } => "device-lost",
                 C::Device { kind: DeviceFault::OutOfMemory, .. } => "out-of-memory",

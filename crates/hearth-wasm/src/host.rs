@@ -11,7 +11,10 @@ use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Sessi
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::request::{Prompt, Speculation, SpeculativeMode};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeMetrics};
+use hearth_core::speculative::{
+    check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup,
+    SpeculativeMetrics,
+};
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -169,7 +172,11 @@ impl EngineHost {
             has_chat_template: chat_template.is_some(),
             file_bytes,
         };
-        let scheduler = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() });
+        let scheduler = Scheduler::new(
+            runner,
+            tokenizer,
+            SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() },
+        );
         let stats = BatchStats { max_batch, ..BatchStats::default() };
         Ok(EngineHost {
             scheduler: Some(scheduler),
@@ -189,11 +196,19 @@ impl EngineHost {
     }
 
     fn scheduler(&self) -> Result<&Scheduler> {
-        self.scheduler.as_ref().ok_or_else(|| WasmError::Core(hearth_core::CoreError::InvalidArgument("the engine is busy with a speculative generation".into())))
+        self.scheduler.as_ref().ok_or_else(|| {
+            WasmError::Core(hearth_core::CoreError::InvalidArgument(
+                "the engine is busy with a speculative generation".into(),
+            ))
+        })
     }
 
     fn scheduler_mut(&mut self) -> Result<&mut Scheduler> {
-        self.scheduler.as_mut().ok_or_else(|| WasmError::Core(hearth_core::CoreError::InvalidArgument("the engine is busy with a speculative generation".into())))
+        self.scheduler.as_mut().ok_or_else(|| {
+            WasmError::Core(hearth_core::CoreError::InvalidArgument(
+                "the engine is busy with a speculative generation".into(),
+            ))
+        })
     }
 
     pub fn backend_memory_bytes(&self) -> u64 {
@@ -228,7 +243,13 @@ impl EngineHost {
     }
 
     /// The prompt's tokens and checked options of one request.
-    fn prepare(&self, input: &Prompt, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
+    fn prepare(
+        &self,
+        input: &Prompt,
+        options: &RequestOptions,
+        default_seed: u64,
+        now_unix: Option<i64>,
+    ) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
         let prompt = self.tokenize(input, now_unix)?;
         let n_ctx = self.info.n_ctx;
         if prompt.len() >= n_ctx {
@@ -239,14 +260,26 @@ impl EngineHost {
     }
 
     /// Queues a request for the batch (not speculative ones: see [`EngineHost::generate_speculative`]).
-    pub fn submit(&mut self, input: &Prompt, options: &RequestOptions, default_seed: u64, now_unix: Option<i64>) -> Result<RequestId> {
+    pub fn submit(
+        &mut self,
+        input: &Prompt,
+        options: &RequestOptions,
+        default_seed: u64,
+        now_unix: Option<i64>,
+    ) -> Result<RequestId> {
         if options.speculative().is_some() {
-            return Err(WasmError::bad_request("generation options", "speculative requests run alone (generate_speculative)"));
+            return Err(WasmError::bad_request(
+                "generation options",
+                "speculative requests run alone (generate_speculative)",
+            ));
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
         // A predicted output reads as text inside the answer: no special tokens, no BOS.
-        let prediction = options.prediction().map(|text| self.scheduler().and_then(|s| Ok(s.tokenizer().encode(text, false, false)?))).transpose()?;
+        let prediction = options
+            .prediction()
+            .map(|text| self.scheduler().and_then(|s| Ok(s.tokenizer().encode(text, false, false)?)))
+            .transpose()?;
         let id = self.scheduler_mut()?.submit_predicted(prompt, generate_options, prediction)?;
         self.seeds.insert(id, seed);
         Ok(id)
@@ -262,7 +295,10 @@ impl EngineHost {
     /// One batched forward pass over every running request (admitting waiting ones first).
     /// Returns false when there was nothing to do.
     pub async fn step_async(&mut self, on_event: &mut dyn FnMut(HostEvent)) -> Result<bool> {
-        let scheduler = self.scheduler.as_mut().ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
+        let scheduler = self
+            .scheduler
+            .as_mut()
+            .ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
         let seeds = &mut self.seeds;
         let mut finished = 0;
         let stepped = scheduler
@@ -304,7 +340,9 @@ impl EngineHost {
             return self.generate_speculative(input, options, &speculative, default_seed, now_unix, on_text);
         }
         // The inner result is the request's; the outer one fails only if the backend was async.
-        hearth_core::block_on::block_on(async { Ok(self.generate_async(input, options, default_seed, now_unix, on_text).await) })?
+        hearth_core::block_on::block_on(async {
+            Ok(self.generate_async(input, options, default_seed, now_unix, on_text).await)
+        })?
     }
 
     /// [`EngineHost::generate`] (not speculative) for backends whose logits arrive later:
@@ -338,7 +376,12 @@ impl EngineHost {
     /// Loads a draft model (same vocabulary as this model) onto `backend` for speculative
     /// requests with mode `draft-model`. The vocabularies are compared before any weight loads.
     /// Any backend: in a browser a WebGPU draft has its passes awaited like the target's.
-    pub fn load_draft(&mut self, source: Arc<dyn ByteSource>, backend: Box<dyn Backend>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+    pub fn load_draft(
+        &mut self,
+        source: Arc<dyn ByteSource>,
+        backend: Box<dyn Backend>,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
         self.draft = None;
         // Another draft model costs what it costs: nothing learnt about the last one carries.
         self.draft_memory = PolicyMemory::default();
@@ -346,7 +389,13 @@ impl EngineHost {
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
         // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`.
         let logits_vocab = default_draft_vocab(&file.metadata);
-        let options = EngineOptions { n_ctx: self.info.n_ctx, max_sequences: 1, kv_memory: None, logits_vocab, ..self.engine_options.clone() };
+        let options = EngineOptions {
+            n_ctx: self.info.n_ctx,
+            max_sequences: 1,
+            kv_memory: None,
+            logits_vocab,
+            ..self.engine_options.clone()
+        };
         let session = Session::load(&file, backend, &options, on_progress)?;
         self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);
         Ok(())
@@ -388,7 +437,9 @@ impl EngineHost {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
         // The inner result is the request's; the outer one fails only if the backend was async.
-        let run = async { Ok(self.generate_speculative_async(input, options, speculative, default_seed, now_unix, on_text).await) };
+        let run = async {
+            Ok(self.generate_speculative_async(input, options, speculative, default_seed, now_unix, on_text).await)
+        };
         hearth_core::block_on::block_on(run)?
     }
 
@@ -425,10 +476,18 @@ impl EngineHost {
                         draft
                     }
                 }
-                None => return Err(WasmError::bad_request("speculative", "mode 'draft-model' needs a draft model (createEngine({ draftModel }))")),
+                None => {
+                    return Err(WasmError::bad_request(
+                        "speculative",
+                        "mode 'draft-model' needs a draft model (createEngine({ draftModel }))",
+                    ))
+                }
             },
         };
-        let scheduler = self.scheduler.take().ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
+        let scheduler = self
+            .scheduler
+            .take()
+            .ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
         let max_batch = self.stats.max_batch;
         let (runner, tokenizer) = scheduler.into_parts();
         let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
@@ -437,11 +496,16 @@ impl EngineHost {
             SpeculativeMode::Lookup => &mut self.lookup_memory,
             SpeculativeMode::DraftModel => &mut self.draft_memory,
         };
-        let result = engine.generate_speculative_with_async(&prompt, &generate_options, drafter, &speculative_options, memory, on_text).await;
+        let result = engine
+            .generate_speculative_with_async(&prompt, &generate_options, drafter, &speculative_options, memory, on_text)
+            .await;
         let (session, tokenizer, _) = engine.into_parts();
-        let scheduler_options = SchedulerOptions { max_batch, prefill_chunk: self.engine_options.prefill_chunk, ..SchedulerOptions::default() };
+        let scheduler_options = SchedulerOptions {
+            max_batch,
+            prefill_chunk: self.engine_options.prefill_chunk,
+            ..SchedulerOptions::default()
+        };
         self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));
         Ok(Report::new(result?, seed))
     }
 }
-

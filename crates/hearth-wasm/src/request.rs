@@ -54,11 +54,21 @@ impl LoadOptions {
 /// The prompt of a `generate` call: a JSON string (a completion prompt, tokenized with the model's
 /// BOS default) or a JSON array of OpenAI-shaped chat messages (rendered with its chat template).
 pub fn parse_prompt(json: &str) -> Result<Prompt> {
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| WasmError::bad_request("prompt", format!("not JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| WasmError::bad_request("prompt", format!("not JSON: {e}")))?;
     let request = match value {
-        serde_json::Value::String(_) => Request { prompt: Some(value), ..Request::default() }.validate(Endpoint::Completions, 0),
-        serde_json::Value::Array(messages) => Request { messages: Some(messages), ..Request::default() }.validate(Endpoint::Chat, 0),
-        other => return Err(WasmError::bad_request("prompt", format!("expected a string or an array of messages, got {}", json_kind(&other)))),
+        serde_json::Value::String(_) => {
+            Request { prompt: Some(value), ..Request::default() }.validate(Endpoint::Completions, 0)
+        }
+        serde_json::Value::Array(messages) => {
+            Request { messages: Some(messages), ..Request::default() }.validate(Endpoint::Chat, 0)
+        }
+        other => {
+            return Err(WasmError::bad_request(
+                "prompt",
+                format!("expected a string or an array of messages, got {}", json_kind(&other)),
+            ))
+        }
     };
     Ok(request?.prompt)
 }
@@ -69,7 +79,9 @@ pub fn parse_request(kind: &str, json: &str) -> Result<(Prompt, RequestOptions)>
     let endpoint = match kind {
         "chat" => Endpoint::Chat,
         "text" => Endpoint::Completions,
-        other => return Err(WasmError::bad_request("request kind", format!("expected 'chat' or 'text', got '{other}'"))),
+        other => {
+            return Err(WasmError::bad_request("request kind", format!("expected 'chat' or 'text', got '{other}'")))
+        }
     };
     let request = Request::from_json(json.as_bytes())?;
     let prompt = request.validate(endpoint, 0)?.prompt;
@@ -93,7 +105,10 @@ impl RequestOptions {
         }
         let request = Request::from_json(json.as_bytes())?;
         if request.messages.is_some() || request.prompt.is_some() {
-            return Err(WasmError::bad_request("generation options", "the prompt (messages or prompt) goes in the prompt argument"));
+            return Err(WasmError::bad_request(
+                "generation options",
+                "the prompt (messages or prompt) goes in the prompt argument",
+            ));
         }
         Self::from_request(request)
     }

@@ -30,8 +30,16 @@ impl JsModel {
         let read_at = field("readAt").dyn_into::<js_sys::Function>().ok();
         let len = field("byteLength").as_f64().filter(|n| n.is_finite() && *n >= 0.0 && n.fract() == 0.0);
         match (read_at, len) {
-            (Some(read_at), Some(len)) => Ok(JsModel::Reader(Arc::new(JsReader { this: value.clone(), read_at, len: len as u64, failure: RefCell::new(None) }))),
-            _ => Err(WasmError::bad_request("model", "expected a Uint8Array or a reader { byteLength, readAt(offset, length) }")),
+            (Some(read_at), Some(len)) => Ok(JsModel::Reader(Arc::new(JsReader {
+                this: value.clone(),
+                read_at,
+                len: len as u64,
+                failure: RefCell::new(None),
+            }))),
+            _ => Err(WasmError::bad_request(
+                "model",
+                "expected a Uint8Array or a reader { byteLength, readAt(offset, length) }",
+            )),
         }
     }
 
@@ -97,7 +105,12 @@ impl ByteSource for JsBytes {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> hearth_core::Result<()> {
         let end = offset.checked_add(buf.len() as u64).filter(|&end| end <= self.len);
         let Some(end) = end else {
-            return Err(CoreError::Truncated { what: "read".into(), offset, needed: buf.len() as u64, file_len: self.len });
+            return Err(CoreError::Truncated {
+                what: "read".into(),
+                offset,
+                needed: buf.len() as u64,
+                file_len: self.len,
+            });
         };
         self.bytes.subarray(offset as u32, end as u32).copy_to(buf);
         Ok(())
@@ -127,14 +140,24 @@ impl ByteSource for JsReader {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> hearth_core::Result<()> {
         if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.len) {
-            return Err(CoreError::Truncated { what: "read".into(), offset, needed: buf.len() as u64, file_len: self.len });
+            return Err(CoreError::Truncated {
+                what: "read".into(),
+                offset,
+                needed: buf.len() as u64,
+                file_len: self.len,
+            });
         }
         let failed = |message: String| CoreError::io("reading the model", std::io::Error::other(message));
-        let result = self.read_at.call2(&self.this, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64));
+        let result =
+            self.read_at.call2(&self.this, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64));
         let bytes = match result {
-            Ok(value) => value.dyn_into::<js_sys::Uint8Array>().map_err(|_| failed("readAt did not return a Uint8Array".into()))?,
+            Ok(value) => value
+                .dyn_into::<js_sys::Uint8Array>()
+                .map_err(|_| failed("readAt did not return a Uint8Array".into()))?,
             Err(thrown) => {
-                let message = thrown.dyn_ref::<js_sys::Error>().map_or_else(|| format!("{thrown:?}"), |e| String::from(e.message()));
+                let message = thrown
+                    .dyn_ref::<js_sys::Error>()
+                    .map_or_else(|| format!("{thrown:?}"), |e| String::from(e.message()));
                 *self.failure.borrow_mut() = Some(thrown);
                 return Err(failed(message));
             }

@@ -1,9 +1,9 @@
 //! Native tests of the platform-independent half of the bindings (`EngineHost`, request parsing):
 //! the same code the browser runs, minus the JS value conversions.
 
+use hearth_core::request::Prompt;
 use hearth_cpu::CpuBackend;
 use hearth_wasm::host::{EngineHost, HostEvent, OwnedBytes};
-use hearth_core::request::Prompt;
 use hearth_wasm::request::{parse_prompt, parse_request, LoadOptions, RequestOptions};
 use std::path::PathBuf;
 
@@ -20,12 +20,14 @@ fn model_bytes(name: &str) -> Vec<u8> {
         PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
     });
     let path = dir.join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `hearth models fetch all` or set HEARTH_MODELS_DIR)", path.display()))
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `hearth models fetch all` or set HEARTH_MODELS_DIR)", path.display()))
 }
 
 fn load(bytes: Vec<u8>, options_json: &str) -> Result<EngineHost, String> {
     let options = LoadOptions::parse(options_json).map_err(|e| e.to_string())?;
-    EngineHost::load(bytes, &options, Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).map_err(|e| e.to_string())
+    EngineHost::load(bytes, &options, Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {})
+        .map_err(|e| e.to_string())
 }
 
 fn expected() -> serde_json::Value {
@@ -106,10 +108,13 @@ fn bad_inputs_are_errors_with_clear_messages() {
         (r#"{"response_format": {"type": "json_object"}}"#, "response_format is not supported"),
         (r#"{"messages": []}"#, "prompt argument"),
     ] {
-        let message = RequestOptions::parse(json).and_then(|o| o.generate_options(10, 0).map(|_| ())).err().unwrap().to_string();
+        let message =
+            RequestOptions::parse(json).and_then(|o| o.generate_options(10, 0).map(|_| ())).err().unwrap().to_string();
         assert!(message.contains(needle), "{json}: {message}");
     }
-    for (json, needle) in [("42", "a number"), ("[]", "at least one message"), (r#"[{"content": "x"}]"#, "role"), ("{", "not JSON")] {
+    for (json, needle) in
+        [("42", "a number"), ("[]", "at least one message"), (r#"[{"content": "x"}]"#, "role"), ("{", "not JSON")]
+    {
         let message = parse_prompt(json).err().unwrap().to_string();
         assert!(message.contains(needle), "{json}: {message}");
     }
@@ -172,13 +177,20 @@ fn errors_carry_stable_codes_for_js() {
 
     assert_eq!(RequestOptions::parse(r#"{"temperature": -1}"#).unwrap_err().code(), "bad-argument");
 
-    let mut host = EngineHost::load(gemma_bytes(), &LoadOptions::parse(r#"{"n_ctx": 8}"#).unwrap(), Box::new(CpuBackend::new(Some(2)).unwrap()), &mut |_, _| {}).unwrap();
+    let mut host = EngineHost::load(
+        gemma_bytes(),
+        &LoadOptions::parse(r#"{"n_ctx": 8}"#).unwrap(),
+        Box::new(CpuBackend::new(Some(2)).unwrap()),
+        &mut |_, _| {},
+    )
+    .unwrap();
     let long = Prompt::Text("one two three four five six seven eight nine ten".into());
     let overflow = host.generate(&long, &RequestOptions::default(), 0, None, &mut |_| true).unwrap_err();
     assert_eq!(overflow.code(), "context-overflow");
 }
 
-const BATCH_PROMPTS: [&str; 3] = ["def fibonacci(n):", "The capital of France is", "Here is a list of prime numbers: 2, 3, 5, 7, 11,"];
+const BATCH_PROMPTS: [&str; 3] =
+    ["def fibonacci(n):", "The capital of France is", "Here is a list of prime numbers: 2, 3, 5, 7, 11,"];
 
 /// Steps every queued request to its end; reports by request id.
 fn run_batch(host: &mut EngineHost) -> std::collections::HashMap<u64, hearth_wasm::host::Report> {
@@ -202,11 +214,14 @@ fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
     let mut host = load(gemma_bytes(), r#"{"n_ctx": 512}"#).unwrap();
     let options = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 10}"#).unwrap();
     let input = |p: &str| Prompt::Text(p.to_string());
-    let solo: Vec<Vec<u32>> =
-        BATCH_PROMPTS.iter().map(|p| host.generate(&input(p), &options, 0, None, &mut |_| true).unwrap().token_ids).collect();
+    let solo: Vec<Vec<u32>> = BATCH_PROMPTS
+        .iter()
+        .map(|p| host.generate(&input(p), &options, 0, None, &mut |_| true).unwrap().token_ids)
+        .collect();
     assert_eq!(solo[0], ids(&expected["tokens"])[..10]);
     assert_eq!(host.batch_stats().max_batch_observed, 1);
-    let request_ids: Vec<u64> = BATCH_PROMPTS.iter().map(|p| host.submit(&input(p), &options, 0, None).unwrap()).collect();
+    let request_ids: Vec<u64> =
+        BATCH_PROMPTS.iter().map(|p| host.submit(&input(p), &options, 0, None).unwrap()).collect();
     // One more, cancelled at once: its blocks must come back.
     let cancelled = host.submit(&input("A long story about a dragon:"), &options, 0, None).unwrap();
     let mut reports = std::collections::HashMap::new();
@@ -278,7 +293,10 @@ fn speculative_requests_keep_the_greedy_output() {
     // Every step proposes (a last step with one token left has no budget for a draft).
     assert!(metrics.proposed + 1 >= metrics.target_forward_passes && metrics.accepted > 0, "{metrics:?}");
     // Refused when parsed, before it reaches the engine.
-    let error = RequestOptions::parse(r#"{"temperature": 0, "max_tokens": 4, "speculative": {"mode": "draft-model", "draft_min_p": 1.5}}"#).unwrap_err();
+    let error = RequestOptions::parse(
+        r#"{"temperature": 0, "max_tokens": 4, "speculative": {"mode": "draft-model", "draft_min_p": 1.5}}"#,
+    )
+    .unwrap_err();
     assert_eq!(error.code(), "bad-argument");
     assert!(error.to_string().contains("draft_min_p"), "{error}");
     // The batch path works again after a speculative request borrowed the model.

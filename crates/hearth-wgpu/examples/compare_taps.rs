@@ -52,7 +52,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gpu.release_graph(gg);
         let err: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
         let norm: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-        println!("{cut:>4} {:<50} {:<16} nmse {:.3e}", format!("{:?}", g.ops[cut - 1]).chars().take(50).collect::<String>(), g.bufs[out.0 as usize].name, err / norm.max(1e-30));
+        println!(
+            "{cut:>4} {:<50} {:<16} nmse {:.3e}",
+            format!("{:?}", g.ops[cut - 1]).chars().take(50).collect::<String>(),
+            g.bufs[out.0 as usize].name,
+            err / norm.max(1e-30)
+        );
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! Graph → dispatch list, at compile time (replay per step is in `replay.rs`).
 
 use crate::device::Gpu;
+use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::weights::{type_define, GpuWeight};
-use crate::replay::{make_bind_group, KvBinding};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
@@ -81,7 +81,6 @@ pub(crate) struct CompiledGraph {
     pub owned: Vec<wgpu::Buffer>,
 }
 
-
 struct Builder<'a> {
     gpu: &'a Gpu,
     pipelines: &'a mut PipelineCache,
@@ -120,7 +119,9 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         Op::RmsNorm { weight: w, .. } => vectors(&[*w]),
         Op::Rope { params, .. } => vectors(&[params.freq_factors]),
         Op::StoreKv { k_offset, v_offset, .. } => vectors(&[*k_offset, *v_offset]),
-        Op::Attention { params, .. } if params.head_dim > MAX_HEAD_DIM => Err(format!("attention heads of {} values (at most {MAX_HEAD_DIM})", params.head_dim)),
+        Op::Attention { params, .. } if params.head_dim > MAX_HEAD_DIM => {
+            Err(format!("attention heads of {} values (at most {MAX_HEAD_DIM})", params.head_dim))
+        }
         Op::Attention { params, .. } => vectors(&[params.v_offset]),
         Op::Add { .. } | Op::Scale { .. } | Op::SwiGlu { .. } | Op::GeGlu { .. } | Op::LastRows { .. } => Ok(()),
     }
@@ -176,7 +177,15 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn elementwise(&mut self, entry: &'static str, define: &'static str, a: BufId, b: Option<BufId>, out: BufId, extra: &[u32]) -> Result<(), WgpuError> {
+    fn elementwise(
+        &mut self,
+        entry: &'static str,
+        define: &'static str,
+        a: BufId,
+        b: Option<BufId>,
+        out: BufId,
+        extra: &[u32],
+    ) -> Result<(), WgpuError> {
         let (rows, cols) = self.shape(out);
         let len = rows * cols;
         let (gx, gy) = fold(len.div_ceil(256));
@@ -202,14 +211,22 @@ impl Builder<'_> {
         match op {
             Op::Embed { table, out } => {
                 let w = self.weight(*table)?;
-                let ty = type_define(w.desc.ty).ok_or_else(|| WgpuError::Unsupported(format!("embedding type {}", w.desc.ty.name())))?;
+                let ty = type_define(w.desc.ty)
+                    .ok_or_else(|| WgpuError::Unsupported(format!("embedding type {}", w.desc.ty.name())))?;
                 let row_len = w.desc.row_len();
                 let row_bytes = w.row_bytes as u32;
-                let chunks: Vec<(u32, u32, wgpu::Buffer)> = w.chunks.iter().map(|c| (c.row0 as u32, c.rows as u32, c.buffer.clone())).collect();
+                let chunks: Vec<(u32, u32, wgpu::Buffer)> =
+                    w.chunks.iter().map(|c| (c.row0 as u32, c.rows as u32, c.buffer.clone())).collect();
                 for (row0, rows, buffer) in chunks {
                     let entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(self.step.clone())), (3, self.buf(*out))];
                     let params = [row0, rows, row_len as u32, row_bytes];
-                    self.push(PipelineKey::new(ShaderFile::Quant, "embed", &["EMBED", ty]), &params, entries, [row_len.div_ceil(64) as u32, n as u32, 1], None)?;
+                    self.push(
+                        PipelineKey::new(ShaderFile::Quant, "embed", &["EMBED", ty]),
+                        &params,
+                        entries,
+                        [row_len.div_ceil(64) as u32, n as u32, 1],
+                        None,
+                    )?;
                 }
             }
             Op::RmsNorm { x, weight, eps, group, out } => {
@@ -229,15 +246,23 @@ impl Builder<'_> {
                 }
                 entries.push((3, self.buf(*out)));
                 let params = [n_groups as u32, gx, *group as u32, eps.to_bits()];
-                self.push(PipelineKey::new(ShaderFile::Norm, "rms_norm", &defines), &params, entries, [gx, gy, 1], None)?;
+                self.push(
+                    PipelineKey::new(ShaderFile::Norm, "rms_norm", &defines),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    None,
+                )?;
             }
             Op::MatMul { w, x, bias, out } => {
                 let wt = self.weight(*w)?;
-                let ty = type_define(wt.desc.ty).ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
+                let ty = type_define(wt.desc.ty)
+                    .ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
                 let (k, n_out) = (wt.desc.row_len(), wt.desc.n_rows());
                 let (rows, _) = self.shape(*x);
                 let row_bytes = wt.row_bytes as u32;
-                let chunks: Vec<(u32, usize, wgpu::Buffer)> = wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
+                let chunks: Vec<(u32, usize, wgpu::Buffer)> =
+                    wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
                 let bias = bias.map(|b| self.vector(b)).transpose()?;
                 // The CPU multiplies with activations rounded to the weight's dot type.
                 let act = match wt.desc.ty.vec_dot_type() {
@@ -248,11 +273,18 @@ impl Builder<'_> {
                 };
                 let x_used = match act {
                     Some((define, block_len)) => {
-                        let scratch = self.act_scratch.clone().ok_or(WgpuError::Execution("no activation scratch".into()))?;
+                        let scratch =
+                            self.act_scratch.clone().ok_or(WgpuError::Execution("no activation scratch".into()))?;
                         let n_blocks = rows * k / block_len;
                         let (gx, gy) = fold(n_blocks.div_ceil(64));
                         let entries = vec![(1, self.buf(*x)), (2, Res::Buf(scratch.clone()))];
-                        self.push(PipelineKey::new(ShaderFile::ActQuant, "act_quant", &[define]), &[n_blocks as u32, block_len as u32, gx], entries, [gx, gy, 1], None)?;
+                        self.push(
+                            PipelineKey::new(ShaderFile::ActQuant, "act_quant", &[define]),
+                            &[n_blocks as u32, block_len as u32, gx],
+                            entries,
+                            [gx, gy, 1],
+                            None,
+                        )?;
                         Res::Buf(scratch)
                     }
                     None => self.buf(*x),
@@ -282,7 +314,13 @@ impl Builder<'_> {
                         entries.push((4, Res::Buf(b.clone())));
                     }
                     let params = [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx];
-                    self.push(PipelineKey::new(ShaderFile::Quant, "matmul", &defines), &params, entries, [gx, gy, rows.div_ceil(tile) as u32], None)?;
+                    self.push(
+                        PipelineKey::new(ShaderFile::Quant, "matmul", &defines),
+                        &params,
+                        entries,
+                        [gx, gy, rows.div_ceil(tile) as u32],
+                        None,
+                    )?;
                 }
             }
             Op::Rope { x, params: p } => {
@@ -304,7 +342,16 @@ impl Builder<'_> {
                     entries.push((2, Res::Buf(self.vector(f)?)));
                 }
                 entries.push((3, self.buf(*x)));
-                let params = [rows as u32, n_heads as u32, p.head_dim as u32, p.n_rot as u32, theta_scale.to_bits(), p.freq_scale.to_bits(), cols as u32, gx];
+                let params = [
+                    rows as u32,
+                    n_heads as u32,
+                    p.head_dim as u32,
+                    p.n_rot as u32,
+                    theta_scale.to_bits(),
+                    p.freq_scale.to_bits(),
+                    cols as u32,
+                    gx,
+                ];
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
@@ -314,7 +361,8 @@ impl Builder<'_> {
                     // for the smallest, extra invocations return at once.
                     let (gx, gy) = fold((rows * cols).div_ceil(256));
                     let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
-                    let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
+                    let mut entries =
+                        vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
                     if let Some(o) = offset {
                         entries.push((5, Res::KvOffset(self.vector(*o)?)));
                     }
@@ -324,7 +372,13 @@ impl Builder<'_> {
                         KvNeed { layer: *layer, k_width: None, v_width: Some(cols), window: None }
                     };
                     let params = [rows as u32, cols as u32, gx, *layer as u32];
-                    self.push(PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]), &params, entries, [gx, gy, 1], Some(need))?;
+                    self.push(
+                        PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]),
+                        &params,
+                        entries,
+                        [gx, gy, 1],
+                        Some(need),
+                    )?;
                 }
             }
             Op::Attention { q, params: p, out } => {
@@ -356,10 +410,17 @@ impl Builder<'_> {
                     gx,
                     p.layer as u32,
                 ];
-                let need = KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width), window: Some(p.window) };
+                let need =
+                    KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width), window: Some(p.window) };
                 let mut defines = vec!["ATTENTION"];
                 defines.extend(self.gpu.info.defines());
-                self.push(PipelineKey::new(ShaderFile::Attention, "attention", &defines), &params, entries, [gx, gy, 1], Some(need))?;
+                self.push(
+                    PipelineKey::new(ShaderFile::Attention, "attention", &defines),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    Some(need),
+                )?;
             }
             Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
                 let (entry, define) = match op {
@@ -378,7 +439,13 @@ impl Builder<'_> {
                 let (gx, gy) = fold((n_seqs * cols).div_ceil(256));
                 let entries = vec![(1, self.buf(*x)), (3, self.buf(*out)), (4, Res::Buf(self.step.clone()))];
                 let params = [(n_seqs * cols) as u32, gx, cols as u32];
-                self.push(PipelineKey::new(ShaderFile::Elementwise, "last_rows", &["LAST_ROWS"]), &params, entries, [gx, gy, 1], None)?;
+                self.push(
+                    PipelineKey::new(ShaderFile::Elementwise, "last_rows", &["LAST_ROWS"]),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    None,
+                )?;
             }
         }
         Ok(())
@@ -386,7 +453,12 @@ impl Builder<'_> {
 }
 
 /// The dispatches of a graph `Graph::validate` accepted.
-pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWeight], graph: &Graph) -> Result<CompiledGraph, WgpuError> {
+pub(crate) fn compile(
+    gpu: &Gpu,
+    pipelines: &mut PipelineCache,
+    weights: &[GpuWeight],
+    graph: &Graph,
+) -> Result<CompiledGraph, WgpuError> {
     let storage = |label: &str, bytes: usize, extra: wgpu::BufferUsages| {
         gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -395,7 +467,8 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
             mapped_at_creation: false,
         })
     };
-    let bufs: Vec<wgpu::Buffer> = graph.bufs.iter().map(|b| storage(&b.name, b.rows * b.cols * 4, wgpu::BufferUsages::COPY_SRC)).collect();
+    let bufs: Vec<wgpu::Buffer> =
+        graph.bufs.iter().map(|b| storage(&b.name, b.rows * b.cols * 4, wgpu::BufferUsages::COPY_SRC)).collect();
     let step_len = 2 + 3 * graph.n_tokens + 3 * graph.n_seqs;
     let step = storage("step", step_len * 4, wgpu::BufferUsages::COPY_DST);
     let logits = graph.desc(graph.logits);
@@ -415,7 +488,8 @@ pub(crate) fn compile(gpu: &Gpu, pipelines: &mut PipelineCache, weights: &[GpuWe
         })
         .max();
     let act_scratch = scratch_len.map(|len| storage("activation scratch", len * 4, wgpu::BufferUsages::empty()));
-    let mut b = Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), params: Vec::new() };
+    let mut b =
+        Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), params: Vec::new() };
     let mut embed_rows: Option<usize> = None;
     for op in &graph.ops {
         if let Op::Embed { table, .. } = op {

@@ -22,7 +22,11 @@ impl WgpuOptions {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_env() -> Self {
         let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
-        WgpuOptions { no_f16: on("HEARTH_WGPU_NO_F16"), no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"), max_binding_bytes: None }
+        WgpuOptions {
+            no_f16: on("HEARTH_WGPU_NO_F16"),
+            no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"),
+            max_binding_bytes: None,
+        }
     }
 }
 
@@ -113,7 +117,9 @@ fn watch(device: &wgpu::Device) -> FaultWatch {
         })
     }));
     let sink = faults.clone();
-    device.set_device_lost_callback(move |reason, message| sink.record(WgpuError::DeviceLost(format!("{reason:?}: {message}"))));
+    device.set_device_lost_callback(move |reason, message| {
+        sink.record(WgpuError::DeviceLost(format!("{reason:?}: {message}")))
+    });
     faults
 }
 
@@ -122,7 +128,10 @@ pub(crate) async fn request_adapter_async() -> Result<wgpu::Adapter, WgpuError> 
     let descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     // In the browser: navigator.gpu only (no WebGL fallback: our kernels need compute).
     #[cfg(target_arch = "wasm32")]
-    let descriptor = wgpu::InstanceDescriptor { backends: wgpu::Backends::BROWSER_WEBGPU, ..wgpu::InstanceDescriptor::new_without_display_handle() };
+    let descriptor = wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::BROWSER_WEBGPU,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    };
     let instance = wgpu::Instance::new(descriptor);
     instance
         .request_adapter(&wgpu::RequestAdapterOptions {
@@ -160,7 +169,12 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
     // All the adapter offers: the defaults cap storage bindings at 128 MiB and buffers at 256 MiB.
     let limits = adapter.limits();
     let (device, queue) = adapter
-        .request_device(&wgpu::DeviceDescriptor { label: Some("hearth"), required_features, required_limits: limits.clone(), ..Default::default() })
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("hearth"),
+            required_features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        })
         .await
         .map_err(|e| WgpuError::Device(e.to_string()))?;
     let faults = watch(&device);

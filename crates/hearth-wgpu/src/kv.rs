@@ -46,21 +46,35 @@ impl GpuKv {
             return Err(WgpuError::Unsupported("KV blocks of 0 positions".into()));
         }
         let buffer = |label: String, bytes: u64, usage: wgpu::BufferUsages| {
-            device.create_buffer(&wgpu::BufferDescriptor { label: Some(&label), size: bytes.max(4), usage, mapped_at_creation: false })
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&label),
+                size: bytes.max(4),
+                usage,
+                mapped_at_creation: false,
+            })
         };
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let (mut k, mut v) = (Vec::with_capacity(layout.n_layers), Vec::with_capacity(layout.n_layers));
         for layer in 0..layout.n_layers {
-            let group = layout.group_of(layer).ok_or_else(|| WgpuError::Unsupported(format!("layer {layer} is in no KV block group")))?;
+            let group = layout
+                .group_of(layer)
+                .ok_or_else(|| WgpuError::Unsupported(format!("layer {layer} is in no KV block group")))?;
             let positions = layout.groups[group].n_blocks as u64 * bs;
             let (kb, vb) = (positions * k_row_bytes, positions * v_row_bytes);
             if kb.max(vb) > max_binding {
-                return Err(WgpuError::Unsupported(format!("KV layer of {} bytes exceeds the binding limit {max_binding}", kb.max(vb))));
+                return Err(WgpuError::Unsupported(format!(
+                    "KV layer of {} bytes exceeds the binding limit {max_binding}",
+                    kb.max(vb)
+                )));
             }
             k.push(buffer(format!("k_cache.{layer}"), kb, usage));
             v.push(buffer(format!("v_cache.{layer}"), vb, usage));
         }
-        let scratch = buffer("kv block copy".into(), bs * k_row_bytes.max(v_row_bytes), wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST);
+        let scratch = buffer(
+            "kv block copy".into(),
+            bs * k_row_bytes.max(v_row_bytes),
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        );
         Ok(GpuKv { layout, define, k_row_bytes, v_row_bytes, k, v, scratch })
     }
 
@@ -138,9 +152,15 @@ impl GpuKv {
                 // As StepInput::validate: the first block any query of this step sees.
                 let first = group.window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w)) / bs;
                 let end = (s.pos0 + s.n_tokens).div_ceil(bs);
-                let blocks = table.get(first..end).ok_or_else(|| WgpuError::Execution(format!("sequence {i}: block table of group {g} too short")))?;
+                let blocks = table
+                    .get(first..end)
+                    .ok_or_else(|| WgpuError::Execution(format!("sequence {i}: block table of group {g} too short")))?;
                 if blocks.len() > cap {
-                    return Err(WgpuError::Unsupported(format!("sequence {i} touches {} blocks of group {g}, more than its {} (repeated blocks?)", blocks.len(), group.n_blocks)));
+                    return Err(WgpuError::Unsupported(format!(
+                        "sequence {i} touches {} blocks of group {g}, more than its {} (repeated blocks?)",
+                        blocks.len(),
+                        group.n_blocks
+                    )));
                 }
                 out.push(first as u32);
                 out.extend_from_slice(blocks);

@@ -18,7 +18,9 @@ mod weights;
 
 use compile::CompiledGraph;
 use device::Gpu;
-use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
+use hearth_core::backend::{
+    Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData,
+};
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, DeviceFault, Result};
@@ -220,7 +222,8 @@ impl Backend for WgpuBackend {
         if copies.is_empty() {
             return Ok(());
         }
-        let mut encoder = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv block copies") });
+        let mut encoder =
+            self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv block copies") });
         kv.encode_copies(&mut encoder, copies)?;
         self.gpu.queue.submit([encoder.finish()]);
         self.counters.submits += 1;
@@ -308,7 +311,12 @@ impl Backend for WgpuBackend {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
         let compiled = self.graphs.get(graph)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
-        replay::read_back(&self.gpu, &compiled.bufs[index], compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols).ok()
+        replay::read_back(
+            &self.gpu,
+            &compiled.bufs[index],
+            compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols,
+        )
+        .ok()
     }
 
     fn counters(&self) -> BackendCounters {

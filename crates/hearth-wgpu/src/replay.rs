@@ -115,14 +115,22 @@ pub(crate) fn make_bind_group(
             (Res::KvOffset(b), Some((kv, _))) if kv.layout.kv_type.subtracts_offsets() => b,
             (Res::KvOffset(_), Some(_)) => continue,
             (Res::Tables, Some((_, tables))) => tables,
-            (Res::KvK(layer), Some((kv, _))) => kv.k.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
-            (Res::KvV(layer), Some((kv, _))) => kv.v.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?,
+            (Res::KvK(layer), Some((kv, _))) => {
+                kv.k.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?
+            }
+            (Res::KvV(layer), Some((kv, _))) => {
+                kv.v.get(*layer).ok_or(WgpuError::UnknownId { what: "KV layer", id: *layer as u32 })?
+            }
             _ => return Err(WgpuError::Execution("KV binding without a KV pool".into())),
         };
         resolved.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
     }
     let scope = validation_scope(device);
-    let group = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &resolved });
+    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &resolved,
+    });
     if let Some(e) = pop_scope(scope) {
         return Err(WgpuError::Execution(format!("bind group: {e}")));
     }
@@ -138,7 +146,10 @@ fn check_fit(d: &Dispatch, kv: &GpuKv) -> Result<(), WgpuError> {
     let misfit = match group {
         None => Some("layer not in the pool".to_string()),
         Some(_) if need.k_width.is_some_and(|w| w != l.k_width) || need.v_width.is_some_and(|w| w != l.v_width) => {
-            Some(format!("rows of {:?}/{:?} values, the pool's are {}/{}", need.k_width, need.v_width, l.k_width, l.v_width))
+            Some(format!(
+                "rows of {:?}/{:?} values, the pool's are {}/{}",
+                need.k_width, need.v_width, l.k_width, l.v_width
+            ))
         }
         Some(g) => match (need.window, l.groups[g].window) {
             (Some(attention), Some(kept)) if attention.is_none_or(|a| a > kept) => {
@@ -148,7 +159,9 @@ fn check_fit(d: &Dispatch, kv: &GpuKv) -> Result<(), WgpuError> {
         },
     };
     match misfit {
-        Some(why) => Err(WgpuError::Unsupported(format!("graph does not fit the KV pool on layer {}: {why}", need.layer))),
+        Some(why) => {
+            Err(WgpuError::Unsupported(format!("graph does not fit the KV pool on layer {}: {why}", need.layer)))
+        }
         None => Ok(()),
     }
 }
@@ -179,7 +192,13 @@ impl CompiledGraph {
 
     /// Builds, once per KV pool, what the KV-touching dispatches need; returns the bind groups
     /// created.
-    pub fn ensure_kv_binding(&mut self, gpu: &Gpu, pipelines: &mut PipelineCache, kv_id: KvId, kv: &GpuKv) -> Result<u64, WgpuError> {
+    pub fn ensure_kv_binding(
+        &mut self,
+        gpu: &Gpu,
+        pipelines: &mut PipelineCache,
+        kv_id: KvId,
+        kv: &GpuKv,
+    ) -> Result<u64, WgpuError> {
         if self.kv_bindings.contains_key(&kv_id.0) {
             return Ok(0);
         }
@@ -236,7 +255,14 @@ impl CompiledGraph {
             return Ok(0);
         }
         let desc = &self.graph.bufs[self.graph.logits.0 as usize];
-        let plan = crate::sample::TopKPlan::new(gpu, pipelines, &self.bufs[self.graph.logits.0 as usize], desc.rows, desc.cols, spec)?;
+        let plan = crate::sample::TopKPlan::new(
+            gpu,
+            pipelines,
+            &self.bufs[self.graph.logits.0 as usize],
+            desc.rows,
+            desc.cols,
+            spec,
+        )?;
         self.top_k_plans.insert(spec, plan);
         Ok(crate::sample::TopKPlan::BIND_GROUPS)
     }
@@ -245,7 +271,14 @@ impl CompiledGraph {
     /// `top_k = Some(k)` (after [`CompiledGraph::ensure_top_k`]) the top-k reduction recorded in
     /// the same pass. Returns the signal [`CompiledGraph::take_logits`] / [`CompiledGraph::take_top_k`]
     /// wait for, and the bytes being read back.
-    pub fn submit(&mut self, gpu: &Gpu, kv: &GpuKv, kv_id: KvId, input: StepInput<'_>, top_k: Option<TopKSpec>) -> Result<(MapSignal, u64), WgpuError> {
+    pub fn submit(
+        &mut self,
+        gpu: &Gpu,
+        kv: &GpuKv,
+        kv_id: KvId,
+        input: StepInput<'_>,
+        top_k: Option<TopKSpec>,
+    ) -> Result<(MapSignal, u64), WgpuError> {
         if let Some(spec) = top_k.filter(|spec| !self.top_k_plans.contains_key(spec)) {
             return Err(WgpuError::Execution(format!("{spec:?} reduction not built")));
         }
@@ -265,7 +298,8 @@ impl CompiledGraph {
         let scope = validation_scope(&gpu.device);
         let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
             for (d, kv_resolved) in self.dispatches.iter().zip(&binding.resolved) {
                 let (pipeline, group) = match (&d.pipeline, &d.bind_group, kv_resolved) {
                     (Some(p), Some(g), _) => (p, g),

@@ -2,9 +2,9 @@
 //! (`shaders/sampling.wgsl`), recorded into the step's compute pass so a decode step reads back
 //! `[n_rows, k]` (token id, logit) pairs instead of `[n_rows, n_vocab]` logits.
 
+use crate::compile::Res;
 use crate::device::Gpu;
 use crate::replay::{make_bind_group, map_outcome, MapSignal};
-use crate::compile::Res;
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::WgpuError;
 use hearth_core::backend::{Readback, TopK};
@@ -59,17 +59,31 @@ pub(crate) struct TopKPlan {
 impl TopKPlan {
     /// Pipelines (cached) and two bind groups over `logits` ([n_rows, n_vocab] f32), `1 ≤ k ≤
     /// n_vocab`.
-    pub fn new(gpu: &Gpu, pipelines: &mut PipelineCache, logits: &wgpu::Buffer, n_rows: usize, n_vocab: usize, spec: TopKSpec) -> Result<Self, WgpuError> {
+    pub fn new(
+        gpu: &Gpu,
+        pipelines: &mut PipelineCache,
+        logits: &wgpu::Buffer,
+        n_rows: usize,
+        n_vocab: usize,
+        spec: TopKSpec,
+    ) -> Result<Self, WgpuError> {
         let TopKSpec { k, log_sum_exp } = spec;
         if k == 0 || k > n_vocab || k > MAX_K || n_rows == 0 {
             return Err(WgpuError::Unsupported(format!("top-{k} of {n_rows} rows of {n_vocab} logits")));
         }
         let n_chunks = n_vocab.div_ceil(CHUNK_LEN);
         if n_chunks > 65535 || n_rows > 65535 {
-            return Err(WgpuError::Unsupported(format!("top-k over {n_rows} rows of {n_vocab} logits (grid too large)")));
+            return Err(WgpuError::Unsupported(format!(
+                "top-k over {n_rows} rows of {n_vocab} logits (grid too large)"
+            )));
         }
         let storage = |label: &str, bytes: usize, usage: wgpu::BufferUsages| {
-            gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes.max(4) as u64, usage, mapped_at_creation: false })
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes.max(4) as u64,
+                usage,
+                mapped_at_creation: false,
+            })
         };
         // [n_rows, n_chunks, k, 2] u32
         let candidates = storage("top-k chunk candidates", n_rows * n_chunks * k * 8, wgpu::BufferUsages::STORAGE);
@@ -77,14 +91,20 @@ impl TopKPlan {
         let out = storage("top-k", out_bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
         let staging = storage("top-k staging", out_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
         // [n_rows, n_chunks, 2] f32: each chunk's (max, sum) for the log-sum-exp.
-        let partial_sums = log_sum_exp.then(|| storage("top-k chunk sums", n_rows * n_chunks * 8, wgpu::BufferUsages::STORAGE));
+        let partial_sums =
+            log_sum_exp.then(|| storage("top-k chunk sums", n_rows * n_chunks * 8, wgpu::BufferUsages::STORAGE));
         let params = [n_rows as u32, n_vocab as u32, CHUNK_LEN as u32, n_chunks as u32, k as u32];
         let params = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("top-k params"),
             contents: bytemuck::cast_slice(&params),
             usage: wgpu::BufferUsages::STORAGE,
         });
-        let pass = |pipelines: &mut PipelineCache, entry, define, mut entries: Vec<(u32, Res)>, groups| -> Result<Pass, WgpuError> {
+        let pass = |pipelines: &mut PipelineCache,
+                    entry,
+                    define,
+                    mut entries: Vec<(u32, Res)>,
+                    groups|
+         -> Result<Pass, WgpuError> {
             let defines: &[&str] = if log_sum_exp { &[define, "TOPK_LSE"] } else { &[define] };
             if let Some(partial_sums) = &partial_sums {
                 entries.push((4, Res::Buf(partial_sums.clone())));
@@ -107,7 +127,10 @@ impl TopKPlan {
             vec![(0, Res::Buf(params.clone())), (2, Res::Buf(candidates.clone())), (3, Res::Buf(out.clone()))],
             [n_rows as u32, 1, 1],
         )?;
-        let owned = [Some(params), Some(candidates), Some(out.clone()), Some(staging.clone()), partial_sums].into_iter().flatten().collect();
+        let owned = [Some(params), Some(candidates), Some(out.clone()), Some(staging.clone()), partial_sums]
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(TopKPlan { k, log_sum_exp, n_rows, chunks, merge, out, staging, owned })
     }
 
@@ -146,7 +169,11 @@ impl TopKPlan {
         };
         outcome?;
         {
-            let view = self.staging.slice(0..self.bytes()).get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
+            let view = self
+                .staging
+                .slice(0..self.bytes())
+                .get_mapped_range()
+                .map_err(|e| WgpuError::ReadBack(e.to_string()))?;
             let words: &[u32] = bytemuck::cast_slice(&view[..]);
             let (pairs, sums) = words.split_at((self.n_rows * self.k * 2).min(words.len()));
             top.k = self.k;

@@ -49,7 +49,10 @@ pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, 
     // Each open block: (condition of this branch, whether we are past `#else`).
     let mut stack: Vec<(bool, bool)> = Vec::new();
     let mut out = String::with_capacity(source.len());
-    let bad = |line: usize, reason: &str| WgpuError::Shader { file: file.to_string(), message: format!("line {}: {reason}", line + 1) };
+    let bad = |line: usize, reason: &str| WgpuError::Shader {
+        file: file.to_string(),
+        message: format!("line {}: {reason}", line + 1),
+    };
     for (n, line) in source.lines().enumerate() {
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix("#ifdef") {
@@ -174,8 +177,13 @@ y
         assert_eq!(keep(&["A"]), "x");
         assert_eq!(keep(&["B"]), "x");
         assert_eq!(keep(&["C"]), "y");
-        assert!(preprocess("t", "#ifdef A ||
+        assert!(preprocess(
+            "t",
+            "#ifdef A ||
 #endif
-", &[]).is_err());
+",
+            &[]
+        )
+        .is_err());
     }
 }

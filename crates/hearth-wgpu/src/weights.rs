@@ -29,7 +29,11 @@ impl GpuWeight {
     pub fn as_f32_vector(&self) -> Result<&wgpu::Buffer, WgpuError> {
         match (self.desc.ty, self.chunks.as_slice()) {
             (GgmlType::F32, [chunk]) => Ok(&chunk.buffer),
-            _ => Err(WgpuError::Unsupported(format!("weight '{}' ({}) used as an f32 vector", self.desc.name, self.desc.ty.name()))),
+            _ => Err(WgpuError::Unsupported(format!(
+                "weight '{}' ({}) used as an f32 vector",
+                self.desc.name,
+                self.desc.ty.name()
+            ))),
         }
     }
 }
@@ -103,7 +107,9 @@ pub(crate) fn upload(
                     let from_source = piece.min(len.saturating_sub(done));
                     owned.clear();
                     owned.resize(piece, 0);
-                    data.source.read_at(offset + done as u64, &mut owned[..from_source]).map_err(|e| bad(e.to_string()))?;
+                    data.source
+                        .read_at(offset + done as u64, &mut owned[..from_source])
+                        .map_err(|e| bad(e.to_string()))?;
                     queue.write_buffer(&buffer, done as u64, &owned);
                     done += piece;
                 }

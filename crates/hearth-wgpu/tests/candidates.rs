@@ -22,7 +22,8 @@ const PREFILL_CHUNK: usize = 64;
 
 fn wgpu_runner(file: &GgufFile, max_sequences: usize) -> Option<Runner> {
     let gpu = common::open(WgpuOptions::from_env())?;
-    let options = EngineOptions { n_ctx: N_CTX, prefill_chunk: PREFILL_CHUNK, max_sequences, ..EngineOptions::default() };
+    let options =
+        EngineOptions { n_ctx: N_CTX, prefill_chunk: PREFILL_CHUNK, max_sequences, ..EngineOptions::default() };
     Some(Runner::load(file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu"))
 }
 
@@ -86,14 +87,27 @@ fn gemma_270m_scheduler_steps_read_back_candidates_and_match_full_logits() {
         SamplingParams::default(),
         top_k.clone(),
         // At most 1 + 16 candidates: fewer than the top-k row's 40.
-        SamplingParams { repeat_penalty: 1.5, repeat_last_n: 16, logit_bias: BTreeMap::from([(108, f32::NEG_INFINITY)]), ..SamplingParams::default() },
+        SamplingParams {
+            repeat_penalty: 1.5,
+            repeat_last_n: 16,
+            logit_bias: BTreeMap::from([(108, f32::NEG_INFINITY)]),
+            ..SamplingParams::default()
+        },
     ];
-    let requests: Vec<GenerateOptions> =
-        candidates_only.iter().map(|s| GenerateOptions { max_tokens, ignore_eos: true, sampling: s.clone(), ..GenerateOptions::default() }).collect();
-    let want: Vec<Vec<u32>> = prompts.iter().zip(&requests).map(|(p, o)| full_logits_tokens(&mut oracle, p, o)).collect();
+    let requests: Vec<GenerateOptions> = candidates_only
+        .iter()
+        .map(|s| GenerateOptions { max_tokens, ignore_eos: true, sampling: s.clone(), ..GenerateOptions::default() })
+        .collect();
+    let want: Vec<Vec<u32>> =
+        prompts.iter().zip(&requests).map(|(p, o)| full_logits_tokens(&mut oracle, p, o)).collect();
 
-    let mut s = Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK, ..SchedulerOptions::default() });
-    let ids: Vec<RequestId> = prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
+    let mut s = Scheduler::new(
+        runner,
+        tokenizer,
+        SchedulerOptions { max_batch: 4, prefill_chunk: PREFILL_CHUNK, ..SchedulerOptions::default() },
+    );
+    let ids: Vec<RequestId> =
+        prompts.iter().zip(&requests).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
     let (got, step_bytes) = run_scheduler(&mut s, &ids);
     eprintln!("candidate steps read back {step_bytes:?} bytes (3 rows, full logits would be {})", 3 * n_vocab * 4);
     assert_eq!(got, want, "scheduler candidates differ from the full-logits path");
@@ -105,7 +119,8 @@ fn gemma_270m_scheduler_steps_read_back_candidates_and_match_full_logits() {
     let mut with_bias = requests.clone();
     with_bias[0].sampling.logit_bias = BTreeMap::from([(want[0][1], 1.5)]);
     let want_bias = full_logits_tokens(&mut oracle, &prompts[0], &with_bias[0]);
-    let ids: Vec<RequestId> = prompts.iter().zip(&with_bias).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
+    let ids: Vec<RequestId> =
+        prompts.iter().zip(&with_bias).map(|(p, o)| s.submit(p.clone(), o.clone()).expect("submit")).collect();
     let (got, step_bytes) = run_scheduler(&mut s, &ids);
     eprintln!("with a positive bias: {step_bytes:?} bytes");
     assert_eq!(got[0], want_bias);
@@ -138,7 +153,13 @@ fn gemma_270m_greedy_verification_reads_back_the_argmax_per_row() {
     let greedy = GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::default() };
     let before = engine.session().backend().counters().bytes_read_back;
     let spec = engine
-        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 15, adaptive: false }, &mut |_| true)
+        .generate_speculative(
+            &prompt,
+            &greedy,
+            &mut PromptLookup::default(),
+            &SpeculativeOptions { max_draft_tokens: 15, adaptive: false },
+            &mut |_| true,
+        )
         .expect("generate_speculative");
     let bytes = engine.session().backend().counters().bytes_read_back - before;
     let metrics = spec.speculative.clone().expect("metrics");

@@ -51,7 +51,9 @@ fn a_weight_type_without_a_kernel_is_refused_by_name_before_compiling() {
         cpu.supports(Capability::Op { op: matmul, graph: &case.graph }).expect("the CPU has a kernel");
         // compile agrees, with the structured error the loaders fall back on.
         match gpu.compile(&case.graph) {
-            Err(CoreError::Unsupported { backend, what }) => assert!(backend == "wgpu" && what.contains(ty.name()), "{what}"),
+            Err(CoreError::Unsupported { backend, what }) => {
+                assert!(backend == "wgpu" && what.contains(ty.name()), "{what}")
+            }
             Err(other) => panic!("expected Unsupported, got {other}"),
             Ok(_) => panic!("{ty:?} compiled on wgpu"),
         }
@@ -64,12 +66,17 @@ fn a_weight_type_without_a_kernel_is_refused_by_name_before_compiling() {
 fn the_kernels_weight_types_are_supported() {
     let Some(mut gpu) = common::open(WgpuOptions::from_env()) else { return };
     let mut rng = Rng(6);
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in
+        [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K]
+    {
         // A multiple of every block length (32 and the K-quants' 256).
         let row_len = 256;
         let mut case = Case::new(2);
         let x = case.input("x", row_len, &mut rng);
-        case.weights.push((WeightDesc { name: "w".into(), ty, dims: vec![row_len as u64, 16] }, random_weight(ty, row_len, 16, &mut rng)));
+        case.weights.push((
+            WeightDesc { name: "w".into(), ty, dims: vec![row_len as u64, 16] },
+            random_weight(ty, row_len, 16, &mut rng),
+        ));
         let w = hearth_core::graph::WeightId(case.weights.len() as u32 - 1);
         let out = case.graph.buf("out", 2, 16);
         case.graph.push(Op::MatMul { w, x, bias: None, out });

@@ -37,7 +37,8 @@ fn shapes() -> Vec<(usize, usize, LogitsMode)> {
 /// wgpu's logits against the CPU's.
 fn step_both(runners: &mut [Runner; 2], seqs: &[[SeqId; 2]], shape: (usize, usize, LogitsMode), round: u32) -> f64 {
     let (per_seq, n_seqs, mode) = shape;
-    let tokens: Vec<Vec<u32>> = (0..n_seqs).map(|s| (0..per_seq).map(|t| (round * 7 + s as u32 * 5 + t as u32 * 3) % 32).collect()).collect();
+    let tokens: Vec<Vec<u32>> =
+        (0..n_seqs).map(|s| (0..per_seq).map(|t| (round * 7 + s as u32 * 5 + t as u32 * 3) % 32).collect()).collect();
     let mut outputs = Vec::new();
     for (r, runner) in runners.iter_mut().enumerate() {
         for pair in &seqs[..n_seqs] {
@@ -45,7 +46,8 @@ fn step_both(runners: &mut [Runner; 2], seqs: &[[SeqId; 2]], shape: (usize, usiz
                 runner.kv_mut().truncate(pair[r], 0).expect("truncate");
             }
         }
-        let batch: Vec<BatchEntry<'_>> = seqs[..n_seqs].iter().zip(&tokens).map(|(pair, t)| BatchEntry { seq: pair[r], tokens: t }).collect();
+        let batch: Vec<BatchEntry<'_>> =
+            seqs[..n_seqs].iter().zip(&tokens).map(|(pair, t)| BatchEntry { seq: pair[r], tokens: t }).collect();
         outputs.push(runner.step(&batch, mode).expect("step").to_vec());
     }
     let (cpu, gpu) = (&outputs[0], &outputs[1]);
@@ -62,9 +64,12 @@ fn evicted_graphs_free_their_device_memory_and_recompiled_ones_stay_correct() {
     let options = EngineOptions { n_ctx: N_CTX, max_sequences: N_SEQS, ..EngineOptions::default() };
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let cpu = CpuBackend::new(Some(1)).expect("cpu backend");
-    let load = |backend: Box<dyn hearth_core::backend::Backend>| Runner::load(&file, backend, &options, &mut |_, _| {}).expect("load");
+    let load = |backend: Box<dyn hearth_core::backend::Backend>| {
+        Runner::load(&file, backend, &options, &mut |_, _| {}).expect("load")
+    };
     let mut runners = [load(Box::new(cpu)), load(Box::new(gpu))];
-    let seqs: Vec<[SeqId; 2]> = (0..N_SEQS).map(|_| [runners[0].kv_mut().add_sequence(), runners[1].kv_mut().add_sequence()]).collect();
+    let seqs: Vec<[SeqId; 2]> =
+        (0..N_SEQS).map(|_| [runners[0].kv_mut().add_sequence(), runners[1].kv_mut().add_sequence()]).collect();
     let shapes = shapes();
 
     // One pass over every shape: the pool of live graphs fills to MAX_GRAPHS and starts evicting.
@@ -85,8 +90,14 @@ fn evicted_graphs_free_their_device_memory_and_recompiled_ones_stay_correct() {
     }
     let backend = runners[1].backend();
     let (counters, bytes) = (backend.counters(), backend.memory_bytes());
-    eprintln!("first pass: {:?}, {} bytes; after three more: {counters:?}, {bytes} bytes; worst nmse {worst:.2e}", after_first.0, after_first.1);
-    assert!(counters.graphs_compiled >= after_first.0.graphs_compiled + 3 * shapes.len() as u64, "the workload recompiles: {counters:?}");
+    eprintln!(
+        "first pass: {:?}, {} bytes; after three more: {counters:?}, {bytes} bytes; worst nmse {worst:.2e}",
+        after_first.0, after_first.1
+    );
+    assert!(
+        counters.graphs_compiled >= after_first.0.graphs_compiled + 3 * shapes.len() as u64,
+        "the workload recompiles: {counters:?}"
+    );
     assert_eq!(counters.graphs_compiled - counters.graphs_released, MAX_GRAPHS as u64, "{counters:?}");
     // The same shapes cycle through the same number of slots, so the memory held returns to
     // what it was after the first pass (without releasing, it would grow by every graph).

@@ -58,7 +58,15 @@ fn top(v: &[f32], n: usize) -> Vec<usize> {
 /// Both backends store the KV cache as `kv_type`.
 /// At least `min_decisive` of the N_GENERATE steps must be decisive, or the prompt tests little.
 #[allow(clippy::too_many_arguments)]
-fn same_greedy_tokens(stem: &str, kv_type: KvType, prompt: &str, decisive_margin: f32, min_decisive: usize, max_logprob: f32, mean_logprob: f32) {
+fn same_greedy_tokens(
+    stem: &str,
+    kv_type: KvType,
+    prompt: &str,
+    decisive_margin: f32,
+    min_decisive: usize,
+    max_logprob: f32,
+    mean_logprob: f32,
+) {
     let options = EngineOptions { n_ctx: N_CTX, kv_type, ..EngineOptions::default() };
     let Some((file, mut gpu)) = wgpu_session(stem, &options) else { return };
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
@@ -81,7 +89,11 @@ fn same_greedy_tokens(stem: &str, kv_type: KvType, prompt: &str, decisive_margin
         }
         if margin >= decisive_margin {
             decisive += 1;
-            assert_eq!(got_top, want_top[0], "{stem} step {step}: wgpu picks {got_top}, the CPU {} with margin {margin:.3}", want_top[0]);
+            assert_eq!(
+                got_top, want_top[0],
+                "{stem} step {step}: wgpu picks {got_top}, the CPU {} with margin {margin:.3}",
+                want_top[0]
+            );
         }
         cpu_tokens.push(want_top[0] as u32);
         gpu_tokens.push(got_top as u32);
@@ -136,7 +148,10 @@ fn exact_greedy_tokens(stem: &str, prompt: &str, max_logprob: f32, mean_logprob:
         if gpu_token != cpu_token {
             let cpu_gap = want[cpu_token] - want[gpu_token];
             let gpu_gap = got[gpu_token] - got[cpu_token];
-            eprintln!("{stem} step {step}: near-tie? wgpu {gpu_token} vs CPU {cpu_token}: CPU logits {} / {}, wgpu {} / {}", want[cpu_token], want[gpu_token], got[cpu_token], got[gpu_token]);
+            eprintln!(
+                "{stem} step {step}: near-tie? wgpu {gpu_token} vs CPU {cpu_token}: CPU logits {} / {}, wgpu {} / {}",
+                want[cpu_token], want[gpu_token], got[cpu_token], got[gpu_token]
+            );
             assert!(
                 margin < NEAR_TIE && cpu_gap < NEAR_TIE && gpu_gap < NEAR_TIE,
                 "{stem} step {step}: wgpu picks {gpu_token}, the CPU {cpu_token}; CPU margin {margin}, CPU gap {cpu_gap}, wgpu gap {gpu_gap} (not a near-tie)"
@@ -230,7 +245,11 @@ fn gemma_270m_batched_steps_match_cpu() {
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let (mut gpu, tokenizer) = runner_on(GEMMA_270M, Box::new(gpu), 3);
     let (mut cpu, _) = runner_on(GEMMA_270M, Box::new(hearth_cpu::CpuBackend::new(None).expect("cpu")), 3);
-    let prompts = ["The capital of France is Paris, and the capital of Italy is", "Once upon", "The capital of France is Paris, and the capital of Spain is"];
+    let prompts = [
+        "The capital of France is Paris, and the capital of Italy is",
+        "Once upon",
+        "The capital of France is Paris, and the capital of Spain is",
+    ];
     let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| tokenizer.encode(p, true, false).expect("encode")).collect();
     let seqs: Vec<SeqId> = (0..3).map(|_| cpu.kv_mut().add_sequence()).collect();
     let gpu_seqs: Vec<SeqId> = (0..3).map(|_| gpu.kv_mut().add_sequence()).collect();
@@ -264,7 +283,8 @@ fn gemma_270m_batched_steps_match_cpu() {
     let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
     let mut next = compare(0, &want, &got);
     for step in 1..5 {
-        let batch: Vec<BatchEntry<'_>> = seqs.iter().zip(&next).map(|(&seq, t)| BatchEntry { seq, tokens: std::slice::from_ref(t) }).collect();
+        let batch: Vec<BatchEntry<'_>> =
+            seqs.iter().zip(&next).map(|(&seq, t)| BatchEntry { seq, tokens: std::slice::from_ref(t) }).collect();
         let want = cpu.step(&batch, LogitsMode::Last).expect("cpu step").to_vec();
         let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
         next = compare(step, &want, &got);
@@ -279,7 +299,11 @@ fn gemma_270m_batched_steps_match_cpu() {
     let copies_before = gpu.backend().counters().submits;
     let want = cpu.step(&batch, LogitsMode::Last).expect("cpu step").to_vec();
     let got = gpu.step(&batch, LogitsMode::Last).expect("wgpu step").to_vec();
-    assert_eq!(gpu.backend().counters().submits, copies_before + 2, "the step after the rollback copies a block (one submit) and runs (one)");
+    assert_eq!(
+        gpu.backend().counters().submits,
+        copies_before + 2,
+        "the step after the rollback copies a block (one submit) and runs (one)"
+    );
     compare(5, &want, &got);
     let mean = sum_delta / n_delta as f64;
     eprintln!("batched: {decisive} decisive rows, |Δ log-prob| mean {mean:.4} max {max_delta:.4}");
@@ -309,7 +333,13 @@ fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
     engine.session_mut().reset();
     let spec = engine
-        .generate_speculative(&prompt, &greedy, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 5, adaptive: false }, &mut |_| true)
+        .generate_speculative(
+            &prompt,
+            &greedy,
+            &mut PromptLookup::default(),
+            &SpeculativeOptions { max_draft_tokens: 5, adaptive: false },
+            &mut |_| true,
+        )
         .expect("generate_speculative");
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("wgpu lookup: {metrics:?}\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
@@ -352,7 +382,8 @@ fn gemma_270m_device_sampling_equals_full_logits_path() {
         engine.session_mut().reset();
         engine.session_mut().clear_prefix_cache();
         let before = engine.session().backend().counters();
-        let gen = GenerateOptions { max_tokens: n, sampling: params.clone(), ignore_eos: true, ..GenerateOptions::default() };
+        let gen =
+            GenerateOptions { max_tokens: n, sampling: params.clone(), ignore_eos: true, ..GenerateOptions::default() };
         let got = engine.generate(&prompt, &gen, &mut |_| true).expect("generate");
         let after = engine.session().backend().counters();
         eprintln!("{params:?}\nfull logits: {want:?}\ncandidates:  {:?}\n{:?}", got.tokens, after);

@@ -14,7 +14,8 @@ use hearth_core::quant::GgmlType;
 use hearth_wgpu::WgpuOptions;
 use std::sync::Arc;
 
-const WEIGHT_TYPES: [GgmlType; 7] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K];
+const WEIGHT_TYPES: [GgmlType; 7] =
+    [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
 fn block(ty: GgmlType) -> usize {
     ty.block_len()
@@ -31,7 +32,12 @@ fn embed_every_type() {
             c.graph.push(Op::Embed { table, out });
             c.graph.logits = out;
             // Dequantization is exact arithmetic on both sides.
-            c.check(&format!("embed {ty:?} {row_len}x{n}"), 1e-12, &[single(tokens(n, 13, &mut rng), 0, &small_layout())], WgpuOptions::default());
+            c.check(
+                &format!("embed {ty:?} {row_len}x{n}"),
+                1e-12,
+                &[single(tokens(n, 13, &mut rng), 0, &small_layout())],
+                WgpuOptions::default(),
+            );
         }
     }
 }
@@ -62,7 +68,8 @@ fn matmul_every_type_and_shape() {
         // Activations are rounded to the weight's dot type exactly as the CPU does (8-bit
         // blocks, f16), so only the order of f32 additions differs.
         let threshold = 1e-9;
-        for (k_blocks, n_out, rows, bias) in [(1, 1, 1, false), (2, 17, 3, true), (3, 67, 9, false), (1, 130, 17, true)] {
+        for (k_blocks, n_out, rows, bias) in [(1, 1, 1, false), (2, 17, 3, true), (3, 67, 9, false), (1, 130, 17, true)]
+        {
             let k = block(ty).max(if block(ty) == 1 { 67 } else { 0 }) * k_blocks;
             let mut c = Case::new(rows);
             let x = c.input("x", k, &mut rng);
@@ -71,7 +78,12 @@ fn matmul_every_type_and_shape() {
             let out = c.graph.buf("out", rows, n_out);
             c.graph.push(Op::MatMul { w, x, bias: b, out });
             c.graph.logits = out;
-            c.check(&format!("matmul {ty:?} k{k} n{n_out} rows{rows} bias{bias}"), threshold, &[single(tokens(rows, 64, &mut rng), 0, &small_layout())], WgpuOptions::default());
+            c.check(
+                &format!("matmul {ty:?} k{k} n{n_out} rows{rows} bias{bias}"),
+                threshold,
+                &[single(tokens(rows, 64, &mut rng), 0, &small_layout())],
+                WgpuOptions::default(),
+            );
         }
     }
 }
@@ -79,28 +91,46 @@ fn matmul_every_type_and_shape() {
 #[test]
 fn rms_norm_shapes() {
     let mut rng = Rng(4);
-    for (rows, cols, group, weighted, in_place) in [(3, 96, 32, true, false), (5, 896, 896, true, true), (1, 100, 100, false, false), (2, 640, 64, false, true)] {
+    for (rows, cols, group, weighted, in_place) in
+        [(3, 96, 32, true, false), (5, 896, 896, true, true), (1, 100, 100, false, false), (2, 640, 64, false, true)]
+    {
         let mut c = Case::new(rows);
         let x = c.input("x", cols, &mut rng);
         let weight = weighted.then(|| c.weight(GgmlType::F32, &[group as u64], &mut rng));
         let out = if in_place { x } else { c.graph.buf("out", rows, cols) };
         c.graph.push(Op::RmsNorm { x, weight, eps: 1e-6, group, out });
         c.graph.logits = out;
-        c.check(&format!("rms_norm {rows}x{cols}/{group}"), 1e-10, &[single(tokens(rows, 64, &mut rng), 0, &small_layout())], WgpuOptions::default());
+        c.check(
+            &format!("rms_norm {rows}x{cols}/{group}"),
+            1e-10,
+            &[single(tokens(rows, 64, &mut rng), 0, &small_layout())],
+            WgpuOptions::default(),
+        );
     }
 }
 
 #[test]
 fn rope_modes() {
     let mut rng = Rng(5);
-    for (mode, head_dim, n_rot, heads, factors) in [(RopeMode::Neox, 64, 64, 3, false), (RopeMode::Normal, 32, 32, 2, true), (RopeMode::Neox, 80, 32, 2, false), (RopeMode::Normal, 6, 4, 5, false)] {
+    for (mode, head_dim, n_rot, heads, factors) in [
+        (RopeMode::Neox, 64, 64, 3, false),
+        (RopeMode::Normal, 32, 32, 2, true),
+        (RopeMode::Neox, 80, 32, 2, false),
+        (RopeMode::Normal, 6, 4, 5, false),
+    ] {
         let rows = 4;
         let mut c = Case::new(rows);
         let x = c.input("x", head_dim * heads, &mut rng);
         let freq_factors = factors.then(|| c.weight(GgmlType::F32, &[(n_rot / 2) as u64], &mut rng));
-        c.graph.push(Op::Rope { x, params: RopeParams { mode, head_dim, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors } });
+        c.graph.push(Op::Rope {
+            x,
+            params: RopeParams { mode, head_dim, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors },
+        });
         c.graph.logits = x;
-        let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout()), single(tokens(rows, 64, &mut rng), 37, &small_layout())];
+        let steps = [
+            single(tokens(rows, 64, &mut rng), 0, &small_layout()),
+            single(tokens(rows, 64, &mut rng), 37, &small_layout()),
+        ];
         c.check(&format!("rope {mode:?} hd{head_dim} rot{n_rot}"), 1e-9, &steps, WgpuOptions::default());
     }
 }

@@ -9,8 +9,8 @@ use common::case::{single, tokens, Case, SeqSpec, Step};
 use common::{nmse, open, Rng};
 use hearth_core::backend::{Backend, KvLayout};
 use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams, WeightDesc, WeightId};
-use hearth_core::quant::GgmlType;
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
+use hearth_core::quant::GgmlType;
 use hearth_wgpu::WgpuOptions;
 
 const KV_TYPES: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
@@ -32,7 +32,10 @@ fn two_groups(kv_type: KvType, width: usize, block_size: usize, window: usize, n
         v_width: width,
         kv_type,
         block_size,
-        groups: vec![KvGroup { layers: vec![0], window: None, n_blocks }, KvGroup { layers: vec![1], window: Some(window), n_blocks }],
+        groups: vec![
+            KvGroup { layers: vec![0], window: None, n_blocks },
+            KvGroup { layers: vec![1], window: Some(window), n_blocks },
+        ],
     }
 }
 
@@ -95,7 +98,8 @@ fn biased_kv_case(with_offsets: bool, mut params: AttentionParams, layout: KvLay
     let biased_input = |c: &mut Case, name: &str, rng: &mut Rng| {
         let buf = c.input(name, width, rng);
         // A few channels of ±40, the rest within ±1, added to every row.
-        let big: Vec<f32> = (0..width).map(|i| if i % 16 == 5 { 40.0 * rng.f32().signum() } else { rng.f32() }).collect();
+        let big: Vec<f32> =
+            (0..width).map(|i| if i % 16 == 5 { 40.0 * rng.f32().signum() } else { rng.f32() }).collect();
         let table = &mut c.weights.last_mut().expect("input table").1;
         for (i, chunk) in table.chunks_exact_mut(4).enumerate() {
             let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + big[i % width];
@@ -106,10 +110,17 @@ fn biased_kv_case(with_offsets: bool, mut params: AttentionParams, layout: KvLay
     let (k, k_big) = biased_input(&mut c, "k", rng);
     let (v, v_big) = biased_input(&mut c, "v", rng);
     let offset = |c: &mut Case, name: &str, values: &[f32]| {
-        c.weights.push((WeightDesc { name: name.into(), ty: GgmlType::F32, dims: vec![width as u64] }, values.iter().flat_map(|b| b.to_le_bytes()).collect()));
+        c.weights.push((
+            WeightDesc { name: name.into(), ty: GgmlType::F32, dims: vec![width as u64] },
+            values.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        ));
         WeightId(c.weights.len() as u32 - 1)
     };
-    let (k_offset, v_offset) = if with_offsets { (Some(offset(&mut c, "k_offset", &k_big)), Some(offset(&mut c, "v_offset", &v_big))) } else { (None, None) };
+    let (k_offset, v_offset) = if with_offsets {
+        (Some(offset(&mut c, "k_offset", &k_big)), Some(offset(&mut c, "v_offset", &v_big)))
+    } else {
+        (None, None)
+    };
     params.v_offset = v_offset;
     c.graph.push(Op::StoreKv { layer: params.layer, k, v, k_offset, v_offset });
     let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
@@ -142,7 +153,11 @@ fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
         let (e_plain, e_offset) = (nmse(&plain.concat(), &oracle.concat()), nmse(&offset.concat(), &oracle.concat()));
         eprintln!("{} KV vs f32: nmse {e_plain:.3e} without the offsets, {e_offset:.3e} with them", kv_type.name());
         if kv_type.subtracts_offsets() {
-            assert!(e_offset * 4.0 < e_plain, "{} KV: the offsets did not shrink the error ({e_offset:.3e} vs {e_plain:.3e})", kv_type.name());
+            assert!(
+                e_offset * 4.0 < e_plain,
+                "{} KV: the offsets did not shrink the error ({e_offset:.3e} vs {e_plain:.3e})",
+                kv_type.name()
+            );
         } else {
             assert_eq!(offset, plain, "{} KV must store keys as they are", kv_type.name());
         }
@@ -150,26 +165,57 @@ fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
     }
 }
 
-fn params(layer: usize, n_head: usize, n_head_kv: usize, head_dim: usize, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
-    AttentionParams { layer, n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window, softcap, v_offset: None }
+fn params(
+    layer: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+) -> AttentionParams {
+    AttentionParams {
+        layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window,
+        softcap,
+        v_offset: None,
+    }
 }
 
 #[test]
 fn attention_one_sequence_gqa_window_softcap() {
     let mut rng = Rng(6);
     // 70 queries in one step as well as a few: one numerics path for any count.
-    for (n_head, n_head_kv, head_dim, window, softcap, rows) in
-        [(4, 2, 64, None, None, 5), (2, 2, 256, Some(3), None, 4), (6, 1, 32, None, Some(5.0), 3), (3, 3, 48, Some(200), None, 7), (2, 1, 64, Some(40), None, 70)]
-    {
+    for (n_head, n_head_kv, head_dim, window, softcap, rows) in [
+        (4, 2, 64, None, None, 5),
+        (2, 2, 256, Some(3), None, 4),
+        (6, 1, 32, None, Some(5.0), 3),
+        (3, 3, 48, Some(200), None, 7),
+        (2, 1, 64, Some(40), None, 70),
+    ] {
         let layer = usize::from(window.is_some());
         let layout = two_groups(KvType::F16, n_head_kv * head_dim, 16, window.unwrap_or(1), 20);
-        let c = attention_case(rows, 1, params(layer, n_head, n_head_kv, head_dim, window, softcap), layout.clone(), &mut rng);
+        let c = attention_case(
+            rows,
+            1,
+            params(layer, n_head, n_head_kv, head_dim, window, softcap),
+            layout.clone(),
+            &mut rng,
+        );
         // Later steps see keys written by earlier ones; 130+ keys span more than one key tile.
         let plan: [&[(usize, usize)]; 3] = [&[(rows, 0)], &[(rows, rows)], &[(rows, 150)]];
         let steps = schedule(&layout, 20, &plan, &mut rng);
         // f32 on both backends; the GPU folds keys tile by tile (online softmax), the CPU in two
         // passes, so sums differ in the last bits.
-        c.check(&format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}"), 1e-8, &steps, WgpuOptions::default());
+        c.check(
+            &format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}"),
+            1e-8,
+            &steps,
+            WgpuOptions::default(),
+        );
     }
 }
 
@@ -178,13 +224,19 @@ fn attention_several_sequences_every_kv_type() {
     let mut rng = Rng(11);
     // Three sequences of different lengths per step (prompt chunks and decodes mixed), blocks
     // of 4 positions.
-    let plan: [&[(usize, usize)]; 3] = [&[(5, 0), (1, 0), (9, 0)], &[(2, 5), (12, 1), (1, 9)], &[(7, 7), (3, 13), (5, 10)]];
+    let plan: [&[(usize, usize)]; 3] =
+        [&[(5, 0), (1, 0), (9, 0)], &[(2, 5), (12, 1), (1, 9)], &[(7, 7), (3, 13), (5, 10)]];
     for kv_type in KV_TYPES {
         for (layer, window) in [(0, None), (1, Some(5))] {
             let layout = two_groups(kv_type, 64, 4, 5, 20);
             let c = attention_case(15, 3, params(layer, 4, 2, 32, window, None), layout.clone(), &mut rng);
             let steps = schedule(&layout, 6, &plan, &mut rng);
-            c.check(&format!("3 sequences, {} KV, layer {layer} window {window:?}", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+            c.check(
+                &format!("3 sequences, {} KV, layer {layer} window {window:?}", kv_type.name()),
+                1e-8,
+                &steps,
+                WgpuOptions::default(),
+            );
         }
     }
     // A long sequence next to a short one in the same step.
@@ -219,7 +271,11 @@ fn copied_blocks_are_seen_by_the_new_owner() {
         let seq = |n_tokens, pos0, table: &[u32]| SeqSpec { n_tokens, pos0, tables: vec![table.to_vec()] };
         let steps = vec![
             Step { copies: vec![], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(6, 0, a), seq(2, 0, other)] },
-            Step { copies: vec![BlockCopy { group: 0, src: a[1], dst: b[1], n_positions: 2 }], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(4, 6, a), seq(4, 6, &b_table)] },
+            Step {
+                copies: vec![BlockCopy { group: 0, src: a[1], dst: b[1], n_positions: 2 }],
+                tokens: tokens(8, 64, &mut rng),
+                seqs: vec![seq(4, 6, a), seq(4, 6, &b_table)],
+            },
             Step { copies: vec![], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(1, 10, a), seq(7, 9, &b_table)] },
         ];
         c.check(&format!("copy_kv_blocks, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
@@ -233,12 +289,23 @@ fn rope_and_last_rows_per_sequence() {
     let layout = common::case::small_layout();
     let step = |rng: &mut Rng| {
         let mut s = single(tokens(9, 64, rng), 0, &layout);
-        s.seqs = plan.iter().map(|&(n_tokens, pos0)| SeqSpec { n_tokens, pos0, tables: vec![(0..4).collect()] }).collect();
+        s.seqs =
+            plan.iter().map(|&(n_tokens, pos0)| SeqSpec { n_tokens, pos0, tables: vec![(0..4).collect()] }).collect();
         s
     };
     let mut c = Case::batched(9, 3);
     let x = c.input("x", 64 * 2, &mut rng);
-    c.graph.push(Op::Rope { x, params: RopeParams { mode: RopeMode::Neox, head_dim: 64, n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None } });
+    c.graph.push(Op::Rope {
+        x,
+        params: RopeParams {
+            mode: RopeMode::Neox,
+            head_dim: 64,
+            n_rot: 64,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+        },
+    });
     c.graph.logits = x;
     c.check("rope over 3 sequences", 1e-9, &[step(&mut rng)], WgpuOptions::default());
     let mut c = Case::batched(9, 3);
@@ -255,7 +322,8 @@ fn steady_state_batched_decode_builds_nothing() {
     let mut rng = Rng(14);
     let layout = two_groups(KvType::F16, 64, 4, 5, 20);
     let c = attention_case(3, 3, params(1, 4, 2, 32, Some(5), None), layout.clone(), &mut rng);
-    let plan: [&[(usize, usize)]; 3] = [&[(1, 0), (1, 4), (1, 9)], &[(1, 1), (1, 5), (1, 10)], &[(1, 2), (1, 6), (1, 11)]];
+    let plan: [&[(usize, usize)]; 3] =
+        [&[(1, 0), (1, 4), (1, 9)], &[(1, 1), (1, 5), (1, 10)], &[(1, 2), (1, 6), (1, 11)]];
     let steps = schedule(&layout, 6, &plan, &mut rng);
     let (kv, g) = c.load(&mut gpu);
     common::case::run_step(&mut gpu, g, kv, &steps[0]).expect("warm-up step");

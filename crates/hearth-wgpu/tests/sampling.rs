@@ -39,7 +39,14 @@ fn logits_case(values: &[f32], n_vocab: usize) -> (Case, usize) {
     let n_table_rows = values.len() / n_vocab;
     let mut case = Case::new(n_table_rows);
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    case.weights.push((hearth_core::graph::WeightDesc { name: "rows".into(), ty: GgmlType::F32, dims: vec![n_vocab as u64, n_table_rows as u64] }, bytes));
+    case.weights.push((
+        hearth_core::graph::WeightDesc {
+            name: "rows".into(),
+            ty: GgmlType::F32,
+            dims: vec![n_vocab as u64, n_table_rows as u64],
+        },
+        bytes,
+    ));
     let out = case.graph.buf("logits", n_table_rows, n_vocab);
     case.graph.push(Op::Embed { table: hearth_core::graph::WeightId(0), out });
     case.graph.logits = out;
@@ -55,7 +62,8 @@ fn bits(top: &TopK) -> (Vec<u32>, Vec<u32>) {
 fn run_top_k(backend: &mut dyn Backend, ids: (KvId, GraphId), tokens: &[u32], readback: Readback) -> (Vec<f32>, TopK) {
     let (kv, g) = ids;
     let step = single(tokens.to_vec(), 0, &small_layout());
-    let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
+    let seqs: Vec<SeqStep<'_>> =
+        step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
     let input = StepInput { tokens: &step.tokens, seqs: &seqs };
     let (mut logits, mut top) = (Vec::new(), TopK::default());
     run_step(backend, g, kv, input, readback, &mut logits, &mut top).expect("step");
@@ -83,10 +91,17 @@ fn device_top_k_equals_host_reference_bit_for_bit() {
             let (logits, got) = run_top_k(&mut gpu, gpu_ids, &tokens, Readback::TopK(k));
             assert!(logits.is_empty(), "the logits were read back too");
             let mut want = TopK::default();
-            let rows: Vec<f32> = tokens.iter().flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied()).collect();
+            let rows: Vec<f32> = tokens
+                .iter()
+                .flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied())
+                .collect();
             top_k_rows(&rows, n_vocab, k, &mut want);
             assert_eq!(got.k, k);
-            assert_eq!(bits(&got), bits(&want), "n_vocab {n_vocab} k {k}: device top-k differs from the host reference");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "n_vocab {n_vocab} k {k}: device top-k differs from the host reference"
+            );
             // The CPU backend (host reduction of its logits) agrees too.
             let (_, cpu_top) = run_top_k(&mut cpu, cpu_ids, &tokens, Readback::TopK(k));
             assert_eq!(bits(&cpu_top), bits(&want), "n_vocab {n_vocab} k {k}: CPU backend");
@@ -107,10 +122,20 @@ fn top_k_steps_replay_without_creating_anything() {
     case.graph.logits = x;
     let (kv, g) = case.load(&mut gpu);
     let step = single(vec![3, 17], 0, &small_layout());
-    let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
+    let seqs: Vec<SeqStep<'_>> =
+        step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
     let run = |gpu: &mut dyn Backend| {
         let (mut logits, mut top) = (Vec::new(), TopK::default());
-        run_step(gpu, g, kv, StepInput { tokens: &step.tokens, seqs: &seqs }, Readback::TopK(40), &mut logits, &mut top).expect("step");
+        run_step(
+            gpu,
+            g,
+            kv,
+            StepInput { tokens: &step.tokens, seqs: &seqs },
+            Readback::TopK(40),
+            &mut logits,
+            &mut top,
+        )
+        .expect("step");
         top
     };
     let first = run(&mut gpu);
@@ -138,7 +163,10 @@ fn device_log_sum_exp_matches_host_reference() {
         let gpu_ids = case.load(&mut gpu);
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
         let cpu_ids = case.load(&mut cpu);
-        let rows: Vec<f32> = tokens.iter().flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied()).collect();
+        let rows: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| values[t as usize * n_vocab..(t as usize + 1) * n_vocab].iter().copied())
+            .collect();
         let mut want_lse = Vec::new();
         hearth_core::sampling::log_sum_exp_rows(&rows, n_vocab, &mut want_lse);
         assert_eq!(want_lse.len(), n_table_rows);
@@ -146,13 +174,18 @@ fn device_log_sum_exp_matches_host_reference() {
             let k = k.min(n_vocab);
             let mut want = TopK::default();
             top_k_rows(&rows, n_vocab, k, &mut want);
-            for (name, backend, ids) in [("wgpu", &mut gpu as &mut dyn Backend, gpu_ids), ("cpu", &mut cpu as &mut dyn Backend, cpu_ids)] {
+            for (name, backend, ids) in
+                [("wgpu", &mut gpu as &mut dyn Backend, gpu_ids), ("cpu", &mut cpu as &mut dyn Backend, cpu_ids)]
+            {
                 let (_, got) = run_top_k(backend, ids, &tokens, Readback::TopKAndLogSumExp(k));
                 assert_eq!(bits(&got), bits(&want), "{name} n_vocab {n_vocab} k {k}: candidates");
                 assert_eq!(got.log_sum_exp.len(), n_table_rows, "{name}: one log-sum-exp per row");
                 for (r, (&g, &w)) in got.log_sum_exp.iter().zip(&want_lse).enumerate() {
                     if w.is_finite() {
-                        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{name} n_vocab {n_vocab} row {r}: {g} vs {w}");
+                        assert!(
+                            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                            "{name} n_vocab {n_vocab} row {r}: {g} vs {w}"
+                        );
                     } else {
                         assert_eq!(g.to_bits(), w.to_bits(), "{name} n_vocab {n_vocab} row {r}: {g} vs {w}");
                     }

@@ -47,7 +47,9 @@ fn assert_same_as_greedy(
     engine.session_mut().reset();
     let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
     engine.session_mut().reset();
-    let spec = engine.generate_speculative(&prompt, &greedy, drafter, speculative, &mut |_| true).expect("generate_speculative");
+    let spec = engine
+        .generate_speculative(&prompt, &greedy, drafter, speculative, &mut |_| true)
+        .expect("generate_speculative");
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("{label}: {metrics:?}\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
     assert_eq!(plain.tokens.len(), max_tokens, "{label}: plain generation length");
@@ -61,20 +63,38 @@ fn assert_same_as_greedy(
 #[test]
 fn qwen_05b_prompt_lookup_greedy_equals_plain_greedy() {
     let Some(mut engine) = wgpu_engine(QWEN_05B) else { return };
-    assert_same_as_greedy(&mut engine, REWRITE, &mut PromptLookup::default(), &SpeculativeOptions { max_draft_tokens: 15, adaptive: false }, 16, "wgpu qwen 0.5B lookup");
+    assert_same_as_greedy(
+        &mut engine,
+        REWRITE,
+        &mut PromptLookup::default(),
+        &SpeculativeOptions { max_draft_tokens: 15, adaptive: false },
+        16,
+        "wgpu qwen 0.5B lookup",
+    );
     // Prompt lookup first, a draft model where nothing matches (`--lookup --draft-model`; the
     // draft, the 0.5B itself with a shortlisted head, on the CPU): both kinds of drafts verified on wgpu.
     let draft_file = GgufFile::open(&model_path(QWEN_05B)).expect("open draft model");
     let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
-    let session = Session::load(&draft_file, Box::new(backend), &options, &mut |_, _| {}).expect("load draft on the CPU");
+    let session =
+        Session::load(&draft_file, Box::new(backend), &options, &mut |_, _| {}).expect("load draft on the CPU");
     let draft_tokenizer = Tokenizer::from_gguf(&draft_file.metadata).expect("draft tokenizer");
     let mut draft = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("same vocabulary");
     draft.min_confidence = 0.0;
     let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
-    let spec = assert_same_as_greedy(&mut engine, REWRITE, &mut LookupThen::new(draft), &speculative, 16, "wgpu qwen 0.5B lookup then draft");
+    let spec = assert_same_as_greedy(
+        &mut engine,
+        REWRITE,
+        &mut LookupThen::new(draft),
+        &speculative,
+        16,
+        "wgpu qwen 0.5B lookup then draft",
+    );
     let m = spec.speculative.expect("metrics");
-    assert!(m.free_accepted > 0 && m.accepted > m.free_accepted, "both drafters should have had drafts accepted: {m:?}");
+    assert!(
+        m.free_accepted > 0 && m.accepted > m.free_accepted,
+        "both drafters should have had drafts accepted: {m:?}"
+    );
 }
 
 #[test]
@@ -121,7 +141,8 @@ fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
     assert_eq!(plain.tokens, expected, "wgpu greedy vs the CPU backend");
     engine.session_mut().reset();
     let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
-    let spec = block_on(engine.generate_speculative_async(&prompt, &greedy, &mut drafter, &speculative, &mut |_| true)).expect("speculative");
+    let spec = block_on(engine.generate_speculative_async(&prompt, &greedy, &mut drafter, &speculative, &mut |_| true))
+        .expect("speculative");
     let metrics = spec.speculative.expect("metrics");
     eprintln!("wgpu self-drafting synthetic qwen2: {metrics:?}");
     assert_eq!(spec.tokens, expected, "speculative greedy with a wgpu draft");
@@ -137,5 +158,8 @@ fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
     let n_vocab = drafter.session().config().n_vocab as u64;
     assert!(counters.steps_executed > 0, "{counters:?}");
     let steps = counters.steps_executed;
-    assert!((8 * steps..=12 * steps).contains(&counters.bytes_read_back), "draft readback {counters:?} (vocabulary {n_vocab})");
+    assert!(
+        (8 * steps..=12 * steps).contains(&counters.bytes_read_back),
+        "draft readback {counters:?} (vocabulary {n_vocab})"
+    );
 }

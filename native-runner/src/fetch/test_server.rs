@@ -65,17 +65,8 @@ impl TestServer {
     }
 
     pub fn add(&self, path: &str, body: Vec<u8>, content_type: &str, behavior: Behavior) {
-        let route = Route {
-            body,
-            content_type: content_type.to_string(),
-            behavior,
-            served: 0,
-        };
-        self.state
-            .lock()
-            .unwrap()
-            .routes
-            .insert(path.to_string(), route);
+        let route = Route { body, content_type: content_type.to_string(), behavior, served: 0 };
+        self.state.lock().unwrap().routes.insert(path.to_string(), route);
     }
 
     pub fn requests(&self) -> Vec<LoggedRequest> {
@@ -83,10 +74,7 @@ impl TestServer {
     }
 
     pub fn requests_for(&self, path: &str) -> Vec<LoggedRequest> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.path == path)
-            .collect()
+        self.requests().into_iter().filter(|r| r.path == path).collect()
     }
 }
 
@@ -96,11 +84,7 @@ fn handle(stream: TcpStream, state: &Mutex<State>) {
     if reader.read_line(&mut request_line).is_err() {
         return;
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("/")
-        .to_string();
+    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let mut headers = HashMap::new();
     loop {
         let mut line = String::new();
@@ -125,12 +109,7 @@ fn handle(stream: TcpStream, state: &Mutex<State>) {
         match state.routes.get_mut(&path) {
             Some(route) => {
                 route.served += 1;
-                (
-                    route.body.clone(),
-                    route.content_type.clone(),
-                    route.behavior,
-                    route.served == 1,
-                )
+                (route.body.clone(), route.content_type.clone(), route.behavior, route.served == 1)
             }
             None => {
                 respond(stream, "404 Not Found", &[], b"not found", None);
@@ -152,18 +131,9 @@ fn handle(stream: TcpStream, state: &Mutex<State>) {
             respond(stream, "416 Range Not Satisfiable", &extra, b"", None);
         }
         Some(start) if honour_range => {
-            let extra = [
-                ("Content-Type", content_type),
-                ("Content-Range", format!("bytes {start}-{}/{len}", len - 1)),
-            ];
+            let extra = [("Content-Type", content_type), ("Content-Range", format!("bytes {start}-{}/{len}", len - 1))];
             let cut = drop_point(behavior, first, len - start);
-            respond(
-                stream,
-                "206 Partial Content",
-                &extra,
-                &body[start as usize..],
-                cut,
-            );
+            respond(stream, "206 Partial Content", &extra, &body[start as usize..], cut);
         }
         _ => {
             let extra = [("Content-Type", content_type)];
@@ -178,17 +148,8 @@ fn drop_point(behavior: Behavior, first: bool, body_len: u64) -> Option<usize> {
     (behavior == Behavior::DropHalfwayOnce && first).then_some((body_len / 2) as usize)
 }
 
-fn respond(
-    mut stream: TcpStream,
-    status: &str,
-    extra: &[(&str, String)],
-    body: &[u8],
-    cut_after: Option<usize>,
-) {
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
+fn respond(mut stream: TcpStream, status: &str, extra: &[(&str, String)], body: &[u8], cut_after: Option<usize>) {
+    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
     for (name, value) in extra {
         head.push_str(&format!("{name}: {value}\r\n"));
     }

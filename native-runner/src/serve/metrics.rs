@@ -34,7 +34,11 @@ impl Histogram {
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
         }
         cumulative += self.counts[self.bounds.len()];
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {}\n{name}_count {cumulative}", self.sum);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {}\n{name}_count {cumulative}",
+            self.sum
+        );
     }
 }
 
@@ -133,22 +137,51 @@ impl Metrics {
             ("hearth_requests_cancelled_total", "Generations cancelled because the client went away.", &self.cancelled),
             ("hearth_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens),
             ("hearth_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
-            ("hearth_draft_tokens_total", "Prompt lookup's draft tokens verified (--lookup, predicted outputs).", &self.draft_tokens),
-            ("hearth_draft_tokens_accepted_total", "Prompt lookup's draft tokens accepted (--lookup, predicted outputs).", &self.draft_tokens_accepted),
+            (
+                "hearth_draft_tokens_total",
+                "Prompt lookup's draft tokens verified (--lookup, predicted outputs).",
+                &self.draft_tokens,
+            ),
+            (
+                "hearth_draft_tokens_accepted_total",
+                "Prompt lookup's draft tokens accepted (--lookup, predicted outputs).",
+                &self.draft_tokens_accepted,
+            ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
         }
         let stats = self.scheduler();
         let gauges = [
-            ("hearth_queue_depth", "Requests in the queue, not yet taken by the engine.", self.queue_depth.load(Ordering::SeqCst).to_string()),
+            (
+                "hearth_queue_depth",
+                "Requests in the queue, not yet taken by the engine.",
+                self.queue_depth.load(Ordering::SeqCst).to_string(),
+            ),
             ("hearth_requests_running", "Requests in the running batch.", stats.running.to_string()),
-            ("hearth_requests_waiting", "Requests waiting: queued, or admitted but waiting for KV blocks.", self.waiting().to_string()),
+            (
+                "hearth_requests_waiting",
+                "Requests waiting: queued, or admitted but waiting for KV blocks.",
+                self.waiting().to_string(),
+            ),
             ("hearth_kv_blocks_used", "KV cache blocks in use.", stats.kv_blocks_used.to_string()),
             ("hearth_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total.to_string()),
-            ("hearth_prefix_cache_hit_rate", "Share of looked-up prompt blocks found in the prefix cache.", stats.prefix_hit_rate.to_string()),
-            ("hearth_step_prompt_budget_tokens", "Prompt tokens the last step could carry (small while streams decode).", stats.last_step.prompt_budget.to_string()),
-            ("hearth_step_cost_per_row_ms", "Learned step cost per row (0 until learned).", stats.step_cost_ms.map_or(0.0, |(_, per_row)| per_row).to_string()),
+            (
+                "hearth_prefix_cache_hit_rate",
+                "Share of looked-up prompt blocks found in the prefix cache.",
+                stats.prefix_hit_rate.to_string(),
+            ),
+            (
+                "hearth_step_prompt_budget_tokens",
+                "Prompt tokens the last step could carry (small while streams decode).",
+                stats.last_step.prompt_budget.to_string(),
+            ),
+            (
+                "hearth_step_cost_per_row_ms",
+                "Learned step cost per row (0 until learned).",
+                stats.step_cost_ms.map_or(0.0, |(_, per_row)| per_row).to_string(),
+            ),
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");

@@ -72,10 +72,15 @@ impl ServeArgs {
     fn lookup(&self) -> Result<Option<SpeculativeOptions>> {
         match (self.lookup, self.draft_tokens) {
             (false, None) => Ok(None),
-            (false, Some(_)) => Err(anyhow!("--draft-tokens applies to speculative decoding: add --lookup, or drop --draft-tokens")),
+            (false, Some(_)) => {
+                Err(anyhow!("--draft-tokens applies to speculative decoding: add --lookup, or drop --draft-tokens"))
+            }
             (true, tokens) => {
                 let defaults = SpeculativeOptions::lookup();
-                Ok(Some(SpeculativeOptions { max_draft_tokens: tokens.unwrap_or(defaults.max_draft_tokens).max(1), ..defaults }))
+                Ok(Some(SpeculativeOptions {
+                    max_draft_tokens: tokens.unwrap_or(defaults.max_draft_tokens).max(1),
+                    ..defaults
+                }))
             }
         }
     }
@@ -97,8 +102,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let max_batch = args.max_batch.max(1);
     let (sender, jobs) = mpsc::sync_channel(max_batch + args.max_queue);
-    let options = SchedulerOptions { max_batch, max_stall: args.max_stall, lookup: args.lookup()?, ..SchedulerOptions::default() };
-    let (model_id, model_names, prompter) = spawn_worker(&args.model, args.alias.clone(), options, jobs, metrics.clone())?;
+    let options = SchedulerOptions {
+        max_batch,
+        max_stall: args.max_stall,
+        lookup: args.lookup()?,
+        ..SchedulerOptions::default()
+    };
+    let (model_id, model_names, prompter) =
+        spawn_worker(&args.model, args.alias.clone(), options, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
@@ -121,7 +132,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
 /// Loads the model on the worker thread (which then owns it) and waits until it is ready.
 type Loaded = (String, Vec<String>, worker::Prompter);
 
-fn spawn_worker(args: &ModelArgs, alias: Option<String>, options: SchedulerOptions, jobs: mpsc::Receiver<worker::Job>, metrics: Arc<Metrics>) -> Result<Loaded> {
+fn spawn_worker(
+    args: &ModelArgs,
+    alias: Option<String>,
+    options: SchedulerOptions,
+    jobs: mpsc::Receiver<worker::Job>,
+    metrics: Arc<Metrics>,
+) -> Result<Loaded> {
     let max_batch = options.max_batch;
     let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
@@ -135,7 +152,8 @@ fn spawn_worker(args: &ModelArgs, alias: Option<String>, options: SchedulerOptio
             let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
             metrics.set_scheduler(scheduler.stats());
             // A path given to -m is not an id to show clients; the file's stem is.
-            let given_a_path = args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
+            let given_a_path =
+                args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
             let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
             let names = vec![id.clone(), args.model.clone(), file, stem];
             let _ = ready.send(Ok((id, names, prompter)));
@@ -161,14 +179,17 @@ fn route(state: &State, request: tiny_http::Request) {
             ("POST", "/v1/completions") => completion::handle(state, request, Endpoint::Completions, received),
             ("GET", "/v1/models") => respond_json(request, 200, &models(state)),
             ("GET", "/health") => {
-                let status = if state.metrics.device_lost.load(std::sync::atomic::Ordering::SeqCst) { 503 } else { 200 };
+                let status =
+                    if state.metrics.device_lost.load(std::sync::atomic::Ordering::SeqCst) { 503 } else { 200 };
                 respond_json(request, status, &health(state))
             }
             ("GET", "/metrics") => respond_text(request, 200, &state.metrics.render(), "text/plain; version=0.0.4"),
             (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
                 respond_error(request, &ApiError::method_not_allowed(&method, &path))
             }
-            _ => respond_error(request, &ApiError::not_found(format!("No route {method} {path}."), None, "unknown_url")),
+            _ => {
+                respond_error(request, &ApiError::not_found(format!("No route {method} {path}."), None, "unknown_url"))
+            }
         }
     };
     state.metrics.count_request(&path_label(&path), status);

@@ -21,7 +21,10 @@ use std::time::Instant;
 
 pub enum Event {
     /// Admitted into the batch; `cached_tokens` of the prompt came from the prefix cache.
-    Started { prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     Delta(String),
     Done(Generation),
     Failed(ApiError),
@@ -51,20 +54,20 @@ impl Prompter {
     /// tokens, no BOS).
     pub fn prediction(&self, request: &ValidRequest) -> Result<Option<Vec<u32>>, ApiError> {
         let Some(text) = &request.prediction else { return Ok(None) };
-        let tokens = self
-            .tokenizer
-            .encode(text, false, false)
-            .map_err(|e| ApiError::bad_request(format!("Cannot tokenize the prediction: {e}"), Some("prediction"), None))?;
+        let tokens = self.tokenizer.encode(text, false, false).map_err(|e| {
+            ApiError::bad_request(format!("Cannot tokenize the prediction: {e}"), Some("prediction"), None)
+        })?;
         Ok(Some(tokens))
     }
 
     /// The prompt tokens and the options with `max_tokens` resolved: as asked, or the rest of
     /// the context.
     pub fn prepare(&self, request: &ValidRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
-        let prompt = request.prompt.tokenize(&self.tokenizer, self.chat_template.as_ref(), None).map_err(|e| match e {
-            CoreError::BadRequest { .. } => request_error(&e),
-            other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
-        })?;
+        let prompt =
+            request.prompt.tokenize(&self.tokenizer, self.chat_template.as_ref(), None).map_err(|e| match e {
+                CoreError::BadRequest { .. } => request_error(&e),
+                other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
+            })?;
         let n_ctx = self.n_ctx;
         let options = request.options_for(prompt.len(), n_ctx).map_err(|_| {
             let requested = request.max_tokens.unwrap_or(0);
@@ -193,10 +196,17 @@ fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight
 }
 
 /// Sends one scheduler event to its request's HTTP thread; ids whose receiver is gone go to `gone`.
-fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, metrics: &Metrics, gone: &mut Vec<RequestId>) {
+fn route(
+    event: SchedulerEvent,
+    in_flight: &mut HashMap<RequestId, InFlight>,
+    metrics: &Metrics,
+    gone: &mut Vec<RequestId>,
+) {
     match event {
         SchedulerEvent::Started { id, prompt_tokens, cached_tokens } => {
-            let sent = in_flight.get(&id).is_some_and(|r| r.events.send(Event::Started { prompt_tokens, cached_tokens }).is_ok());
+            let sent = in_flight
+                .get(&id)
+                .is_some_and(|r| r.events.send(Event::Started { prompt_tokens, cached_tokens }).is_ok());
             if !sent {
                 gone.push(id);
             }
@@ -228,17 +238,23 @@ fn route(event: SchedulerEvent, in_flight: &mut HashMap<RequestId, InFlight>, me
 /// that whoever runs the server restarts it (every later step would fail too).
 fn api_error(error: &CoreError, metrics: &Metrics) -> ApiError {
     match error {
-        CoreError::ContextOverflow { .. } | CoreError::KvExhausted { .. } => {
-            ApiError::bad_request(format!("The request does not fit in the KV cache: {error}"), None, Some("context_length_exceeded"))
-        }
+        CoreError::ContextOverflow { .. } | CoreError::KvExhausted { .. } => ApiError::bad_request(
+            format!("The request does not fit in the KV cache: {error}"),
+            None,
+            Some("context_length_exceeded"),
+        ),
         CoreError::InvalidArgument(message) => ApiError::bad_request(message.clone(), None, None),
         CoreError::Device { kind: DeviceFault::Lost, .. } => {
             metrics.device_lost.store(true, Ordering::SeqCst);
-            ApiError::unavailable(format!("The GPU device was lost; the server must be restarted: {error}"), "device_lost")
+            ApiError::unavailable(
+                format!("The GPU device was lost; the server must be restarted: {error}"),
+                "device_lost",
+            )
         }
-        CoreError::Device { kind: DeviceFault::OutOfMemory, .. } => {
-            ApiError::unavailable(format!("The GPU ran out of memory; retry with a shorter request: {error}"), "device_out_of_memory")
-        }
+        CoreError::Device { kind: DeviceFault::OutOfMemory, .. } => ApiError::unavailable(
+            format!("The GPU ran out of memory; retry with a shorter request: {error}"),
+            "device_out_of_memory",
+        ),
         other => ApiError::internal(format!("Generation failed: {other}")),
     }
 }

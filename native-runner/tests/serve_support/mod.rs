@@ -57,7 +57,8 @@ pub struct Response {
 
 impl Response {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn text(&self) -> String {
@@ -103,7 +104,11 @@ pub fn get(addr: &str, path: &str) -> Response {
 pub fn read_head(reader: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
     reader.read_line(&mut line).expect("status line");
-    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
     let mut headers = Vec::new();
     loop {
         line.clear();

@@ -31,8 +31,9 @@ pub fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) => Some(if let Some(s) = v.as_str() {
             s.to_string()
         } else {
-            let n = i64::try_from(v.clone())
-                .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string"))?;
+            let n = i64::try_from(v.clone()).map_err(|_| {
+                Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string")
+            })?;
             " ".repeat(n.max(0) as usize)
         }),
     };

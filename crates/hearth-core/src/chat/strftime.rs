@@ -16,7 +16,17 @@ pub fn strftime_utc(format: &str, unix_seconds: i64) -> String {
     let day_of_year = days - days_from_civil(year, 1, 1) + 1;
     const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
         "December",
     ];
     let month_name = MONTHS[(month - 1) as usize];

@@ -8,9 +8,9 @@
 mod source;
 mod value;
 
-pub use source::{ByteSource, MemorySource};
 #[cfg(not(target_arch = "wasm32"))]
 pub use source::MmapSource;
+pub use source::{ByteSource, MemorySource};
 pub use value::{Metadata, Value};
 
 use crate::error::{CoreError, Result};
@@ -230,7 +230,8 @@ fn tensor_info(
     file_len: u64,
 ) -> Result<TensorInfo> {
     let bad = |reason: String| CoreError::BadTensor { tensor: name.clone(), reason };
-    let ty = GgmlType::from_id(type_id).ok_or_else(|| CoreError::UnknownTensorType { tensor: name.clone(), type_id })?;
+    let ty =
+        GgmlType::from_id(type_id).ok_or_else(|| CoreError::UnknownTensorType { tensor: name.clone(), type_id })?;
     if !ty.is_weight_type() {
         return Err(bad(format!("type {ty} is an activation-only format")));
     }
@@ -349,7 +350,9 @@ impl<'a> Cursor<'a> {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
                 b => {
-                    return Err(CoreError::BadHyperParameter(format!("metadata '{key}': bool byte is {b}, expected 0 or 1")))
+                    return Err(CoreError::BadHyperParameter(format!(
+                        "metadata '{key}': bool byte is {b}, expected 0 or 1"
+                    )))
                 }
             },
             8 => Value::String(self.string(&format!("metadata '{key}' string"))?),

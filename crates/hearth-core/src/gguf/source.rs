@@ -102,7 +102,8 @@ impl ByteSource for MmapSource {
             // SAFETY: the map is a read-only shared mapping of the file: after MADV_DONTNEED a
             // read faults the same bytes back in from the file, so every slice lent out keeps
             // its contents. A failure only leaves the pages resident.
-            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, len) };
+            let _ =
+                unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, len) };
         }
     }
 }

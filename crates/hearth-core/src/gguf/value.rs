@@ -176,9 +176,6 @@ impl Metadata {
 
     /// An array of strings (token lists, merges).
     pub fn str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.array(key)?
-            .iter()
-            .map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "an array of strings", v)))
-            .collect()
+        self.array(key)?.iter().map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "an array of strings", v))).collect()
     }
 }

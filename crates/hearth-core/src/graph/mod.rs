@@ -149,7 +149,11 @@ impl Op {
     pub fn inputs(&self) -> Vec<BufId> {
         match self {
             Op::Embed { .. } => Vec::new(),
-            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::Rope { x, .. } | Op::Scale { x, .. } | Op::LastRows { x, .. } => vec![*x],
+            Op::RmsNorm { x, .. }
+            | Op::MatMul { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Scale { x, .. }
+            | Op::LastRows { x, .. } => vec![*x],
             Op::StoreKv { k, v, .. } => vec![*k, *v],
             Op::Attention { q, .. } => vec![*q],
             Op::Add { a, b, .. } => vec![*a, *b],
@@ -243,7 +247,9 @@ impl<'a> StepInput<'a> {
         if self.seqs.len() != graph.n_seqs {
             return Err(format!("the graph takes {} sequences, the step has {}", graph.n_seqs, self.seqs.len()));
         }
-        if self.seqs.iter().map(|s| s.n_tokens).sum::<usize>() != self.tokens.len() || self.seqs.iter().any(|s| s.n_tokens == 0) {
+        if self.seqs.iter().map(|s| s.n_tokens).sum::<usize>() != self.tokens.len()
+            || self.seqs.iter().any(|s| s.n_tokens == 0)
+        {
             return Err("every sequence needs at least one token, and their counts must add up to the step's".into());
         }
         if let Some(bad) = self.tokens.iter().find(|&&t| t as usize >= n_vocab) {
@@ -252,17 +258,27 @@ impl<'a> StepInput<'a> {
         let bs = layout.block_size;
         for (i, s) in self.seqs.iter().enumerate() {
             if s.block_tables.len() != layout.groups.len() {
-                return Err(format!("sequence {i} has {} block tables for {} KV groups", s.block_tables.len(), layout.groups.len()));
+                return Err(format!(
+                    "sequence {i} has {} block tables for {} KV groups",
+                    s.block_tables.len(),
+                    layout.groups.len()
+                ));
             }
             let end = s.pos0 + s.n_tokens;
             for (g, (table, group)) in s.block_tables.iter().zip(&layout.groups).enumerate() {
                 if table.len() * bs < end {
-                    return Err(format!("sequence {i}: the block table of group {g} covers {} positions, the step needs {end}", table.len() * bs));
+                    return Err(format!(
+                        "sequence {i}: the block table of group {g} covers {} positions, the step needs {end}",
+                        table.len() * bs
+                    ));
                 }
                 // Blocks read: from the first position any query of the step sees.
                 let lo = group.window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w)) / bs;
                 if let Some(b) = table[lo..end.div_ceil(bs)].iter().find(|&&b| b as usize >= group.n_blocks) {
-                    return Err(format!("sequence {i}: block {b} of group {g} is not in the pool of {}", group.n_blocks));
+                    return Err(format!(
+                        "sequence {i}: block {b} of group {g} is not in the pool of {}",
+                        group.n_blocks
+                    ));
                 }
             }
         }

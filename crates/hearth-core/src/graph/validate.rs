@@ -38,7 +38,11 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
 
     /// `[rows, cols]` of a buffer.
     fn shape(&self, b: BufId) -> Result<(usize, usize), CoreError> {
-        self.graph.bufs.get(b.0 as usize).map(|d| (d.rows, d.cols)).ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))
+        self.graph
+            .bufs
+            .get(b.0 as usize)
+            .map(|d| (d.rows, d.cols))
+            .ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))
     }
 
     fn same(&self, a: BufId, b: BufId) -> Result<(usize, usize), CoreError> {
@@ -77,7 +81,11 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
             Op::Embed { table, out } => {
                 let d = self.weight(*table)?;
                 if self.shape(*out)? != (n, d.row_len()) {
-                    return Err(self.bad(format!("output {:?} vs {n} tokens of table rows of {}", self.shape(*out)?, d.row_len())));
+                    return Err(self.bad(format!(
+                        "output {:?} vs {n} tokens of table rows of {}",
+                        self.shape(*out)?,
+                        d.row_len()
+                    )));
                 }
             }
             Op::RmsNorm { x, weight, group, out, .. } => {
@@ -93,7 +101,13 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                 let d = self.weight(*w)?;
                 let (rows, k) = self.shape(*x)?;
                 if k != d.row_len() || self.shape(*out)? != (rows, d.n_rows()) || x == out {
-                    return Err(self.bad(format!("x {:?}, out {:?}, weight '{}' {:?}", (rows, k), self.shape(*out)?, d.name, d.dims)));
+                    return Err(self.bad(format!(
+                        "x {:?}, out {:?}, weight '{}' {:?}",
+                        (rows, k),
+                        self.shape(*out)?,
+                        d.name,
+                        d.dims
+                    )));
                 }
                 if let Some(b) = bias {
                     self.vector(*b, d.n_rows())?;
@@ -122,7 +136,10 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                 self.same(*q, *out)?;
                 let cols = self.per_token(*q)?;
                 if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 || cols != p.n_head * p.head_dim || q == out {
-                    return Err(self.bad(format!("{cols} columns for {} heads of {} ({} KV heads)", p.n_head, p.head_dim, p.n_head_kv)));
+                    return Err(self.bad(format!(
+                        "{cols} columns for {} heads of {} ({} KV heads)",
+                        p.n_head, p.head_dim, p.n_head_kv
+                    )));
                 }
                 if let Some(o) = p.v_offset {
                     self.vector(o, p.n_head_kv * p.head_dim)?;
@@ -222,7 +239,16 @@ mod tests {
         let g = graph_with(|g| {
             let q = g.buf("q", 3, 8);
             let out = g.buf("out", 3, 8);
-            let params = crate::graph::AttentionParams { layer: 0, n_head: 2, n_head_kv: 1, head_dim: 4, scale: 1.0, window: None, softcap: None, v_offset: None };
+            let params = crate::graph::AttentionParams {
+                layer: 0,
+                n_head: 2,
+                n_head_kv: 1,
+                head_dim: 4,
+                scale: 1.0,
+                window: None,
+                softcap: None,
+                v_offset: None,
+            };
             Op::Attention { q, params, out }
         });
         let err = g.validate(|_| None).expect_err("3 rows for 2 tokens").to_string();
@@ -240,7 +266,10 @@ mod tests {
     fn ops_name_what_they_read_and_write() {
         let (a, b, c) = (BufId(0), BufId(1), BufId(2));
         assert_eq!((Op::Add { a, b, out: c }.inputs(), Op::Add { a, b, out: c }.output()), (vec![a, b], Some(c)));
-        assert_eq!((Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.output()), (vec![a], Some(a)));
+        assert_eq!(
+            (Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.output()),
+            (vec![a], Some(a))
+        );
         let store = Op::StoreKv { layer: 0, k: a, v: b, k_offset: None, v_offset: None };
         assert_eq!((store.inputs(), store.output()), (vec![a, b], None));
         let embed = Op::Embed { table: WeightId(0), out: c };

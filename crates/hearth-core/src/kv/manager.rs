@@ -53,7 +53,9 @@ pub struct KvManager {
 impl KvManager {
     pub fn new(block_size: usize, groups: Vec<KvGroup>, rollback_margin: usize) -> Result<Self> {
         if block_size == 0 || groups.is_empty() || groups.iter().any(|g| g.n_blocks == 0) {
-            return Err(CoreError::InvalidArgument("a KV pool needs a block size and at least one block per group".into()));
+            return Err(CoreError::InvalidArgument(
+                "a KV pool needs a block size and at least one block per group".into(),
+            ));
         }
         let pools = groups.iter().map(|g| BlockPool::new(g.n_blocks)).collect();
         Ok(KvManager {

@@ -25,7 +25,9 @@ impl KvType {
             "f16" => Ok(KvType::F16),
             "q8_0" | "q8" => Ok(KvType::Q8_0),
             "q4_0" | "q4" => Ok(KvType::Q4_0),
-            other => Err(CoreError::InvalidArgument(format!("unknown KV type '{other}' (expected f32, f16, q8_0 or q4_0)"))),
+            other => {
+                Err(CoreError::InvalidArgument(format!("unknown KV type '{other}' (expected f32, f16, q8_0 or q4_0)")))
+            }
         }
     }
 

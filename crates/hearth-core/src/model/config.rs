@@ -90,7 +90,9 @@ impl ModelConfig {
     pub fn limit_logits(&mut self, limit: Option<usize>) -> Result<()> {
         match limit {
             None => self.n_logits = self.n_vocab,
-            Some(0) => return Err(CoreError::InvalidArgument("the logits vocabulary must hold at least one token".into())),
+            Some(0) => {
+                return Err(CoreError::InvalidArgument("the logits vocabulary must hold at least one token".into()))
+            }
             Some(n) => self.n_logits = n.min(self.n_vocab),
         }
         Ok(())
@@ -137,11 +139,15 @@ impl ModelConfig {
         }
         let n_rot = meta.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(CoreError::BadHyperParameter(format!("rope.dimension_count {n_rot} invalid for head size {head_dim}")));
+            return Err(CoreError::BadHyperParameter(format!(
+                "rope.dimension_count {n_rot} invalid for head size {head_dim}"
+            )));
         }
         let rope_base = meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         let rope_scale = match meta.opt_str(&key("rope.scaling.type"))? {
-            Some("linear") | None => meta.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0).map_or(1.0, |f| 1.0 / f),
+            Some("linear") | None => {
+                meta.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0).map_or(1.0, |f| 1.0 / f)
+            }
             Some("none") => 1.0,
             Some(other) => {
                 return Err(CoreError::BadHyperParameter(format!("rope scaling type '{other}' is not supported yet")))
@@ -210,14 +216,18 @@ fn check_sizes(n_layer: usize, n_embd: usize, n_head: usize, head_dim: usize, n_
     if n_layer > MAX_LAYERS {
         return Err(CoreError::BadHyperParameter(format!("block_count {n_layer} exceeds {MAX_LAYERS}")));
     }
-    for (name, v) in [("embedding_length", n_embd), ("head_count", n_head), ("key_length", head_dim), ("feed_forward_length", n_ff)] {
+    for (name, v) in
+        [("embedding_length", n_embd), ("head_count", n_head), ("key_length", head_dim), ("feed_forward_length", n_ff)]
+    {
         if v > MAX_DIM {
             return Err(CoreError::BadHyperParameter(format!("{name} {v} exceeds {MAX_DIM}")));
         }
     }
     // n_head_kv <= n_head (it divides it), so only the query width can overflow.
     if n_head.checked_mul(head_dim).is_none_or(|w| w > MAX_DIM) {
-        return Err(CoreError::BadHyperParameter(format!("head_count {n_head} x key_length {head_dim} exceeds {MAX_DIM}")));
+        return Err(CoreError::BadHyperParameter(format!(
+            "head_count {n_head} x key_length {head_dim} exceeds {MAX_DIM}"
+        )));
     }
     if head_dim == 0 {
         return Err(CoreError::BadHyperParameter("key_length is 0".into()));
@@ -230,7 +240,10 @@ fn check_sizes(n_layer: usize, n_embd: usize, n_head: usize, head_dim: usize, n_
 fn sliding_window_layers(meta: &Metadata, key: &str, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
     if let Some(Value::Array(items)) = meta.get(key) {
         if items.len() != n_layer {
-            return Err(CoreError::BadHyperParameter(format!("{key} has {} entries for {n_layer} layers", items.len())));
+            return Err(CoreError::BadHyperParameter(format!(
+                "{key} has {} entries for {n_layer} layers",
+                items.len()
+            )));
         }
         return items
             .iter()

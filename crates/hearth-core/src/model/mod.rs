@@ -23,7 +23,12 @@ pub struct Model {
 impl Model {
     /// Reads the hyper-parameters and uploads the weights to `backend`; `logits_vocab` limits
     /// the output head to the first token ids (see [`ModelConfig::limit_logits`]).
-    pub fn load(file: &GgufFile, backend: &mut dyn Backend, logits_vocab: Option<usize>, on_progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+    pub fn load(
+        file: &GgufFile,
+        backend: &mut dyn Backend,
+        logits_vocab: Option<usize>,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
         let mut config = ModelConfig::from_metadata(&file.metadata)?;
         config.limit_logits(logits_vocab)?;
         let weights = ModelWeights::upload(&config, file, backend, on_progress)?;

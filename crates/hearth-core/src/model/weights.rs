@@ -49,7 +49,11 @@ struct Uploader<'a> {
 fn checked_tensor<'f>(file: &'f GgufFile, name: &str, expected: &[u64]) -> Result<&'f TensorInfo> {
     let info = file.require_tensor(name)?;
     if info.dims != expected {
-        return Err(CoreError::ShapeMismatch { tensor: name.to_string(), expected: expected.to_vec(), found: info.dims.clone() });
+        return Err(CoreError::ShapeMismatch {
+            tensor: name.to_string(),
+            expected: expected.to_vec(),
+            found: info.dims.clone(),
+        });
     }
     Ok(info)
 }
@@ -72,7 +76,8 @@ impl Uploader<'_> {
         let info = checked_tensor(self.file, name, expected)?;
         let row_len = expected.first().copied().unwrap_or(0) as usize;
         let len = rows * info.ty.row_bytes(row_len)?;
-        let desc = WeightDesc { name: format!("{name}[..{rows}]"), ty: info.ty, dims: vec![row_len as u64, rows as u64] };
+        let desc =
+            WeightDesc { name: format!("{name}[..{rows}]"), ty: info.ty, dims: vec![row_len as u64, rows as u64] };
         let data = WeightData { source: self.file.source().clone(), offset: info.offset, len };
         let whole = info.n_bytes;
         let id = self.backend.upload_weight(desc, data)?;

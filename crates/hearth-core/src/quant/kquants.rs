@@ -62,7 +62,8 @@ pub(crate) fn unpack_codes(ty: GgmlType, block: &[u8]) -> [i8; QK_K] {
             }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {
-            let (qh, qs) = if ty == GgmlType::Q4_K { (None, &block[16..144]) } else { (Some(&block[16..48]), &block[48..176]) };
+            let (qh, qs) =
+                if ty == GgmlType::Q4_K { (None, &block[16..144]) } else { (Some(&block[16..48]), &block[48..176]) };
             for j in 0..4 {
                 let q = &qs[j * 32..j * 32 + 32];
                 for l in 0..32 {

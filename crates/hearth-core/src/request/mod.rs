@@ -192,7 +192,10 @@ impl Request {
             };
             CoreError::BadRequest { param, message }
         })?;
-        de.end().map_err(|e| CoreError::BadRequest { param: None, message: format!("The request is not valid JSON: {e}") })?;
+        de.end().map_err(|e| CoreError::BadRequest {
+            param: None,
+            message: format!("The request is not valid JSON: {e}"),
+        })?;
         Ok(request)
     }
 
@@ -207,7 +210,10 @@ impl Request {
             }
             Endpoint::Completions => {
                 if self.messages.is_some() {
-                    return Err(bad("messages", "'messages' belongs to chat completions; a completion request sends 'prompt'."));
+                    return Err(bad(
+                        "messages",
+                        "'messages' belongs to chat completions; a completion request sends 'prompt'.",
+                    ));
                 }
                 Prompt::from_completion(self.prompt.as_ref())?
             }
@@ -243,11 +249,19 @@ impl Request {
         };
         let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
         if !(repetition_penalty > 0.0 && repetition_penalty <= 100.0) {
-            return Err(bad("repetition_penalty", format!("repetition_penalty must be in (0, 100], got {repetition_penalty}.")));
+            return Err(bad(
+                "repetition_penalty",
+                format!("repetition_penalty must be in (0, 100], got {repetition_penalty}."),
+            ));
         }
         let repeat_last_n = match self.repeat_last_n {
             None | Some(-1) => usize::MAX,
-            Some(n) if n < -1 => return Err(bad("repeat_last_n", format!("repeat_last_n must be -1 (the whole history), 0 (off) or more, got {n}."))),
+            Some(n) if n < -1 => {
+                return Err(bad(
+                    "repeat_last_n",
+                    format!("repeat_last_n must be -1 (the whole history), 0 (off) or more, got {n}."),
+                ))
+            }
             Some(n) => n as usize,
         };
         let sampling = SamplingParams {
@@ -272,7 +286,10 @@ impl Request {
             Some(Stop::Many(v)) => v.clone(),
         };
         if stop.len() > MAX_STOP_STRINGS {
-            return Err(bad("stop", format!("At most {MAX_STOP_STRINGS} stop sequences are allowed, got {}.", stop.len())));
+            return Err(bad(
+                "stop",
+                format!("At most {MAX_STOP_STRINGS} stop sequences are allowed, got {}.", stop.len()),
+            ));
         }
         if stop.iter().any(String::is_empty) {
             return Err(bad("stop", "Stop sequences must not be empty."));
@@ -302,7 +319,10 @@ impl Request {
         }
         let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false));
         if set(&self.logprobs) || set(&self.top_logprobs) {
-            return Err(unsupported(if set(&self.logprobs) { "logprobs" } else { "top_logprobs" }, "log-probabilities are not returned"));
+            return Err(unsupported(
+                if set(&self.logprobs) { "logprobs" } else { "top_logprobs" },
+                "log-probabilities are not returned",
+            ));
         }
         if set(&self.echo) {
             return Err(unsupported("echo", "the prompt is not echoed"));
@@ -312,13 +332,20 @@ impl Request {
         }
         if let Some(format) = self.response_format.as_ref().filter(|v| !v.is_null()) {
             if format.get("type").and_then(Value::as_str) != Some("text") {
-                return Err(unsupported("response_format", "only {\"type\": \"text\"}; structured output (JSON mode, JSON schema) is not implemented"));
+                return Err(unsupported(
+                    "response_format",
+                    "only {\"type\": \"text\"}; structured output (JSON mode, JSON schema) is not implemented",
+                ));
             }
         }
         if self.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
             return Err(unsupported("tools", "tool calling is not implemented"));
         }
-        if self.tool_choice.as_ref().is_some_and(|c| !c.is_null() && c.as_str() != Some("none") && c.as_str() != Some("auto")) {
+        if self
+            .tool_choice
+            .as_ref()
+            .is_some_and(|c| !c.is_null() && c.as_str() != Some("none") && c.as_str() != Some("auto"))
+        {
             return Err(unsupported("tool_choice", "tool calling is not implemented"));
         }
         Ok(())
@@ -337,7 +364,8 @@ fn in_range(value: Option<f32>, default: f32, low: f32, high: f32, param: &str) 
 fn parse_logit_bias(bias: Option<&BTreeMap<String, f32>>) -> Result<BTreeMap<u32, f32>, CoreError> {
     let mut out = BTreeMap::new();
     for (token, &value) in bias.into_iter().flatten() {
-        let id: u32 = token.parse().map_err(|_| bad("logit_bias", format!("logit_bias key '{token}' is not a token id.")))?;
+        let id: u32 =
+            token.parse().map_err(|_| bad("logit_bias", format!("logit_bias key '{token}' is not a token id.")))?;
         if !(-100.0..=100.0).contains(&value) {
             return Err(bad("logit_bias", format!("logit_bias values must be in [-100, 100], got {value}.")));
         }
@@ -375,7 +403,12 @@ fn validate_speculative(s: &SpeculativeRequest) -> Result<Speculation, CoreError
     let draft_tokens = match s.draft_tokens {
         None => defaults.max_draft_tokens,
         Some(k) if (1..=MAX_DRAFT_TOKENS as i64).contains(&k) => k as usize,
-        Some(k) => return Err(bad("speculative", format!("speculative.draft_tokens (draftTokens) must be in [1, {MAX_DRAFT_TOKENS}], got {k}."))),
+        Some(k) => {
+            return Err(bad(
+                "speculative",
+                format!("speculative.draft_tokens (draftTokens) must be in [1, {MAX_DRAFT_TOKENS}], got {k}."),
+            ))
+        }
     };
     if s.mode == SpeculativeMode::Lookup && s.lookup {
         return Err(bad("speculative", "speculative.lookup goes with mode 'draft-model' (prompt lookup first, the draft model where nothing matches); mode 'lookup' is lookup alone."));

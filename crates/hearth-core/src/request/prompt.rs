@@ -29,7 +29,9 @@ impl Prompt {
             .enumerate()
             .map(|(i, m)| {
                 let invalid = |what: &str| bad("messages", format!("messages[{i}]: {what}"));
-                let Value::Object(fields) = m else { return Err(invalid("a message must be an object like {\"role\": \"user\", \"content\": \"...\"}")) };
+                let Value::Object(fields) = m else {
+                    return Err(invalid("a message must be an object like {\"role\": \"user\", \"content\": \"...\"}"));
+                };
                 if !fields.get("role").is_some_and(Value::is_string) {
                     return Err(invalid("'role' must be a string"));
                 }
@@ -40,7 +42,9 @@ impl Prompt {
                         .iter()
                         .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                             (Some("text"), Some(text)) => Ok(text),
-                            _ => Err(invalid("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")),
+                            _ => Err(invalid(
+                                "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                            )),
                         })
                         .collect::<Result<Vec<_>, _>>()?
                         .concat(),
@@ -63,7 +67,9 @@ impl Prompt {
             Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
             Some(Value::Array(items)) => match items.as_slice() {
                 [Value::String(s)] if !s.is_empty() => Ok(Prompt::Text(s.clone())),
-                _ => Err(invalid("'prompt' must be a non-empty string or a list of one string (batches are not supported).")),
+                _ => Err(invalid(
+                    "'prompt' must be a non-empty string or a list of one string (batches are not supported).",
+                )),
             },
             Some(_) => Err(invalid("'prompt' must be a string.")),
         }
@@ -72,11 +78,18 @@ impl Prompt {
     /// The prompt's token ids. Text is tokenized with the model's BOS default; chat messages are
     /// rendered with `template` (at `now_unix`, for templates that print the date), then
     /// tokenized with special tokens parsed and no second BOS where the template wrote one.
-    pub fn tokenize(&self, tokenizer: &Tokenizer, template: Option<&ChatTemplate>, now_unix: Option<i64>) -> Result<Vec<u32>, CoreError> {
+    pub fn tokenize(
+        &self,
+        tokenizer: &Tokenizer,
+        template: Option<&ChatTemplate>,
+        now_unix: Option<i64>,
+    ) -> Result<Vec<u32>, CoreError> {
         let ids = match self {
             Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true)?,
             Prompt::Chat(messages) => {
-                let template = template.ok_or_else(|| bad("messages", "This model has no chat template; send a text prompt to completions instead."))?;
+                let template = template.ok_or_else(|| {
+                    bad("messages", "This model has no chat template; send a text prompt to completions instead.")
+                })?;
                 let text = match now_unix {
                     Some(now) => template.clone().with_now(now).render_json(&Value::from(messages.clone()), true, None),
                     None => template.render_json(&Value::from(messages.clone()), true, None),

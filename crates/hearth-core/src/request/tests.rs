@@ -43,7 +43,10 @@ fn every_sampling_parameter_reaches_the_options() {
     .expect("valid");
     let s = &r.options.sampling;
     assert_eq!(r.max_tokens, Some(9), "max_completion_tokens wins over max_tokens");
-    assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty, s.repeat_last_n), (0.5, 0.9, 40, 0.05, 1.1, 64));
+    assert_eq!(
+        (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty, s.repeat_last_n),
+        (0.5, 0.9, 40, 0.05, 1.1, 64)
+    );
     assert_eq!((s.presence_penalty, s.frequency_penalty, s.seed), (0.5, -0.5, 3));
     assert_eq!(s.logit_bias.get(&12), Some(&-100.0));
     assert_eq!(r.options.stop, vec!["a".to_string(), "b".to_string()]);
@@ -111,7 +114,14 @@ fn unimplemented_parameters_are_refused_unless_neutral() {
         assert_eq!(got.as_deref(), Some(param), "{body}: {message}");
         assert!(message.contains("not supported"), "{message}");
     }
-    for neutral in [json!({"n": 1}), json!({"logprobs": false}), json!({"response_format": {"type": "text"}}), json!({"tools": []}), json!({"tool_choice": "none"}), json!({"user": "u-1"})] {
+    for neutral in [
+        json!({"n": 1}),
+        json!({"logprobs": false}),
+        json!({"response_format": {"type": "text"}}),
+        json!({"tools": []}),
+        json!({"tool_choice": "none"}),
+        json!({"user": "u-1"}),
+    ] {
         chat(neutral.clone()).unwrap_or_else(|e| panic!("{neutral} refused: {e}"));
     }
 }
@@ -121,10 +131,21 @@ fn each_endpoint_takes_its_own_prompt() {
     let text = request(json!({"prompt": "Once"})).expect("parse");
     assert_eq!(text.validate(Endpoint::Completions, 0).expect("valid").prompt, Prompt::Text("Once".into()));
     assert_eq!(refused(text.validate(Endpoint::Chat, 0)).0.as_deref(), Some("prompt"));
-    assert_eq!(refused(request(json!({"prompt": ["a", "b"]})).expect("parse").validate(Endpoint::Completions, 0)).0.as_deref(), Some("prompt"));
+    assert_eq!(
+        refused(request(json!({"prompt": ["a", "b"]})).expect("parse").validate(Endpoint::Completions, 0)).0.as_deref(),
+        Some("prompt")
+    );
     assert_eq!(refused(request(json!({})).expect("parse").validate(Endpoint::Chat, 0)).0.as_deref(), Some("messages"));
-    assert_eq!(refused(request(json!({"messages": []})).expect("parse").validate(Endpoint::Chat, 0)).0.as_deref(), Some("messages"));
-    assert_eq!(refused(request(json!({"messages": [{"content": "x"}]})).expect("parse").validate(Endpoint::Chat, 0)).0.as_deref(), Some("messages"));
+    assert_eq!(
+        refused(request(json!({"messages": []})).expect("parse").validate(Endpoint::Chat, 0)).0.as_deref(),
+        Some("messages")
+    );
+    assert_eq!(
+        refused(request(json!({"messages": [{"content": "x"}]})).expect("parse").validate(Endpoint::Chat, 0))
+            .0
+            .as_deref(),
+        Some("messages")
+    );
 }
 
 #[test]
@@ -133,7 +154,13 @@ fn content_parts_are_joined_and_other_fields_kept() {
         .expect("parse")
         .validate(Endpoint::Chat, 0)
         .expect("valid");
-    assert_eq!(r.prompt, Prompt::Chat(vec![json!({"role": "user", "name": "ann", "content": "ab"}), json!({"role": "assistant", "content": ""})]));
+    assert_eq!(
+        r.prompt,
+        Prompt::Chat(vec![
+            json!({"role": "user", "name": "ann", "content": "ab"}),
+            json!({"role": "assistant", "content": ""})
+        ])
+    );
     let image = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]});
     assert_eq!(refused(request(image).expect("parse").validate(Endpoint::Chat, 0)).0.as_deref(), Some("messages"));
 }
@@ -142,7 +169,11 @@ fn content_parts_are_joined_and_other_fields_kept() {
 fn speculation_defaults_depend_on_the_drafter() {
     let lookup = chat(json!({"speculative": {"mode": "lookup"}})).expect("valid").speculative.expect("speculation");
     assert_eq!(lookup.options, SpeculativeOptions::lookup());
-    let draft = chat(json!({"speculative": {"mode": "draft-model", "draftTokens": 4, "fixedLength": true, "lookup": true}})).expect("valid").speculative.expect("speculation");
+    let draft =
+        chat(json!({"speculative": {"mode": "draft-model", "draftTokens": 4, "fixedLength": true, "lookup": true}}))
+            .expect("valid")
+            .speculative
+            .expect("speculation");
     assert_eq!(draft.options, SpeculativeOptions { max_draft_tokens: 4, adaptive: false });
     assert!(draft.lookup_first);
     assert_eq!(draft.draft_min_p, DEFAULT_MIN_CONFIDENCE);

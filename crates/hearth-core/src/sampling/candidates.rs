@@ -2,7 +2,9 @@
 //! row: which candidates a sampler needs ([`Sampler::readback`], the one place that decides) and
 //! the sampling chain over them, which picks exactly what the full-row chain picks.
 
-use super::{by_logit_descending, fill_window, penalize, penalties_apply, Candidate, Sampler, SamplingParams, MAX_CANDIDATES};
+use super::{
+    by_logit_descending, fill_window, penalize, penalties_apply, Candidate, Sampler, SamplingParams, MAX_CANDIDATES,
+};
 use crate::backend::Readback;
 
 /// The most candidates a sampler with penalties or a negative logit bias asks for: the top-k it
@@ -138,7 +140,12 @@ fn lowered_tokens(p: &SamplingParams, history: &[u32], appended: &[u32]) -> Opti
     }
     let penalties = penalties_apply(p, history) || penalties_apply(p, appended);
     let only_lower = |x: f32| x.is_finite() && x >= 0.0;
-    if penalties && !(p.repeat_penalty.is_finite() && p.repeat_penalty >= 1.0 && only_lower(p.presence_penalty) && only_lower(p.frequency_penalty)) {
+    if penalties
+        && !(p.repeat_penalty.is_finite()
+            && p.repeat_penalty >= 1.0
+            && only_lower(p.presence_penalty)
+            && only_lower(p.frequency_penalty))
+    {
         return None;
     }
     let mut tokens: Vec<u32> = p.logit_bias.keys().copied().collect();

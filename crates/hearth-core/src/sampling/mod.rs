@@ -14,9 +14,9 @@ mod rng;
 mod stop;
 mod top_k;
 
+pub use candidates::MAX_ADJUSTED_CANDIDATES;
 pub use rng::{splitmix64, Xoshiro256StarStar};
 pub use stop::{StopOutcome, StopStrings};
-pub use candidates::MAX_ADJUSTED_CANDIDATES;
 pub use top_k::{log_sum_exp_rows, reduce_rows, top_k_rows, MAX_CANDIDATES};
 
 use serde::{Deserialize, Serialize};
@@ -257,7 +257,8 @@ impl Sampler {
 
 /// Whether the repetition/presence/frequency penalties change anything after `history`.
 fn penalties_apply(p: &SamplingParams, history: &[u32]) -> bool {
-    let disabled = p.repeat_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
+    let disabled =
+        p.repeat_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
     !disabled && !history.is_empty()
 }
 

@@ -21,7 +21,11 @@ pub struct StopStrings {
 impl StopStrings {
     /// Empty stop strings are ignored (they would match everywhere).
     pub fn new(stops: Vec<String>) -> Self {
-        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new(), stopped: false }
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+            stopped: false,
+        }
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -61,7 +65,9 @@ impl StopStrings {
             // A complete match was ruled out by the caller, so only proper prefixes remain.
             let max = (stop.len() - 1).min(pending.len());
             for len in (longest + 1..=max).rev() {
-                if pending[pending.len() - len..] == stop[..len] && self.pending.is_char_boundary(self.pending.len() - len) {
+                if pending[pending.len() - len..] == stop[..len]
+                    && self.pending.is_char_boundary(self.pending.len() - len)
+                {
                     longest = len;
                     break;
                 }

@@ -104,7 +104,9 @@ mod tests {
         ];
         let mut got = Vec::new();
         log_sum_exp_rows(&logits, n, &mut got);
-        let direct = |row: &[f32], shift: f64| shift + row.iter().filter(|l| l.is_finite()).map(|&l| (l as f64 - shift).exp()).sum::<f64>().ln();
+        let direct = |row: &[f32], shift: f64| {
+            shift + row.iter().filter(|l| l.is_finite()).map(|&l| (l as f64 - shift).exp()).sum::<f64>().ln()
+        };
         assert!((got[0] as f64 - direct(&logits[..5], 0.0)).abs() < 1e-6, "{}", got[0]);
         assert!((got[1] as f64 - direct(&logits[5..10], 1000.0)).abs() < 1e-4, "{}", got[1]);
         assert_eq!(got[2], f32::NEG_INFINITY);

@@ -61,7 +61,8 @@ impl RequestLookup {
         let Some(&pending) = context.last() else { return };
         let budget = self.policy.request().min(room);
         let drafting = Instant::now();
-        let proposal = if budget > 0 { self.lookup.proposal_with(context, &self.reference, budget) } else { Proposal::default() };
+        let proposal =
+            if budget > 0 { self.lookup.proposal_with(context, &self.reference, budget) } else { Proposal::default() };
         self.policy.observe_draft(budget, ms(drafting));
         (self.unverified, self.matched, self.budget, self.planned) = (proposal.tokens, proposal.matched, budget, true);
         self.batch.clear();
@@ -110,10 +111,18 @@ impl RequestLookup {
 
     /// Checks the planned drafts against the step's output rows from `first_row` on (logits
     /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::propose`].
-    pub fn verify(&mut self, sampler: &mut Sampler, context: &[u32], output: StepOutput<'_>, n_logits: usize, first_row: usize) -> Result<VerificationOutcome> {
+    pub fn verify(
+        &mut self,
+        sampler: &mut Sampler,
+        context: &[u32],
+        output: StepOutput<'_>,
+        n_logits: usize,
+        first_row: usize,
+    ) -> Result<VerificationOutcome> {
         let drafts = &self.batch[1..];
         let (mut history, mut row_scratch) = (Vec::new(), Vec::new());
-        let missing = || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
+        let missing =
+            || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
         let mut target = |i: usize| -> Result<Distribution> {
             history.clear();
             history.extend_from_slice(context);
@@ -122,7 +131,8 @@ impl RequestLookup {
             match output {
                 StepOutput::Logits(logits) => {
                     row_scratch.clear();
-                    row_scratch.extend_from_slice(logits.get(row * n_logits..(row + 1) * n_logits).ok_or_else(missing)?);
+                    row_scratch
+                        .extend_from_slice(logits.get(row * n_logits..(row + 1) * n_logits).ok_or_else(missing)?);
                     Ok(sampler.distribution(&mut row_scratch, &history))
                 }
                 StepOutput::TopK(top) if row < top.n_rows() => {
@@ -170,7 +180,11 @@ impl RequestLookup {
 /// tokens per ms of the whole step. `weighed[r]`: request r's forced length, if any, and each
 /// draft's reach ([`RequestLookup::weighed`]); `other_rows`: the step's rows that verify nothing
 /// (a token each); `pass_ms(rows)`: the step's cost. Ties go to fewer drafts.
-pub(super) fn joint_lengths(weighed: &[(Option<usize>, Vec<f64>)], other_rows: usize, pass_ms: impl Fn(usize) -> f64) -> Vec<usize> {
+pub(super) fn joint_lengths(
+    weighed: &[(Option<usize>, Vec<f64>)],
+    other_rows: usize,
+    pass_ms: impl Fn(usize) -> f64,
+) -> Vec<usize> {
     let mut lengths: Vec<usize> = weighed.iter().map(|(forced, _)| forced.unwrap_or(0)).collect();
     let expected = |r: usize, k: usize| 1.0 + weighed[r].1[..k].iter().sum::<f64>();
     for _ in 0..2 {

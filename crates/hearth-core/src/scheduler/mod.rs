@@ -75,10 +75,23 @@ pub struct StepPlanStats {
 #[derive(Debug)]
 pub enum SchedulerEvent {
     /// Admitted: its prompt starts evaluating (`cached_tokens` of it were already in KV).
-    Started { id: RequestId, prompt_tokens: usize, cached_tokens: usize },
-    Text { id: RequestId, delta: String },
-    Finished { id: RequestId, generation: Generation },
-    Failed { id: RequestId, error: CoreError },
+    Started {
+        id: RequestId,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    Text {
+        id: RequestId,
+        delta: String,
+    },
+    Finished {
+        id: RequestId,
+        generation: Generation,
+    },
+    Failed {
+        id: RequestId,
+        error: CoreError,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -111,8 +124,17 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(runner: Runner, tokenizer: Tokenizer, options: SchedulerOptions) -> Self {
-        let max_stall = if options.max_stall.is_finite() { options.max_stall.max(1.0) } else { SchedulerOptions::default().max_stall };
-        let options = SchedulerOptions { max_batch: options.max_batch.max(1), prefill_chunk: options.prefill_chunk.max(1), max_stall, ..options };
+        let max_stall = if options.max_stall.is_finite() {
+            options.max_stall.max(1.0)
+        } else {
+            SchedulerOptions::default().max_stall
+        };
+        let options = SchedulerOptions {
+            max_batch: options.max_batch.max(1),
+            prefill_chunk: options.prefill_chunk.max(1),
+            max_stall,
+            ..options
+        };
         Scheduler {
             runner,
             tokenizer,
@@ -143,7 +165,12 @@ impl Scheduler {
     /// [`Self::submit`] with `prediction`, tokens the caller expects the answer to repeat (OpenAI's
     /// predicted output, e.g. the code being edited): the request drafts by prompt lookup, from its
     /// context and the prediction, with or without [`SchedulerOptions::lookup`].
-    pub fn submit_predicted(&mut self, prompt: Vec<u32>, options: GenerateOptions, prediction: Option<Vec<u32>>) -> Result<RequestId> {
+    pub fn submit_predicted(
+        &mut self,
+        prompt: Vec<u32>,
+        options: GenerateOptions,
+        prediction: Option<Vec<u32>>,
+    ) -> Result<RequestId> {
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
@@ -164,8 +191,15 @@ impl Scheduler {
             (None, None) => None,
         };
         if let Some(speculative) = speculative {
-            let policy = self.lookup_policy.as_ref().map_or_else(|| DraftPolicy::new(&speculative), DraftPolicy::for_next_request);
-            active.lookup = Some(Box::new(RequestLookup::new(policy, active.options.sampling.seed, prediction.unwrap_or_default())));
+            let policy = self
+                .lookup_policy
+                .as_ref()
+                .map_or_else(|| DraftPolicy::new(&speculative), DraftPolicy::for_next_request);
+            active.lookup = Some(Box::new(RequestLookup::new(
+                policy,
+                active.options.sampling.seed,
+                prediction.unwrap_or_default(),
+            )));
         }
         self.waiting.push_back(active);
         Ok(id)
@@ -239,7 +273,12 @@ impl Scheduler {
             });
             if needed > total {
                 kv.remove_sequence(seq);
-                let error = CoreError::KvExhausted { needed_blocks: needed, available_blocks: available, total_blocks: total, block_size: bs };
+                let error = CoreError::KvExhausted {
+                    needed_blocks: needed,
+                    available_blocks: available,
+                    total_blocks: total,
+                    block_size: bs,
+                };
                 events(SchedulerEvent::Failed { id: active.id, error });
                 continue;
             }
@@ -252,7 +291,11 @@ impl Scheduler {
             active.seq = Some(seq);
             if active.cached_tokens.is_none() {
                 active.cached_tokens = Some(cached.min(active.prompt_len));
-                events(SchedulerEvent::Started { id: active.id, prompt_tokens: active.prompt_len, cached_tokens: cached });
+                events(SchedulerEvent::Started {
+                    id: active.id,
+                    prompt_tokens: active.prompt_len,
+                    cached_tokens: cached,
+                });
             }
             active.admitted = Some(Instant::now());
             self.running.push(active);
@@ -346,7 +389,11 @@ impl Scheduler {
                 .collect();
             let rows = entries.iter().map(|e| e.tokens.len()).sum();
             // With drafts, every row's logits: each draft's row is checked.
-            let (mode, readback) = if drafting { (LogitsMode::All, self.drafting_readback(&plan)) } else { (LogitsMode::Last, self.readback(&plan)) };
+            let (mode, readback) = if drafting {
+                (LogitsMode::All, self.drafting_readback(&plan))
+            } else {
+                (LogitsMode::Last, self.readback(&plan))
+            };
             let started = Instant::now();
             match self.runner.step_for_async(&entries, mode, readback).await {
                 Ok(_) => {
@@ -440,12 +487,17 @@ impl Scheduler {
             } else {
                 // Each step yields accepted + 1 tokens and stores 1 + verified drafts; a rejected
                 // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
-                let room = active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
+                let room = active
+                    .options
+                    .max_tokens
+                    .saturating_sub(generated + 1)
+                    .min(n_ctx.saturating_sub(active.tokens.len()));
                 lookup.propose(&active.tokens, room.min(MAX_DRAFT_ROWS));
             }
             proposing.push(*i);
         }
-        let lookups: Vec<&RequestLookup> = proposing.iter().filter_map(|&i| self.running[i].lookup.as_deref()).collect();
+        let lookups: Vec<&RequestLookup> =
+            proposing.iter().filter_map(|&i| self.running[i].lookup.as_deref()).collect();
         let lengths = match lookups.as_slice() {
             [] => return false,
             [alone] if plan.len() == 1 => vec![alone.solo_length()],
@@ -485,7 +537,14 @@ impl Scheduler {
     /// tokens (sampled, or its drafts verified) and streams them. `all_rows`: the step computed
     /// every row's logits (a drafting step: an entry's rows are its pending token and drafts),
     /// else one per entry. `(step_rows, step_ms)`: the step's rows over all entries, its time.
-    fn after_step(&mut self, plan: &[(usize, std::ops::Range<usize>)], all_rows: bool, readback: Readback, (step_rows, step_ms): (usize, f64), events: &mut dyn FnMut(SchedulerEvent)) {
+    fn after_step(
+        &mut self,
+        plan: &[(usize, std::ops::Range<usize>)],
+        all_rows: bool,
+        readback: Readback,
+        (step_rows, step_ms): (usize, f64),
+        events: &mut dyn FnMut(SchedulerEvent),
+    ) {
         let n_logits = self.runner.config().n_logits;
         let n_ctx = self.runner.n_ctx();
         let mut ended = Vec::new();
@@ -514,15 +573,21 @@ impl Scheduler {
             let tokens = match (drafted, active.lookup.as_mut(), active.seq) {
                 (Some(rows), Some(lookup), Some(seq)) if rows > 1 => {
                     // Its drafts: the longest prefix the target keeps, then the target's own token.
-                    let verified = lookup.verify(&mut active.sampler, &active.tokens, output, n_logits, first_row).and_then(|outcome| {
-                        // The cache holds the context but the pending token, then the entry's rows.
-                        self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
-                        Ok(outcome)
-                    });
+                    let verified = lookup
+                        .verify(&mut active.sampler, &active.tokens, output, n_logits, first_row)
+                        .and_then(|outcome| {
+                            // The cache holds the context but the pending token, then the entry's rows.
+                            self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
+                            Ok(outcome)
+                        });
                     match verified {
                         Ok(outcome) => {
                             lookup.observe_step(&outcome, step_rows, step_ms);
-                            lookup.batch[1..=outcome.accepted].iter().copied().chain([outcome.continuation_token]).collect()
+                            lookup.batch[1..=outcome.accepted]
+                                .iter()
+                                .copied()
+                                .chain([outcome.continuation_token])
+                                .collect()
                         }
                         Err(error) => {
                             ended.push((*i, Err(error)));
@@ -551,7 +616,11 @@ impl Scheduler {
                     if let Some(lookup) = active.lookup.as_mut() {
                         let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
                         // (The first token comes from the prompt's pass: not a decode step.)
-                        if decoding { lookup.observe_step(&outcome, step_rows, step_ms) } else { lookup.observe_first_token(token) }
+                        if decoding {
+                            lookup.observe_step(&outcome, step_rows, step_ms)
+                        } else {
+                            lookup.observe_first_token(token)
+                        }
                     }
                     vec![token]
                 }
@@ -571,7 +640,11 @@ impl Scheduler {
     }
 
     /// Retires the requests at these `running` indices and reports how each ended.
-    fn finish_requests(&mut self, mut ended: Vec<(usize, Result<FinishReason>)>, events: &mut dyn FnMut(SchedulerEvent)) {
+    fn finish_requests(
+        &mut self,
+        mut ended: Vec<(usize, Result<FinishReason>)>,
+        events: &mut dyn FnMut(SchedulerEvent),
+    ) {
         // Remove from the back so indices stay valid.
         ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, end) in ended {
@@ -597,15 +670,21 @@ impl Scheduler {
 /// Errors are not Clone (they may hold io::Error); the scheduler reports one per request.
 fn clone_error(e: &CoreError) -> CoreError {
     match e {
-        CoreError::KvExhausted { needed_blocks, available_blocks, total_blocks, block_size } => CoreError::KvExhausted {
-            needed_blocks: *needed_blocks,
-            available_blocks: *available_blocks,
-            total_blocks: *total_blocks,
-            block_size: *block_size,
-        },
-        CoreError::ContextOverflow { needed, capacity } => CoreError::ContextOverflow { needed: *needed, capacity: *capacity },
+        CoreError::KvExhausted { needed_blocks, available_blocks, total_blocks, block_size } => {
+            CoreError::KvExhausted {
+                needed_blocks: *needed_blocks,
+                available_blocks: *available_blocks,
+                total_blocks: *total_blocks,
+                block_size: *block_size,
+            }
+        }
+        CoreError::ContextOverflow { needed, capacity } => {
+            CoreError::ContextOverflow { needed: *needed, capacity: *capacity }
+        }
         // Each request learns how the device failed, so the server and the browser can react.
-        CoreError::Device { backend, kind, message } => CoreError::Device { backend: backend.clone(), kind: *kind, message: message.clone() },
+        CoreError::Device { backend, kind, message } => {
+            CoreError::Device { backend: backend.clone(), kind: *kind, message: message.clone() }
+        }
         other => CoreError::Backend { backend: "scheduler".into(), message: other.to_string() },
     }
 }

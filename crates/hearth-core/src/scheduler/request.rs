@@ -1,12 +1,12 @@
 //! One request's life inside the scheduler: the tokens it must hold in KV (prompt + sampled),
 //! its sampler, streamed text and timings.
 
-use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
+use super::lookup::RequestLookup;
 use crate::engine::Instant;
+use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
 use crate::kv::SeqId;
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
-use super::lookup::RequestLookup;
 
 pub type RequestId = u64;
 

@@ -120,10 +120,16 @@ mod tests {
             let budget = cpu.prompt_budget(decode_rows, max_stall, 256);
             assert_eq!(budget % PROMPT_GRANULE, 0);
             let step_ms = 25.0 + 2.5 * (decode_rows + budget) as f64;
-            assert!(budget == PROMPT_GRANULE || step_ms <= max_stall * decode_ms + 1e-9, "stall {max_stall}: budget {budget}");
+            assert!(
+                budget == PROMPT_GRANULE || step_ms <= max_stall * decode_ms + 1e-9,
+                "stall {max_stall}: budget {budget}"
+            );
             // The largest such multiple of the granule.
             let one_more = 25.0 + 2.5 * (decode_rows + budget + PROMPT_GRANULE) as f64;
-            assert!(budget == 256 || one_more > max_stall * decode_ms, "stall {max_stall}: budget {budget} is not the largest");
+            assert!(
+                budget == 256 || one_more > max_stall * decode_ms,
+                "stall {max_stall}: budget {budget} is not the largest"
+            );
         }
         // A stall factor of 1 still lets one granule through so prompts progress.
         assert_eq!(cpu.prompt_budget(decode_rows, 1.0, 256), PROMPT_GRANULE);

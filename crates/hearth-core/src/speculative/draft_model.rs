@@ -126,7 +126,12 @@ impl Drafter for DraftModel {
     }
 
     /// Awaits the draft session's forward passes (WebGPU in a browser).
-    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+    fn propose_async<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        max_tokens: usize,
+        sampling: &'a SamplingParams,
+    ) -> ProposalFuture<'a> {
         Box::pin(self.propose_now(context, max_tokens, sampling))
     }
 
@@ -157,7 +162,8 @@ impl DraftModel {
         if context.is_empty() || max_tokens == 0 {
             return Ok(Proposal::default());
         }
-        let common = self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
+        let common =
+            self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
         self.session.rollback(common)?;
         // Room for the new context tokens plus all drafts but the last (which is never evaluated).
         let new_tokens = context.len() - common;
@@ -184,7 +190,11 @@ impl DraftModel {
             if confidence.partial_cmp(&self.min_confidence).is_none_or(|o| o.is_lt()) {
                 break;
             }
-            let token = if greedy { distribution.first().map(|&(id, _)| id) } else { sample_from(&distribution, &mut self.rng) };
+            let token = if greedy {
+                distribution.first().map(|&(id, _)| id)
+            } else {
+                sample_from(&distribution, &mut self.rng)
+            };
             let Some(token) = token else { break };
             tokens.push(token);
             distributions.push(distribution);

@@ -7,10 +7,10 @@
 use super::catch_up::CatchUp;
 use super::verify::{verification_rng, verify_proposal, Distribution};
 use super::{Drafter, PolicyMemory, Proposal, SpeculativeMetrics, SpeculativeOptions};
-use crate::block_on::block_on;
-use crate::engine::{ms, Engine, Instant, FinishReason, GenerateOptions, Generation, TextOutput, Timings};
-use crate::error::{CoreError, Result};
 use crate::backend::Readback;
+use crate::block_on::block_on;
+use crate::engine::{ms, Engine, FinishReason, GenerateOptions, Generation, Instant, TextOutput, Timings};
+use crate::error::{CoreError, Result};
 use crate::runner::{StepOutput, ROLLBACK_MARGIN};
 use crate::sampling::Sampler;
 
@@ -42,7 +42,15 @@ impl Engine {
         speculative: &SpeculativeOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        self.generate_speculative_with_async(prompt, options, drafter, speculative, &mut PolicyMemory::default(), on_text).await
+        self.generate_speculative_with_async(
+            prompt,
+            options,
+            drafter,
+            speculative,
+            &mut PolicyMemory::default(),
+            on_text,
+        )
+        .await
     }
 
     /// [`Engine::generate_speculative`] starting from what `memory` kept of the last generation
@@ -153,7 +161,8 @@ impl Engine {
             // Each step yields accepted + 1 tokens and evaluates 1 + verified drafts.
             // (At most ROLLBACK_MARGIN drafts: rejected ones are rolled back, and a sliding-window
             // model keeps only that many positions past its window.)
-            let room = (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1).min(ROLLBACK_MARGIN);
+            let room =
+                (options.max_tokens - output.tokens().len() - 1).min(session.remaining() - 1).min(ROLLBACK_MARGIN);
             // Free drafts first (a `LookupThen`'s prompt lookup): verified as far as that pays,
             // and the costly drafter then sits the step out; else kept to be scored as the
             // target's tokens come.
@@ -166,7 +175,8 @@ impl Engine {
             if let Some(free) = free_policy.as_mut() {
                 let free_budget = free.request().min(room);
                 let drafting = Instant::now();
-                let mut free_proposal = if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Proposal::default() };
+                let mut free_proposal =
+                    if free_budget > 0 { drafter.propose_free(&context, free_budget) } else { Proposal::default() };
                 free.observe_draft(free_budget, ms(drafting));
                 free_proposal.tokens.truncate(free_budget);
                 let (length, matched) = (free_proposal.tokens.len(), free_proposal.matched);
@@ -197,7 +207,9 @@ impl Engine {
                 verify = policy.verify_length(proposal.tokens.len(), proposal.matched);
             }
             if let Some(bad) = proposal.tokens.iter().find(|&&t| t as usize >= n_vocab) {
-                return Err(CoreError::InvalidArgument(format!("the drafter proposed token {bad}, outside the vocabulary")));
+                return Err(CoreError::InvalidArgument(format!(
+                    "the drafter proposed token {bad}, outside the vocabulary"
+                )));
             }
             // Verify only the drafts that pay at this machine's pass costs; the ones left out
             // are still scored against the target's tokens as they come.
@@ -228,7 +240,9 @@ impl Engine {
                 history.clear();
                 history.extend_from_slice(&context);
                 history.extend_from_slice(&drafts[..i]);
-                let missing = || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", batch.len()));
+                let missing = || {
+                    CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", batch.len()))
+                };
                 match output {
                     StepOutput::Logits(logits) => {
                         let row = logits.get(i * n_logits..(i + 1) * n_logits).ok_or_else(missing)?;

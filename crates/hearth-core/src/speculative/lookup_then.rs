@@ -22,7 +22,11 @@ impl<D: Drafter> LookupThen<D> {
     /// `drafter`. Its one-token guesses give way to the drafter when it is ready to draft (see
     /// `generate.rs`).
     pub fn new(drafter: D) -> Self {
-        LookupThen { lookup: PromptLookup::default(), lookup_max_tokens: SpeculativeOptions::lookup().max_draft_tokens, drafter }
+        LookupThen {
+            lookup: PromptLookup::default(),
+            lookup_max_tokens: SpeculativeOptions::lookup().max_draft_tokens,
+            drafter,
+        }
     }
 }
 
@@ -31,7 +35,12 @@ impl<D: Drafter> Drafter for LookupThen<D> {
         self.drafter.propose(context, max_tokens, sampling)
     }
 
-    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+    fn propose_async<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        max_tokens: usize,
+        sampling: &'a SamplingParams,
+    ) -> ProposalFuture<'a> {
         self.drafter.propose_async(context, max_tokens, sampling)
     }
 

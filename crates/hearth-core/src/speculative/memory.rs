@@ -22,7 +22,11 @@ struct Learnt {
 impl PolicyMemory {
     /// The policies a generation with `options` and a drafter of `free_limit` starts from: what
     /// the last one with the same settings learnt, else fresh ones.
-    pub(super) fn policies(&self, options: &SpeculativeOptions, free_limit: usize) -> (DraftPolicy, Option<DraftPolicy>) {
+    pub(super) fn policies(
+        &self,
+        options: &SpeculativeOptions,
+        free_limit: usize,
+    ) -> (DraftPolicy, Option<DraftPolicy>) {
         match &self.learnt {
             Some(l) if l.options == *options && l.free_limit == free_limit => {
                 (l.policy.for_next_request(), l.free_policy.as_ref().map(DraftPolicy::for_next_request))
@@ -35,8 +39,19 @@ impl PolicyMemory {
     }
 
     /// Keeps what a generation's policies learnt.
-    pub(super) fn remember(&mut self, options: &SpeculativeOptions, free_limit: usize, policy: &DraftPolicy, free_policy: Option<&DraftPolicy>) {
-        self.learnt = Some(Learnt { options: options.clone(), free_limit, policy: policy.clone(), free_policy: free_policy.cloned() });
+    pub(super) fn remember(
+        &mut self,
+        options: &SpeculativeOptions,
+        free_limit: usize,
+        policy: &DraftPolicy,
+        free_policy: Option<&DraftPolicy>,
+    ) {
+        self.learnt = Some(Learnt {
+            options: options.clone(),
+            free_limit,
+            policy: policy.clone(),
+            free_policy: free_policy.cloned(),
+        });
     }
 
     /// Whether a generation has left something to start from.

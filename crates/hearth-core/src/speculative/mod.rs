@@ -24,10 +24,13 @@ mod prompt_lookup;
 pub mod verify;
 pub(crate) use generate::verify_readback;
 
-pub use draft_model::{check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE};
-pub use policy::{DraftPolicy, PROBE_EVERY};
+pub use draft_model::{
+    check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE,
+    MAX_VOCAB_SIZE_DIFFERENCE,
+};
 pub use lookup_then::LookupThen;
 pub use memory::PolicyMemory;
+pub use policy::{DraftPolicy, PROBE_EVERY};
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
@@ -82,7 +85,12 @@ pub trait Drafter {
     /// [`Drafter::propose`] for drafters whose work completes later (a [`DraftModel`] on WebGPU
     /// in a browser awaits its forward passes); what `Engine::generate_speculative_async` awaits.
     /// The default is the synchronous `propose`, ready at once (prompt lookup computes nothing).
-    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+    fn propose_async<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        max_tokens: usize,
+        sampling: &'a SamplingParams,
+    ) -> ProposalFuture<'a> {
         Box::pin(std::future::ready(self.propose(context, max_tokens, sampling)))
     }
 
@@ -117,7 +125,12 @@ impl<T: Drafter + ?Sized> Drafter for &mut T {
         (**self).propose(context, max_tokens, sampling)
     }
 
-    fn propose_async<'a>(&'a mut self, context: &'a [u32], max_tokens: usize, sampling: &'a SamplingParams) -> ProposalFuture<'a> {
+    fn propose_async<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        max_tokens: usize,
+        sampling: &'a SamplingParams,
+    ) -> ProposalFuture<'a> {
         (**self).propose_async(context, max_tokens, sampling)
     }
 

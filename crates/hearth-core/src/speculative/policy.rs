@@ -140,7 +140,9 @@ impl PassCosts {
         }
         let below = (1..width).rev().find_map(|w| self.measured(w).map(|ms| (w, ms)));
         let above = (width + 1..TRACKED_WIDTHS).find_map(|w| self.measured(w).map(|ms| (w, ms)));
-        let line = |(w0, c0): (usize, f64), (w1, c1): (usize, f64)| c0 + (c1 - c0) * (width as f64 - w0 as f64) / (w1 as f64 - w0 as f64);
+        let line = |(w0, c0): (usize, f64), (w1, c1): (usize, f64)| {
+            c0 + (c1 - c0) * (width as f64 - w0 as f64) / (w1 as f64 - w0 as f64)
+        };
         match (below, above) {
             (Some(b), Some(a)) => line(b, a),
             (Some(b), None) => {
@@ -290,7 +292,9 @@ impl DraftPolicy {
     }
 
     fn draft_cost_known(&self) -> bool {
-        self.draft_ms_per_token.0.is_some() || self.draft_first_pass_ms.0.is_some() || self.draft_next_pass_ms.0.is_some()
+        self.draft_ms_per_token.0.is_some()
+            || self.draft_first_pass_ms.0.is_some()
+            || self.draft_next_pass_ms.0.is_some()
     }
 
     /// Whether drafting is known to cost next to nothing (prompt lookup), so that the drafter
@@ -366,7 +370,11 @@ impl DraftPolicy {
         let plain = self.pass.estimate(1).max(1e-9);
         let probe_cost = self.draft_ms(self.max) + (self.pass.estimate(1 + self.max) - plain).max(0.0);
         let interval = (probe_cost / (PROBE_SHARE * plain)).ceil();
-        if interval.is_finite() { (interval as usize).clamp(PROBE_EVERY, 1 << 20) } else { PROBE_EVERY }
+        if interval.is_finite() {
+            (interval as usize).clamp(PROBE_EVERY, 1 << 20)
+        } else {
+            PROBE_EVERY
+        }
     }
 
     /// Of a proposal of `available` tokens, how many to verify: drafting is paid for by now, so
@@ -384,7 +392,11 @@ impl DraftPolicy {
             // model's stop), which says more about this proposal than the running estimates;
             // they decide whether verifying it pays at all.
             let p = self.acceptance_for(available);
-            return if rate(Self::expected_tokens(p, available), available) > plain * (1.0 + 1e-9) { available } else { 0 };
+            return if rate(Self::expected_tokens(p, available), available) > plain * (1.0 + 1e-9) {
+                available
+            } else {
+                0
+            };
         };
         // The prefix with the most expected tokens per ms (ties to the shorter): draft i is kept,
         // given the ones before it were, with the acceptance for a run of matched + i - 1.
@@ -419,11 +431,21 @@ impl DraftPolicy {
         match matched {
             Some(matched) => {
                 let runs = self.run_acceptances();
-                (1..=available).map(|k| { reach *= runs[(matched.max(1) + k - 1).min(RUN_CLASSES) - 1]; reach }).collect()
+                (1..=available)
+                    .map(|k| {
+                        reach *= runs[(matched.max(1) + k - 1).min(RUN_CLASSES) - 1];
+                        reach
+                    })
+                    .collect()
             }
             None => {
                 let p = self.acceptance_for(available);
-                (0..available).map(|_| { reach *= p; reach }).collect()
+                (0..available)
+                    .map(|_| {
+                        reach *= p;
+                        reach
+                    })
+                    .collect()
             }
         }
     }
@@ -517,7 +539,14 @@ impl DraftPolicy {
     /// A verification step of this policy's proposal ended: `outcome` of the `verified` drafts
     /// (the first ones of the proposal) followed by `unverified`, the rest left out of the pass;
     /// `budget` drafts were requested, `matched` as in [`Self::verify_length`].
-    pub fn observe_step(&mut self, outcome: &super::VerificationOutcome, verified: &[u32], unverified: &[u32], matched: Option<usize>, budget: usize) {
+    pub fn observe_step(
+        &mut self,
+        outcome: &super::VerificationOutcome,
+        verified: &[u32],
+        unverified: &[u32],
+        matched: Option<usize>,
+        budget: usize,
+    ) {
         let proposed_len = verified.len() + unverified.len();
         self.observe_outcome(proposed_len, matched, outcome.proposed, outcome.accepted);
         if proposed_len < budget && outcome.accepted == proposed_len {

@@ -21,7 +21,13 @@ fn policy(max: usize) -> DraftPolicy {
 /// Runs `steps` steps of a drafter whose tokens are each kept with probability `p` given the
 /// previous (coins from a fixed xorshift sequence, so every run is the same), with the given
 /// costs; returns the number of drafts verified at each step.
-fn simulate(policy: &mut DraftPolicy, steps: usize, p: f64, pass_ms: impl Fn(usize) -> f64, draft_ms_per_token: f64) -> Vec<usize> {
+fn simulate(
+    policy: &mut DraftPolicy,
+    steps: usize,
+    p: f64,
+    pass_ms: impl Fn(usize) -> f64,
+    draft_ms_per_token: f64,
+) -> Vec<usize> {
     let mut coin = coins();
     let mut chosen = Vec::new();
     for _ in 0..steps {
@@ -146,7 +152,11 @@ fn an_expensive_drafter_is_dropped_where_it_cannot_pay_and_probed_again() {
     // After a few steps that measure the unknown widths, only the periodic probes draft.
     let drafting_steps: Vec<usize> = (20..100).filter(|&i| chosen[i] > 0).collect();
     assert!(!drafting_steps.is_empty(), "never probed again: {chosen:?}");
-    assert!(drafting_steps.len() <= 80 / PROBE_EVERY + 1, "drafted in {} of 80 steps: {chosen:?}", drafting_steps.len());
+    assert!(
+        drafting_steps.len() <= 80 / PROBE_EVERY + 1,
+        "drafted in {} of 80 steps: {chosen:?}",
+        drafting_steps.len()
+    );
 }
 
 #[test]
@@ -205,7 +215,11 @@ fn unmeasured_widths_are_estimated_from_measured_neighbours() {
     assert!((costs.estimate(2) - 160.0 / 3.0).abs() < 1e-9, "between 1 and 4: {}", costs.estimate(2));
     assert!((costs.estimate(7) - 120.0).abs() < 1e-9, "beyond 4 with the slope from 1 to 4: {}", costs.estimate(7));
     costs.observe(8, 80.0);
-    assert!((costs.estimate(12) - 80.0 - 4.0 * 40.0 / 7.0).abs() < 1e-9, "beyond 8 with the mean slope from 1 to 8: {}", costs.estimate(12));
+    assert!(
+        (costs.estimate(12) - 80.0 - 4.0 * 40.0 / 7.0).abs() < 1e-9,
+        "beyond 8 with the mean slope from 1 to 8: {}",
+        costs.estimate(12)
+    );
     let mut falling = PassCosts::new();
     falling.observe(1, 40.0);
     falling.observe(8, 35.0);
@@ -254,7 +268,11 @@ fn simulate_stopping(
         let proposed = requested.min(proposes);
         if requested > 0 {
             let later = proposed.saturating_sub(1);
-            policy.observe_draft_timing(&super::super::DraftTiming { first_pass_ms: Some(first_ms), later_passes: later, later_ms: next_ms * later as f64 });
+            policy.observe_draft_timing(&super::super::DraftTiming {
+                first_pass_ms: Some(first_ms),
+                later_passes: later,
+                later_ms: next_ms * later as f64,
+            });
         }
         let verified = policy.verify_length(proposed, None);
         let reach = (0..proposed).take_while(|_| coin() < p).count();

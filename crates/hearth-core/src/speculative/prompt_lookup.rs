@@ -74,7 +74,9 @@ impl PromptLookup {
     /// The tokens that followed the best suffix match (see [`Self::longest_suffix_match`]), at
     /// most `max_tokens`, with the match's length; empty when nothing matches.
     pub fn proposal(&self, context: &[u32], max_tokens: usize) -> Proposal {
-        let Some(found) = self.longest_suffix_match(context).filter(|_| max_tokens > 0) else { return Proposal::default() };
+        let Some(found) = self.longest_suffix_match(context).filter(|_| max_tokens > 0) else {
+            return Proposal::default();
+        };
         let end = context.len().min(found.follow + max_tokens);
         Proposal { tokens: context[found.follow..end].to_vec(), matched: Some(found.len), ..Proposal::default() }
     }
@@ -91,7 +93,9 @@ impl PromptLookup {
             if reference[end] != last {
                 continue;
             }
-            let matched = (0..max_ngram.min(end + 1).min(context.len())).take_while(|&i| reference[end - i] == context[context.len() - 1 - i]).count();
+            let matched = (0..max_ngram.min(end + 1).min(context.len()))
+                .take_while(|&i| reference[end - i] == context[context.len() - 1 - i])
+                .count();
             if best.is_none_or(|b| matched > b.len) {
                 best = Some(SuffixMatch { follow: end + 1, len: matched });
                 if matched == max_ngram {
@@ -110,7 +114,11 @@ impl PromptLookup {
         match in_reference {
             Some(found) if in_context.is_none_or(|c| found.len >= c.len) => {
                 let end = reference.len().min(found.follow + max_tokens);
-                Proposal { tokens: reference[found.follow..end].to_vec(), matched: Some(found.len), ..Proposal::default() }
+                Proposal {
+                    tokens: reference[found.follow..end].to_vec(),
+                    matched: Some(found.len),
+                    ..Proposal::default()
+                }
             }
             _ => self.proposal(context, max_tokens),
         }

@@ -31,7 +31,9 @@ pub struct VerificationOutcome {
 pub enum TokenVerdict {
     Accepted,
     /// Rejected; the target's token drawn from norm(max(0, p − q)) takes its place.
-    Rejected { replacement: u32 },
+    Rejected {
+        replacement: u32,
+    },
 }
 
 /// The generator of a generation's acceptance tests and replacements: a stream of its own. Seeded

@@ -16,11 +16,7 @@ fn hf_err(what: &str) -> impl Fn(tokenizers::Error) -> CoreError + '_ {
 }
 
 fn piece_map(pieces: &[String]) -> Vocab {
-    pieces
-        .iter()
-        .enumerate()
-        .map(|(id, p)| (p.clone(), id as u32))
-        .collect()
+    pieces.iter().enumerate().map(|(id, p)| (p.clone(), id as u32)).collect()
 }
 
 /// GGUF `gpt2` models: byte-level BPE with GGUF merges ("left right", ranked by position) behind
@@ -31,9 +27,7 @@ pub fn byte_level_bpe(pieces: &[String], merges: &[&str], spec: &PreTokenizerSpe
         // llama.cpp splits at the first space after the first byte, so a merge may start with ' '.
         let split_at = merge.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|i| i + 1);
         let Some(at) = split_at else {
-            return Err(CoreError::Tokenizer(format!(
-                "BPE merge '{merge}' has no separating space"
-            )));
+            return Err(CoreError::Tokenizer(format!("BPE merge '{merge}' has no separating space")));
         };
         merge_pairs.push((merge[..at].to_string(), merge[at + 1..].to_string()));
     }
@@ -45,12 +39,8 @@ pub fn byte_level_bpe(pieces: &[String], merges: &[&str], spec: &PreTokenizerSpe
 
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
     for regex in &spec.regexes {
-        let split = Split::new(
-            SplitPattern::Regex(regex.clone()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(hf_err("compiling pre-tokenizer regex"))?;
+        let split = Split::new(SplitPattern::Regex(regex.clone()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(hf_err("compiling pre-tokenizer regex"))?;
         steps.push(split.into());
     }
     // Regex splitting is done above; ByteLevel only maps bytes to GPT-2's printable characters.

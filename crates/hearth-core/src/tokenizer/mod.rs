@@ -28,10 +28,7 @@ enum TextPipeline {
     ByteLevel,
     /// GGUF `llama`: spaces become `▁` here; a space is prepended to fragments that start the input
     /// or follow a special token when `add_space_prefix`. Tokenized by [`spm::SpmModel`].
-    SentencePiece {
-        add_space_prefix: bool,
-        model: Box<spm::SpmModel>,
-    },
+    SentencePiece { add_space_prefix: bool, model: Box<spm::SpmModel> },
     /// `tokenizer.json`: its own normalizer and pre-tokenizer do everything.
     HfNative,
 }
@@ -62,11 +59,7 @@ impl Tokenizer {
     /// Builds the tokenizer from `tokenizer.ggml.*` metadata (models `gpt2` and `llama`).
     pub fn from_gguf(meta: &Metadata) -> Result<Self> {
         let model = meta.str("tokenizer.ggml.model")?;
-        let pieces: Vec<String> = meta
-            .str_array("tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let pieces: Vec<String> = meta.str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let n = pieces.len();
         if n == 0 || n > u32::MAX as usize {
             return Err(CoreError::Tokenizer(format!("vocabulary has {n} tokens")));
@@ -74,10 +67,7 @@ impl Tokenizer {
         let mut types = vec![TokenType::Normal; n];
         if let Some(raw) = meta.opt_array("tokenizer.ggml.token_type")? {
             if raw.len() < n {
-                return Err(CoreError::Tokenizer(format!(
-                    "token_type has {} entries for {n} tokens",
-                    raw.len()
-                )));
+                return Err(CoreError::Tokenizer(format!("token_type has {} entries for {n} tokens", raw.len())));
             }
             for (t, v) in types.iter_mut().zip(raw) {
                 *t = TokenType::from_gguf(v.as_u64().unwrap_or(0));
@@ -91,23 +81,13 @@ impl Tokenizer {
                 let spec = pre_tokenizer::spec_for(pre)?;
                 let merges = meta.str_array("tokenizer.ggml.merges")?;
                 let hf = build::byte_level_bpe(&pieces, &merges, &spec)?;
-                (
-                    Some(hf),
-                    None,
-                    PieceStyle::ByteLevel,
-                    Some(11),
-                    Some(11),
-                    spec.add_bos_default,
-                )
+                (Some(hf), None, PieceStyle::ByteLevel, Some(11), Some(11), spec.add_bos_default)
             }
             "llama" => {
                 let scores: Vec<f32> = match meta.opt_array("tokenizer.ggml.scores")? {
                     Some(raw) if raw.len() >= n => raw.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
                     Some(raw) => {
-                        return Err(CoreError::Tokenizer(format!(
-                            "scores has {} entries for {n} tokens",
-                            raw.len()
-                        )))
+                        return Err(CoreError::Tokenizer(format!("scores has {} entries for {n} tokens", raw.len())))
                     }
                     None => vec![0.0; n],
                 };
@@ -122,9 +102,7 @@ impl Tokenizer {
         let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
         let bos = opt_id(meta, "tokenizer.ggml.bos_token_id", n)?.or(in_range(default_bos));
         let eos = opt_id(meta, "tokenizer.ggml.eos_token_id", n)?.or(in_range(default_eos));
-        let add_bos = meta
-            .opt_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(default_add_bos);
+        let add_bos = meta.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
         let explicit_eog = [
             eos,
             opt_id(meta, "tokenizer.ggml.eot_token_id", n)?,
@@ -145,15 +123,7 @@ impl Tokenizer {
             }
             None => TextPipeline::ByteLevel,
         };
-        Ok(Tokenizer {
-            vocab,
-            hf,
-            pipeline,
-            piece_style,
-            bos,
-            eos,
-            add_bos,
-        })
+        Ok(Tokenizer { vocab, hf, pipeline, piece_style, bos, eos, add_bos })
     }
 
     /// Builds the tokenizer from a HF `tokenizer.json`. Added tokens become control tokens
@@ -182,38 +152,21 @@ impl Tokenizer {
         }
         for (id, added) in hf.get_added_tokens_decoder() {
             if let Some(t) = types.get_mut(id as usize) {
-                *t = if added.special {
-                    TokenType::Control
-                } else {
-                    TokenType::UserDefined
-                };
+                *t = if added.special { TokenType::Control } else { TokenType::UserDefined };
             }
         }
         // Find BOS before switching off special-token matching (the post-processor adds it).
-        let probe = hf
-            .encode("a", true)
-            .map_err(|e| CoreError::Tokenizer(format!("probing tokenizer.json: {e}")))?;
+        let probe = hf.encode("a", true).map_err(|e| CoreError::Tokenizer(format!("probing tokenizer.json: {e}")))?;
         let first = probe.get_ids().first().copied();
         let bos = first.filter(|&id| types.get(id as usize) == Some(&TokenType::Control));
         let add_bos = bos.is_some();
-        let find = |names: &[&str]| {
-            names
-                .iter()
-                .find_map(|name| pieces.iter().position(|p| p == name).map(|i| i as u32))
-        };
+        let find =
+            |names: &[&str]| names.iter().find_map(|name| pieces.iter().position(|p| p == name).map(|i| i as u32));
         let eos = find(&["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]);
         // Our partition finds special tokens; the HF pipeline must treat any left in the text as text.
         hf.set_encode_special_tokens(true);
         let vocab = Vocab::new(pieces, types, &[eos]);
-        Ok(Tokenizer {
-            vocab,
-            hf: Some(hf),
-            pipeline: TextPipeline::HfNative,
-            piece_style,
-            bos,
-            eos,
-            add_bos,
-        })
+        Ok(Tokenizer { vocab, hf: Some(hf), pipeline: TextPipeline::HfNative, piece_style, bos, eos, add_bos })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -226,10 +179,7 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         if add_bos {
-            ids.push(
-                self.bos
-                    .ok_or_else(|| CoreError::Tokenizer("model has no BOS token".into()))?,
-            );
+            ids.push(self.bos.ok_or_else(|| CoreError::Tokenizer("model has no BOS token".into()))?);
         }
         let mut after_special = true;
         for fragment in self.vocab.partition(text, parse_special) {
@@ -240,18 +190,8 @@ impl Tokenizer {
                 }
                 Fragment::Text(text) => {
                     match (&self.pipeline, &self.hf) {
-                        (
-                            TextPipeline::SentencePiece {
-                                add_space_prefix,
-                                model,
-                            },
-                            _,
-                        ) => {
-                            let prefix = if *add_space_prefix && after_special {
-                                "\u{2581}"
-                            } else {
-                                ""
-                            };
+                        (TextPipeline::SentencePiece { add_space_prefix, model }, _) => {
+                            let prefix = if *add_space_prefix && after_special { "\u{2581}" } else { "" };
                             let escaped = format!("{prefix}{}", text.replace(' ', "\u{2581}"));
                             model.tokenize(&self.vocab, &escaped, &mut ids)?;
                         }
@@ -331,29 +271,15 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             let ty = self.vocab.token_type(id).ok_or_else(|| {
-                CoreError::Tokenizer(format!(
-                    "token id {id} is outside the vocabulary of {}",
-                    self.vocab.len()
-                ))
+                CoreError::Tokenizer(format!("token id {id} is outside the vocabulary of {}", self.vocab.len()))
             })?;
             if skip_special && ty.is_special() {
                 continue;
             }
             let piece = self.token_bytes(id);
             // SentencePiece models with a space prefix: the prefix is not part of the text.
-            let strip = i == 0
-                && matches!(
-                    self.pipeline,
-                    TextPipeline::SentencePiece {
-                        add_space_prefix: true,
-                        ..
-                    }
-                );
-            let piece = if strip {
-                piece.strip_prefix(b" ").unwrap_or(&piece)
-            } else {
-                &piece[..]
-            };
+            let strip = i == 0 && matches!(self.pipeline, TextPipeline::SentencePiece { add_space_prefix: true, .. });
+            let piece = if strip { piece.strip_prefix(b" ").unwrap_or(&piece) } else { &piece[..] };
             bytes.extend_from_slice(piece);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())

@@ -103,11 +103,7 @@ pub fn spec_for(pre: &str) -> Result<PreTokenizerSpec> {
             )))
         }
     };
-    Ok(PreTokenizerSpec {
-        regexes,
-        ignore_merges,
-        add_bos_default,
-    })
+    Ok(PreTokenizerSpec { regexes, ignore_merges, add_bos_default })
 }
 
 #[cfg(test)]

@@ -47,9 +47,7 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then the leftmost pair.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -62,11 +60,7 @@ impl SpmModel {
                 std::str::from_utf8(&single).ok().and_then(|s| vocab.id_of(s))
             });
         }
-        SpmModel {
-            scores,
-            byte_tokens,
-            unk,
-        }
+        SpmModel { scores, byte_tokens, unk }
     }
 
     /// Appends the tokens of `text` (spaces already replaced by `▁`) to `out`.
@@ -91,12 +85,7 @@ impl SpmModel {
                 let merged = &text[l.start..r.start + r.len];
                 if let Some(id) = vocab.id_of(merged) {
                     let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
-                    queue.push(Bigram {
-                        score,
-                        left,
-                        right,
-                        len: merged.len(),
-                    });
+                    queue.push(Bigram { score, left, right, len: merged.len() });
                 }
             };
         for i in 1..symbols.len() {

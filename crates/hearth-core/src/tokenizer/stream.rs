@@ -19,10 +19,7 @@ impl StreamDecoder {
 
     /// `show_special`: also emit the text of control tokens such as `<|im_end|>`.
     pub fn with_special(show_special: bool) -> Self {
-        StreamDecoder {
-            pending: Vec::new(),
-            show_special,
-        }
+        StreamDecoder { pending: Vec::new(), show_special }
     }
 
     /// Appends a token and returns the text that is now complete (possibly empty).

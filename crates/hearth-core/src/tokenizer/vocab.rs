@@ -90,11 +90,8 @@ pub struct Vocab {
 impl Vocab {
     /// `explicit_eog` are ids the metadata names as eos/eot/eom/fim (added to the text-based set).
     pub fn new(pieces: Vec<String>, mut types: Vec<TokenType>, explicit_eog: &[Option<u32>]) -> Self {
-        let piece_to_id: HashMap<String, u32> = pieces
-            .iter()
-            .enumerate()
-            .map(|(id, p)| (p.clone(), id as u32))
-            .collect();
+        let piece_to_id: HashMap<String, u32> =
+            pieces.iter().enumerate().map(|(id, p)| (p.clone(), id as u32)).collect();
         let find_first = |texts: &[&str]| texts.iter().find_map(|t| piece_to_id.get(*t).copied());
 
         let mut eog: HashSet<u32> = HashSet::new();
@@ -112,12 +109,7 @@ impl Vocab {
                 }
             }
         }
-        eog.extend(
-            explicit_eog
-                .iter()
-                .flatten()
-                .filter(|&&id| (id as usize) < pieces.len()),
-        );
+        eog.extend(explicit_eog.iter().flatten().filter(|&&id| (id as usize) < pieces.len()));
         // gpt-oss / solar-open: "<|end|>" ends a message, not the generation.
         let has = |eog: &HashSet<u32>, text: &str| piece_to_id.get(text).is_some_and(|id| eog.contains(id));
         if let Some(&end) = piece_to_id.get("<|end|>") {
@@ -135,18 +127,11 @@ impl Vocab {
                 types[s as usize] = TokenType::Normal;
             }
         }
-        let mut partitioned: Vec<u32> = (0..pieces.len() as u32)
-            .filter(|&id| types[id as usize].is_partitioned())
-            .collect();
+        let mut partitioned: Vec<u32> =
+            (0..pieces.len() as u32).filter(|&id| types[id as usize].is_partitioned()).collect();
         partitioned.sort_by_key(|&id| std::cmp::Reverse(pieces[id as usize].len()));
 
-        Vocab {
-            pieces,
-            types,
-            piece_to_id,
-            partitioned,
-            eog,
-        }
+        Vocab { pieces, types, piece_to_id, partitioned, eog }
     }
 
     pub fn len(&self) -> usize {
@@ -224,10 +209,7 @@ mod tests {
     use super::*;
 
     fn vocab() -> Vocab {
-        let pieces: Vec<String> = ["a", "<s>", "<|im_end|>", "  ", "   "]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let pieces: Vec<String> = ["a", "<s>", "<|im_end|>", "  ", "   "].iter().map(|s| s.to_string()).collect();
         let types = vec![
             TokenType::Normal,
             TokenType::Control,
@@ -243,30 +225,17 @@ mod tests {
         let v = vocab();
         assert_eq!(
             v.partition("x     y<s>", true),
-            vec![
-                Fragment::Text("x"),
-                Fragment::Token(4),
-                Fragment::Token(3),
-                Fragment::Text("y"),
-                Fragment::Token(1)
-            ]
+            vec![Fragment::Text("x"), Fragment::Token(4), Fragment::Token(3), Fragment::Text("y"), Fragment::Token(1)]
         );
         // Control tokens are plain text without parse_special; user-defined ones still match.
-        assert_eq!(
-            v.partition("<s>  ", false),
-            vec![Fragment::Text("<s>"), Fragment::Token(3)]
-        );
+        assert_eq!(v.partition("<s>  ", false), vec![Fragment::Text("<s>"), Fragment::Token(3)]);
     }
 
     #[test]
     fn eog_includes_text_rules_and_explicit_ids() {
         let v = vocab();
         assert!(v.is_eog(2), "<|im_end|> is end-of-generation by text");
-        assert_eq!(
-            v.token_type(2),
-            Some(TokenType::Control),
-            "promoted to control like llama.cpp"
-        );
+        assert_eq!(v.token_type(2), Some(TokenType::Control), "promoted to control like llama.cpp");
         assert!(v.is_eog(1), "explicit eos id");
         assert!(!v.is_eog(0));
     }

@@ -2,7 +2,9 @@
 
 use super::parse;
 use super::writer::GgufWriter;
-use hearth_core::backend::{Backend, BackendCounters, Capability, GraphId, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData};
+use hearth_core::backend::{
+    Backend, BackendCounters, Capability, GraphId, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData,
+};
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::Value;
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
@@ -29,7 +31,9 @@ impl Backend for RecordingBackend {
     }
     fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
         match what {
-            Capability::Op { op, .. } if Some(op.name()) == self.refuse => Err(format!("{} (refused by the test)", op.name())),
+            Capability::Op { op, .. } if Some(op.name()) == self.refuse => {
+                Err(format!("{} (refused by the test)", op.name()))
+            }
             _ => Ok(()),
         }
     }
@@ -152,7 +156,9 @@ fn an_op_the_backend_refuses_fails_the_load_before_the_kv_pool_is_allocated() {
     let backend = RecordingBackend { refuse: Some("rope"), ..RecordingBackend::default() };
     let allocated = backend.kv_allocated.clone();
     match Session::load(&file, Box::new(backend), &EngineOptions::default(), &mut |_, _| {}) {
-        Err(CoreError::Unsupported { backend, what }) => assert!(backend == "recording" && what.contains("rope"), "{what}"),
+        Err(CoreError::Unsupported { backend, what }) => {
+            assert!(backend == "recording" && what.contains("rope"), "{what}")
+        }
         Err(other) => panic!("expected Unsupported, got {other}"),
         Ok(_) => panic!("a refused op loaded"),
     }
@@ -174,7 +180,15 @@ fn unknown_architecture() {
 
 #[test]
 fn missing_and_mistyped_hyper_parameters() {
-    for key in ["llama.block_count", "llama.embedding_length", "llama.attention.head_count", "llama.feed_forward_length", "llama.context_length", "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.tokens"] {
+    for key in [
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.attention.head_count",
+        "llama.feed_forward_length",
+        "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon",
+        "tokenizer.ggml.tokens",
+    ] {
         let e = config_err(tiny_llama(Some(key), None, None));
         assert!(matches!(e, CoreError::MissingKey(ref k) if k == key), "{key}: {e:?}");
     }
@@ -213,7 +227,11 @@ fn inconsistent_hyper_parameters() {
 fn missing_tensor_and_wrong_shape_fail_session_load() {
     let (r, _) = load(tiny_llama(None, Some("blk.0.ffn_up.weight"), None));
     assert!(matches!(r, Err(CoreError::MissingTensor(ref t)) if t == "blk.0.ffn_up.weight"));
-    let (r, _) = load(tiny_llama(None, Some("output_norm.weight"), None).tensor("output_norm.weight", GgmlType::F32, &[EMBD + 1]));
+    let (r, _) = load(tiny_llama(None, Some("output_norm.weight"), None).tensor(
+        "output_norm.weight",
+        GgmlType::F32,
+        &[EMBD + 1],
+    ));
     match r {
         Err(CoreError::ShapeMismatch { tensor, expected, found }) => {
             assert_eq!(tensor, "output_norm.weight");
@@ -222,7 +240,11 @@ fn missing_tensor_and_wrong_shape_fail_session_load() {
         other => panic!("expected ShapeMismatch, got {:?}", other.err()),
     }
     // Transposed projection.
-    let (r, _) = load(tiny_llama(None, Some("blk.0.attn_k.weight"), None).tensor("blk.0.attn_k.weight", GgmlType::F32, &[4, EMBD]));
+    let (r, _) = load(tiny_llama(None, Some("blk.0.attn_k.weight"), None).tensor(
+        "blk.0.attn_k.weight",
+        GgmlType::F32,
+        &[4, EMBD],
+    ));
     assert!(matches!(r, Err(CoreError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.attn_k.weight"));
     let (r, _) = load(tiny_llama(None, None, Some(("general.architecture", Value::String("mamba".into())))));
     assert!(matches!(r, Err(CoreError::UnknownArchitecture(_))));

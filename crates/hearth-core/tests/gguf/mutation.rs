@@ -28,7 +28,8 @@ const INTERESTING: [u64; 10] = [0, 1, 2, 3, 9, 13, 255, 1 << 31, u32::MAX as u64
 fn mutate(rng: &mut Rng, base: &[u8], header_end: usize) -> Vec<u8> {
     let mut bytes = base.to_vec();
     // Mostly aim at the header, where the parser lives.
-    let pos = |rng: &mut Rng, len: usize| if rng.below(4) == 0 { rng.below(len) } else { rng.below(header_end.min(len)) };
+    let pos =
+        |rng: &mut Rng, len: usize| if rng.below(4) == 0 { rng.below(len) } else { rng.below(header_end.min(len)) };
     for _ in 0..1 + rng.below(4) {
         if bytes.is_empty() {
             break;

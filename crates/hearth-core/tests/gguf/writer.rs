@@ -131,7 +131,13 @@ impl GgufWriter {
     pub fn tensor(self, name: &str, ty: GgmlType, dims: &[u64]) -> Self {
         let size = tensor_size(ty, dims);
         let data = (0..size).map(|i| (i * 31 + name.len()) as u8).collect();
-        self.raw_tensor(TensorSpec { name: name.as_bytes().to_vec(), dims: dims.to_vec(), type_id: ty.id(), offset: None, data })
+        self.raw_tensor(TensorSpec {
+            name: name.as_bytes().to_vec(),
+            dims: dims.to_vec(),
+            type_id: ty.id(),
+            offset: None,
+            data,
+        })
     }
 
     pub fn raw_tensor(mut self, spec: TensorSpec) -> Self {

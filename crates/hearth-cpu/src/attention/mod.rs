@@ -88,7 +88,10 @@ pub fn attention(
 ) -> Result<(), CpuError> {
     let hd = p.head_dim;
     if p.n_head.checked_rem(p.n_head_kv) != Some(0) || hd == 0 {
-        return Err(CpuError::BadKv(format!("attention with {} query heads over {} KV heads of {hd}", p.n_head, p.n_head_kv)));
+        return Err(CpuError::BadKv(format!(
+            "attention with {} query heads over {} KV heads of {hd}",
+            p.n_head, p.n_head_kv
+        )));
     }
     let q_width = p.n_head * hd;
     if q.len() < n_tokens * q_width || out.len() < n_tokens * q_width {
@@ -96,7 +99,10 @@ pub fn attention(
     }
     let tasks = split_tasks(p, n_tokens);
     let head = HeadContext { q, kv, p, pos0 };
-    let ggml_f16 = numerics == Numerics::LlamaCpp && kv.kv_type == KvType::F16 && n_tokens < GGML_FA_TILE_Q && hd.is_multiple_of(64);
+    let ggml_f16 = numerics == Numerics::LlamaCpp
+        && kv.kv_type == KvType::F16
+        && n_tokens < GGML_FA_TILE_Q
+        && hd.is_multiple_of(64);
     let task = |t: &Task| if ggml_f16 { ggml_f16::attend_task(&head, *t) } else { with_fma!(attend_task(&head, *t)) };
     // [task tokens, task heads, head_dim] per task.
     #[cfg(not(target_arch = "wasm32"))]
@@ -165,7 +171,8 @@ thread_local! {
 
 /// The blocks of positions `lo..=hi`: (first, last) position of each, in order.
 fn blocks(lo: usize, hi: usize, block_size: usize) -> impl Iterator<Item = (usize, usize)> {
-    (lo / block_size..=hi / block_size).map(move |b| ((b * block_size).max(lo), (b * block_size + block_size - 1).min(hi)))
+    (lo / block_size..=hi / block_size)
+        .map(move |b| ((b * block_size).max(lo), (b * block_size + block_size - 1).min(hi)))
 }
 
 /// One task; returns [task tokens, task heads, head_dim].
@@ -264,7 +271,11 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         acc.iter_mut().for_each(|o| *o *= inv);
     }
     SCRATCH.with_borrow_mut(|scratch| *scratch = s);
-    let mut out = if width == hd { acc } else { acc.chunks_exact(width).flat_map(|row| &row[cols.skip..cols.skip + hd]).copied().collect() };
+    let mut out = if width == hd {
+        acc
+    } else {
+        acc.chunks_exact(width).flat_map(|row| &row[cols.skip..cols.skip + hd]).copied().collect()
+    };
     if let Some(offset) = c.kv.v_offset {
         // [head_dim] of the task's KV head, added once per query: Σ p_j (v_j + o) / Σ p_j = … + o.
         let offset = &offset[kv_head * hd..(kv_head + 1) * hd];

@@ -163,7 +163,14 @@ impl HeadCols {
 /// tile: [last - first + 1, cols.width()], as stored: the quantized types stay rotated and
 /// without their value offset (attention works in the rotated domain, see mod.rs).
 #[inline(always)]
-pub(super) fn decode_tile(kv: &PagedKv<'_>, values: bool, cols: HeadCols, first: usize, last: usize, tile: &mut Vec<f32>) {
+pub(super) fn decode_tile(
+    kv: &PagedKv<'_>,
+    values: bool,
+    cols: HeadCols,
+    first: usize,
+    last: usize,
+    tile: &mut Vec<f32>,
+) {
     let bs = kv.block_size;
     let (data, row) = if values { (kv.v, kv.v_row) } else { (kv.k, kv.k_row) };
     let width = cols.width();

@@ -137,7 +137,10 @@ unsafe fn dots_avx2(q: &[f32], keys: &[f32], width: usize, out: &mut [f32]) {
     for (o, k) in out[j..].iter_mut().zip(keys[j * width..].chunks_exact(width)) {
         let mut acc = _mm256_setzero_ps();
         for c in 0..chunks {
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qp.add(8 * c)), _mm256_loadu_ps(k.as_ptr().add(8 * c))));
+            acc = _mm256_add_ps(
+                acc,
+                _mm256_mul_ps(_mm256_loadu_ps(qp.add(8 * c)), _mm256_loadu_ps(k.as_ptr().add(8 * c))),
+            );
         }
         *o = lane_tree(acc);
     }

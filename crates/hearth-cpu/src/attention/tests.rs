@@ -106,7 +106,14 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let n_pos = case.pos0 + case.n_tokens;
     let n_blocks = n_pos.div_ceil(BLOCK_SIZE) + 3;
     let group = KvGroup { layers: vec![0], window: case.window, n_blocks };
-    let layout = KvLayout { n_layers: 1, k_width: width, v_width: width, kv_type: case.kv_type, block_size: BLOCK_SIZE, groups: vec![group] };
+    let layout = KvLayout {
+        n_layers: 1,
+        k_width: width,
+        v_width: width,
+        kv_type: case.kv_type,
+        block_size: BLOCK_SIZE,
+        groups: vec![group],
+    };
     let mut kv = KvStore::new(layout).expect("pool");
     // A shuffled block table, so that logical order is not pool order.
     let mut table: Vec<u32> = (0..n_blocks as u32).collect();
@@ -144,12 +151,20 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
 
     let mut paged_out = vec![f32::NAN; n_out];
     let paged = kv.paged(0, &step, lo, case.pos0 + case.n_tokens - 1, v_offset).expect("paged view");
-    attention(&q, paged, &params, case.pos0, case.n_tokens, crate::Numerics::Hearth, &mut paged_out).expect("attention");
+    attention(&q, paged, &params, case.pos0, case.n_tokens, crate::Numerics::Hearth, &mut paged_out)
+        .expect("attention");
 
     let (mut k_rows, mut v_rows) = (Vec::new(), Vec::new());
     kv.gather(0, &step, lo, case.pos0 + case.n_tokens - 1, &mut k_rows, &mut v_rows, v_offset).expect("gather");
     let mut reference_out = vec![f32::NAN; n_out];
-    reference_attention(&q, KvSpan { k: &k_rows, v: &v_rows, first_pos: lo }, &params, case.pos0, case.n_tokens, &mut reference_out);
+    reference_attention(
+        &q,
+        KvSpan { k: &k_rows, v: &v_rows, first_pos: lo },
+        &params,
+        case.pos0,
+        case.n_tokens,
+        &mut reference_out,
+    );
     (paged_out, reference_out)
 }
 
@@ -173,15 +188,31 @@ fn assert_matches_gather(case: Case, seed: u64) {
     }
     let nmse = err / norm;
     if std::env::var_os("HEARTH_PRINT_ATTENTION_ERROR").is_some() {
-        eprintln!("{:?} pos0 {} n_tokens {}: nmse {nmse:.3e} max abs {max_abs:.3e}", case.kv_type, case.pos0, case.n_tokens);
+        eprintln!(
+            "{:?} pos0 {} n_tokens {}: nmse {nmse:.3e} max abs {max_abs:.3e}",
+            case.kv_type, case.pos0, case.n_tokens
+        );
     }
-    assert!(nmse <= 1e-11 && max_abs <= 1e-5, "{case:?} seed {seed}: NMSE {nmse:e}, max abs error {max_abs:e} vs the gather");
+    assert!(
+        nmse <= 1e-11 && max_abs <= 1e-5,
+        "{case:?} seed {seed}: NMSE {nmse:e}, max abs error {max_abs:e} vs the gather"
+    );
 }
 
 const KV_TYPES: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
 
 fn base(kv_type: KvType) -> Case {
-    Case { kv_type, n_head: 14, n_head_kv: 2, head_dim: 64, window: None, softcap: None, offsets: false, pos0: 0, n_tokens: 1 }
+    Case {
+        kv_type,
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+        window: None,
+        softcap: None,
+        offsets: false,
+        pos0: 0,
+        n_tokens: 1,
+    }
 }
 
 #[test]
@@ -210,7 +241,8 @@ fn multi_token_steps_match_gather() {
 fn gqa_shapes_match_gather() {
     for kv_type in KV_TYPES {
         // MHA, GQA 2..8, MQA, and head_dim 80/96 whose heads straddle 32-value blocks.
-        for (n_head, n_head_kv, head_dim) in [(4, 4, 32), (8, 4, 64), (16, 2, 64), (8, 1, 128), (6, 2, 80), (4, 1, 96)] {
+        for (n_head, n_head_kv, head_dim) in [(4, 4, 32), (8, 4, 64), (16, 2, 64), (8, 1, 128), (6, 2, 80), (4, 1, 96)]
+        {
             for (pos0, n_tokens) in [(40, 1), (10, 21)] {
                 let case = Case { n_head, n_head_kv, head_dim, pos0, n_tokens, offsets: true, ..base(kv_type) };
                 assert_matches_gather(case, 100 + n_head as u64 * 10 + n_head_kv as u64);
@@ -224,7 +256,15 @@ fn sliding_window_and_softcap_match_gather() {
     for kv_type in KV_TYPES {
         for window in [1, 5, 16, 33, 512] {
             for (pos0, n_tokens) in [(3, 1), (70, 1), (600, 1), (40, 30)] {
-                let case = Case { n_head: 4, n_head_kv: 1, head_dim: 64, window: Some(window), pos0, n_tokens, ..base(kv_type) };
+                let case = Case {
+                    n_head: 4,
+                    n_head_kv: 1,
+                    head_dim: 64,
+                    window: Some(window),
+                    pos0,
+                    n_tokens,
+                    ..base(kv_type)
+                };
                 assert_matches_gather(case, 300 + window as u64);
             }
         }

@@ -14,10 +14,10 @@
 #[cfg(target_arch = "x86_64")]
 mod kquant_tile;
 pub mod q4k_x16;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use hearth_core::quant::{self, GgmlType};
 use std::sync::OnceLock;
@@ -104,7 +104,12 @@ pub fn vec_dot(ty: GgmlType, n: usize, weights: &[u8], activation: &[u8]) -> f32
 /// the CPU lacks runs the scalar reference instead.
 pub fn vec_dot_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activation: &[u8]) -> f32 {
     if !sizes_ok(ty, n, weights, activation) {
-        debug_assert!(false, "vec_dot: {ty} row of {n} with {} weight / {} activation bytes", weights.len(), activation.len());
+        debug_assert!(
+            false,
+            "vec_dot: {ty} row of {n} with {} weight / {} activation bytes",
+            weights.len(),
+            activation.len()
+        );
         return f32::NAN;
     }
     #[cfg(target_arch = "x86_64")]
@@ -140,8 +145,19 @@ pub fn vec_dot_q4k_x16(n: usize, tiles: &[u8], activations: &[u8], out: &mut [f3
     let tile_bytes = q4k_x16::tile_bytes(n);
     let act_row = GgmlType::Q8_K.row_bytes(n).unwrap_or(0);
     let (n_tiles, rows) = (tiles.len() / tile_bytes.max(1), activations.len() / act_row.max(1));
-    if tile_bytes == 0 || act_row == 0 || n_tiles * tile_bytes != tiles.len() || rows * act_row != activations.len() || out.len() != n_tiles * q4k_x16::TILE_ROWS * rows {
-        debug_assert!(false, "vec_dot_q4k_x16: rows of {n}, {} tile / {} activation bytes, {} outputs", tiles.len(), activations.len(), out.len());
+    if tile_bytes == 0
+        || act_row == 0
+        || n_tiles * tile_bytes != tiles.len()
+        || rows * act_row != activations.len()
+        || out.len() != n_tiles * q4k_x16::TILE_ROWS * rows
+    {
+        debug_assert!(
+            false,
+            "vec_dot_q4k_x16: rows of {n}, {} tile / {} activation bytes, {} outputs",
+            tiles.len(),
+            activations.len(),
+            out.len()
+        );
         out.fill(f32::NAN);
         return;
     }
@@ -193,7 +209,13 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
     let whole = act_row > 0 && activations.len() == act_row * out.len();
     if !whole || !sizes_ok(ty, n, weights, &activations[..act_row.min(activations.len())]) {
-        debug_assert!(false, "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows", weights.len(), activations.len(), out.len());
+        debug_assert!(
+            false,
+            "vec_dot_rows: {ty} row of {n}, {} weight / {} activation bytes for {} rows",
+            weights.len(),
+            activations.len(),
+            out.len()
+        );
         out.fill(f32::NAN);
         return;
     }
@@ -220,7 +242,8 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         let w = weights.as_ptr();
         // SAFETY: as above, for the remaining whole rows.
         match out.len() - done {
-            3 => out[done..].copy_from_slice(&unsafe { x86::vec_dot_multi::<3>(vnni, ty, n, w, [row(0), row(1), row(2)]) }),
+            3 => out[done..]
+                .copy_from_slice(&unsafe { x86::vec_dot_multi::<3>(vnni, ty, n, w, [row(0), row(1), row(2)]) }),
             2 => out[done..].copy_from_slice(&unsafe { x86::vec_dot_multi::<2>(vnni, ty, n, w, [row(0), row(1)]) }),
             1 => out[done] = unsafe { x86::vec_dot_multi::<1>(vnni, ty, n, w, [row(0)]) }[0],
             _ => {}
@@ -337,8 +360,19 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
     let w_row = ty.row_bytes(n).unwrap_or(0);
     let act_row = ty.vec_dot_type().row_bytes(n).unwrap_or(0);
     let (n_w, rows) = (weights.len() / w_row.max(1), activations.len() / act_row.max(1));
-    if w_row == 0 || act_row == 0 || n_w * w_row != weights.len() || rows * act_row != activations.len() || out.len() != n_w * rows {
-        debug_assert!(false, "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs", weights.len(), activations.len(), out.len());
+    if w_row == 0
+        || act_row == 0
+        || n_w * w_row != weights.len()
+        || rows * act_row != activations.len()
+        || out.len() != n_w * rows
+    {
+        debug_assert!(
+            false,
+            "vec_dot_tile: {ty} row of {n}, {} weight / {} activation bytes, {} outputs",
+            weights.len(),
+            activations.len(),
+            out.len()
+        );
         out.fill(f32::NAN);
         return;
     }
@@ -379,14 +413,17 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
             // Prefill: each tile of weight rows unpacked once for all the tokens.
             // SAFETY: the ISA's features are present, `supports_tile` admitted only Q5_0/Q8_0
             // here, and the buffers hold whole rows (sizes checked above).
-            let done = unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
+            let done =
+                unsafe { x86::legacy_prefill_pass(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
             // The last weight rows short of an unpacked tile (a mat-mul whose row count is not a
             // multiple of 16) in packed tiles.
             let (rest_w, rest_out) = (&weights[done * w_row..], &mut out[done * rows..]);
             done + tile_pass::<{ 2 * TILE_WEIGHT_ROWS }>(vnni, ty, n, rest_w, w_row, activations, act_row, rest_out)
         } else if rows >= MULTI_ROWS {
             // SAFETY: as above, with AVX2/FMA/F16C present.
-            let done = unsafe { x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out) };
+            let done = unsafe {
+                x86::legacy_prefill_pass_avx2(ty, n / ty.block_len(), weights, w_row, activations, act_row, out)
+            };
             let (rest_w, rest_out) = (&weights[done * w_row..], &mut out[done * rows..]);
             done + tile_pass::<TILE_WEIGHT_ROWS>(vnni, ty, n, rest_w, w_row, activations, act_row, rest_out)
         } else {
@@ -403,12 +440,21 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         for (w, o) in out.iter_mut().enumerate().skip(w_done) {
             // SAFETY: the ISA's features are present; row w is a whole weight row inside
             // `weights` and `activations` one whole activation row (sizes checked above).
-            *o = unsafe { x86::vec_dot_multi::<1>(vnni, ty, n, weights.as_ptr().add(w * w_row), [activations.as_ptr()]) }[0];
+            *o = unsafe {
+                x86::vec_dot_multi::<1>(vnni, ty, n, weights.as_ptr().add(w * w_row), [activations.as_ptr()])
+            }[0];
         }
         return;
     }
     for w in w_done..n_w {
-        vec_dot_rows_with(isa, ty, n, &weights[w * w_row..(w + 1) * w_row], activations, &mut out[w * rows..(w + 1) * rows]);
+        vec_dot_rows_with(
+            isa,
+            ty,
+            n,
+            &weights[w * w_row..(w + 1) * w_row],
+            activations,
+            &mut out[w * rows..(w + 1) * rows],
+        );
     }
 }
 
@@ -442,7 +488,8 @@ fn tile_pass<const W: usize>(
                 }
                 r += MULTI_ROWS;
             } else {
-                let dots = unsafe { x86::vec_dot_tile::<W, 1, false>(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
+                let dots =
+                    unsafe { x86::vec_dot_tile::<W, 1, false>(vnni, ty, n, wp, [abase.wrapping_add(r * act_row)]) };
                 for (i, d) in dots.iter().enumerate() {
                     out[(w_done + i) * rows + r] = d[0];
                 }

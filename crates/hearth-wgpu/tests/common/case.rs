@@ -58,7 +58,14 @@ pub struct Step {
 
 /// The default pool: one group of 8 blocks of 16 positions, f32 rows of 4.
 pub fn small_layout() -> KvLayout {
-    KvLayout { n_layers: 1, k_width: 4, v_width: 4, kv_type: KvType::F32, block_size: 16, groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 8 }] }
+    KvLayout {
+        n_layers: 1,
+        k_width: 4,
+        v_width: 4,
+        kv_type: KvType::F32,
+        block_size: 16,
+        groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 8 }],
+    }
 }
 
 /// A one-sequence step at `pos0` whose block table is blocks 0, 1, 2, ... in order.
@@ -128,19 +135,38 @@ impl Case {
             for (s, (g, w)) in got.iter().zip(&want).enumerate() {
                 let e = nmse(g, w);
                 eprintln!("{what} [{variant}] step {s}: nmse {e:.3e}");
-                assert!(e <= threshold, "{what} [{variant}] step {s}: nmse {e:.3e} > {threshold:.0e}\n got {:?}\nwant {:?}", &g[..g.len().min(8)], &w[..w.len().min(8)]);
+                assert!(
+                    e <= threshold,
+                    "{what} [{variant}] step {s}: nmse {e:.3e} > {threshold:.0e}\n got {:?}\nwant {:?}",
+                    &g[..g.len().min(8)],
+                    &w[..w.len().min(8)]
+                );
             }
         }
     }
 }
 
 /// Runs one step (its block copies first) and returns the logits.
-pub fn run_step(backend: &mut dyn Backend, g: hearth_core::backend::GraphId, kv: hearth_core::backend::KvId, step: &Step) -> hearth_core::Result<Vec<f32>> {
+pub fn run_step(
+    backend: &mut dyn Backend,
+    g: hearth_core::backend::GraphId,
+    kv: hearth_core::backend::KvId,
+    step: &Step,
+) -> hearth_core::Result<Vec<f32>> {
     backend.copy_kv_blocks(kv, &step.copies)?;
-    let seqs: Vec<SeqStep<'_>> = step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
+    let seqs: Vec<SeqStep<'_>> =
+        step.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &s.tables }).collect();
     let (mut logits, mut top_k) = (Vec::new(), hearth_core::backend::TopK::default());
     let input = StepInput { tokens: &step.tokens, seqs: &seqs };
-    hearth_core::backend::run_step(backend, g, kv, input, hearth_core::backend::Readback::Logits, &mut logits, &mut top_k)?;
+    hearth_core::backend::run_step(
+        backend,
+        g,
+        kv,
+        input,
+        hearth_core::backend::Readback::Logits,
+        &mut logits,
+        &mut top_k,
+    )?;
     Ok(logits)
 }
 

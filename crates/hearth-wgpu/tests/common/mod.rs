@@ -31,7 +31,11 @@ pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
     let mut seen = Vec::new();
     let mut backends = Vec::new();
     for (no_f16, no_subgroups) in [(false, false), (true, false), (false, true), (true, true)] {
-        let asked = WgpuOptions { no_f16: options.no_f16 || env.no_f16 || no_f16, no_subgroups: options.no_subgroups || env.no_subgroups || no_subgroups, ..options.clone() };
+        let asked = WgpuOptions {
+            no_f16: options.no_f16 || env.no_f16 || no_f16,
+            no_subgroups: options.no_subgroups || env.no_subgroups || no_subgroups,
+            ..options.clone()
+        };
         let Some(backend) = open(asked.clone()) else { return backends };
         let info = backend.info();
         assert!(!(asked.no_f16 && info.shader_f16), "shader-f16 in use although switched off");

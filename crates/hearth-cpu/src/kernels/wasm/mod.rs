@@ -94,7 +94,11 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// Widens the activation rows in `activations` (`n` elements of `act_ty`: Q8_0 or Q8_K, each
 /// `BLOCK_BYTES`-byte block holding `BLOCK_LEN` codes from byte `QS_AT`) into `qs` ([rows, n])
 /// and, for Q8_0, their block scales into `d` ([rows, n / 32]).
-fn widen<const BLOCK_LEN: usize, const BLOCK_BYTES: usize, const QS_AT: usize>(activations: &[u8], qs: &mut Vec<i16>, d: &mut Vec<f32>) {
+fn widen<const BLOCK_LEN: usize, const BLOCK_BYTES: usize, const QS_AT: usize>(
+    activations: &[u8],
+    qs: &mut Vec<i16>,
+    d: &mut Vec<f32>,
+) {
     let blocks = activations.len() / BLOCK_BYTES;
     qs.resize(blocks * BLOCK_LEN, 0);
     let q8_0 = BLOCK_LEN == 32;
@@ -122,7 +126,15 @@ fn widen<const BLOCK_LEN: usize, const BLOCK_BYTES: usize, const QS_AT: usize>(a
 /// # Safety
 /// `weights` holds whole weight rows of `n` elements of `ty`, `activations` whole activation rows
 /// of `n` elements of `ty.vec_dot_type()`, and `out` one value per pair; `supports(ty)`.
-pub(super) unsafe fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) {
+pub(super) unsafe fn vec_dot_tile(
+    ty: GgmlType,
+    n: usize,
+    weights: &[u8],
+    w_row: usize,
+    activations: &[u8],
+    act_row: usize,
+    out: &mut [f32],
+) {
     let rows = activations.len() / act_row;
     if rows == 0 {
         return;
@@ -139,7 +151,11 @@ pub(super) unsafe fn vec_dot_tile(ty: GgmlType, n: usize, weights: &[u8], w_row:
             wide.key = Some((act_ty, n));
         }
         let (qs, d) = (&wide.qs, &wide.d);
-        let row = |i: usize| WideRow { qs: qs.as_ptr().add(i * n), d: d.as_ptr().add(i * n / 32), raw: activations.as_ptr().add(i * act_row) };
+        let row = |i: usize| WideRow {
+            qs: qs.as_ptr().add(i * n),
+            d: d.as_ptr().add(i * n / 32),
+            raw: activations.as_ptr().add(i * act_row),
+        };
         for (w, out) in weights.chunks_exact(w_row).zip(out.chunks_exact_mut(rows)) {
             let w = w.as_ptr();
             let mut done = 0;

@@ -4,7 +4,10 @@
 //! lanes (and Q4_K's super-block sums theirs), and the float operations that follow are the same:
 //! results are bit-identical.
 
-use super::kquants::{mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{
+    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS,
+    Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4,
+};
 use super::*;
 
 /// The 8 i32 lanes of the 256-bit kernels: low half + high half.

@@ -5,7 +5,10 @@
 //! integer sums) and float accumulators, updated by the same operations in the same order as the
 //! single-row kernels of multi.rs: each output equals the single-row dot product bit for bit.
 
-use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{
+    mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
+    SCALE_SHUFFLE_K4,
+};
 use super::*;
 
 /// How many tiles of W weight rows ahead the tile kernels prefetch their weights.
@@ -18,9 +21,20 @@ pub(super) const TILE_PREFETCH_TILES: usize = 2;
 /// poorly.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn sweep_prefetch(x0: *const u8, tile_rows: usize, w: usize, i: usize, nb: usize, block_bytes: usize) {
+pub(super) unsafe fn sweep_prefetch(
+    x0: *const u8,
+    tile_rows: usize,
+    w: usize,
+    i: usize,
+    nb: usize,
+    block_bytes: usize,
+) {
     let span = tile_rows * block_bytes;
-    prefetch_ahead(x0.wrapping_add(i * span + w * block_bytes), TILE_PREFETCH_TILES * nb * span, block_bytes.div_ceil(64));
+    prefetch_ahead(
+        x0.wrapping_add(i * span + w * block_bytes),
+        TILE_PREFETCH_TILES * nb * span,
+        block_bytes.div_ceil(64),
+    );
 }
 
 /// Q4_K, W weight rows `x` × R Q8_K rows `y` of `nb` super-blocks: `out[w][r]` = the dot product
@@ -98,7 +112,8 @@ pub(super) unsafe fn q4_k_tile_avx2<const W: usize, const R: usize, const PREFET
             for p in 0..pairs {
                 let (a, b) = (2 * p, (2 * p + 1).min(R - 1));
                 let m = mins[w][p];
-                let sums = q4k_sums2(sumi[w][a], _mm256_castsi256_si128(m), sumi[w][b], _mm256_extracti128_si256::<1>(m));
+                let sums =
+                    q4k_sums2(sumi[w][a], _mm256_castsi256_si128(m), sumi[w][b], _mm256_extracti128_si256::<1>(m));
                 acc[w][p] = q4k_accumulate(acc[w][p], sums, _mm_mul_ps(d_dmin[w], yd_pair[p]));
             }
         }

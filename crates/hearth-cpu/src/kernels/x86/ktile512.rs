@@ -7,7 +7,10 @@
 //! order as `q4_k_q8_k_512::<1>` / `q6_k_q8_k_512::<1>`: each output equals the single-row dot
 //! product bit for bit. (From 5 activation rows, Q4_K goes through q4k_interleaved512.rs.)
 
-use super::kquants::{mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4};
+use super::kquants::{
+    mins_and_scales, q4k_accumulate, q4k_results, q4k_sums2, q6_k_codes, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
+    SCALE_SHUFFLE_K4,
+};
 use super::ktile::sweep_prefetch;
 use super::*;
 
@@ -102,7 +105,12 @@ pub(super) unsafe fn q4_k_tile_512<const W: usize, const R: usize, const PREFETC
             for p in 0..pairs {
                 let (a, b) = (2 * p, (2 * p + 1).min(R - 1));
                 let m = mins[w][p];
-                let sums = q4k_sums2(fold_halves(sumi[w][a]), _mm256_castsi256_si128(m), fold_halves(sumi[w][b]), _mm256_extracti128_si256::<1>(m));
+                let sums = q4k_sums2(
+                    fold_halves(sumi[w][a]),
+                    _mm256_castsi256_si128(m),
+                    fold_halves(sumi[w][b]),
+                    _mm256_extracti128_si256::<1>(m),
+                );
                 acc[w][p] = q4k_accumulate(acc[w][p], sums, _mm_mul_ps(d_dmin[w], yd_pair[p]));
             }
         }

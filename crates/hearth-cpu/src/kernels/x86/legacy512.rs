@@ -7,7 +7,6 @@ use super::*;
 
 const Q8_0_BYTES: usize = 34;
 
-
 /// W weight rows × R activation rows, Q5_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) weights.
 ///
 /// # Safety
@@ -40,7 +39,8 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
             let yb = y[r].add(ib * Q8_0_BYTES);
             dy[r] = [_mm256_set1_ps(f16_at(yb)), _mm256_set1_ps(f16_at(yb.add(Q8_0_BYTES)))];
             yq[r] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(yb.add(2))), load256(yb.add(Q8_0_BYTES + 2)), 1);
-            yoff[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off512, yq[r]));
+            yoff[r] =
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off512, yq[r]));
         }
         if R == 1 {
             // Decode streams every weight from memory once: prefetch the next tile of W rows
@@ -58,7 +58,11 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
             } else {
                 let lo0 = _mm_loadu_si128(xb.add(6) as *const __m128i);
                 let lo1 = _mm_loadu_si128(xb1.add(6) as *const __m128i);
-                let packed = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(lo0, lo0)), _mm256_set_m128i(lo1, lo1), 1);
+                let packed = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_set_m128i(lo0, lo0)),
+                    _mm256_set_m128i(lo1, lo1),
+                    1,
+                );
                 let nibbles = _mm512_and_si512(_mm512_srlv_epi16(packed, nibble_shift), low4);
                 let qh0 = (xb.add(2) as *const u32).read_unaligned() as u64;
                 let qh1 = (xb1.add(2) as *const u32).read_unaligned() as u64;
@@ -93,7 +97,10 @@ pub(super) unsafe fn legacy_tile_512<const Q8: bool, const W: usize, const R: us
             for r in 0..R {
                 let yb = y[r].add(ib * Q8_0_BYTES);
                 let yv = load256(yb.add(2));
-                let yoff = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), yv));
+                let yoff = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), yv),
+                );
                 let sumi = _mm256_dpbusd_epi32(yoff, code, yv);
                 acc[w][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_at(yb)), _mm256_cvtepi32_ps(sumi), acc[w][r]);
             }

@@ -28,7 +28,11 @@ pub(in crate::kernels) struct UnpackedRows<'a> {
 /// AVX2/FMA/F16C and AVX-512 F/BW/VL must be available; every `x` is a whole row of `nb` blocks;
 /// `dst.codes` holds at least W × nb × 32 bytes and `dst.scales` W × nb floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(in crate::kernels) unsafe fn unpack_legacy_rows<const Q8: bool, const W: usize>(nb: usize, x: [*const u8; W], dst: &mut UnpackedRows<'_>) {
+pub(in crate::kernels) unsafe fn unpack_legacy_rows<const Q8: bool, const W: usize>(
+    nb: usize,
+    x: [*const u8; W],
+    dst: &mut UnpackedRows<'_>,
+) {
     debug_assert!(dst.codes.len() >= W * nb * 32 && dst.scales.len() >= W * nb);
     let block_bytes = if Q8 { Q8_0_BYTES } else { 22 };
     let codes = dst.codes.as_mut_ptr();
@@ -80,7 +84,10 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
                 let yb = y[r].add((ib + h) * Q8_0_BYTES);
                 dy[r][h] = _mm256_set1_ps(f16_at(yb));
                 yq[r][h] = load256(yb.add(2));
-                yoff[r][h] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, yq[r][h]));
+                yoff[r][h] = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, yq[r][h]),
+                );
             }
         }
         // dx * dy for every (block, r, w), 8 weight rows per multiply (the same IEEE products as
@@ -117,7 +124,10 @@ pub(in crate::kernels) unsafe fn unpacked_tile_512<const W: usize, const R: usiz
             for r in 0..R {
                 let yb = y[r].add(ib * Q8_0_BYTES);
                 let yv = load256(yb.add(2));
-                let yoff = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), yv));
+                let yoff = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), yv),
+                );
                 let sumi = _mm256_dpbusd_epi32(yoff, code, yv);
                 acc_w[r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_at(yb)), _mm256_cvtepi32_ps(sumi), acc_w[r]);
             }

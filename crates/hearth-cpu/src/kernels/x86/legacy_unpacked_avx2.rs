@@ -141,7 +141,11 @@ pub(in crate::kernels) unsafe fn legacy_prefill_pass_avx2(
         let mut r = 0;
         while r + R <= rows {
             let ap: [*const u8; R] = std::array::from_fn(|i| abase.add((r + i) * act_row));
-            let dots = if q8 { unpacked_tile::<true, W, R>(nb, cp, sp, ap) } else { unpacked_tile::<false, W, R>(nb, cp, sp, ap) };
+            let dots = if q8 {
+                unpacked_tile::<true, W, R>(nb, cp, sp, ap)
+            } else {
+                unpacked_tile::<false, W, R>(nb, cp, sp, ap)
+            };
             for (i, d) in dots.iter().enumerate() {
                 out[(w_done + i) * rows + r..][..R].copy_from_slice(d);
             }
@@ -149,7 +153,11 @@ pub(in crate::kernels) unsafe fn legacy_prefill_pass_avx2(
         }
         while r < rows {
             let ap = [abase.add(r * act_row)];
-            let dots = if q8 { unpacked_tile::<true, W, 1>(nb, cp, sp, ap) } else { unpacked_tile::<false, W, 1>(nb, cp, sp, ap) };
+            let dots = if q8 {
+                unpacked_tile::<true, W, 1>(nb, cp, sp, ap)
+            } else {
+                unpacked_tile::<false, W, 1>(nb, cp, sp, ap)
+            };
             for (i, d) in dots.iter().enumerate() {
                 out[(w_done + i) * rows + r] = d[0];
             }

@@ -12,8 +12,8 @@
 //! lets the compiler use 32 vector registers; results are bit-identical to the AVX2 flavour.
 
 use super::kquants::{
-    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q4k_sums2, q6_k_codes, sum4x4, sum4x8, q6_scale, q8k_d, Q8K_BSUMS, Q8K_BYTES,
-    Q8K_QS, SCALE_SHUFFLE_K4,
+    mins_and_scales, mins_dot_bsums, q4k_accumulate, q4k_results, q4k_sums, q4k_sums2, q6_k_codes, q6_scale, q8k_d,
+    sum4x4, sum4x8, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, SCALE_SHUFFLE_K4,
 };
 use super::kquants512::{q4_k_q8_k_512, q6_k_q8_k_512};
 use super::ktile::{q4_k_tile_avx2, q6_k_tile_avx2};
@@ -25,7 +25,6 @@ const Q8_0_BYTES: usize = 34;
 /// How many tiles of W rows ahead the one-row Q4_K decode tile prefetches: one tile measured
 /// 3-8% faster than two on Qwen2.5-1.5B's ffn_gate/up (1536 x 8960, one thread, from memory).
 const DECODE_TILE_AHEAD: usize = 1;
-
 
 macro_rules! multi_kernels {
     ($module:ident, $features:literal, $vnni:literal) => {
@@ -99,7 +98,8 @@ macro_rules! multi_kernels {
                         dy[r] = _mm256_set1_ps(f16_at(yb));
                         yq[r] = load256(yb.add(2));
                         if !signed {
-                            yoff[r] = _mm256_sub_epi32(_mm256_setzero_si256(), dot_us8(_mm256_set1_epi8(offset), yq[r]));
+                            yoff[r] =
+                                _mm256_sub_epi32(_mm256_setzero_si256(), dot_us8(_mm256_set1_epi8(offset), yq[r]));
                         }
                     }
                     for w in 0..W {
@@ -107,7 +107,11 @@ macro_rules! multi_kernels {
                         let dx = _mm256_set1_ps(f16_at(xb));
                         let code = if Q8 {
                             let q = load256(xb.add(2));
-                            if signed { q } else { _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8)) }
+                            if signed {
+                                q
+                            } else {
+                                _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+                            }
                         } else {
                             let bit4 = _mm256_and_si256(bytes_from_bits_32(xb.add(2)), _mm256_set1_epi8(0x10));
                             _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bit4)
@@ -136,13 +140,21 @@ macro_rules! multi_kernels {
 
             #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q5_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+            pub(crate) unsafe fn q5_0_tile<const W: usize, const R: usize>(
+                nb: usize,
+                x: [*const u8; W],
+                y: [*const u8; R],
+            ) -> [[f32; R]; W] {
                 legacy_tile::<false, W, R>(nb, x, y)
             }
 
             #[allow(dead_code)] // the VNNI flavour runs legacy512.rs for Q5_0/Q8_0 instead
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q8_0_tile<const W: usize, const R: usize>(nb: usize, x: [*const u8; W], y: [*const u8; R]) -> [[f32; R]; W] {
+            pub(crate) unsafe fn q8_0_tile<const W: usize, const R: usize>(
+                nb: usize,
+                x: [*const u8; W],
+                y: [*const u8; R],
+            ) -> [[f32; R]; W] {
                 legacy_tile::<true, W, R>(nb, x, y)
             }
 
@@ -246,7 +258,11 @@ macro_rules! multi_kernels {
             #[inline]
             unsafe fn sweep_prefetch<const W: usize>(x0: *const u8, w: usize, i: usize, nb: usize, block_bytes: usize) {
                 let span = W * block_bytes;
-                prefetch_ahead(x0.wrapping_add(i * span + w * block_bytes), DECODE_TILE_AHEAD * nb * span, block_bytes.div_ceil(64));
+                prefetch_ahead(
+                    x0.wrapping_add(i * span + w * block_bytes),
+                    DECODE_TILE_AHEAD * nb * span,
+                    block_bytes.div_ceil(64),
+                );
             }
 
             /// Q4_K: W weight rows × one Q8_K activation row (decode). The activation side is
@@ -304,7 +320,8 @@ macro_rules! multi_kernels {
                         let s = sum4x8(sumi[g], sumi[g + 1], sumi[g + 2], sumi[g + 3]);
                         let m = sum4x4(mins[g], mins[g + 1], mins[g + 2], mins[g + 3]);
                         // [xd, xd, xdmin, xdmin] of rows g, g + 1 and of g + 2, g + 3.
-                        let (lo, hi) = (_mm_unpacklo_ps(d_dmin[g], d_dmin[g + 1]), _mm_unpacklo_ps(d_dmin[g + 2], d_dmin[g + 3]));
+                        let (lo, hi) =
+                            (_mm_unpacklo_ps(d_dmin[g], d_dmin[g + 1]), _mm_unpacklo_ps(d_dmin[g + 2], d_dmin[g + 3]));
                         let (xd, xdmin) = (_mm_movelh_ps(lo, hi), _mm_movehl_ps(hi, lo));
                         acc[2 * q] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(xd, yd), acc[2 * q]);
                         acc[2 * q + 1] = _mm_fmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(xdmin, yd), acc[2 * q + 1]);
@@ -347,7 +364,13 @@ pub(in crate::kernels) fn supports_multi(ty: GgmlType) -> bool {
 /// AVX2/FMA/F16C); `w` and every `y` must point to whole rows of `n` elements of `ty` and
 /// `ty.vec_dot_type()`; `supports_multi(ty)` must hold.
 #[inline]
-pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(vnni: bool, ty: GgmlType, n: usize, w: *const u8, y: [*const u8; R]) -> [f32; R] {
+pub(in crate::kernels) unsafe fn vec_dot_multi<const R: usize>(
+    vnni: bool,
+    ty: GgmlType,
+    n: usize,
+    w: *const u8,
+    y: [*const u8; R],
+) -> [f32; R] {
     let nb = n / ty.block_len();
     match (vnni, ty) {
         (false, GgmlType::Q5_0) => avx2::q5_0_tile::<1, R>(nb, [w], y)[0],
@@ -448,7 +471,15 @@ pub(in crate::kernels) unsafe fn decode_tiles<const W: usize>(
 macro_rules! decode_tiles_loop {
     ($name:ident, $features:literal, $q4k:path, $q6k:path) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const W: usize>(ty: GgmlType, nb: usize, x0: *const u8, w_row: usize, n_w: usize, y: *const u8, out: *mut f32) -> usize {
+        unsafe fn $name<const W: usize>(
+            ty: GgmlType,
+            nb: usize,
+            x0: *const u8,
+            w_row: usize,
+            n_w: usize,
+            y: *const u8,
+            out: *mut f32,
+        ) -> usize {
             let mut w0 = 0;
             while w0 + W <= n_w {
                 let mut wp = [x0; W];

@@ -156,7 +156,14 @@ unsafe fn prefetch_next_tile(x0: *const u8, w_row: usize, offset: usize, block_b
 /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI must be available; `weights` and `activations` hold
 /// whole Q4_K / Q8_K rows of `nb` super-blocks and `out` one float per (weight row, activation
 /// row).
-pub(in crate::kernels) unsafe fn q4_k_prefill_pass(nb: usize, weights: &[u8], w_row: usize, activations: &[u8], act_row: usize, out: &mut [f32]) -> usize {
+pub(in crate::kernels) unsafe fn q4_k_prefill_pass(
+    nb: usize,
+    weights: &[u8],
+    w_row: usize,
+    activations: &[u8],
+    act_row: usize,
+    out: &mut [f32],
+) -> usize {
     // Each thread keeps its buffer: a call takes one task's 16 weight rows, and allocating (and
     // zeroing) 28-166 KiB per call cost as much as interleaving them.
     thread_local! {
@@ -166,7 +173,13 @@ pub(in crate::kernels) unsafe fn q4_k_prefill_pass(nb: usize, weights: &[u8], w_
         if blocks.len() < nb * q4_k::BLOCK {
             blocks.resize(nb * q4_k::BLOCK, 0);
         }
-        let pass = Pass { nb, activations, act_row, rows: activations.len() / act_row, blocks: &mut blocks[..nb * q4_k::BLOCK] };
+        let pass = Pass {
+            nb,
+            activations,
+            act_row,
+            rows: activations.len() / act_row,
+            blocks: &mut blocks[..nb * q4_k::BLOCK],
+        };
         pass.run(weights, w_row, out)
     })
 }

@@ -37,7 +37,10 @@ pub(super) unsafe fn interleave_rows(nb: usize, x0: *const u8, w_row: usize, dst
             let mut quarter = [_mm512_setzero_si512(); ROWS];
             for (l, codes) in quarter.iter_mut().enumerate() {
                 let bits = load256(row(l).add(16 + 32 * k));
-                *codes = _mm512_and_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4)), m4);
+                *codes = _mm512_and_si512(
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4)),
+                    m4,
+                );
             }
             store_codes_quarter(blk, k, quarter);
         }
@@ -57,7 +60,10 @@ pub(super) unsafe fn interleave_rows(nb: usize, x0: *const u8, w_row: usize, dst
         // The f16 d (low half) and dmin (high half) of each row, converted exactly.
         let d_dmin = _mm512_loadu_si512(d_dmin.as_ptr() as *const __m512i);
         _mm512_storeu_ps(blk.add(D) as *mut f32, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d_dmin)));
-        _mm512_storeu_ps(blk.add(DMIN) as *mut f32, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d_dmin, 16))));
+        _mm512_storeu_ps(
+            blk.add(DMIN) as *mut f32,
+            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d_dmin, 16))),
+        );
     }
 }
 
@@ -86,7 +92,11 @@ pub(super) unsafe fn tile<const R: usize>(nb: usize, blocks: *const u8, y: [*con
             }
             // Sub-block s's scale: the low (even s) or high (odd s) i16 of each lane's pair.
             let scale_pair = load512(blk.add(SCALES + s / 2 * 64));
-            let scale = if s % 2 == 0 { _mm512_and_si512(scale_pair, _mm512_set1_epi32(0xFFFF)) } else { _mm512_srli_epi32(scale_pair, 16) };
+            let scale = if s % 2 == 0 {
+                _mm512_and_si512(scale_pair, _mm512_set1_epi32(0xFFFF))
+            } else {
+                _mm512_srli_epi32(scale_pair, 16)
+            };
             for r in 0..R {
                 sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(part[r], scale));
             }

@@ -18,7 +18,13 @@ const PREFETCH_AHEAD: usize = 2 * BLOCK;
 /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI must be available; `tiles` holds whole tiles of `nb`
 /// super-blocks, `activations` `rows` whole Q8_K rows of `nb` super-blocks, and `out` one float
 /// per (weight row, activation row).
-pub(in crate::kernels) unsafe fn q4_k_x16_pass(nb: usize, tiles: &[u8], activations: &[u8], act_row: usize, out: &mut [f32]) {
+pub(in crate::kernels) unsafe fn q4_k_x16_pass(
+    nb: usize,
+    tiles: &[u8],
+    activations: &[u8],
+    act_row: usize,
+    out: &mut [f32],
+) {
     let rows = activations.len() / act_row;
     let tile_bytes = nb * BLOCK;
     for (t, this_tile) in tiles.chunks_exact(tile_bytes).enumerate() {
@@ -71,7 +77,12 @@ pub(in crate::kernels) unsafe fn q4_k_x16_pass(nb: usize, tiles: &[u8], activati
 /// # Safety
 /// As [`q4_k_x16_pass`]; `blocks` holds `nb` super-blocks of a tile.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const R: usize, const C: usize>(nb: usize, blocks: *const u8, prefetch: *const u8, y: [*const u8; R]) -> [[f32; ROWS]; R] {
+unsafe fn tile<const R: usize, const C: usize>(
+    nb: usize,
+    blocks: *const u8,
+    prefetch: *const u8,
+    y: [*const u8; R],
+) -> [[f32; ROWS]; R] {
     let m4 = _mm512_set1_epi8(0xF);
     // Per activation row, lane l: Σ f32(S) · (xd · yd) and Σ f32(M) · (xdmin · yd) of weight row l.
     let mut acc = [_mm512_setzero_ps(); R];
