@@ -13,10 +13,10 @@ cargo test --release --workspace
 # The browser CPU engine's wasm simd128 kernels against the scalar reference, in node.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test --release --target wasm32-unknown-unknown -p hearth-cpu --test wasm_kernels
-# The wgpu op-conformance suites again under the env switches that force the kernel fallbacks
+# The wgpu conformance suite again under the env switches that force the kernel fallbacks
 # (the run above already covers every variant the adapter offers; these check the switches).
 for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU_NO_F16=1 HEARTH_WGPU_NO_SUBGROUPS=1"; do
-    env $switches cargo test --release -p hearth-wgpu --test ops --test paged_kv
+    env $switches cargo test --release -p hearth-wgpu --test conformance
 done
 scripts/build-web.sh
 node --test tests/browser/

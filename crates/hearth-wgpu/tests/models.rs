@@ -214,7 +214,7 @@ fn qwen_15b_greedy_matches_cpu() {
 
 /// Quantized caches (Hadamard-rotated blocks) on both backends: Qwen's keys have the outlier
 /// channels the rotation is for. The kernels match the CPU's to ~1e-10 NMSE on equal inputs
-/// (tests/paged_kv.rs), but here the inputs differ by matmul rounding, and a value that lands on
+/// (the conformance suite), but here the inputs differ by matmul rounding, and a value that lands on
 /// the other side of a rounding boundary moves by a whole quantization step — 1/8 of its block's
 /// largest value for q4_0 — so q4_0's log-probs drift more (measured: mean 0.30, max 2.09 nats;
 /// q8_0: mean 0.06, max 0.23). Decisive tokens must still agree. Since the CPU attends to q8_0 /

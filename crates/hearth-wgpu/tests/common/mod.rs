@@ -1,4 +1,4 @@
-//! Shared by the wgpu tests: opening the backend (never skipping silently) and a tiny RNG.
+//! Shared by the wgpu tests: opening the backend (never skipping silently), the conformance subject.
 #![allow(dead_code)]
 
 use hearth_wgpu::{WgpuBackend, WgpuOptions};
@@ -48,33 +48,17 @@ pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
     backends
 }
 
-/// xorshift64*: reproducible test data.
-pub struct Rng(pub u64);
+#[allow(unused_imports)] // not every test binary uses both
+pub use hearth_backend_tests::{case, Rng};
 
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
+/// The wgpu backend as a conformance subject: one device per kernel variant the adapter offers.
+pub struct WgpuSubject(pub WgpuOptions);
 
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    pub fn below(&mut self, n: u32) -> u32 {
-        (self.next_u64() % n as u64) as u32
+impl hearth_backend_tests::Subject for WgpuSubject {
+    fn variants(&self) -> Vec<(String, Box<dyn hearth_core::backend::Backend>)> {
+        open_variants(self.0.clone())
+            .into_iter()
+            .map(|b| (b.info().variant().to_string(), Box::new(b) as Box<dyn hearth_core::backend::Backend>))
+            .collect()
     }
 }
-
-/// Normalised mean squared error of `got` against `want`.
-pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let err: f64 = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    err / norm.max(1e-30)
-}
-
-pub mod case;

@@ -1,17 +1,14 @@
-//! Attention and the paged KV pool against the CPU backend: steps of several sequences with
+//! Attention and the paged KV pool against the CPU oracle: steps of several sequences with
 //! different lengths, shuffled (non-contiguous) block tables, a sliding-window group whose old
 //! blocks are released, every KV storage type, copy-on-write block copies, per-sequence RoPE
 //! positions and last rows, and a steady-state step that builds nothing.
 
-mod common;
-
-use common::case::{single, tokens, Case, SeqSpec, Step};
-use common::{nmse, open, Rng};
-use hearth_core::backend::{Backend, KvLayout};
+use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, Step};
+use crate::{nmse, Rng, Subject, Tolerance};
+use hearth_core::backend::{Capability, KvLayout};
 use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams, WeightDesc, WeightId};
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
 use hearth_core::quant::GgmlType;
-use hearth_wgpu::WgpuOptions;
 
 const KV_TYPES: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
 
@@ -134,8 +131,7 @@ fn biased_kv_case(with_offsets: bool, mut params: AttentionParams, layout: KvLay
 /// quantized ones store keys and values minus them (softmax cannot see the first, attention adds
 /// the second back), so attention gets much closer to the f32 oracle when keys and values share
 /// large constants; the GPU stores and adds back exactly what the CPU does.
-#[test]
-fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
+pub fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error(subject: &dyn Subject) {
     let plan: [&[(usize, usize)]; 2] = [&[(12, 0)], &[(12, 12)]];
     let run = |kv_type: KvType, with_offset: bool| {
         // Same seed: the same q, k, v and constant in every run.
@@ -161,7 +157,7 @@ fn kv_offsets_are_invisible_to_attention_and_shrink_quantization_error() {
         } else {
             assert_eq!(offset, plain, "{} KV must store keys as they are", kv_type.name());
         }
-        c.check(&format!("KV offsets, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+        c.check(subject, &format!("KV offsets, {} KV", kv_type.name()), Tolerance::ATTENTION, &steps);
     }
 }
 
@@ -185,8 +181,7 @@ fn params(
     }
 }
 
-#[test]
-fn attention_one_sequence_gqa_window_softcap() {
+pub fn attention_one_sequence_gqa_window_softcap(subject: &dyn Subject) {
     let mut rng = Rng(6);
     // 70 queries in one step as well as a few: one numerics path for any count.
     for (n_head, n_head_kv, head_dim, window, softcap, rows) in [
@@ -208,19 +203,12 @@ fn attention_one_sequence_gqa_window_softcap() {
         // Later steps see keys written by earlier ones; 130+ keys span more than one key tile.
         let plan: [&[(usize, usize)]; 3] = [&[(rows, 0)], &[(rows, rows)], &[(rows, 150)]];
         let steps = schedule(&layout, 20, &plan, &mut rng);
-        // f32 on both backends; the GPU folds keys tile by tile (online softmax), the CPU in two
-        // passes, so sums differ in the last bits.
-        c.check(
-            &format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}"),
-            1e-8,
-            &steps,
-            WgpuOptions::default(),
-        );
+        let what = format!("attention h{n_head}/{n_head_kv} hd{head_dim} w{window:?} cap{softcap:?} rows{rows}");
+        c.check(subject, &what, Tolerance::ATTENTION, &steps);
     }
 }
 
-#[test]
-fn attention_several_sequences_every_kv_type() {
+pub fn attention_several_sequences_every_kv_type(subject: &dyn Subject) {
     let mut rng = Rng(11);
     // Three sequences of different lengths per step (prompt chunks and decodes mixed), blocks
     // of 4 positions.
@@ -231,12 +219,8 @@ fn attention_several_sequences_every_kv_type() {
             let layout = two_groups(kv_type, 64, 4, 5, 20);
             let c = attention_case(15, 3, params(layer, 4, 2, 32, window, None), layout.clone(), &mut rng);
             let steps = schedule(&layout, 6, &plan, &mut rng);
-            c.check(
-                &format!("3 sequences, {} KV, layer {layer} window {window:?}", kv_type.name()),
-                1e-8,
-                &steps,
-                WgpuOptions::default(),
-            );
+            let what = format!("3 sequences, {} KV, layer {layer} window {window:?}", kv_type.name());
+            c.check(subject, &what, Tolerance::ATTENTION, &steps);
         }
     }
     // A long sequence next to a short one in the same step.
@@ -245,12 +229,11 @@ fn attention_several_sequences_every_kv_type() {
         let layout = two_groups(kv_type, 64, 16, 40, 12);
         let c = attention_case(73, 2, params(1, 2, 1, 64, Some(40), None), layout.clone(), &mut rng);
         let steps = schedule(&layout, 6, &plan, &mut rng);
-        c.check(&format!("long + short sequences, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+        c.check(subject, &format!("long + short sequences, {} KV", kv_type.name()), Tolerance::ATTENTION, &steps);
     }
 }
 
-#[test]
-fn copied_blocks_are_seen_by_the_new_owner() {
+pub fn copied_blocks_are_seen_by_the_new_owner(subject: &dyn Subject) {
     let mut rng = Rng(12);
     for kv_type in KV_TYPES {
         let layout = KvLayout {
@@ -278,15 +261,14 @@ fn copied_blocks_are_seen_by_the_new_owner() {
             },
             Step { copies: vec![], tokens: tokens(8, 64, &mut rng), seqs: vec![seq(1, 10, a), seq(7, 9, &b_table)] },
         ];
-        c.check(&format!("copy_kv_blocks, {} KV", kv_type.name()), 1e-8, &steps, WgpuOptions::default());
+        c.check(subject, &format!("copy_kv_blocks, {} KV", kv_type.name()), Tolerance::ATTENTION, &steps);
     }
 }
 
-#[test]
-fn rope_and_last_rows_per_sequence() {
+pub fn rope_and_last_rows_per_sequence(subject: &dyn Subject) {
     let mut rng = Rng(13);
     let plan = [(3usize, 0usize), (1, 40), (5, 17)];
-    let layout = common::case::small_layout();
+    let layout = small_layout();
     let step = |rng: &mut Rng| {
         let mut s = single(tokens(9, 64, rng), 0, &layout);
         s.seqs =
@@ -307,49 +289,63 @@ fn rope_and_last_rows_per_sequence() {
         },
     });
     c.graph.logits = x;
-    c.check("rope over 3 sequences", 1e-9, &[step(&mut rng)], WgpuOptions::default());
+    c.check(subject, "rope over 3 sequences", Tolerance::SUM_ORDER, &[step(&mut rng)]);
     let mut c = Case::batched(9, 3);
     let x = c.input("x", 300, &mut rng);
     let last = c.graph.buf("last", 3, 300);
     c.graph.push(Op::LastRows { x, out: last });
     c.graph.logits = last;
-    c.check("last rows of 3 sequences", 0.0, &[step(&mut rng)], WgpuOptions::default());
+    c.check(subject, "last rows of 3 sequences", Tolerance::EXACT, &[step(&mut rng)]);
 }
 
-#[test]
-fn steady_state_batched_decode_builds_nothing() {
-    let Some(mut gpu) = open(WgpuOptions::default()) else { return };
-    let mut rng = Rng(14);
-    let layout = two_groups(KvType::F16, 64, 4, 5, 20);
-    let c = attention_case(3, 3, params(1, 4, 2, 32, Some(5), None), layout.clone(), &mut rng);
-    let plan: [&[(usize, usize)]; 3] =
-        [&[(1, 0), (1, 4), (1, 9)], &[(1, 1), (1, 5), (1, 10)], &[(1, 2), (1, 6), (1, 11)]];
-    let steps = schedule(&layout, 6, &plan, &mut rng);
-    let (kv, g) = c.load(&mut gpu);
-    common::case::run_step(&mut gpu, g, kv, &steps[0]).expect("warm-up step");
-    for step in &steps[1..] {
-        let before = gpu.counters();
-        common::case::run_step(&mut gpu, g, kv, step).expect("step");
-        let after = gpu.counters();
-        assert_eq!(after.pipelines_created, before.pipelines_created, "a decode step created pipelines");
-        assert_eq!(after.bind_groups_created, before.bind_groups_created, "a decode step created bind groups");
-        assert_eq!(after.submits, before.submits + 1, "a decode step submits once");
+/// A warm batched decode step creates no pipelines or bind groups and submits at most once: the
+/// step is recorded once and replayed.
+pub fn steady_state_batched_decode_builds_nothing(subject: &dyn Subject) {
+    for (variant, mut backend) in subject.variants() {
+        let backend = backend.as_mut();
+        let mut rng = Rng(14);
+        let layout = two_groups(KvType::F16, 64, 4, 5, 20);
+        let c = attention_case(3, 3, params(1, 4, 2, 32, Some(5), None), layout.clone(), &mut rng);
+        let plan: [&[(usize, usize)]; 3] =
+            [&[(1, 0), (1, 4), (1, 9)], &[(1, 1), (1, 5), (1, 10)], &[(1, 2), (1, 6), (1, 11)]];
+        let steps = schedule(&layout, 6, &plan, &mut rng);
+        let (kv, g) = c.load(backend);
+        run_step(backend, g, kv, &steps[0]).expect("warm-up step");
+        for step in &steps[1..] {
+            let before = backend.counters();
+            run_step(backend, g, kv, step).expect("step");
+            let after = backend.counters();
+            assert_eq!(
+                after.pipelines_created, before.pipelines_created,
+                "[{variant}] a decode step created pipelines"
+            );
+            assert_eq!(
+                after.bind_groups_created, before.bind_groups_created,
+                "[{variant}] a decode step created bind groups"
+            );
+            assert!(after.submits <= before.submits + 1, "[{variant}] a decode step submits more than once");
+            assert_eq!(after.steps_executed, before.steps_executed + 1, "[{variant}] steps are counted");
+        }
     }
-    assert!(gpu.counters().pipelines_created > 0 && gpu.counters().bind_groups_created > 0, "counters are not kept");
 }
 
-#[test]
-fn kv_memory_follows_the_storage_type() {
-    let Some(mut gpu) = open(WgpuOptions::default()) else { return };
-    let mut last = gpu.memory_bytes();
-    for kv_type in KV_TYPES {
-        // Rows of 64 values: q8_0 rows (2 blocks of 34 bytes) and q4_0 rows (2 blocks of 18)
-        // stay 4-byte aligned, so the device holds exactly the GGML format's bytes.
-        let layout = two_groups(kv_type, 64, 16, 8, 10);
-        gpu.alloc_kv(layout.clone()).expect("kv");
-        let now = gpu.memory_bytes();
-        eprintln!("{} KV: {} bytes", kv_type.name(), now - last);
-        assert_eq!(now - last, layout.total_bytes(), "{} KV pool size", kv_type.name());
-        last = now;
+/// The KV pool a backend allocates holds exactly the storage type's bytes.
+pub fn kv_memory_follows_the_storage_type(subject: &dyn Subject) {
+    for (variant, mut backend) in subject.variants() {
+        let mut last = backend.memory_bytes();
+        for kv_type in KV_TYPES {
+            // Rows of 64 values: q8_0 rows (2 blocks of 34 bytes) and q4_0 rows (2 blocks of 18)
+            // stay 4-byte aligned, so a device holds exactly the GGML format's bytes.
+            let layout = two_groups(kv_type, 64, 16, 8, 10);
+            if let Err(reason) = backend.supports(Capability::Kv(&layout)) {
+                eprintln!("[{variant}] {} KV: refused ({reason})", kv_type.name());
+                continue;
+            }
+            backend.alloc_kv(layout.clone()).expect("kv");
+            let now = backend.memory_bytes();
+            eprintln!("[{variant}] {} KV: {} bytes", kv_type.name(), now - last);
+            assert_eq!(now - last, layout.total_bytes(), "[{variant}] {} KV pool size", kv_type.name());
+            last = now;
+        }
     }
 }

@@ -1,28 +1,22 @@
-//! Op conformance against the CPU backend (in the spirit of ggml's test-backend-ops): single-op
-//! graphs with random inputs, many shapes including odd ones, compared by normalised MSE
-//! (`common::case`). Attention and the paged KV pool are in `paged_kv.rs`.
+//! Op conformance against the CPU oracle: single-op graphs with random inputs, many shapes
+//! including odd ones, every weight type (those a backend refuses are checked to be refused
+//! cleanly), compared within a [`Tolerance`].
 
-mod common;
-
-use common::case::{run_step, single, small_layout, tokens, Case, SeqSpec};
-use common::{open, Rng};
-use hearth_core::backend::{Backend, WeightData};
+use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, WEIGHT_TYPES};
+use crate::{Rng, Subject, Tolerance};
+use hearth_core::backend::WeightData;
 use hearth_core::gguf::MemorySource;
-use hearth_core::graph::{Op, RopeMode, RopeParams, WeightDesc};
+use hearth_core::graph::{Graph, Op, RopeMode, RopeParams, WeightDesc};
 use hearth_core::kv::BlockCopy;
 use hearth_core::quant::GgmlType;
-use hearth_wgpu::WgpuOptions;
+use hearth_core::CoreError;
 use std::sync::Arc;
-
-const WEIGHT_TYPES: [GgmlType; 7] =
-    [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
 fn block(ty: GgmlType) -> usize {
     ty.block_len()
 }
 
-#[test]
-fn embed_every_type() {
+pub fn embed_every_type(subject: &dyn Subject) {
     let mut rng = Rng(1);
     for ty in WEIGHT_TYPES {
         for (row_len, n) in [(block(ty) * 3, 5usize), (block(ty), 1)] {
@@ -31,43 +25,15 @@ fn embed_every_type() {
             let out = c.graph.buf("out", n, row_len);
             c.graph.push(Op::Embed { table, out });
             c.graph.logits = out;
-            // Dequantization is exact arithmetic on both sides.
-            c.check(
-                &format!("embed {ty:?} {row_len}x{n}"),
-                1e-12,
-                &[single(tokens(n, 13, &mut rng), 0, &small_layout())],
-                WgpuOptions::default(),
-            );
+            let steps = [single(tokens(n, 13, &mut rng), 0, &small_layout())];
+            c.check(subject, &format!("embed {ty:?} {row_len}x{n}"), Tolerance::DEQUANTIZE, &steps);
         }
     }
 }
 
-#[test]
-fn embed_and_matmul_split_into_row_ranges() {
-    // A binding cap of 1 KiB forces many chunks (rows split across buffers).
-    let mut rng = Rng(2);
-    for ty in [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32] {
-        let k = 256;
-        let n = 4;
-        let mut c = Case::new(n);
-        let table = c.weight(ty, &[k as u64, 50], &mut rng);
-        let x = c.graph.buf("x", n, k);
-        c.graph.push(Op::Embed { table, out: x });
-        let out = c.graph.buf("out", n, 50);
-        c.graph.push(Op::MatMul { w: table, x, bias: None, out });
-        c.graph.logits = out;
-        let opts = WgpuOptions { max_binding_bytes: Some(1024), ..WgpuOptions::default() };
-        c.check(&format!("split {ty:?}"), 1e-9, &[single(tokens(n, 50, &mut rng), 0, &small_layout())], opts);
-    }
-}
-
-#[test]
-fn matmul_every_type_and_shape() {
+pub fn matmul_every_type_and_shape(subject: &dyn Subject) {
     let mut rng = Rng(3);
     for ty in WEIGHT_TYPES {
-        // Activations are rounded to the weight's dot type exactly as the CPU does (8-bit
-        // blocks, f16), so only the order of f32 additions differs.
-        let threshold = 1e-9;
         for (k_blocks, n_out, rows, bias) in [(1, 1, 1, false), (2, 17, 3, true), (3, 67, 9, false), (1, 130, 17, true)]
         {
             let k = block(ty).max(if block(ty) == 1 { 67 } else { 0 }) * k_blocks;
@@ -78,18 +44,18 @@ fn matmul_every_type_and_shape() {
             let out = c.graph.buf("out", rows, n_out);
             c.graph.push(Op::MatMul { w, x, bias: b, out });
             c.graph.logits = out;
+            let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout())];
             c.check(
+                subject,
                 &format!("matmul {ty:?} k{k} n{n_out} rows{rows} bias{bias}"),
-                threshold,
-                &[single(tokens(rows, 64, &mut rng), 0, &small_layout())],
-                WgpuOptions::default(),
+                Tolerance::SUM_ORDER,
+                &steps,
             );
         }
     }
 }
 
-#[test]
-fn rms_norm_shapes() {
+pub fn rms_norm_shapes(subject: &dyn Subject) {
     let mut rng = Rng(4);
     for (rows, cols, group, weighted, in_place) in
         [(3, 96, 32, true, false), (5, 896, 896, true, true), (1, 100, 100, false, false), (2, 640, 64, false, true)]
@@ -100,17 +66,12 @@ fn rms_norm_shapes() {
         let out = if in_place { x } else { c.graph.buf("out", rows, cols) };
         c.graph.push(Op::RmsNorm { x, weight, eps: 1e-6, group, out });
         c.graph.logits = out;
-        c.check(
-            &format!("rms_norm {rows}x{cols}/{group}"),
-            1e-10,
-            &[single(tokens(rows, 64, &mut rng), 0, &small_layout())],
-            WgpuOptions::default(),
-        );
+        let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout())];
+        c.check(subject, &format!("rms_norm {rows}x{cols}/{group}"), Tolerance::ELEMENTWISE, &steps);
     }
 }
 
-#[test]
-fn rope_modes() {
+pub fn rope_modes(subject: &dyn Subject) {
     let mut rng = Rng(5);
     for (mode, head_dim, n_rot, heads, factors) in [
         (RopeMode::Neox, 64, 64, 3, false),
@@ -131,12 +92,11 @@ fn rope_modes() {
             single(tokens(rows, 64, &mut rng), 0, &small_layout()),
             single(tokens(rows, 64, &mut rng), 37, &small_layout()),
         ];
-        c.check(&format!("rope {mode:?} hd{head_dim} rot{n_rot}"), 1e-9, &steps, WgpuOptions::default());
+        c.check(subject, &format!("rope {mode:?} hd{head_dim} rot{n_rot}"), Tolerance::SUM_ORDER, &steps);
     }
 }
 
-#[test]
-fn elementwise_ops() {
+pub fn elementwise_ops(subject: &dyn Subject) {
     let mut rng = Rng(7);
     for (rows, cols) in [(1, 7), (3, 300), (2, 4864)] {
         let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
@@ -178,40 +138,58 @@ fn elementwise_ops() {
                 }
             };
             c.graph.logits = out;
-            let threshold = if kind == "geglu" { 1e-6 } else { 1e-10 };
-            c.check(&format!("{kind} {rows}x{cols}"), threshold, &steps(&mut rng), WgpuOptions::default());
+            let tolerance = match kind {
+                "geglu" => Tolerance::TRANSCENDENTAL,
+                "last_row" => Tolerance::EXACT,
+                _ => Tolerance::ELEMENTWISE,
+            };
+            c.check(subject, &format!("{kind} {rows}x{cols}"), tolerance, &steps(&mut rng));
         }
     }
 }
 
-#[test]
-fn bad_input_is_an_error_not_a_panic() {
-    let Some(mut gpu) = open(WgpuOptions::default()) else { return };
-    let mut rng = Rng(8);
-    let mut c = Case::new(2);
-    let x = c.input("x", 32, &mut rng);
-    c.graph.logits = x;
-    let (kv, g) = c.load(&mut gpu);
-    let layout = small_layout();
-    let ok = single(vec![1, 2], 0, &layout);
-    assert!(run_step(&mut gpu, g, kv, &ok).is_ok(), "a valid step");
-    let mut step = ok.clone();
-    step.tokens = vec![1, 64];
-    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "token out of range");
-    assert!(run_step(&mut gpu, g, kv, &single(vec![1], 0, &layout)).is_err(), "token count");
-    let mut step = ok.clone();
-    step.seqs[0].pos0 = 15;
-    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "block table too short");
-    let mut step = ok.clone();
-    step.seqs[0].tables[0][0] = 8;
-    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "block outside the pool");
-    let mut step = ok.clone();
-    step.seqs = vec![SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }, SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }];
-    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "sequence count");
-    let mut step = ok.clone();
-    step.copies = vec![BlockCopy { group: 0, src: 0, dst: 8, n_positions: 1 }];
-    assert!(run_step(&mut gpu, g, kv, &step).is_err(), "copy outside the pool");
-    let bad = WeightDesc { name: "short".into(), ty: GgmlType::Q4_K, dims: vec![256, 2] };
-    let data = WeightData { source: Arc::new(MemorySource::new(vec![0u8; 100])), offset: 0, len: 100 };
-    assert!(gpu.upload_weight(bad, data).is_err(), "wrong byte count");
+/// Bad steps and bad weights are errors, never panics, and leave the backend usable.
+pub fn bad_input_is_an_error_not_a_panic(subject: &dyn Subject) {
+    for (variant, mut backend) in subject.variants() {
+        let backend = backend.as_mut();
+        let mut rng = Rng(8);
+        let mut c = Case::new(2);
+        let x = c.input("x", 32, &mut rng);
+        c.graph.logits = x;
+        let (kv, g) = c.load(backend);
+        let layout = small_layout();
+        let ok = single(vec![1, 2], 0, &layout);
+        assert!(run_step(backend, g, kv, &ok).is_ok(), "[{variant}] a valid step");
+        let mut step = ok.clone();
+        step.tokens = vec![1, 64];
+        assert!(run_step(backend, g, kv, &step).is_err(), "[{variant}] token out of range");
+        assert!(run_step(backend, g, kv, &single(vec![1], 0, &layout)).is_err(), "[{variant}] token count");
+        let mut step = ok.clone();
+        step.seqs[0].pos0 = 15;
+        assert!(run_step(backend, g, kv, &step).is_err(), "[{variant}] block table too short");
+        let mut step = ok.clone();
+        step.seqs[0].tables[0][0] = 8;
+        assert!(run_step(backend, g, kv, &step).is_err(), "[{variant}] block outside the pool");
+        let mut step = ok.clone();
+        step.seqs = vec![SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }, SeqSpec { n_tokens: 1, ..ok.seqs[0].clone() }];
+        assert!(run_step(backend, g, kv, &step).is_err(), "[{variant}] sequence count");
+        let mut step = ok.clone();
+        step.copies = vec![BlockCopy { group: 0, src: 0, dst: 8, n_positions: 1 }];
+        assert!(run_step(backend, g, kv, &step).is_err(), "[{variant}] copy outside the pool");
+        let bad = WeightDesc { name: "short".into(), ty: GgmlType::Q4_K, dims: vec![256, 2] };
+        let data = WeightData { source: Arc::new(MemorySource::new(vec![0u8; 100])), offset: 0, len: 100 };
+        assert!(backend.upload_weight(bad, data).is_err(), "[{variant}] wrong byte count");
+        // A graph that does not add up is refused by the one shape check.
+        let mut bad_graph = Graph::new(2, 1);
+        let y = bad_graph.buf("y", 3, 8);
+        bad_graph.push(Op::Scale { x: y, factor: 2.0 });
+        bad_graph.logits = y;
+        let mut lopsided = bad_graph.clone();
+        lopsided.push(Op::Add { a: y, b: x, out: y });
+        assert!(
+            matches!(backend.compile(&lopsided), Err(CoreError::BadGraph { .. })),
+            "[{variant}] inconsistent graph"
+        );
+        assert!(run_step(backend, g, kv, &ok).is_ok(), "[{variant}] still usable after the errors");
+    }
 }

@@ -1,0 +1,81 @@
+//! The backend conformance suite, in the spirit of ggml's `test-backend-ops`: every graph op over
+//! many shapes and weight types, attention over the paged KV cache with every storage type, and
+//! the step protocol's error paths, each run on the backend under test and on the CPU backend (the
+//! oracle) and compared within a written [`Tolerance`].
+//!
+//! A backend gets the whole suite with one line in a test file of its crate:
+//!
+//! ```text
+//! hearth_backend_tests::conformance_suite!(my_subject());
+//! ```
+//!
+//! where `my_subject()` returns a [`Subject`]: the backend's variants (a GPU backend's kernel
+//! fallbacks, say), each freshly opened. Ops, weight types and KV types the backend refuses through
+//! `Backend::supports` are not skipped: the suite asserts that `compile` then fails with
+//! `CoreError::Unsupported`, the refusal model loading relies on, and says so in the test output.
+
+pub mod case;
+pub mod ops;
+pub mod paged_kv;
+pub mod tolerance;
+
+pub use case::{nmse, Rng};
+pub use tolerance::Tolerance;
+
+use hearth_core::backend::Backend;
+
+/// A backend under test.
+pub trait Subject {
+    /// One freshly opened backend per kernel variant worth comparing, with a name for messages.
+    /// Empty only where no device exists and the environment allows that (the caller decides:
+    /// `HEARTH_REQUIRE_GPU=1` makes a missing GPU adapter a failure, never a skip).
+    fn variants(&self) -> Vec<(String, Box<dyn Backend>)>;
+}
+
+/// The CPU backend as a subject: all cores with Q4_K repacking, and one thread reading the rows
+/// as the file stores them, both against the single-threaded oracle. Results never depend on the
+/// thread count or the weight layout, so every comparison is exact in practice.
+pub struct CpuSubject;
+
+impl Subject for CpuSubject {
+    fn variants(&self) -> Vec<(String, Box<dyn Backend>)> {
+        use hearth_cpu::{CpuBackend, CpuOptions};
+        let repacked = CpuBackend::with_options(CpuOptions { threads: None, repack: true, ..CpuOptions::default() });
+        let rows = CpuBackend::with_options(CpuOptions { threads: Some(1), repack: false, ..CpuOptions::default() });
+        vec![
+            ("cpu, all threads, repacked".to_string(), Box::new(repacked.expect("cpu backend")) as Box<dyn Backend>),
+            ("cpu, one thread, rows".to_string(), Box::new(rows.expect("cpu backend"))),
+        ]
+    }
+}
+
+/// Expands to one `#[test]` per conformance check, each run on `$subject` (an expression of a
+/// type implementing [`Subject`], evaluated per test).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($subject:expr) => {
+        $crate::conformance_suite!(@tests $subject;
+            ops::embed_every_type,
+            ops::matmul_every_type_and_shape,
+            ops::rms_norm_shapes,
+            ops::rope_modes,
+            ops::elementwise_ops,
+            ops::bad_input_is_an_error_not_a_panic,
+            paged_kv::kv_offsets_are_invisible_to_attention_and_shrink_quantization_error,
+            paged_kv::attention_one_sequence_gqa_window_softcap,
+            paged_kv::attention_several_sequences_every_kv_type,
+            paged_kv::copied_blocks_are_seen_by_the_new_owner,
+            paged_kv::rope_and_last_rows_per_sequence,
+            paged_kv::steady_state_batched_decode_builds_nothing,
+            paged_kv::kv_memory_follows_the_storage_type,
+        );
+    };
+    (@tests $subject:expr; $($module:ident :: $check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                $crate::$module::$check(&$subject);
+            }
+        )*
+    };
+}
