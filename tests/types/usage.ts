@@ -22,8 +22,9 @@ async function usage(): Promise<void> {
   const removed: boolean = await deleteCachedModel(cached[0].url);
   try {
     await engine.completions.create({ prompt: 'x', temperature: 0 });
+    await engine.completions.create({ prompt: 'x', repeat_last_n: 64, logit_bias: { '5': -100 }, prediction: { type: 'content', content: 'x = 1' }, user: 'u' });
   } catch (error) {
-    if (error instanceof HearthError && error.code === 'bad-argument') console.log(error.kind, error.message);
+    if (error instanceof HearthError && error.code === 'bad-argument') console.log(error.param, error.message);
   }
   const [a, b] = await Promise.all([
     engine.completions.create({ prompt: 'x', temperature: 0, speculative: { mode: 'lookup', draftTokens: 4 } }),
