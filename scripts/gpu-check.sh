@@ -14,7 +14,7 @@ out=$(mktemp -d)
 
 cargo build --release -q -p hearth
 echo "== op conformance (wgpu vs cpu)"
-cargo test --release -q -p hearth-wgpu --test ops 2>&1 | tee "$out/ops.log" | grep -E "test result|FAILED|panicked" || true
+cargo test --release -q -p hearth-wgpu --test conformance 2>&1 | tee "$out/ops.log" | grep -E "test result|FAILED|panicked" || true
 
 for m in qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m; do
   for b in wgpu cpu; do
