@@ -3,9 +3,9 @@
 //!
 //! `cargo run --release -p hearth-tests --example library -- MODEL.gguf` (or set HEARTH_MODEL)
 
-use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
 use hearth_core::gguf::GgufFile;
+use hearth_core::request::Prompt;
 use hearth_core::sampling::SamplingParams;
 use hearth_cpu::CpuBackend;
 use std::io::Write;
@@ -26,14 +26,9 @@ fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {
     let backend = Box::new(CpuBackend::new(None)?); // None: one thread per core
     let mut engine = Engine::load(&file, backend, &EngineOptions::default(), &mut |_, _| {})?;
 
-    let messages = [ChatMessage::new("user", "Write a haiku about a hearth.")];
-    let template = engine.chat_template().ok_or("this model has no chat template")?;
-    let text = template.render(&messages, true)?;
-    // A template that writes the BOS text itself must not get a second BOS token.
-    let tok = engine.tokenizer();
-    let bos_text = tok.bos().map(|id| tok.token_bytes(id)).unwrap_or_default();
-    let bos_written = !bos_text.is_empty() && text.as_bytes().starts_with(&bos_text);
-    let prompt = tok.encode(&text, tok.add_bos_default() && !bos_written, true)?;
+    // Chat messages through the model's template, tokenized without a second BOS.
+    let messages = vec![serde_json::json!({"role": "user", "content": "Write a haiku about a hearth."})];
+    let prompt = Prompt::Chat(messages).tokenize(engine.tokenizer(), engine.chat_template(), None)?;
 
     let sampling = SamplingParams { temperature: 0.7, top_p: 0.95, seed: 42, ..Default::default() };
     let options = GenerateOptions { max_tokens: 128, sampling, ..Default::default() };
