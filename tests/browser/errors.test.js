@@ -106,6 +106,8 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       // Asked-for features that do not exist are refused, never ignored.
       responseFormat: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } })),
       tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
+      // JSON would carry NaN as null ("not given"): refused before it leaves JS.
+      temperatureNaN: await describe(engine.completions.create({ prompt: 'x', temperature: NaN })),
     };
     await engine.unload();
     out.afterUnload = await describe(engine.completions.create({ prompt: 'x' }));
@@ -118,9 +120,10 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
     responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
+    temperatureNaN: /`temperature` must be a finite number, got NaN/,
   })) assertError(result[name], 'bad-argument', pattern);
   // The refused field is named, as `hearth serve` names it in its 400s.
-  for (const name of ['temperatureString', 'temperatureNegative']) assert.equal(result[name].param, 'temperature', name);
+  for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN']) assert.equal(result[name].param, 'temperature', name);
   assert.equal(result.messagesNotArray.param, 'messages');
   assert.equal(result.lookupMinP.param, 'speculative');
   assertError(result.afterUnload, 'not-loaded', /unloaded/);

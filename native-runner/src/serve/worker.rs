@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{GenerateOptions, Generation};
-use hearth_core::request::ValidRequest;
+use hearth_core::request::{Prompt, ValidRequest};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::{CoreError, DeviceFault};
@@ -77,7 +77,11 @@ impl Prompter {
                     prompt.len() + requested,
                     prompt.len()
                 ),
-                Some(if request.max_tokens.is_some() && prompt.len() < n_ctx { "max_tokens" } else { "messages" }),
+                Some(match (request.max_tokens.is_some() && prompt.len() < n_ctx, &request.prompt) {
+                    (true, _) => request.max_tokens_param,
+                    (false, Prompt::Chat(_)) => "messages",
+                    (false, Prompt::Text(_)) => "prompt",
+                }),
                 Some("context_length_exceeded"),
             )
         })?;

@@ -48,6 +48,9 @@ pub enum Stop {
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// Random padding of streamed events against length side channels: nothing to hide on a
+    /// local server; accepted.
+    pub include_obfuscation: Option<bool>,
 }
 
 /// How a request drafts tokens for speculative decoding (hearth's extension; the browser's
@@ -123,6 +126,14 @@ pub struct Request {
     pub speculative: Option<SpeculativeRequest>,
     /// An end-user id (OpenAI's abuse monitoring): accepted, nothing to do with it locally.
     pub user: Option<String>,
+    /// OpenAI's other bookkeeping fields, meaningless for a local engine and accepted as such: a
+    /// safety id (like `user`), a prompt-cache routing key (the prefix cache needs none), a
+    /// service tier (there is one), metadata of stored completions. `store: true` is refused.
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub service_tier: Option<String>,
+    pub metadata: Option<Value>,
+    pub store: Option<bool>,
     // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
     // refused by name; their neutral values (n = 1, logprobs false, a text response format,
     // no tools) are accepted.
@@ -145,6 +156,8 @@ pub struct ValidRequest {
     pub prompt: Prompt,
     /// `None`: up to the end of the context (see [`ValidRequest::options_for`]).
     pub max_tokens: Option<usize>,
+    /// The name the client gave the limit (`max_tokens` or `max_completion_tokens`), for errors.
+    pub max_tokens_param: &'static str,
     /// The generation options with `max_tokens` left at 0.
     pub options: GenerateOptions,
     pub stream: bool,
@@ -186,9 +199,12 @@ impl Request {
             let param = matches!(e.inner().classify(), serde_json::error::Category::Data)
                 .then(|| path.split(['.', '[']).next().unwrap_or_default().to_string())
                 .filter(|p| !p.is_empty());
-            let message = match &param {
-                Some(_) => format!("{path}: {}", e.inner()),
-                None => format!("The request is not valid JSON: {}", e.inner()),
+            let message = match (&param, e.inner().classify()) {
+                (Some(_), _) => format!("{path}: {}", e.inner()),
+                (None, serde_json::error::Category::Data) => {
+                    format!("The request must be a JSON object: {}", e.inner())
+                }
+                (None, _) => format!("The request is not valid JSON: {}", e.inner()),
             };
             CoreError::BadRequest { param, message }
         })?;
@@ -220,15 +236,23 @@ impl Request {
         };
         let (max_tokens, options) = self.generation_options(default_seed)?;
         let speculative = self.speculation()?;
+        let prediction = self.prediction_text()?;
+        if prediction.is_some() && speculative.is_some() {
+            return Err(bad(
+                "prediction",
+                "prediction drafts by prompt lookup on its own; send it without speculative, or speculative without it.",
+            ));
+        }
         let stream = self.stream.unwrap_or(false);
         Ok(ValidRequest {
             model: self.model.clone(),
             prompt,
             max_tokens,
+            max_tokens_param: if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },
             options,
             stream,
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
-            prediction: self.prediction_text()?,
+            prediction,
             speculative,
         })
     }
@@ -326,6 +350,9 @@ impl Request {
         }
         if set(&self.echo) {
             return Err(unsupported("echo", "the prompt is not echoed"));
+        }
+        if self.store == Some(true) {
+            return Err(unsupported("store", "completions are not stored"));
         }
         if self.suffix.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(unsupported("suffix", "no insertion (fill-in-the-middle) completions"));

@@ -109,6 +109,7 @@ fn unimplemented_parameters_are_refused_unless_neutral() {
         (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"best_of": 2}), "best_of"),
         (json!({"suffix": "x"}), "suffix"),
+        (json!({"store": true}), "store"),
     ] {
         let (got, message) = refused(chat(body.clone()));
         assert_eq!(got.as_deref(), Some(param), "{body}: {message}");
@@ -195,4 +196,22 @@ fn predictions_take_text_or_text_parts() {
     assert_eq!(text.prediction.as_deref(), Some("x = 1"));
     let parts = chat(json!({"prediction": {"type": "content", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": " = 1"}]}})).expect("valid");
     assert_eq!(parts.prediction.as_deref(), Some("x = 1"));
+}
+
+#[test]
+fn a_prediction_and_speculative_together_are_refused() {
+    let body = json!({"prediction": {"type": "content", "content": "x"}, "speculative": {"mode": "lookup"}});
+    assert_eq!(refused(chat(body)).0.as_deref(), Some("prediction"));
+}
+
+#[test]
+fn the_limit_is_named_as_the_client_named_it() {
+    assert_eq!(chat(json!({"max_completion_tokens": 5})).expect("valid").max_tokens_param, "max_completion_tokens");
+    assert_eq!(chat(json!({"max_tokens": 5})).expect("valid").max_tokens_param, "max_tokens");
+}
+
+#[test]
+fn a_body_that_is_not_an_object_says_so() {
+    let (param, message) = refused(Request::from_json(b"[]").and_then(|r| r.validate(Endpoint::Chat, 0)));
+    assert!(param.is_none() && message.contains("must be a JSON object"), "{message}");
 }
