@@ -164,7 +164,8 @@ impl WasmEngine {
             drop(header);
             // The host is never borrowed across an await: a `generate` call meanwhile starts the
             // driver, which borrows it.
-            let (gpu, fallback_reason) = open_backend(backend_kind(&backend)?).await?;
+            let kind = backend_kind(&backend)?;
+            let (gpu, mut fallback_reason) = open_backend(kind).await?;
             if state.driving.get() {
                 return Err(busy());
             }
@@ -178,13 +179,21 @@ impl WasmEngine {
                 // The previous draft (and its device) goes first.
                 host.unload_draft();
                 *loaded.draft.borrow_mut() = None;
-                match gpu {
-                    Some(gpu) => {
-                        let (watch, info) = (gpu.watch(), gpu.info().clone());
-                        host.load_draft(model.source(), Box::new(gpu), &mut report)
-                            .map_err(|e| failed(js_error(classify(&watch, e))))?;
-                        DraftRuntime { gpu: Some((watch, info)), fallback_reason }
+                let mut on_gpu = None;
+                if let Some(gpu) = gpu {
+                    let (watch, info) = (gpu.watch(), gpu.info().clone());
+                    match host.load_draft(model.source(), Box::new(gpu), &mut report) {
+                        Ok(()) => on_gpu = Some(DraftRuntime { gpu: Some((watch, info)), fallback_reason: None }),
+                        // 'auto' runs a draft the WebGPU kernels cannot on the CPU engine, as
+                        // for the target model.
+                        Err(WasmError::Core(CoreError::Unsupported { what, .. })) if kind == BackendKind::Auto => {
+                            fallback_reason = Some(format!("the WebGPU backend does not support {what}"));
+                        }
+                        Err(e) => return Err(failed(js_error(classify(&watch, e)))),
                     }
+                }
+                match on_gpu {
+                    Some(runtime) => runtime,
                     None => {
                         let bytes = model.copy_into_wasm(&mut report).map_err(|e| failed(js_error(e)))?;
                         let cpu: Box<dyn Backend> =
