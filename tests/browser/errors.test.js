@@ -108,6 +108,8 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
       // JSON would carry NaN as null ("not given"): refused before it leaves JS.
       temperatureNaN: await describe(engine.completions.create({ prompt: 'x', temperature: NaN })),
+      // A refused streaming request rejects at create(), as a server's 400 comes before any event.
+      streamRefused: await describe(engine.completions.create({ prompt: 'x', stream: true, temperature: 5 })),
     };
     await engine.unload();
     out.afterUnload = await describe(engine.completions.create({ prompt: 'x' }));
@@ -120,7 +122,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
     responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
-    temperatureNaN: /`temperature` must be a finite number, got NaN/,
+    temperatureNaN: /`temperature` must be a finite number, got NaN/, streamRefused: /temperature must be between 0 and 2, got 5/,
   })) assertError(result[name], 'bad-argument', pattern);
   // The refused field is named, as `hearth serve` names it in its 400s.
   for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN']) assert.equal(result[name].param, 'temperature', name);

@@ -170,7 +170,12 @@ export class Engine {
     const chunks = new ChunkQueue();
     const done = this.#run(kind, body, signal, chunks);
     const shape = { id, created, model: this.#modelName, kind };
-    if (stream) return streamChunks(chunks, done, shape);
+    if (stream) {
+      // As a server answers a refused request with an error status before any event, a request
+      // the engine refuses rejects here rather than at the stream's first chunk.
+      await chunks.started(done);
+      return streamChunks(chunks, done, shape);
+    }
     const report = await done.catch((error) => {
       throw toHearthError(error);
     });
@@ -216,6 +221,17 @@ class ChunkQueue {
     if (this.closed) return;
     this.items.push(text);
     this.wake?.();
+    this.onStart?.();
+  }
+
+  /** Resolves at the first chunk or when `done` (the request) resolves; rejects when the
+   * request fails before its first chunk. */
+  started(done) {
+    if (this.items.length) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      this.onStart = resolve;
+      done.then(resolve, (error) => (this.items.length ? resolve() : reject(toHearthError(error))));
+    });
   }
 
   close() {
