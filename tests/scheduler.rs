@@ -1,6 +1,7 @@
 //! Continuous batching on a real model (Qwen 0.5B, CPU): many concurrent requests produce exactly
-//! the tokens each produces alone; mixed sampling settings read from candidates give the tokens
-//! of the full-logits path; cancellation and preemption leak no KV blocks.
+//! the tokens each produces alone, with or without speculative decoding (prompt lookup, a draft
+//! model); mixed sampling settings read from candidates give the tokens of the full-logits path;
+//! cancellation and preemption leak no KV blocks.
 
 use hearth_core::engine::{EngineOptions, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
@@ -9,7 +10,7 @@ use hearth_core::runner::BatchEntry;
 use hearth_core::sampling::{Sampler, SamplingParams};
 use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::SpeculativeOptions;
+use hearth_core::speculative::{BatchedDraftModel, SpeculativeOptions, DEFAULT_MIN_CONFIDENCE};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
 use std::collections::{BTreeMap, HashMap};
@@ -227,6 +228,72 @@ fn lookup_scheduler_with(max_batch: usize, kv_memory: Option<u64>, lookup: Specu
     )
 }
 
+/// A scheduler whose requests draft with a draft model, here the 0.5B itself (most of its
+/// drafts are kept, so verification is exercised on every step; the tokens must still be those
+/// of plain decoding). `min_confidence`: where the draft model stops drafting.
+fn draft_model_scheduler(max_batch: usize, bounds: SpeculativeOptions, min_confidence: f32) -> Scheduler {
+    let mut s = scheduler(max_batch, None);
+    let options = EngineOptions {
+        n_ctx: 512,
+        prefill_chunk: PREFILL_CHUNK,
+        max_sequences: max_batch,
+        ..EngineOptions::default()
+    };
+    let (file, runner) = cpu_runner(QWEN_05B, &options);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let mut draft =
+        BatchedDraftModel::new(runner, &tokenizer, s.tokenizer(), PREFILL_CHUNK).expect("compatible vocabularies");
+    draft.min_confidence = min_confidence;
+    s.set_draft_model(draft, bounds);
+    s
+}
+
+#[test]
+fn a_draft_model_keeps_the_greedy_tokens_alone_and_in_a_batch() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let mut all = vec![copying_prompt(&tokenizer, "def merge_counts(")];
+    all.extend(prompts(&tokenizer, 3));
+    let max_tokens = 16;
+    let want = solo_outputs(&all, max_tokens);
+    // A fixed draft length: every proposal is verified, whatever the pass costs say.
+    let fixed = SpeculativeOptions { max_draft_tokens: 4, adaptive: false };
+
+    // Alone: the drafts are verified, with the tokens of plain decoding.
+    let mut s = draft_model_scheduler(4, fixed.clone(), DEFAULT_MIN_CONFIDENCE);
+    let id = s.submit(all[0].clone(), greedy(max_tokens)).expect("submit");
+    let (done, streamed) = run(&mut s, |_, _| {});
+    let g = &done[&id];
+    assert_eq!(g.tokens, want[0], "the draft model changed the greedy tokens");
+    assert_eq!(streamed[&id], g.text);
+    let speculative = g.speculative.as_ref().expect("draft metrics");
+    eprintln!("alone: {} tokens, {speculative:?}", g.tokens.len());
+    assert!(speculative.accepted > 0, "no draft was accepted: {speculative:?}");
+    assert!(speculative.target_forward_passes < max_tokens - 1, "every token took its own pass: {speculative:?}");
+
+    // In a batch: every request drafts in the shared draft passes and verifies in the shared
+    // target steps.
+    let mut s = draft_model_scheduler(4, fixed, DEFAULT_MIN_CONFIDENCE);
+    let ids: Vec<RequestId> = all.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
+    let mut shared_steps_with_drafts = 0;
+    let (done, streamed) = run(&mut s, |s, _| {
+        let last = s.stats().last_step;
+        if last.decode_rows > 1 && last.draft_rows > 0 {
+            shared_steps_with_drafts += 1;
+        }
+    });
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, want[i], "request {i}: the draft model in a batch changed the greedy tokens");
+        assert_eq!(streamed[id], done[id].text);
+        assert!(done[id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "request {i} drafted nothing");
+    }
+    eprintln!("steps with drafts and 2+ requests decoding: {shared_steps_with_drafts}");
+    assert!(shared_steps_with_drafts >= 3, "drafts were verified in {shared_steps_with_drafts} shared steps");
+    assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
+    let draft_pools = s.draft_model().expect("draft model").runner().kv().pool_stats();
+    assert_eq!(draft_pools.iter().map(|p| p.used).sum::<usize>(), 0, "the draft model's KV blocks leaked");
+}
+
 /// Drafts need KV blocks too: in a pool too small for every request at full length, steps whose
 /// drafts do not fit go without them, requests are preempted with drafts planned, and the tokens
 /// are still those of the solo runs, with no block leaked.
@@ -257,34 +324,38 @@ fn lookup_in_a_tight_pool_keeps_the_tokens_and_leaks_nothing() {
     );
 }
 
-/// With sampling, lookup's drafts go through rejection sampling: the tokens decided by a
-/// verification pass follow the distribution of plain sampling. Many seeded runs of the
+/// With sampling, drafts go through rejection sampling: the tokens decided by a verification
+/// pass follow the distribution of plain sampling, whether the drafts are lookup's copies
+/// (one-hot) or a draft model's draws (with their distribution q). Many seeded runs of the
 /// copying prompt, each verifying its first decode step's draft (a fixed draft length verifies
 /// every proposal), against as many plain runs: a chi-square test of homogeneity of the second
 /// token (the draft's position). Temperature 1.5 flattens the copy's odds so that a rule that
 /// kept drafts too often would show.
 #[test]
-fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
+fn sampled_drafts_follow_the_distribution_of_plain_sampling() {
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     // The first token (`def`, most likely) is followed by ` merge` in the prompt: the draft.
     let prompt = copying_prompt(&tokenizer, "");
     let runs = 160;
-    let second_tokens = |lookup: Option<SpeculativeOptions>| -> (BTreeMap<u32, u64>, usize) {
+    // A fixed draft length: every run verifies its first proposal (the second token's draft).
+    let one_draft = SpeculativeOptions { max_draft_tokens: 1, adaptive: false };
+    let second_tokens = |drafter: Drafter| -> (BTreeMap<u32, u64>, usize) {
         let options =
             EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, max_sequences: 1, ..EngineOptions::default() };
-        let (_, runner) = cpu_runner(QWEN_05B, &options);
-        let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-        let mut s = Scheduler::new(
-            runner,
-            tokenizer,
-            SchedulerOptions {
-                max_batch: 1,
-                prefill_chunk: PREFILL_CHUNK,
-                lookup: lookup.clone(),
-                ..SchedulerOptions::default()
-            },
-        );
+        let lookup = (drafter == Drafter::Lookup).then(|| one_draft.clone());
+        let mut s = if drafter == Drafter::DraftModel {
+            // Drafting never stops on confidence: every run verifies a draft drawn from q.
+            draft_model_scheduler(1, one_draft.clone(), 0.0)
+        } else {
+            let (_, runner) = cpu_runner(QWEN_05B, &options);
+            let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+            Scheduler::new(
+                runner,
+                tokenizer,
+                SchedulerOptions { max_batch: 1, prefill_chunk: PREFILL_CHUNK, lookup, ..SchedulerOptions::default() },
+            )
+        };
         let (mut counts, mut verified) = (BTreeMap::new(), 0);
         for seed in 0..runs {
             let sampling = SamplingParams { temperature: 1.5, top_k: 8, seed, ..SamplingParams::default() };
@@ -301,19 +372,31 @@ fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
         }
         (counts, verified)
     };
-    let (plain, _) = second_tokens(None);
-    // A fixed draft length: every run verifies its first proposal (the second token's draft).
-    let (lookup, verified) = second_tokens(Some(SpeculativeOptions { max_draft_tokens: 1, adaptive: false }));
-    assert!(verified >= runs as usize / 2, "only {verified} drafts verified in {runs} runs");
+    let (plain, _) = second_tokens(Drafter::None);
+    for drafter in [Drafter::Lookup, Drafter::DraftModel] {
+        let (drafted, verified) = second_tokens(drafter);
+        assert!(verified >= runs as usize / 2, "{drafter:?}: only {verified} drafts verified in {runs} runs");
+        assert_same_distribution(&plain, &drafted, runs, &format!("{drafter:?}"));
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Drafter {
+    None,
+    Lookup,
+    DraftModel,
+}
+
+/// A chi-square test of homogeneity of two samples of `runs` tokens each, at significance 0.001.
+fn assert_same_distribution(plain: &BTreeMap<u32, u64>, drafted: &BTreeMap<u32, u64>, runs: u64, what: &str) {
     // Tokens seen at least 5 times in all, the rest pooled.
     let mut categories: BTreeMap<Option<u32>, [f64; 2]> = BTreeMap::new();
-    for (i, counts) in [&plain, &lookup].into_iter().enumerate() {
+    for (i, counts) in [plain, drafted].into_iter().enumerate() {
         for (&token, &n) in counts.iter() {
-            let seen = plain.get(&token).unwrap_or(&0) + lookup.get(&token).unwrap_or(&0);
+            let seen = plain.get(&token).unwrap_or(&0) + drafted.get(&token).unwrap_or(&0);
             categories.entry((seen >= 5).then_some(token)).or_insert([0.0; 2])[i] += n as f64;
         }
     }
-    let n = runs as f64;
     let statistic: f64 = categories
         .values()
         .map(|[a, b]| {
@@ -324,11 +407,11 @@ fn sampled_lookup_follows_the_distribution_of_plain_sampling() {
     // Chi-square critical values at significance 0.001 by degrees of freedom.
     let critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12];
     let dof = categories.len().saturating_sub(1).clamp(1, critical.len());
-    eprintln!("plain {plain:?}, lookup {lookup:?} ({n} runs each): chi-square {statistic:.1}, {dof} dof");
+    eprintln!("plain {plain:?}, {what} {drafted:?} ({runs} runs each): chi-square {statistic:.1}, {dof} dof");
     assert!(categories.len() >= 2, "a single outcome tests nothing: {categories:?}");
     assert!(
         statistic < critical[dof - 1],
-        "lookup's sampled tokens differ from plain sampling's: chi-square {statistic:.1}"
+        "{what}'s sampled tokens differ from plain sampling's: chi-square {statistic:.1}"
     );
 }
 

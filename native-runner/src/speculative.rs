@@ -5,11 +5,16 @@ use crate::load;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hearth_core::backend::Backend;
 use hearth_core::engine::{Engine, EngineOptions, Session};
+use hearth_core::gguf::GgufFile;
+use hearth_core::runner::Runner;
 use hearth_core::speculative::{
-    default_draft_vocab, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics, SpeculativeOptions,
+    default_draft_vocab, BatchedDraftModel, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics,
+    SpeculativeOptions,
 };
 use hearth_core::tokenizer::Tokenizer;
+use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct SpeculativeArgs {
@@ -84,9 +89,67 @@ impl SpeculativeArgs {
     /// The drafter asked for: a draft model on the target's backend settings, prompt lookup, both
     /// (lookup first), or none.
     pub fn drafter(&self, target: &ModelArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
-        let Some(draft) = &self.draft_model else {
+        if self.draft_model.is_none() {
             return Ok(self.lookup.then(|| Box::new(PromptLookup::default()) as Box<dyn Drafter>));
+        }
+        let Some((session, tokenizer, path)) =
+            self.load_draft(target, 1, !target.quiet, |file, backend, options, on_progress| {
+                Session::load(file, backend, options, on_progress)
+            })?
+        else {
+            return Ok(None);
         };
+        let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
+            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+        model.min_confidence = self.min_confidence();
+        if self.lookup {
+            return Ok(Some(Box::new(LookupThen::new(model))));
+        }
+        Ok(Some(Box::new(model)))
+    }
+
+    /// The draft model for the batching scheduler of `hearth serve` (a KV pool for
+    /// `max_sequences` requests), if `--draft-model` names one; loaded on the calling thread.
+    pub fn batched_draft_model(
+        &self,
+        target: &ModelArgs,
+        target_tokenizer: &Tokenizer,
+        max_sequences: usize,
+    ) -> Result<Option<BatchedDraftModel>> {
+        let Some((runner, tokenizer, path)) =
+            self.load_draft(target, max_sequences, false, |file, backend, options, on_progress| {
+                Runner::load(file, backend, options, on_progress)
+            })?
+        else {
+            return Ok(None);
+        };
+        let prefill_chunk = EngineOptions::default().prefill_chunk;
+        let mut model = BatchedDraftModel::new(runner, &tokenizer, target_tokenizer, prefill_chunk)
+            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+        model.min_confidence = self.min_confidence();
+        Ok(Some(model))
+    }
+
+    fn min_confidence(&self) -> f32 {
+        self.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE)
+    }
+
+    /// Loads `--draft-model` with `load` on the target's backend settings and context size, with
+    /// its head shortlisted as `--draft-vocab` says, a KV pool for `max_sequences` sequences and
+    /// a progress bar when `progress`; `None` without `--draft-model`.
+    fn load_draft<T>(
+        &self,
+        target: &ModelArgs,
+        max_sequences: usize,
+        progress: bool,
+        mut load: impl FnMut(
+            &GgufFile,
+            Box<dyn Backend>,
+            &EngineOptions,
+            &mut dyn FnMut(u64, u64),
+        ) -> hearth_core::Result<T>,
+    ) -> Result<Option<(T, Tokenizer, PathBuf)>> {
+        let Some(draft) = &self.draft_model else { return Ok(None) };
         let draft_args = ModelArgs { model: draft.clone(), ..target.clone() };
         let (file, path) = load::open(&draft_args)?;
         let tokenizer = Tokenizer::from_gguf(&file.metadata)
@@ -96,23 +159,17 @@ impl SpeculativeArgs {
             Some(0) => None,
             Some(n) => Some(n),
         };
-        let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, ..EngineOptions::default() };
-        let bar = load::progress_bar(&path, target.quiet);
-        let session = load::load_with(&draft_args, |backend| {
-            Session::load(&file, backend, &options, &mut |done, total| {
+        let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, max_sequences, ..EngineOptions::default() };
+        let bar = load::progress_bar(&path, !progress);
+        let loaded = load::load_with(&draft_args, |backend| {
+            load(&file, backend, &options, &mut |done, total| {
                 bar.set_length(total);
                 bar.set_position(done);
             })
         })
         .with_context(|| format!("loading the draft model {}", path.display()))?;
         bar.finish_and_clear();
-        let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
-            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
-        model.min_confidence = self.draft_min_p.unwrap_or(hearth_core::speculative::DEFAULT_MIN_CONFIDENCE);
-        if self.lookup {
-            return Ok(Some(Box::new(LookupThen::new(model))));
-        }
-        Ok(Some(Box::new(model)))
+        Ok(Some((loaded, tokenizer, path)))
     }
 
     /// The stderr summary of what speculation did in one generation.

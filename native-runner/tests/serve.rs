@@ -1,8 +1,8 @@
 //! `hearth serve` end to end over real HTTP: OpenAI-shaped errors for bad input, outputs equal to
 //! `hearth run` (batching and the prefix cache do not change results, so greedy and seeded
 //! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
-//! /v1/models, /health, /metrics, prompt lookup (`--lookup`: the same greedy answers, drafts
-//! counted), and the official `openai` Python client.
+//! /v1/models, /health, /metrics, speculative decoding (`--lookup`, `--draft-model`: the same
+//! greedy answers, drafts counted), and the official `openai` Python client.
 
 mod serve_support;
 
@@ -350,6 +350,59 @@ fn lookup_keeps_outputs_and_reports_accepted_drafts() {
     };
     assert!(value("hearth_draft_tokens_accepted_total") >= accepted as f64);
     assert!(value("hearth_draft_tokens_total") >= value("hearth_draft_tokens_accepted_total"));
+}
+
+/// `--draft-model` (here the model itself, whose drafts are mostly kept): concurrent requests
+/// draft in shared passes and verify in shared steps, with the answers of `hearth run`.
+#[test]
+fn a_draft_model_keeps_the_answers_of_concurrent_requests() {
+    let server = Server::start(&["--draft-model", MODEL, "--max-batch", "3"]);
+    let addr = server.addr.clone();
+    let questions = [QUESTION, "Write a Python function that sums a list.", "What is a hash map? One sentence."];
+    let expected: Vec<String> = questions
+        .iter()
+        .map(|q| {
+            let run = hearth_run(&["--chat", "--system", SYSTEM, "-p", q, "-n", "24", "--temperature", "0"]);
+            run["text"].as_str().expect("text").to_string()
+        })
+        .collect();
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let threads: Vec<_> = questions
+            .iter()
+            .map(|q| {
+                let addr = addr.as_str();
+                scope.spawn(move || {
+                    let body = json!({
+                        "model": MODEL,
+                        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                        "max_tokens": 24,
+                        "temperature": 0,
+                    });
+                    let r = post(addr, "/v1/chat/completions", &body);
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    r.json()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("request thread")).collect()
+    });
+    let mut accepted = 0;
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer["choices"][0]["message"]["content"], expected[i], "request {i}: the draft model changed it");
+        accepted += answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64().unwrap_or(0);
+    }
+    assert!(accepted > 0, "no draft was accepted: {answers:?}");
+}
+
+#[test]
+fn lookup_with_a_draft_model_is_refused_by_serve() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["serve", "-m", MODEL, "--port", "0", "--lookup", "--draft-model", MODEL])
+        .output()
+        .expect("spawn hearth serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--lookup") && stderr.contains("--draft-model"), "{stderr}");
 }
 
 #[test]

@@ -12,7 +12,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ValidRequest, ApiError> 
         Request::from_json(body).and_then(|r| r.validate(endpoint, clock_seed())).map_err(|e| request_error(&e))?;
     if request.speculative.is_some() {
         return Err(ApiError::bad_request(
-            "speculative is not a per-request option of hearth serve: start the server with --lookup (prompt lookup for every request), or send a prediction.",
+            "speculative is not a per-request option of hearth serve: start the server with --lookup or --draft-model (speculative decoding for every request), or send a prediction.",
             Some("speculative"),
             None,
         ));

@@ -129,8 +129,8 @@ struct PromptTokens {
     cached: usize,
 }
 
-/// OpenAI's usage object; with `--lookup` or a predicted output, the draft tokens accepted and
-/// rejected go where OpenAI reports those of a predicted output.
+/// OpenAI's usage object; with speculative decoding (`--lookup`, `--draft-model`, a predicted
+/// output), the draft tokens accepted and rejected go where OpenAI reports a prediction's.
 fn usage(prompt: PromptTokens, g: &Generation) -> Value {
     let completion = g.tokens.len();
     let mut usage = json!({

@@ -51,7 +51,7 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
-    /// Prompt lookup's draft tokens verified, and accepted (`--lookup`, predicted outputs).
+    /// Draft tokens verified, and accepted (`--lookup`, `--draft-model`, predicted outputs).
     pub draft_tokens: AtomicU64,
     pub draft_tokens_accepted: AtomicU64,
     /// Requests accepted and not yet answered (queued, waiting or generating).
@@ -139,12 +139,12 @@ impl Metrics {
             ("hearth_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
             (
                 "hearth_draft_tokens_total",
-                "Prompt lookup's draft tokens verified (--lookup, predicted outputs).",
+                "Draft tokens verified (--lookup, --draft-model, predicted outputs).",
                 &self.draft_tokens,
             ),
             (
                 "hearth_draft_tokens_accepted_total",
-                "Prompt lookup's draft tokens accepted (--lookup, predicted outputs).",
+                "Draft tokens accepted (--lookup, --draft-model, predicted outputs).",
                 &self.draft_tokens_accepted,
             ),
         ];

@@ -12,13 +12,14 @@ mod metrics;
 mod worker;
 
 use crate::load;
+use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use api::Endpoint;
 use clap::Args;
 use error::ApiError;
 use hearth_core::scheduler::{Scheduler, SchedulerOptions};
-use hearth_core::speculative::SpeculativeOptions;
+use hearth_core::speculative::{BatchedDraftModel, SpeculativeOptions};
 use metrics::Metrics;
 use serde_json::json;
 use std::io::Read;
@@ -50,39 +51,29 @@ pub struct ServeArgs {
     /// Lower: smoother streams, slower first tokens for new requests. At least 1.
     #[arg(long = "max-stall", default_value_t = 2.0)]
     pub max_stall: f64,
-    /// Speculative decoding by prompt lookup for every request: drafts copied from the request's
-    /// prompt and output, verified in the pass that decodes it (greedy outputs are unchanged),
-    /// as many as pay at the measured pass costs, weighed across the requests of each step.
-    /// Fastest on edits and rewrites, where the answer copies the prompt.
-    #[arg(long)]
-    pub lookup: bool,
+    // Speculative decoding for every request (greedy outputs are unchanged): `--lookup` copies
+    // drafts from the request's prompt and output, `--draft-model` drafts with a smaller model
+    // of the same vocabulary (every request's drafts in shared passes); each step verifies as
+    // many as pay at the measured pass costs, weighed across the requests of the step. A
+    // request with a prediction drafts from it by prompt lookup either way.
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
     /// The model's id in /v1/models and responses (default: the built-in name given to -m, or
     /// the file's name without .gguf; never a local path). Requests may name it by this id, the
     /// -m argument or the file name.
     #[arg(long)]
     pub alias: Option<String>,
-    /// With --lookup: most draft tokens per step (default 15, at most 64 are used); each step
-    /// verifies as many as pay at the measured pass costs.
-    #[arg(long = "draft-tokens")]
-    pub draft_tokens: Option<usize>,
 }
 
 impl ServeArgs {
     /// The scheduler's lookup settings; a flag that would be ignored is an error.
     fn lookup(&self) -> Result<Option<SpeculativeOptions>> {
-        match (self.lookup, self.draft_tokens) {
-            (false, None) => Ok(None),
-            (false, Some(_)) => {
-                Err(anyhow!("--draft-tokens applies to speculative decoding: add --lookup, or drop --draft-tokens"))
-            }
-            (true, tokens) => {
-                let defaults = SpeculativeOptions::lookup();
-                Ok(Some(SpeculativeOptions {
-                    max_draft_tokens: tokens.unwrap_or(defaults.max_draft_tokens).max(1),
-                    ..defaults
-                }))
-            }
+        let speculative = &self.speculative;
+        speculative.check()?;
+        if speculative.lookup && speculative.draft_model.is_some() {
+            bail!("hearth serve drafts with --lookup or with --draft-model, not both yet: drop one of them");
         }
+        Ok(speculative.lookup.then(|| speculative.options()))
     }
 }
 
@@ -109,7 +100,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         ..SchedulerOptions::default()
     };
     let (model_id, model_names, prompter) =
-        spawn_worker(&args.model, args.alias.clone(), options, jobs, metrics.clone())?;
+        spawn_worker(&args.model, &args.speculative, args.alias.clone(), options, jobs, metrics.clone())?;
     let server = tiny_http::Server::http((args.host.as_str(), args.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
@@ -134,6 +125,7 @@ type Loaded = (String, Vec<String>, worker::Prompter);
 
 fn spawn_worker(
     args: &ModelArgs,
+    speculative: &SpeculativeArgs,
     alias: Option<String>,
     options: SchedulerOptions,
     jobs: mpsc::Receiver<worker::Job>,
@@ -142,28 +134,46 @@ fn spawn_worker(
     let max_batch = options.max_batch;
     let (ready, loaded) = mpsc::channel::<Result<Loaded>>();
     let args = args.clone();
-    std::thread::Builder::new().name("engine".into()).spawn(move || match load::load_runner(&args, max_batch) {
-        Ok(l) => {
-            let file = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let n_ctx = l.runner.n_ctx();
-            let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
-            let options = SchedulerOptions { prefill_chunk: l.options.prefill_chunk, ..options };
-            let scheduler = Scheduler::new(l.runner, l.tokenizer, options);
-            metrics.set_scheduler(scheduler.stats());
-            // A path given to -m is not an id to show clients; the file's stem is.
-            let given_a_path =
-                args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
-            let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
-            let names = vec![id.clone(), args.model.clone(), file, stem];
-            let _ = ready.send(Ok((id, names, prompter)));
-            worker::run(scheduler, jobs, metrics, max_batch);
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
+    let speculative = speculative.clone();
+    std::thread::Builder::new().name("engine".into()).spawn(move || {
+        match load_scheduler(&args, &speculative, max_batch) {
+            Ok((l, draft)) => {
+                let file = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let n_ctx = l.runner.n_ctx();
+                let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
+                let options = SchedulerOptions { prefill_chunk: l.options.prefill_chunk, ..options };
+                let mut scheduler = Scheduler::new(l.runner, l.tokenizer, options);
+                if let Some(draft) = draft {
+                    scheduler.set_draft_model(draft, speculative.options());
+                }
+                metrics.set_scheduler(scheduler.stats());
+                // A path given to -m is not an id to show clients; the file's stem is.
+                let given_a_path =
+                    args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
+                let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
+                let names = vec![id.clone(), args.model.clone(), file, stem];
+                let _ = ready.send(Ok((id, names, prompter)));
+                worker::run(scheduler, jobs, metrics, max_batch);
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+            }
         }
     })?;
     loaded.recv().context("the engine thread stopped while loading")?
+}
+
+/// The model and, with `--draft-model`, its draft model, both with a KV pool for `max_batch`
+/// requests.
+fn load_scheduler(
+    args: &ModelArgs,
+    speculative: &SpeculativeArgs,
+    max_batch: usize,
+) -> Result<(load::LoadedRunner, Option<BatchedDraftModel>)> {
+    let loaded = load::load_runner(args, max_batch)?;
+    let draft = speculative.batched_draft_model(args, &loaded.tokenizer, max_batch)?;
+    Ok((loaded, draft))
 }
 
 fn route(state: &State, request: tiny_http::Request) {

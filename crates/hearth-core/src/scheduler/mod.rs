@@ -10,11 +10,11 @@
 //! Results do not depend on batching or chunking: every op is row-independent on the backends,
 //! and attention gives a key the same weight whichever step stored it (tests/kv_paging.rs).
 //!
-//! With [`SchedulerOptions::lookup`], in steps that only decode each request also verifies the
-//! drafts prompt lookup copies from its prompt and output, weighed across the step's requests
-//! ([`lookup`]); greedy outputs stay the same token for token.
+//! With [`SchedulerOptions::lookup`] or a draft model ([`Scheduler::set_draft_model`]), in steps
+//! that only decode each request also verifies drafts, weighed across the step's requests
+//! ([`drafts`]); greedy outputs stay the same token for token.
 
-mod lookup;
+mod drafts;
 mod request;
 pub mod step_budget;
 
@@ -27,9 +27,9 @@ use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
 use crate::runner::{BatchEntry, Runner, StepOutput, ROLLBACK_MARGIN};
 use crate::speculative::verify::VerificationOutcome;
-use crate::speculative::{DraftPolicy, SpeculativeOptions};
+use crate::speculative::{BatchedDraftModel, DraftPolicy, DraftRequest, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
-use lookup::RequestLookup;
+use drafts::{DraftKind, DraftSource, RequestDrafts};
 use request::Active;
 use std::collections::VecDeque;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
@@ -49,7 +49,7 @@ pub struct SchedulerOptions {
     /// a newly arrived prompt causes. 1.0 admits a single 16-token granule per step.
     pub max_stall: f64,
     /// Speculative decoding by prompt lookup for every request, with these draft bounds (None:
-    /// off). Requests draft in the steps that only decode; see [`lookup`].
+    /// off). Requests draft in the steps that only decode; see [`drafts`].
     pub lookup: Option<SpeculativeOptions>,
 }
 
@@ -65,7 +65,7 @@ pub struct StepPlanStats {
     /// Requests that sampled their next token from this step.
     pub decode_rows: usize,
     pub prompt_tokens: usize,
-    /// Rows that verified prompt lookup's drafts (`SchedulerOptions::lookup`).
+    /// Rows that verified drafts (prompt lookup's or the draft model's).
     pub draft_rows: usize,
     /// Prompt tokens the step was allowed (`prefill_chunk` when nothing was decoding).
     pub prompt_budget: usize,
@@ -117,9 +117,11 @@ pub struct Scheduler {
     preemptions: u64,
     step_cost: StepCostModel,
     last_step: StepPlanStats,
-    /// The draft policy the last lookup request ended with: the next one starts from what it
-    /// measured (pass costs) and learnt (how far copies run).
-    lookup_policy: Option<DraftPolicy>,
+    /// The draft policy the last request of each drafter ended with: the next one starts from
+    /// what it measured (pass costs) and learnt (how far copies run, how often drafts are kept).
+    policies: Vec<(DraftKind, DraftPolicy)>,
+    /// The draft model every request without a prediction drafts with, and its draft bounds.
+    draft_model: Option<(BatchedDraftModel, SpeculativeOptions)>,
 }
 
 impl Scheduler {
@@ -145,8 +147,29 @@ impl Scheduler {
             preemptions: 0,
             step_cost: StepCostModel::default(),
             last_step: StepPlanStats::default(),
-            lookup_policy: None,
+            policies: Vec::new(),
+            draft_model: None,
         }
+    }
+
+    /// Every request drafts with `draft` (same vocabulary; its KV pool must hold a sequence per
+    /// running request), up to `options.max_draft_tokens` a step, but one with a prediction
+    /// (it copies from the prediction by prompt lookup).
+    pub fn set_draft_model(&mut self, draft: BatchedDraftModel, options: SpeculativeOptions) {
+        self.draft_model = Some((draft, options));
+    }
+
+    /// The draft model, if one is set.
+    pub fn draft_model(&self) -> Option<&BatchedDraftModel> {
+        self.draft_model.as_ref().map(|(draft, _)| draft)
+    }
+
+    /// The policy a new request of `kind` starts from: what the last one learnt, or fresh.
+    fn policy_for(&self, kind: DraftKind, options: &SpeculativeOptions) -> DraftPolicy {
+        self.policies
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or_else(|| DraftPolicy::new(options), |(_, policy)| policy.for_next_request())
     }
 
     pub fn runner(&self) -> &Runner {
@@ -164,7 +187,7 @@ impl Scheduler {
 
     /// [`Self::submit`] with `prediction`, tokens the caller expects the answer to repeat (OpenAI's
     /// predicted output, e.g. the code being edited): the request drafts by prompt lookup, from its
-    /// context and the prediction, with or without [`SchedulerOptions::lookup`].
+    /// context and the prediction, whatever drafter the scheduler has.
     pub fn submit_predicted(
         &mut self,
         prompt: Vec<u32>,
@@ -185,22 +208,25 @@ impl Scheduler {
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        let speculative = match (&self.options.lookup, &prediction) {
-            (Some(speculative), _) => Some(speculative.clone()),
-            (None, Some(_)) => Some(SpeculativeOptions::lookup()),
-            (None, None) => None,
+        let lookup = |reference: Vec<u32>| DraftSource::Lookup { lookup: Default::default(), reference };
+        let (source, speculative) = match (prediction, &mut self.draft_model, &self.options.lookup) {
+            (Some(prediction), _, lookup_options) => {
+                (lookup(prediction), lookup_options.clone().unwrap_or_else(SpeculativeOptions::lookup))
+            }
+            (None, Some((draft, options)), _) => {
+                (DraftSource::Model(Box::new(draft.add_sequence(&active.options.sampling))), options.clone())
+            }
+            (None, None, Some(options)) => (lookup(Vec::new()), options.clone()),
+            (None, None, None) => return self.queue(active),
         };
-        if let Some(speculative) = speculative {
-            let policy = self
-                .lookup_policy
-                .as_ref()
-                .map_or_else(|| DraftPolicy::new(&speculative), DraftPolicy::for_next_request);
-            active.lookup = Some(Box::new(RequestLookup::new(
-                policy,
-                active.options.sampling.seed,
-                prediction.unwrap_or_default(),
-            )));
-        }
+        let kind = if matches!(source, DraftSource::Model(_)) { DraftKind::Model } else { DraftKind::Lookup };
+        let policy = self.policy_for(kind, &speculative);
+        active.drafts = Some(Box::new(RequestDrafts::new(source, policy, active.options.sampling.seed)));
+        self.queue(active)
+    }
+
+    fn queue(&mut self, active: Active) -> Result<RequestId> {
+        let id = active.id;
         self.waiting.push_back(active);
         Ok(id)
     }
@@ -238,14 +264,20 @@ impl Scheduler {
         if let Some(seq) = active.seq.take() {
             self.runner.kv_mut().remove_sequence(seq);
         }
-        let lookup = active.lookup.take();
+        let drafts = active.drafts.take();
         let (tail, mut generation) = active.finish(reason);
-        if let Some(lookup) = lookup {
+        if let Some(drafts) = drafts {
+            let kind = drafts.kind();
             // (A request that never decoded learnt nothing: it keeps no older snapshot.)
-            if lookup.metrics.target_forward_passes > 0 {
-                self.lookup_policy = Some(lookup.policy().for_next_request());
+            if drafts.metrics.target_forward_passes > 0 {
+                let policy = drafts.policy().for_next_request();
+                self.policies.retain(|(k, _)| *k != kind);
+                self.policies.push((kind, policy));
             }
-            generation.speculative = Some(lookup.metrics);
+            generation.speculative = Some(drafts.metrics.clone());
+            if let (DraftSource::Model(sequence), Some((draft, _))) = (drafts.source, &mut self.draft_model) {
+                draft.remove_sequence(*sequence);
+            }
         }
         (tail, generation)
     }
@@ -375,13 +407,13 @@ impl Scheduler {
         let mut drafts_allowed = true;
         loop {
             let plan = self.plan_step();
-            let drafting = drafts_allowed && self.plan_drafts(&plan);
+            let drafting = drafts_allowed && self.plan_drafts(&plan).await?;
             let entries: Vec<BatchEntry<'_>> = plan
                 .iter()
                 .map(|(i, r)| {
                     let active = &self.running[*i];
-                    let tokens = match &active.lookup {
-                        Some(lookup) if drafting && lookup.planned() => &lookup.batch[..],
+                    let tokens = match &active.drafts {
+                        Some(drafts) if drafting && drafts.planned() => &drafts.batch[..],
                         _ => &active.tokens[r.clone()],
                     };
                     BatchEntry { seq: active.seq.expect("running requests have a sequence"), tokens }
@@ -408,8 +440,8 @@ impl Scheduler {
                     // No room for the drafts: the step goes without them.
                     drafts_allowed = false;
                     for (i, _) in &plan {
-                        if let Some(lookup) = self.running[*i].lookup.as_mut().filter(|l| l.planned()) {
-                            lookup.drop_drafts();
+                        if let Some(drafts) = self.running[*i].drafts.as_mut().filter(|l| l.planned()) {
+                            drafts.drop_drafts();
                         }
                     }
                 }
@@ -437,8 +469,8 @@ impl Scheduler {
             self.runner.kv_mut().remove_sequence(seq);
         }
         active.preemptions += 1;
-        if let Some(lookup) = active.lookup.as_mut() {
-            lookup.cancel_plan();
+        if let Some(drafts) = active.drafts.as_mut() {
+            drafts.cancel_plan();
         }
         self.preemptions += 1;
         self.waiting.push_front(active);
@@ -468,51 +500,76 @@ impl Scheduler {
         Readback::TopK(k)
     }
 
-    /// In a step of `plan` that only decodes, proposes the drafts of every request with prompt
-    /// lookup and decides how many each verifies (alone: its policy's choice; with others:
-    /// [`lookup::joint_lengths`]). Returns whether any verifies drafts.
-    fn plan_drafts(&mut self, plan: &[(usize, std::ops::Range<usize>)]) -> bool {
+    /// In a step of `plan` that only decodes, proposes the drafts of every drafting request
+    /// (prompt lookup's at once, the draft model's in shared passes) and decides how many each
+    /// verifies (alone: its policy's choice; with others: [`drafts::joint_lengths`]). Returns
+    /// whether any verifies drafts.
+    async fn plan_drafts(&mut self, plan: &[(usize, std::ops::Range<usize>)]) -> Result<bool> {
         if plan.iter().any(|(i, range)| range.len() != 1 || !self.samples_after(*i, range)) {
-            return false;
+            return Ok(false);
         }
         let n_ctx = self.runner.n_ctx();
         let mut proposing = Vec::new();
+        // Requests whose draft model proposes this step, with their budgets.
+        let mut from_model = Vec::new();
         for (i, _) in plan {
             let active = &mut self.running[*i];
             let generated = active.generated();
-            let Some(lookup) = active.lookup.as_mut().filter(|_| generated > 0) else { continue };
-            if lookup.planned() {
-                // A retry of this step (a request was preempted): the same proposal, decided anew.
-                lookup.drop_drafts();
-            } else {
-                // Each step yields accepted + 1 tokens and stores 1 + verified drafts; a rejected
-                // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
-                let room = active
-                    .options
-                    .max_tokens
-                    .saturating_sub(generated + 1)
-                    .min(n_ctx.saturating_sub(active.tokens.len()));
-                lookup.propose(&active.tokens, room.min(MAX_DRAFT_ROWS));
-            }
+            let Some(drafts) = active.drafts.as_mut().filter(|_| generated > 0) else { continue };
             proposing.push(*i);
+            if drafts.planned() {
+                // A retry of this step (a request was preempted): the same proposal, decided anew.
+                drafts.drop_drafts();
+                continue;
+            }
+            // Each step yields accepted + 1 tokens and stores 1 + verified drafts; a rejected
+            // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
+            let room =
+                active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
+            let budget = drafts.budget(room.min(MAX_DRAFT_ROWS));
+            match drafts.lookup_proposal(&active.tokens, budget) {
+                Some((proposal, drafting_ms)) => drafts.plan(&active.tokens, proposal, budget, drafting_ms),
+                None => from_model.push((*i, budget)),
+            }
         }
-        let lookups: Vec<&RequestLookup> =
-            proposing.iter().filter_map(|&i| self.running[i].lookup.as_deref()).collect();
-        let lengths = match lookups.as_slice() {
-            [] => return false,
+        if let (false, Some((draft, _))) = (from_model.is_empty(), self.draft_model.as_mut()) {
+            let mut requests = Vec::with_capacity(from_model.len());
+            let mut owners = Vec::with_capacity(from_model.len());
+            for (i, active) in self.running.iter_mut().enumerate() {
+                let Some(&(_, budget)) = from_model.iter().find(|(r, _)| *r == i) else { continue };
+                if let Some(DraftSource::Model(sequence)) = active.drafts.as_deref_mut().map(|d| &mut d.source) {
+                    requests.push(DraftRequest { sequence, context: &active.tokens, max_tokens: budget });
+                    owners.push((i, budget));
+                }
+            }
+            let started = Instant::now();
+            let proposals = draft.propose(&mut requests).await?;
+            let drafting_ms = crate::engine::ms(started);
+            drop(requests);
+            for ((i, budget), proposal) in owners.into_iter().zip(proposals) {
+                let active = &mut self.running[i];
+                if let Some(drafts) = active.drafts.as_mut() {
+                    drafts.plan(&active.tokens, proposal, budget, drafting_ms);
+                }
+            }
+        }
+        let requests: Vec<&RequestDrafts> =
+            proposing.iter().filter_map(|&i| self.running[i].drafts.as_deref()).collect();
+        let lengths = match requests.as_slice() {
+            [] => return Ok(false),
             [alone] if plan.len() == 1 => vec![alone.solo_length()],
             [first, ..] => {
-                let weighed: Vec<_> = lookups.iter().map(|l| l.weighed(plan.len())).collect();
-                lookup::joint_lengths(&weighed, plan.len() - lookups.len(), |rows| first.pass_ms(rows))
+                let weighed: Vec<_> = requests.iter().map(|l| l.weighed(plan.len())).collect();
+                drafts::joint_lengths(&weighed, plan.len() - requests.len(), |rows| first.pass_ms(rows))
             }
         };
         for (&i, verify) in proposing.iter().zip(lengths) {
-            if let Some(lookup) = self.running[i].lookup.as_mut() {
-                lookup.commit(verify);
-                self.last_step.draft_rows += lookup.batch.len() - 1;
+            if let Some(drafts) = self.running[i].drafts.as_mut() {
+                drafts.commit(verify);
+                self.last_step.draft_rows += drafts.batch.len() - 1;
             }
         }
-        self.last_step.draft_rows > 0
+        Ok(self.last_step.draft_rows > 0)
     }
 
     /// What a drafting step of `plan` reads back: enough candidates for every row, the whole rows
@@ -521,8 +578,8 @@ impl Scheduler {
         let mut k = 1;
         for (i, _) in plan {
             let active = &self.running[*i];
-            let needed = match &active.lookup {
-                Some(lookup) if lookup.planned() => lookup.readback(&active.sampler, &active.tokens),
+            let needed = match &active.drafts {
+                Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
                 _ => active.sampler.readback(&active.tokens),
             };
             match needed {
@@ -553,7 +610,7 @@ impl Scheduler {
         for (entry, (i, range)) in plan.iter().enumerate() {
             let samples = self.samples_after(*i, range);
             let active = &mut self.running[*i];
-            let drafted = active.lookup.as_ref().filter(|l| all_rows && l.planned()).map(|l| l.batch.len());
+            let drafted = active.drafts.as_ref().filter(|l| all_rows && l.planned()).map(|l| l.batch.len());
             let first_row = if all_rows { next_row } else { entry };
             next_row += drafted.unwrap_or(range.len());
             if range.end < active.tokens.len() {
@@ -570,10 +627,10 @@ impl Scheduler {
                 Readback::Logits => StepOutput::Logits(self.runner.last_logits()),
                 Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(self.runner.last_top_k()),
             };
-            let tokens = match (drafted, active.lookup.as_mut(), active.seq) {
-                (Some(rows), Some(lookup), Some(seq)) if rows > 1 => {
+            let tokens = match (drafted, active.drafts.as_mut(), active.seq) {
+                (Some(rows), Some(drafts), Some(seq)) if rows > 1 => {
                     // Its drafts: the longest prefix the target keeps, then the target's own token.
-                    let verified = lookup
+                    let verified = drafts
                         .verify(&mut active.sampler, &active.tokens, output, n_logits, first_row)
                         .and_then(|outcome| {
                             // The cache holds the context but the pending token, then the entry's rows.
@@ -582,8 +639,8 @@ impl Scheduler {
                         });
                     match verified {
                         Ok(outcome) => {
-                            lookup.observe_step(&outcome, step_rows, step_ms);
-                            lookup.batch[1..=outcome.accepted]
+                            drafts.observe_step(&outcome, step_rows, step_ms);
+                            drafts.batch[1..=outcome.accepted]
                                 .iter()
                                 .copied()
                                 .chain([outcome.continuation_token])
@@ -613,13 +670,13 @@ impl Scheduler {
                         }
                     };
                     let decoding = active.generated() > 0;
-                    if let Some(lookup) = active.lookup.as_mut() {
+                    if let Some(drafts) = active.drafts.as_mut() {
                         let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
                         // (The first token comes from the prompt's pass: not a decode step.)
                         if decoding {
-                            lookup.observe_step(&outcome, step_rows, step_ms)
+                            drafts.observe_step(&outcome, step_rows, step_ms)
                         } else {
-                            lookup.observe_first_token(token)
+                            drafts.observe_first_token(token)
                         }
                     }
                     vec![token]

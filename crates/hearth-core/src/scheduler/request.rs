@@ -1,7 +1,7 @@
 //! One request's life inside the scheduler: the tokens it must hold in KV (prompt + sampled),
 //! its sampler, streamed text and timings.
 
-use super::lookup::RequestLookup;
+use super::drafts::RequestDrafts;
 use crate::engine::Instant;
 use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
 use crate::kv::SeqId;
@@ -30,8 +30,8 @@ pub(super) struct Active {
     pub decode_started: Option<Instant>,
     /// Times it was preempted (its KV dropped, to be recomputed).
     pub preemptions: usize,
-    /// Prompt lookup's drafts and policy, when the scheduler speculates.
-    pub lookup: Option<Box<RequestLookup>>,
+    /// Its drafter and draft policy, when it speculates.
+    pub drafts: Option<Box<RequestDrafts>>,
 }
 
 impl Active {
@@ -55,7 +55,7 @@ impl Active {
             itl_ms: Vec::new(),
             decode_started: None,
             preemptions: 0,
-            lookup: None,
+            drafts: None,
         }
     }
 

@@ -111,7 +111,7 @@ impl DraftModel {
     fn sampler(&mut self, params: &SamplingParams) -> &mut Sampler {
         if self.sampler.as_ref().is_none_or(|s| s.params() != params) {
             // A stream of its own, different from the target's verification stream.
-            self.rng = Xoshiro256StarStar::seed_from_u64(params.seed ^ 0x5EC0_D7AF_7D2A_F7ED);
+            self.rng = draft_rng(params.seed);
             self.sampler = Some(Sampler::new(params.clone()));
         }
         self.sampler.get_or_insert_with(|| Sampler::new(params.clone()))
@@ -172,7 +172,6 @@ impl DraftModel {
             return Ok(Proposal::default()); // the draft's context is full: stop drafting
         }
         let max_tokens = max_tokens.min(room - new_tokens + 1);
-        let greedy = sampling.temperature <= 0.0;
         let mut history = context.to_vec();
         let first_pass = Instant::now();
         self.eval_row(&context[common..], &history, sampling).await?;
@@ -181,21 +180,10 @@ impl DraftModel {
         let mut tokens = Vec::with_capacity(max_tokens);
         let mut distributions: Vec<Distribution> = Vec::with_capacity(max_tokens);
         while tokens.len() < max_tokens {
-            let top_probability = self.row.top_probability;
-            let distribution = self.row_distribution(sampling, &history);
-            // Decided before drawing, from the top candidate: a stop that depended on the drawn
-            // token would change the proposal distribution away from the q verification uses.
-            let confidence = if greedy { top_probability } else { distribution.first().map_or(0.0, |&(_, p)| p) };
-            // Also stops on a NaN row (NaN compares as unordered).
-            if confidence.partial_cmp(&self.min_confidence).is_none_or(|o| o.is_lt()) {
-                break;
-            }
-            let token = if greedy {
-                distribution.first().map(|&(id, _)| id)
-            } else {
-                sample_from(&distribution, &mut self.rng)
-            };
-            let Some(token) = token else { break };
+            let min_confidence = self.min_confidence;
+            self.sampler(sampling);
+            let DraftModel { row, sampler: Some(sampler), rng, .. } = self else { break };
+            let Some((token, distribution)) = row.next_draft(sampler, &history, min_confidence, rng) else { break };
             tokens.push(token);
             distributions.push(distribution);
             history.push(token);
@@ -211,69 +199,46 @@ impl DraftModel {
             later_ms: ms(drafting),
         };
         // Greedy drafts are one-hot: the verifier needs no distributions for them.
-        let distributions = if greedy { None } else { Some(distributions) };
+        let distributions = if sampling.temperature <= 0.0 { None } else { Some(distributions) };
         Ok(Proposal { tokens, distributions, timing: Some(timing), matched: None })
     }
 
     /// Evaluates `tokens` (the end of `history`) and keeps what drafting the next token needs in
-    /// `row`: the candidates the sampler asks for (a GPU then reads back a few bytes instead of
-    /// the vocabulary; greedy also the row's log-sum-exp for the confidence), or the logits when
-    /// the sampler needs the whole row.
+    /// `row` (see [`draft_readback`]).
     async fn eval_row(&mut self, tokens: &[u32], history: &[u32], sampling: &SamplingParams) -> Result<()> {
-        let greedy = sampling.temperature <= 0.0;
-        // Candidates outside the shared vocabulary are dropped, so ask for as many more as there
-        // are such tokens: the shared ones left are then the top of the shared row.
-        let outside_shared = self.session.config().n_logits.saturating_sub(self.shared_vocab);
-        let readback = match self.sampler(sampling).readback(history).top_k() {
-            Some(k) if greedy => Readback::TopKAndLogSumExp(k + outside_shared),
-            Some(k) => Readback::TopK(k + outside_shared),
-            None => Readback::Logits,
-        };
+        let n_logits = self.session.config().n_logits;
+        let outside_shared = n_logits.saturating_sub(self.shared_vocab);
+        let readback = draft_readback(self.sampler(sampling), history, outside_shared);
         let DraftModel { session, row, shared_vocab, .. } = self;
-        let shared = *shared_vocab;
-        match session.eval_for_async(tokens, readback).await? {
-            StepOutput::Logits(logits) => {
-                row.candidates = false;
-                row.logits.clear();
-                row.logits.extend_from_slice(&logits[..shared.min(logits.len())]);
-                row.top_probability = if greedy { softmax_max(&row.logits) } else { 1.0 };
-            }
-            StepOutput::TopK(top) => {
-                row.candidates = true;
-                let (ids, logits) = if top.n_rows() > 0 { top.row(0) } else { (&[][..], &[][..]) };
-                row.ids.clear();
-                row.logits.clear();
-                for (&id, &logit) in ids.iter().zip(logits).filter(|(&id, _)| (id as usize) < shared) {
-                    row.ids.push(id);
-                    row.logits.push(logit);
-                }
-                // The best shared candidate's probability under the whole row's softmax.
-                row.top_probability = match (row.logits.first(), top.log_sum_exp.first()) {
-                    (Some(&best), Some(&lse)) if best.is_finite() && lse.is_finite() => (best - lse).exp(),
-                    _ => 0.0,
-                };
-            }
-        }
+        let output = session.eval_for_async(tokens, readback).await?;
+        row.keep(output, 0, n_logits, *shared_vocab, sampling.temperature <= 0.0);
         Ok(())
-    }
-
-    /// The sampler's (token, probability) pairs for the next draft token from `row`.
-    fn row_distribution(&mut self, sampling: &SamplingParams, history: &[u32]) -> Distribution {
-        let mut row = std::mem::take(&mut self.row);
-        let sampler = self.sampler(sampling);
-        let distribution = if row.candidates {
-            sampler.distribution_candidates(&row.ids, &row.logits, history)
-        } else {
-            sampler.distribution(&mut row.logits, history)
-        };
-        self.row = row;
-        distribution
     }
 }
 
-/// What the last draft step read back (buffers reused between steps).
+/// The draft's random stream for a request seeded `seed`, apart from the target's verification
+/// stream.
+pub(super) fn draft_rng(seed: u64) -> Xoshiro256StarStar {
+    Xoshiro256StarStar::seed_from_u64(seed ^ 0x5EC0_D7AF_7D2A_F7ED)
+}
+
+/// What a draft step reads back for a row sampled after `history`: the candidates the sampler
+/// asks for (a GPU then reads back a few bytes instead of the vocabulary; greedy also the row's
+/// log-sum-exp for the confidence), or the logits when the sampler needs the whole row.
+/// Candidates outside the shared vocabulary are dropped, so as many more as there are such
+/// tokens (`outside_shared`) are asked for: the shared ones left are then the top of the row.
+pub(super) fn draft_readback(sampler: &Sampler, history: &[u32], outside_shared: usize) -> Readback {
+    let greedy = sampler.params().temperature <= 0.0;
+    match sampler.readback(history).top_k() {
+        Some(k) if greedy => Readback::TopKAndLogSumExp(k + outside_shared),
+        Some(k) => Readback::TopK(k + outside_shared),
+        None => Readback::Logits,
+    }
+}
+
+/// What the last draft step read back for one sequence (buffers reused between steps).
 #[derive(Default)]
-struct DraftRow {
+pub(super) struct DraftRow {
     /// Whether `ids`/`logits` are candidates (best first, shared vocabulary only) or `logits` the
     /// shared part of the whole row.
     candidates: bool,
@@ -281,6 +246,66 @@ struct DraftRow {
     logits: Vec<f32>,
     /// Greedy: the softmax probability of the best token over the whole row, before penalties.
     top_probability: f32,
+}
+
+impl DraftRow {
+    /// Keeps row `row` of a draft step's `output` (logits `[rows, n_logits]` or each row's
+    /// candidates), restricted to the first `shared` token ids.
+    pub fn keep(&mut self, output: StepOutput<'_>, row: usize, n_logits: usize, shared: usize, greedy: bool) {
+        match output {
+            StepOutput::Logits(logits) => {
+                let start = (row * n_logits).min(logits.len());
+                let end = (start + shared.min(n_logits)).min(logits.len());
+                self.candidates = false;
+                self.logits.clear();
+                self.logits.extend_from_slice(&logits[start..end]);
+                self.top_probability = if greedy { softmax_max(&self.logits) } else { 1.0 };
+            }
+            StepOutput::TopK(top) => {
+                self.candidates = true;
+                let (ids, logits) = if row < top.n_rows() { top.row(row) } else { (&[][..], &[][..]) };
+                self.ids.clear();
+                self.logits.clear();
+                for (&id, &logit) in ids.iter().zip(logits).filter(|(&id, _)| (id as usize) < shared) {
+                    self.ids.push(id);
+                    self.logits.push(logit);
+                }
+                // The best shared candidate's probability under the whole row's softmax.
+                self.top_probability = match (self.logits.first(), top.log_sum_exp.get(row)) {
+                    (Some(&best), Some(&lse)) if best.is_finite() && lse.is_finite() => (best - lse).exp(),
+                    _ => 0.0,
+                };
+            }
+        }
+    }
+
+    /// The next draft token after `history` and the distribution it was drawn from, or `None`
+    /// where drafting stops: the drafter is less sure than `min_confidence`, decided before the
+    /// draw from the top candidate (a stop that depended on the drawn token would change the
+    /// proposal distribution away from the q verification uses). Greedy: the top token, its
+    /// confidence the plain softmax probability before penalties; sampling: a draw, its
+    /// confidence the top probability after the filters.
+    pub fn next_draft(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &[u32],
+        min_confidence: f32,
+        rng: &mut Xoshiro256StarStar,
+    ) -> Option<(u32, Distribution)> {
+        let greedy = sampler.params().temperature <= 0.0;
+        let distribution = if self.candidates {
+            sampler.distribution_candidates(&self.ids, &self.logits, history)
+        } else {
+            sampler.distribution(&mut self.logits, history)
+        };
+        let confidence = if greedy { self.top_probability } else { distribution.first().map_or(0.0, |&(_, p)| p) };
+        // Also stops on a NaN row (NaN compares as unordered).
+        if confidence.partial_cmp(&min_confidence).is_none_or(|o| o.is_lt()) {
+            return None;
+        }
+        let token = if greedy { distribution.first().map(|&(id, _)| id) } else { sample_from(&distribution, rng) }?;
+        Some((token, distribution))
+    }
 }
 
 /// The largest softmax probability of `logits`: 1 / Σ exp(l − max). 0 for an empty row or one

@@ -2,6 +2,8 @@
 //! scores the last accepted token plus all of them in one forward pass (`LogitsMode::All`), the
 //! longest valid prefix is kept and the target's KV cache is rolled back past the rest.
 //!
+//! - [`BatchedDraftModel`]: a draft model drafting for every request of the batching scheduler
+//!   in shared passes.
 //! - [`Drafter`]: who proposes. [`DraftModel`] (a second, smaller [`Session`](crate::engine::Session)
 //!   with the same vocabulary), [`PromptLookup`] (n-gram copy from the prompt and output), or
 //!   [`LookupThen`] both: the free lookup where the output copies, the draft model elsewhere.
@@ -14,6 +16,7 @@
 //! - `Engine::generate_speculative` (in `generate.rs`): the loop, with the streaming, stop-string
 //!   and timing behaviour of `Engine::generate`.
 
+mod batched_draft;
 mod catch_up;
 mod draft_model;
 mod generate;
@@ -24,6 +27,7 @@ mod prompt_lookup;
 pub mod verify;
 pub(crate) use generate::verify_readback;
 
+pub use batched_draft::{BatchedDraftModel, DraftRequest, DraftSequence};
 pub use draft_model::{
     check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE,
     MAX_VOCAB_SIZE_DIFFERENCE,

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Decode speed of `hearth serve` with and without `--lookup`, one request at a time (an editor
-or a chat client talking to its own server): qwen2.5-coder-1.5b, greedy, streaming.
+"""Decode speed of `hearth serve` plain, with `--lookup` and with `--draft-model`, one request at a
+time (an editor or a chat client talking to its own server): qwen2.5-coder-1.5b (the 0.5B drafts),
+greedy, streaming.
 
-Two servers run side by side, one plain and one with prompt lookup; each prompt of
-scripts/speculative-prompts/ goes to one then the other, REPS times over the set, and a row
-reports the best rep of each. Decode tok/s is measured by the client: the tokens after the first
-over the time from the first streamed text to the last. The answers must be equal (greedy).
-The lookup server carries its draft policy from request to request, as in real use.
+The servers run side by side; each prompt of scripts/speculative-prompts/ goes to each in turn,
+REPS times over the set, and a row reports the best rep of each. Decode tok/s is measured by the
+client: the tokens after the first over the time from the first streamed text to the last. The
+answers must be equal (greedy). The speculative servers carry their draft policy from request to
+request, as in real use.
 
-With CONCURRENCY=C (C > 1) in the environment, each server instead gets all the prompts at once,
-C in flight at a time, and a row reports its throughput: the answers' tokens over the wall time
-from the first request to the last answer (prompt reads included), the best of REPS.
+With CONCURRENCY=C (C > 1) in the environment, each server instead gets all the code prompts at
+once, C in flight at a time, and a row reports its throughput: the answers' tokens over the wall
+time from the first request to the last answer (prompt reads included), the best of REPS.
+MODES=plain,lookup (a comma-separated subset of plain, lookup, draft-model) picks the servers.
 
-Usage: [CONCURRENCY=C] scripts/bench_serve_lookup.py [path/to/hearth] [max tokens] [reps] [system prompt]
+Usage: [CONCURRENCY=C] [MODES=...] scripts/bench_serve_speculative.py [path/to/hearth] [max tokens] [reps] [system prompt]
 """
 import concurrent.futures
 import json
@@ -30,6 +32,8 @@ MAX_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 400
 REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 SYSTEM = sys.argv[4] if len(sys.argv) > 4 else None
 MODEL = "qwen2.5-coder-1.5b"
+SERVERS = {"plain": [], "lookup": ["--lookup"], "draft-model": ["--draft-model", "qwen2.5-coder-0.5b"]}
+MODES = [m for m in os.environ.get("MODES", ",".join(SERVERS)).split(",") if m]
 
 
 def start(extra):
@@ -70,12 +74,12 @@ def ask(address, user):
             "accepted": details.get("accepted_prediction_tokens"), "rejected": details.get("rejected_prediction_tokens")}
 
 
-def in_flight(prompts, plain_address, lookup_address, concurrency):
+def in_flight(prompts, addresses, concurrency):
     """Throughput of each server on all the prompts, `concurrency` requests in flight."""
     best = {}
     for _ in range(REPS):
         answers = {}
-        for mode, address in (("plain", plain_address), ("lookup", lookup_address)):
+        for mode, address in addresses.items():
             started = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
                 results = list(pool.map(lambda path: ask(address, path.read_text()), prompts))
@@ -86,63 +90,65 @@ def in_flight(prompts, plain_address, lookup_address, concurrency):
             verified = accepted + sum(r["rejected"] or 0 for r in results)
             if mode not in best or tokens / seconds > best[mode][0]:
                 best[mode] = (tokens / seconds, tokens, seconds, accepted, verified)
-        if answers["plain"] != answers["lookup"]:
-            sys.exit("the lookup server's answers differ from the plain server's")
-    print(f"| {concurrency} in flight | tokens | seconds | tok/s | vs plain | drafts accepted / verified |")
+        if any(a != answers[MODES[0]] for a in answers.values()):
+            sys.exit("the servers' answers differ")
+    print(f"| {concurrency} in flight | tokens | seconds | tok/s | vs {MODES[0]} | drafts accepted / verified |")
     print("|---|---|---|---|---|---|")
-    for mode in ("plain", "lookup"):
+    for mode in MODES:
         rate, tokens, seconds, accepted, verified = best[mode]
-        drafts = f"{accepted} / {verified}" if mode == "lookup" else "-"
-        print(f"| {mode} | {tokens} | {seconds:.1f} | {rate:.1f} | {rate / best['plain'][0]:.2f}x | {drafts} |")
+        drafts = f"{accepted} / {verified}" if mode != "plain" else "-"
+        print(f"| {mode} | {tokens} | {seconds:.1f} | {rate:.1f} | {rate / best[MODES[0]][0]:.2f}x | {drafts} |")
 
 
 def main():
     prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
-    plain, plain_address = start([])
-    lookup, lookup_address = start(["--lookup"])
+    servers = {mode: start(SERVERS[mode]) for mode in MODES}
+    addresses = {mode: address for mode, (_, address) in servers.items()}
     concurrency = int(os.environ.get("CONCURRENCY", "1"))
-    if concurrency > 1:
-        try:
-            in_flight([p for p in prompts if p.stem.startswith("code")], plain_address, lookup_address, concurrency)
-        finally:
-            plain.kill()
-            lookup.kill()
-        return
     try:
+        if concurrency > 1:
+            in_flight([p for p in prompts if p.stem.startswith("code")], addresses, concurrency)
+            return
         best = {}
         for _ in range(REPS):
             for path in prompts:
                 user = path.read_text()
-                a = ask(plain_address, user)
-                b = ask(lookup_address, user)
-                if a["text"] != b["text"]:
-                    sys.exit(f"{path.name}: the lookup server's answer differs from the plain server's")
-                for mode, r in (("plain", a), ("lookup", b)):
+                results = {mode: ask(address, user) for mode, address in addresses.items()}
+                if any(r["text"] != results[MODES[0]]["text"] for r in results.values()):
+                    sys.exit(f"{path.name}: the servers' answers differ")
+                for mode, r in results.items():
                     key = (path.stem, mode)
                     if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
                         best[key] = r
     finally:
-        plain.kill()
-        lookup.kill()
-    print("| prompt | tokens | plain tok/s | --lookup tok/s | vs plain | drafts accepted / verified |")
-    print("|---|---|---|---|---|---|")
+        for server, _ in servers.values():
+            server.kill()
+    base = MODES[0]
+    others = MODES[1:]
+    print(f"| prompt | tokens | {base} tok/s | " + " | ".join(f"{m} tok/s | vs {base} | accepted / verified" for m in others) + " |")
+    print("|---|---|---|" + "---|---|---|" * len(others))
     totals = {}
     for path in prompts:
-        a, b = best[(path.stem, "plain")], best[(path.stem, "lookup")]
-        verified = (b["accepted"] or 0) + (b["rejected"] or 0)
-        print(f"| {path.stem} | {a['tokens']} | {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | "
-              f"{b['decode_tok_s'] / a['decode_tok_s']:.2f}x | {b['accepted']} / {verified} |")
+        a = best[(path.stem, base)]
+        cells = []
+        for mode in others:
+            b = best[(path.stem, mode)]
+            verified = (b["accepted"] or 0) + (b["rejected"] or 0)
+            cells.append(f"{b['decode_tok_s']:.1f} | {b['decode_tok_s'] / a['decode_tok_s']:.2f}x | {b['accepted']} / {verified}")
+        print(f"| {path.stem} | {a['tokens']} | {a['decode_tok_s']:.1f} | " + " | ".join(cells) + " |")
         kind = path.stem.split("-")[0]
-        for mode, r in (("plain", a), ("lookup", b)):
+        for mode in MODES:
+            r = best[(path.stem, mode)]
             t = totals.setdefault((kind, mode), [0, 0.0])
             t[0] += r["tokens"] - 1
             t[1] += (r["tokens"] - 1) / r["decode_tok_s"]
     print()
-    print("| all prompts of a kind | plain tok/s | --lookup tok/s | vs plain |")
-    print("|---|---|---|---|")
+    print("| all prompts of a kind | " + " | ".join(f"{m} tok/s" for m in MODES) + f" | " + " | ".join(f"{m} vs {base}" for m in others) + " |")
+    print("|---|" + "---|" * (len(MODES) + len(others)))
     for kind in sorted({kind for kind, _ in totals}):
-        rate = {mode: totals[(kind, mode)][0] / totals[(kind, mode)][1] for mode in ("plain", "lookup")}
-        print(f"| {kind} | {rate['plain']:.1f} | {rate['lookup']:.1f} | {rate['lookup'] / rate['plain']:.2f}x |")
+        rate = {mode: totals[(kind, mode)][0] / totals[(kind, mode)][1] for mode in MODES}
+        print(f"| {kind} | " + " | ".join(f"{rate[m]:.1f}" for m in MODES) + " | "
+              + " | ".join(f"{rate[m] / rate[base]:.2f}x" for m in others) + " |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-//! Prompt lookup speculation inside the batching scheduler (`hearth serve --lookup`, or a request
-//! with a predicted output): each decoding request's drafts, copied from its own prompt and output
-//! (and its prediction), verified in the pass that decodes it.
+//! Speculative decoding inside the batching scheduler: each decoding request's drafts, verified
+//! in the pass that decodes it. The drafts come from prompt lookup (`hearth serve --lookup`, or a
+//! request with a predicted output: copied from the request's own prompt and output, and its
+//! prediction) or from a draft model (`hearth serve --draft-model`: every request's drafts made
+//! in shared passes of the draft model, [`BatchedDraftModel`](crate::speculative::BatchedDraftModel)).
 //!
 //! Requests draft in steps that only decode (no prompt chunk). A request alone in the step
 //! verifies the prefix its [`DraftPolicy`] chooses, as in `Engine::generate_speculative`. With
@@ -13,40 +15,64 @@ use crate::error::{CoreError, Result};
 use crate::runner::StepOutput;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
 use crate::speculative::verify::{verification_rng, verify_proposal, Distribution, VerificationOutcome};
-use crate::speculative::{verify_readback, DraftPolicy, PromptLookup, Proposal, SpeculativeMetrics};
+use crate::speculative::{verify_readback, DraftPolicy, DraftSequence, PromptLookup, Proposal, SpeculativeMetrics};
 
-pub(super) struct RequestLookup {
-    lookup: PromptLookup,
-    /// Text the client expects the answer to repeat (OpenAI's predicted output), copied from too.
-    reference: Vec<u32>,
+/// Where a request's drafts come from.
+pub(super) enum DraftSource {
+    /// Copies from its context and `reference`, text the client expects the answer to repeat
+    /// (OpenAI's predicted output).
+    Lookup { lookup: PromptLookup, reference: Vec<u32> },
+    /// Its sequence in the scheduler's draft model.
+    Model(Box<DraftSequence>),
+}
+
+/// Which drafter: the scheduler keeps what each kind's last request learnt for the next one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DraftKind {
+    Lookup,
+    Model,
+}
+
+pub(super) struct RequestDrafts {
+    pub source: DraftSource,
     policy: DraftPolicy,
     pub metrics: SpeculativeMetrics,
     /// Accepts or rejects drafts when sampling (unused when greedy).
     rng: Xoshiro256StarStar,
-    /// The step planned by [`Self::propose`] and [`Self::commit`]: the pending token, then the
+    /// The step planned by [`Self::plan`] and [`Self::commit`]: the pending token, then the
     /// drafts to verify.
     pub batch: Vec<u32>,
     /// The whole proposal until [`Self::commit`], then the rest of it, left out of the pass (still
     /// scored as tokens come).
     unverified: Vec<u32>,
+    /// The draft distribution of each token of the whole proposal (a sampling draft model's);
+    /// `None`: one-hot (prompt lookup, greedy drafts).
+    distributions: Option<Vec<Distribution>>,
     matched: Option<usize>,
     budget: usize,
     planned: bool,
 }
 
-impl RequestLookup {
-    pub fn new(policy: DraftPolicy, seed: u64, reference: Vec<u32>) -> Self {
-        RequestLookup {
-            lookup: PromptLookup::default(),
-            reference,
+impl RequestDrafts {
+    pub fn new(source: DraftSource, policy: DraftPolicy, seed: u64) -> Self {
+        RequestDrafts {
+            source,
             policy,
             metrics: SpeculativeMetrics::default(),
             rng: verification_rng(seed),
             batch: Vec::new(),
             unverified: Vec::new(),
+            distributions: None,
             matched: None,
             budget: 0,
             planned: false,
+        }
+    }
+
+    pub fn kind(&self) -> DraftKind {
+        match self.source {
+            DraftSource::Lookup { .. } => DraftKind::Lookup,
+            DraftSource::Model(_) => DraftKind::Model,
         }
     }
 
@@ -55,16 +81,32 @@ impl RequestLookup {
         &self.policy
     }
 
-    /// Proposes this step's drafts for `context` (prompt + output; its last token is the one
-    /// pending), at most `room`; [`Self::commit`] then says how many the pass verifies.
-    pub fn propose(&mut self, context: &[u32], room: usize) {
-        let Some(&pending) = context.last() else { return };
-        let budget = self.policy.request().min(room);
+    /// How many drafts to ask for this step, at most `room` (the policy's choice; 0: none).
+    pub fn budget(&mut self, room: usize) -> usize {
+        self.policy.request().min(room)
+    }
+
+    /// Prompt lookup's proposal of at most `budget` drafts for `context`, and the ms it took
+    /// (nothing for a draft model: [`BatchedDraftModel`](crate::speculative::BatchedDraftModel)
+    /// proposes for every request at once).
+    pub fn lookup_proposal(&mut self, context: &[u32], budget: usize) -> Option<(Proposal, f64)> {
+        let DraftSource::Lookup { lookup, reference } = &mut self.source else { return None };
         let drafting = Instant::now();
-        let proposal =
-            if budget > 0 { self.lookup.proposal_with(context, &self.reference, budget) } else { Proposal::default() };
-        self.policy.observe_draft(budget, ms(drafting));
-        (self.unverified, self.matched, self.budget, self.planned) = (proposal.tokens, proposal.matched, budget, true);
+        let proposal = if budget > 0 { lookup.proposal_with(context, reference, budget) } else { Proposal::default() };
+        Some((proposal, ms(drafting)))
+    }
+
+    /// This step's proposal for `context` (prompt + output; its last token is the one pending),
+    /// asked with `budget` and made in `drafting_ms`; [`Self::commit`] then says how many the
+    /// pass verifies.
+    pub fn plan(&mut self, context: &[u32], proposal: Proposal, budget: usize, drafting_ms: f64) {
+        let Some(&pending) = context.last() else { return };
+        match &proposal.timing {
+            Some(timing) => self.policy.observe_draft_timing(timing),
+            None => self.policy.observe_draft(budget, drafting_ms),
+        }
+        (self.unverified, self.distributions, self.matched, self.budget, self.planned) =
+            (proposal.tokens, proposal.distributions, proposal.matched, budget, true);
         self.batch.clear();
         self.batch.push(pending);
     }
@@ -110,7 +152,7 @@ impl RequestLookup {
     }
 
     /// Checks the planned drafts against the step's output rows from `first_row` on (logits
-    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::propose`].
+    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::plan`].
     pub fn verify(
         &mut self,
         sampler: &mut Sampler,
@@ -120,6 +162,7 @@ impl RequestLookup {
         first_row: usize,
     ) -> Result<VerificationOutcome> {
         let drafts = &self.batch[1..];
+        let distributions = self.distributions.as_deref().map(|d| &d[..drafts.len().min(d.len())]);
         let (mut history, mut row_scratch) = (Vec::new(), Vec::new());
         let missing =
             || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
@@ -142,7 +185,7 @@ impl RequestLookup {
                 StepOutput::TopK(_) => Err(missing()),
             }
         };
-        verify_proposal(drafts, None, &mut target, &mut self.rng)
+        verify_proposal(drafts, distributions, &mut target, &mut self.rng)
     }
 
     /// What the verification step reads back (see `Engine::generate_speculative`).
@@ -157,7 +200,7 @@ impl RequestLookup {
 
     /// A decode step of this request ended with `outcome`; the step had `step_rows` rows over
     /// all requests and took `step_ms`, which the policy learns from when it planned the step
-    /// ([`Self::propose`]; else the request shared a step with prompt chunks, and only the
+    /// ([`Self::plan`]; else the request shared a step with prompt chunks, and only the
     /// tokens count).
     pub fn observe_step(&mut self, outcome: &VerificationOutcome, step_rows: usize, step_ms: f64) {
         self.metrics.record(outcome);
@@ -169,7 +212,7 @@ impl RequestLookup {
         self.policy.observe_step(outcome, &self.batch[1..], &self.unverified, self.matched, self.budget);
     }
 
-    /// Whether [`Self::propose`] planned this step for the request.
+    /// Whether [`Self::plan`] planned this step for the request.
     pub fn planned(&self) -> bool {
         self.planned
     }
@@ -178,7 +221,7 @@ impl RequestLookup {
 /// How many drafts each of several requests verifies in one decode step: each request's best
 /// prefix given the others' (two rounds of coordinate ascent from none), for the most expected
 /// tokens per ms of the whole step. `weighed[r]`: request r's forced length, if any, and each
-/// draft's reach ([`RequestLookup::weighed`]); `other_rows`: the step's rows that verify nothing
+/// draft's reach ([`RequestDrafts::weighed`]); `other_rows`: the step's rows that verify nothing
 /// (a token each); `pass_ms(rows)`: the step's cost. Ties go to fewer drafts.
 pub(super) fn joint_lengths(
     weighed: &[(Option<usize>, Vec<f64>)],
