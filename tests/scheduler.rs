@@ -7,7 +7,7 @@ use hearth_core::engine::{EngineOptions, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::runner::BatchEntry;
-use hearth_core::sampling::{Sampler, SamplingParams};
+use hearth_core::sampling::{Sampler, SamplingParams, TokenLogprob};
 use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{BatchedDraftModel, SpeculativeOptions, DEFAULT_MIN_CONFIDENCE};
@@ -76,7 +76,7 @@ fn run(
         let busy = s.step(&mut |e| events.push(e)).expect("step");
         for e in events {
             match e {
-                SchedulerEvent::Text { id, delta } => streamed.entry(id).or_default().push_str(&delta),
+                SchedulerEvent::Text { id, delta, .. } => streamed.entry(id).or_default().push_str(&delta),
                 SchedulerEvent::Finished { id, generation } => {
                     done.insert(id, generation);
                 }
@@ -499,6 +499,12 @@ fn a_long_prompt_arriving_mid_stream_is_fed_in_granules_without_stalling_the_str
 /// every step's whole logits row and sampling with `Sampler::sample` (prompt chunks of
 /// PREFILL_CHUNK, one sequence per step: chunking does not change results).
 fn full_logits_tokens(prompt: &[u32], options: &GenerateOptions) -> Vec<u32> {
+    full_logits_run(prompt, options).0
+}
+
+/// The tokens sampled from whole logits rows, one request alone, and the `[n_vocab]` row each was
+/// sampled from.
+fn full_logits_run(prompt: &[u32], options: &GenerateOptions) -> (Vec<u32>, Vec<Vec<f32>>) {
     let engine_options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
     let (_, mut runner) = cpu_runner(QWEN_05B, &engine_options);
     let seq = runner.kv_mut().add_sequence();
@@ -508,14 +514,83 @@ fn full_logits_tokens(prompt: &[u32], options: &GenerateOptions) -> Vec<u32> {
         logits = runner.step(&[BatchEntry { seq, tokens: chunk }], LogitsMode::Last).expect("prefill").to_vec();
     }
     let mut sampler = Sampler::new(options.sampling.clone());
-    let mut tokens = Vec::new();
+    let (mut tokens, mut rows) = (Vec::new(), Vec::new());
     while tokens.len() < options.max_tokens {
+        rows.push(logits.clone());
         let token = sampler.sample(&mut logits, &history);
         tokens.push(token);
         history.push(token);
         logits = runner.step(&[BatchEntry { seq, tokens: &[token] }], LogitsMode::Last).expect("decode").to_vec();
     }
-    tokens
+    (tokens, rows)
+}
+
+/// Log-probabilities read from candidates and the row's log-sum-exp (a request alone), or from
+/// whole rows (in a batch with a request that needs them), equal those of the full-logits path,
+/// whatever the request's sampling: the model's distribution, before the sampling filters.
+#[test]
+fn logprobs_equal_those_of_the_full_logits_alone_and_in_a_batch() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let prompts = prompts(&tokenizer, 2);
+    let max_tokens = 10;
+    let sampled =
+        SamplingParams { temperature: 0.8, top_k: 20, repeat_penalty: 1.2, seed: 3, ..SamplingParams::default() };
+    let with_logprobs = GenerateOptions { logprobs: Some(5), sampling: sampled, ..greedy(max_tokens) };
+    let (want_tokens, rows) = full_logits_run(&prompts[0], &with_logprobs);
+    let want: Vec<TokenLogprob> =
+        want_tokens.iter().zip(&rows).map(|(&t, row)| TokenLogprob::from_logits(row, t, 5)).collect();
+    let check = |got: &[TokenLogprob], how: &str| {
+        assert_eq!(got.len(), want.len(), "{how}: one per token");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.token, w.token, "{how}: token {i}");
+            assert!((g.logprob - w.logprob).abs() < 1e-4, "{how}: token {i}: {g:?} vs {w:?}");
+            assert_eq!(g.top.iter().map(|t| t.0).collect::<Vec<_>>(), w.top.iter().map(|t| t.0).collect::<Vec<_>>());
+            for (a, b) in g.top.iter().zip(&w.top) {
+                assert!((a.1 - b.1).abs() < 1e-4, "{how}: token {i}: {g:?} vs {w:?}");
+            }
+        }
+    };
+    let mut s = scheduler(4, None);
+    let id = s.submit(prompts[0].clone(), with_logprobs.clone()).expect("submit");
+    let (done, streamed_logprobs) = run_with_logprobs(&mut s);
+    let all = done[&id].logprobs.as_deref().expect("logprobs");
+    check(all, "alone");
+    let streamed = &streamed_logprobs[&id];
+    assert!(!streamed.is_empty() && all.starts_with(streamed), "text events carry the first ones, in order");
+    assert_eq!(done[&id].tokens, want_tokens);
+
+    // Beside a request with a positive logit bias, whose rows are read back whole.
+    let biased = GenerateOptions {
+        sampling: SamplingParams { logit_bias: BTreeMap::from([(want_tokens[0], 2.0)]), ..SamplingParams::default() },
+        ..greedy(max_tokens)
+    };
+    let mut s = scheduler(4, None);
+    let id = s.submit(prompts[0].clone(), with_logprobs).expect("submit");
+    let other = s.submit(prompts[1].clone(), biased).expect("submit");
+    let (done, _) = run_with_logprobs(&mut s);
+    check(done[&id].logprobs.as_deref().expect("logprobs"), "in a batch");
+    assert!(done[&other].logprobs.is_none(), "no logprobs unless asked");
+}
+
+/// [`run`], also collecting the log-probabilities that text events carried.
+fn run_with_logprobs(s: &mut Scheduler) -> (HashMap<RequestId, Generation>, HashMap<RequestId, Vec<TokenLogprob>>) {
+    let (mut done, mut streamed) = (HashMap::new(), HashMap::<RequestId, Vec<TokenLogprob>>::new());
+    loop {
+        let busy = s
+            .step(&mut |e| match e {
+                SchedulerEvent::Text { id, logprobs, .. } => streamed.entry(id).or_default().extend(logprobs),
+                SchedulerEvent::Finished { id, generation } => {
+                    done.insert(id, generation);
+                }
+                SchedulerEvent::Failed { id, error } => panic!("request {id} failed: {error}"),
+                SchedulerEvent::Started { .. } => {}
+            })
+            .expect("step");
+        if !busy {
+            return (done, streamed);
+        }
+    }
 }
 
 /// Mixed requests in one batch: greedy, seeded top-k, penalties, a negative logit bias (all read

@@ -75,7 +75,13 @@ fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
     // ignore_eos: every comparison covers the full N_TOKENS even if a model ends its turn early.
-    GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true }
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    }
 }
 
 /// Plain greedy vs speculative greedy on the same engine; returns the speculative generation.
@@ -403,7 +409,7 @@ fn sampled_speculation_is_reproducible_and_consistent() {
     let mut drafter = PromptLookup::default();
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 42, ..SamplingParams::default() };
-    let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true };
+    let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true, logprobs: None };
     let spec = fixed_length(15);
     let first = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("first");
     engine.session_mut().reset(); // same numerics as the first run (see assert_same_as_greedy)
@@ -442,8 +448,13 @@ fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let deltas = std::cell::Cell::new(0);
     let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
-    let options =
-        GenerateOptions { max_tokens: 8, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
+    let options = GenerateOptions {
+        max_tokens: 8,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    };
     let mut on_text = |_: &str| {
         deltas.set(deltas.get() + 1);
         true
@@ -489,6 +500,7 @@ fn sampled_prompt_lookup_keeps_the_targets_distribution() {
             sampling: SamplingParams { seed, ..sampling.clone() },
             stop: Vec::new(),
             ignore_eos: true,
+            logprobs: None,
         };
         // (Each run reuses the prompt's cached positions.)
         let g = engine

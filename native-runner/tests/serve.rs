@@ -87,7 +87,7 @@ fn bad_input_gets_openai_errors() {
     for (extra, param) in [
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), "tools"),
-        (json!({"logprobs": true}), "logprobs"),
+        (json!({"echo": true}), "echo"),
         (json!({"n": 2}), "n"),
         (json!({"speculative": {"mode": "lookup"}}), "speculative"),
     ] {
@@ -435,6 +435,99 @@ fn a_predicted_output_is_drafted_from_without_lookup() {
             None,
             Some("prediction"),
         );
+    }
+}
+
+/// Completions' `logprobs: 5` against llama.cpp's top-5 log-probabilities on its golden prompts
+/// (greedy, step by step while the two runs pick the same tokens), with the tolerances of the
+/// golden test (tests/support/golden.rs: 8-bit activations on both sides).
+#[test]
+fn completion_logprobs_match_llama_cpp() {
+    let addr = server();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/golden/qwen2.5-coder-0.5b-instruct-q4_k_m.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("json");
+    let (mut err_sum, mut compared, mut max_err) = (0.0f64, 0usize, 0.0f64);
+    // (Case d is a chat-templated prompt: its special tokens are a chat request's.)
+    for case in golden["cases"].as_array().expect("cases").iter().filter(|c| c["id"] != "d") {
+        let body = json!({"model": MODEL, "prompt": case["prompt"], "max_tokens": 16, "temperature": 0, "logprobs": 5});
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let answer = r.json();
+        let logprobs = &answer["choices"][0]["logprobs"];
+        let tokens = logprobs["tokens"].as_array().expect("tokens");
+        let n = answer["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+        assert_eq!(tokens.len(), n, "one entry per token");
+        let text: String = tokens.iter().map(|t| t.as_str().expect("token text")).collect();
+        assert_eq!(text, answer["choices"][0]["text"].as_str().expect("text"), "the tokens spell the text");
+        let offsets: Vec<u64> =
+            logprobs["text_offset"].as_array().expect("offsets").iter().filter_map(Value::as_u64).collect();
+        let mut offset = 0;
+        for (i, t) in tokens.iter().enumerate() {
+            assert_eq!(offsets[i], offset, "text_offset of token {i}");
+            offset += t.as_str().expect("token").chars().count() as u64;
+        }
+        for (i, step) in case["top5_logprobs_per_step"].as_array().expect("steps").iter().enumerate().take(n) {
+            if tokens[i] != step["token"] {
+                break; // the runs part on a near-tie (the golden tests check that it is one)
+            }
+            let top = logprobs["top_logprobs"][i].as_object().expect("top_logprobs entry");
+            assert_eq!(top.len(), 5, "step {i}: {top:?}");
+            let ours = logprobs["token_logprobs"][i].as_f64().expect("token_logprob");
+            let mut errors = vec![(ours - step["logprob"].as_f64().expect("logprob")).abs()];
+            for t in step["top"].as_array().expect("top") {
+                if let Some(lp) = top.get(t["token"].as_str().expect("token")).and_then(Value::as_f64) {
+                    errors.push((lp - t["logprob"].as_f64().expect("logprob")).abs());
+                }
+            }
+            for e in errors {
+                (err_sum, compared, max_err) = (err_sum + e, compared + 1, max_err.max(e));
+            }
+        }
+    }
+    let mean = err_sum / compared.max(1) as f64;
+    eprintln!("{compared} log-probabilities against llama.cpp's: mean |error| {mean:.4}, max {max_err:.4}");
+    assert!(compared >= 60, "only {compared} log-probabilities compared");
+    assert!(mean < 0.08 && max_err < 0.6, "mean |error| {mean:.4}, max {max_err:.4}");
+}
+
+/// Chat's `logprobs: true, top_logprobs: 3`: one entry per token, spelling the answer, the chosen
+/// token most likely (greedy), the same alone and streamed; refusals name their parameter.
+#[test]
+fn chat_logprobs_stream_and_not() {
+    let addr = server();
+    let r = post(addr, "/v1/chat/completions", &chat_body(12, json!({"logprobs": true, "top_logprobs": 3})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    let content = answer["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content").clone();
+    assert_eq!(content.len() as u64, answer["usage"]["completion_tokens"].as_u64().expect("usage"));
+    let text: String = content.iter().map(|t| t["token"].as_str().expect("token")).collect();
+    assert_eq!(text, answer["choices"][0]["message"]["content"].as_str().expect("content"));
+    for t in &content {
+        let top = t["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 3, "{t}");
+        assert_eq!(top[0]["token"], t["token"], "greedy picks the most likely token: {t}");
+        assert_eq!(top[0]["logprob"], t["logprob"]);
+        let logprob = t["logprob"].as_f64().expect("logprob");
+        assert!(logprob <= 0.0 && top[1]["logprob"].as_f64().expect("logprob") <= logprob, "{t}");
+        let bytes: Vec<u8> =
+            t["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().expect("byte") as u8).collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), t["token"].as_str().expect("token"));
+    }
+    let mut body = chat_body(12, json!({"logprobs": true, "top_logprobs": 3}));
+    body["stream"] = json!(true);
+    let (_, _, chunks) = streamed(&post(addr, "/v1/chat/completions", &body));
+    let streamed_content: Vec<Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array()).flatten().cloned().collect();
+    assert_eq!(streamed_content, content, "streamed log-probabilities differ");
+    assert!(answer["choices"][0]["logprobs"].is_object());
+    let plain = post(addr, "/v1/chat/completions", &chat_body(2, json!({}))).json();
+    assert!(plain["choices"][0]["logprobs"].is_null(), "no logprobs unless asked");
+    for (extra, param) in [
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (json!({"logprobs": 2}), "logprobs"),
+    ] {
+        assert_error(&post(addr, "/v1/chat/completions", &chat_body(2, extra)), 400, None, Some(param));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The one request schema on every surface: the same chat requests through `hearth run --json`,
 //! `hearth serve` and the browser's engine host (run natively, on the CPU backend, as the wasm
-//! build runs it) give the same tokens, sampled with penalties and stop strings included, and the
-//! same refusals. The model must be in the cache (`hearth models fetch all`).
+//! build runs it) give the same tokens, sampled with penalties and stop strings included, the
+//! same log-probabilities (server and browser), and the same refusals. The model must be in the cache (`hearth models fetch all`).
 
 mod serve_support;
 
@@ -104,6 +104,17 @@ fn model_bytes() -> Vec<u8> {
         .unwrap_or_else(|e| panic!("{} ({e}): run `hearth models fetch qwen2.5-coder-0.5b`", path.display()))
 }
 
+/// `value` with every float rounded to f32, the precision log-probabilities have: serde_json's
+/// default float parsing may land one f64 ulp away from what was printed.
+fn as_f32(value: &Value) -> Value {
+    match value {
+        Value::Number(n) if n.is_f64() => json!(n.as_f64().map(|x| x as f32)),
+        Value::Array(items) => Value::Array(items.iter().map(as_f32).collect()),
+        Value::Object(fields) => Value::Object(fields.iter().map(|(k, v)| (k.clone(), as_f32(v))).collect()),
+        other => other.clone(),
+    }
+}
+
 #[test]
 fn the_same_request_gives_the_same_tokens_on_every_surface() {
     let server = Server::start(&[]);
@@ -130,6 +141,22 @@ fn the_same_request_gives_the_same_tokens_on_every_surface() {
         assert_eq!(answer["choices"][0]["message"]["content"], cli_text, "hearth serve vs hearth run: {params}");
         assert_eq!(answer["usage"]["completion_tokens"], cli_tokens.len(), "{params}");
         eprintln!("{params}: {} tokens, the same on all three: {cli_text:?}", cli_tokens.len());
+
+        // With log-probabilities: the same tokens, and the same values in the browser and the server.
+        let mut with_logprobs = with_messages(&params);
+        with_logprobs["logprobs"] = json!(true);
+        with_logprobs["top_logprobs"] = json!(3);
+        let (prompt, options) = parse_request("chat", &with_logprobs.to_string()).expect("host request");
+        let report = host.generate(&prompt, &options, 0, None, &mut |_| true).expect("host generate");
+        assert_eq!(report.token_ids.iter().map(|&t| t as u64).collect::<Vec<_>>(), cli_tokens, "logprobs: {params}");
+        let answer = post(&server.addr, "/v1/chat/completions", &with_logprobs).json();
+        let served = &answer["choices"][0]["logprobs"];
+        assert_eq!(served["content"].as_array().map(Vec::len), Some(cli_tokens.len()), "{params}");
+        assert_eq!(
+            report.logprobs.as_ref().map(as_f32),
+            Some(as_f32(served)),
+            "browser host vs hearth serve log-probabilities: {params}"
+        );
     }
 }
 

@@ -156,8 +156,13 @@ fn main() {
         }
         eprintln!("0.5B one token (Last): {best:.1} ms");
     }
-    let options0 =
-        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
+    let options0 = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    };
     if let (Ok(dir), Ok(costs)) = (std::env::var("REPLAY_DIR"), std::env::var("SIMULATE")) {
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
         replay_dir(&mut target, &dir, max_tokens, &costs);
@@ -193,8 +198,13 @@ fn main() {
         }
         return;
     }
-    let options =
-        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: true };
+    let options = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    };
     target.session_mut().reset();
     let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
     eprintln!("plain: {:.1} tok/s decode ({} tokens)", plain.timings.decode_tok_s, plain.tokens.len());
@@ -249,8 +259,13 @@ fn main() {
 /// the answer, at most `max_tokens`) against the pass costs `costs`: the speedup over plain
 /// decoding per prompt and over the `code-*` prompts together.
 fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) {
-    let options =
-        GenerateOptions { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
+    let options = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: false,
+        logprobs: None,
+    };
     let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     paths.sort();
     let (mut plain_total, mut lookup_total, mut oracle_total) = (0.0, 0.0, 0.0);

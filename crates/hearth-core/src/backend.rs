@@ -118,6 +118,19 @@ impl Readback {
             Readback::TopKAndLogSumExp(_) => Readback::TopKAndLogSumExp(k),
         }
     }
+
+    /// One readback that serves both rows' needs (a step reads back one kind for all its rows):
+    /// the whole rows if either needs them, else the larger k, with the log-sum-exp if either
+    /// asks for it.
+    pub fn union(self, other: Readback) -> Readback {
+        match (self, other) {
+            (Readback::Logits, _) | (_, Readback::Logits) => Readback::Logits,
+            (Readback::TopK(a), Readback::TopK(b)) => Readback::TopK(a.max(b)),
+            (Readback::TopK(a) | Readback::TopKAndLogSumExp(a), Readback::TopK(b) | Readback::TopKAndLogSumExp(b)) => {
+                Readback::TopKAndLogSumExp(a.max(b))
+            }
+        }
+    }
 }
 
 /// The largest logits of each output row, most likely first; equal logits ordered by lowest

@@ -184,7 +184,7 @@ pub(crate) async fn drive(state: Rc<State>) {
                     }
                     HostEvent::Finished { id, report } => {
                         if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            state.settle(key, Ok(report));
+                            state.settle(key, Ok(*report));
                         }
                     }
                     HostEvent::Failed { id, error } => {

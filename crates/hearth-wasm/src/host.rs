@@ -9,7 +9,8 @@ use hearth_core::backend::Backend;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
 use hearth_core::gguf::{ByteSource, GgufFile};
-use hearth_core::request::{Prompt, Speculation, SpeculativeMode};
+use hearth_core::request::response::{chat_logprobs, completion_logprobs};
+use hearth_core::request::{Endpoint, Prompt, Speculation, SpeculativeMode};
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{
     check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup,
@@ -53,10 +54,20 @@ pub struct Report {
     /// Speculative requests: draft tokens proposed and accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeMetrics>,
+    /// The tokens' log-probabilities in OpenAI's `choices[].logprobs` shape for the request's
+    /// kind, when it asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<serde_json::Value>,
 }
 
 impl Report {
-    pub fn new(generation: Generation, seed: u64) -> Self {
+    /// The report of a request of kind `endpoint` (`None`: one without log-probabilities).
+    pub fn new(generation: Generation, seed: u64, tokenizer: &Tokenizer, endpoint: Option<Endpoint>) -> Self {
+        let logprobs = match (generation.logprobs.as_deref(), endpoint) {
+            (Some(l), Some(Endpoint::Chat)) => Some(chat_logprobs(tokenizer, l)),
+            (Some(l), Some(Endpoint::Completions)) => Some(completion_logprobs(tokenizer, l, 0).0),
+            _ => None,
+        };
         let t = &generation.timings;
         Report {
             prompt_tokens: generation.prompt_tokens.len(),
@@ -71,6 +82,7 @@ impl Report {
             token_ids: generation.tokens,
             seed,
             speculative: generation.speculative,
+            logprobs,
         }
     }
 }
@@ -107,7 +119,7 @@ pub struct BatchStats {
 #[derive(Debug)]
 pub enum HostEvent {
     Text { id: RequestId, delta: String },
-    Finished { id: RequestId, report: Report },
+    Finished { id: RequestId, report: Box<Report> },
     Failed { id: RequestId, error: WasmError },
 }
 
@@ -118,8 +130,9 @@ pub struct EngineHost {
     engine_options: EngineOptions,
     info: ModelInfo,
     draft: Option<DraftModel>,
-    /// The seed each running request samples with (reported back).
-    seeds: HashMap<RequestId, u64>,
+    /// The seed each running request samples with (reported back) and its kind (how its
+    /// log-probabilities are reported).
+    seeds: HashMap<RequestId, (u64, Option<Endpoint>)>,
     stats: BatchStats,
     /// What the last speculative request of each mode learnt (pass costs, how far copies run),
     /// for the next one: a chat's follow-up starts from its earlier turns.
@@ -281,15 +294,16 @@ impl EngineHost {
             .map(|text| self.scheduler().and_then(|s| Ok(s.tokenizer().encode(text, false, false)?)))
             .transpose()?;
         let id = self.scheduler_mut()?.submit_predicted(prompt, generate_options, prediction)?;
-        self.seeds.insert(id, seed);
+        self.seeds.insert(id, (seed, options.endpoint()));
         Ok(id)
     }
 
     /// Ends a request now and frees its KV blocks; its report (finish reason `cancelled`).
     pub fn cancel(&mut self, id: RequestId) -> Option<Report> {
-        let generation = self.scheduler.as_mut()?.cancel(id)?;
-        let seed = self.seeds.remove(&id).unwrap_or_default();
-        Some(Report::new(generation, seed))
+        let scheduler = self.scheduler.as_mut()?;
+        let generation = scheduler.cancel(id)?;
+        let (seed, endpoint) = self.seeds.remove(&id).unwrap_or_default();
+        Some(Report::new(generation, seed, scheduler.tokenizer(), endpoint))
     }
 
     /// One batched forward pass over every running request (admitting waiting ones first).
@@ -300,25 +314,31 @@ impl EngineHost {
             .as_mut()
             .ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
         let seeds = &mut self.seeds;
-        let mut finished = 0;
+        // Reported after the step, which holds the tokenizer their log-probabilities need.
+        let mut finished = Vec::new();
         let stepped = scheduler
             .step_async(&mut |event| match event {
                 SchedulerEvent::Started { .. } => {}
-                SchedulerEvent::Text { id, delta } => on_event(HostEvent::Text { id, delta }),
-                SchedulerEvent::Finished { id, generation } => {
-                    finished += 1;
-                    let seed = seeds.remove(&id).unwrap_or_default();
-                    on_event(HostEvent::Finished { id, report: Report::new(generation, seed) });
-                }
+                // (The browser reports log-probabilities with the last chunk.)
+                SchedulerEvent::Text { id, delta, .. } => on_event(HostEvent::Text { id, delta }),
+                SchedulerEvent::Finished { id, generation } => finished.push((id, generation)),
                 SchedulerEvent::Failed { id, error } => {
                     seeds.remove(&id);
                     on_event(HostEvent::Failed { id, error: error.into() });
                 }
             })
             .await?;
+        let finished_count = finished.len();
+        for (id, generation) in finished {
+            let (seed, endpoint) = seeds.remove(&id).unwrap_or_default();
+            on_event(HostEvent::Finished {
+                id,
+                report: Box::new(Report::new(generation, seed, scheduler.tokenizer(), endpoint)),
+            });
+        }
         if stepped {
             // Requests in this pass: those still running plus those it finished.
-            let in_pass = scheduler.stats().running + finished;
+            let in_pass = scheduler.stats().running + finished_count;
             self.stats.steps += 1;
             self.stats.max_batch_observed = self.stats.max_batch_observed.max(in_pass);
         }
@@ -361,7 +381,7 @@ impl EngineHost {
         while outcome.is_none() {
             self.step_async(&mut |event| match event {
                 HostEvent::Text { id: of, delta } if of == id => stop |= !on_text(&delta),
-                HostEvent::Finished { id: of, report } if of == id => outcome = Some(Ok(report)),
+                HostEvent::Finished { id: of, report } if of == id => outcome = Some(Ok(*report)),
                 HostEvent::Failed { id: of, error } if of == id => outcome = Some(Err(error)),
                 _ => {}
             })
@@ -505,7 +525,8 @@ impl EngineHost {
             prefill_chunk: self.engine_options.prefill_chunk,
             ..SchedulerOptions::default()
         };
+        let report = result.map(|g| Report::new(g, seed, &tokenizer, None));
         self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));
-        Ok(Report::new(result?, seed))
+        Ok(report?)
     }
 }

@@ -85,7 +85,7 @@ pub fn parse_request(kind: &str, json: &str) -> Result<(Prompt, RequestOptions)>
     };
     let request = Request::from_json(json.as_bytes())?;
     let prompt = request.validate(endpoint, 0)?.prompt;
-    let options = RequestOptions::from_request(Request { messages: None, prompt: None, ..request })?;
+    let options = RequestOptions::from_request(Request { messages: None, prompt: None, ..request }, Some(endpoint))?;
     Ok((prompt, options))
 }
 
@@ -96,6 +96,9 @@ pub struct RequestOptions {
     request: Request,
     speculative: Option<Speculation>,
     prediction: Option<String>,
+    /// The request's kind, which says how `logprobs` reads and how they are reported.
+    endpoint: Option<Endpoint>,
+    logprobs: Option<usize>,
 }
 
 impl RequestOptions {
@@ -110,22 +113,41 @@ impl RequestOptions {
                 "the prompt (messages or prompt) goes in the prompt argument",
             ));
         }
-        Self::from_request(request)
+        Self::from_request(request, None)
     }
 
-    fn from_request(request: Request) -> Result<Self> {
+    fn from_request(request: Request, endpoint: Option<Endpoint>) -> Result<Self> {
         // Every value is checked now; the seed is chosen per call.
         request.generation_options(0)?;
         let speculative = request.speculation()?;
         let prediction = request.prediction_text()?;
-        Ok(RequestOptions { request, speculative, prediction })
+        let logprobs = match endpoint {
+            Some(endpoint) => request.logprobs_for(endpoint)?,
+            None if request.logprobs.is_some() || request.top_logprobs.is_some() => {
+                return Err(WasmError::bad_request(
+                    "logprobs",
+                    "logprobs read by the request's kind: send them with the whole request (parse_request)",
+                ))
+            }
+            None => None,
+        };
+        Ok(RequestOptions { request, speculative, prediction, endpoint, logprobs })
+    }
+
+    /// The request's kind, when it came whole ([`parse_request`]).
+    pub fn endpoint(&self) -> Option<Endpoint> {
+        self.endpoint
     }
 
     /// The generation options; `max_tokens` absent = up to the end of the context
     /// (`remaining_context`), `seed` absent = `default_seed`.
     pub fn generate_options(&self, remaining_context: usize, default_seed: u64) -> Result<GenerateOptions> {
         let (max_tokens, options) = self.request.generation_options(default_seed)?;
-        Ok(GenerateOptions { max_tokens: max_tokens.unwrap_or(remaining_context.max(1)), ..options })
+        Ok(GenerateOptions {
+            max_tokens: max_tokens.unwrap_or(remaining_context.max(1)),
+            logprobs: self.logprobs,
+            ..options
+        })
     }
 
     /// The speculative decoding asked for (such a request runs alone).

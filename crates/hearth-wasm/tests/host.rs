@@ -198,7 +198,7 @@ fn run_batch(host: &mut EngineHost) -> std::collections::HashMap<u64, hearth_was
     while !host.is_idle() {
         let mut on_event = |event| {
             if let HostEvent::Finished { id, report } = event {
-                reports.insert(id, report);
+                reports.insert(id, *report);
             }
         };
         hearth_core::block_on::block_on(async { Ok(host.step_async(&mut on_event).await) }).unwrap().unwrap();
@@ -227,7 +227,7 @@ fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
     let mut reports = std::collections::HashMap::new();
     let mut on_event = |event| {
         if let HostEvent::Finished { id, report } = event {
-            reports.insert(id, report);
+            reports.insert(id, *report);
         }
     };
     hearth_core::block_on::block_on(async { Ok(host.step_async(&mut on_event).await) }).unwrap().unwrap();

@@ -6,6 +6,9 @@ use super::error::ApiError;
 use super::worker::{Event, Job};
 use super::{respond_error, respond_json, State};
 use hearth_core::engine::{FinishReason, Generation};
+use hearth_core::request::response::{chat_logprobs, completion_logprobs};
+use hearth_core::sampling::TokenLogprob;
+use hearth_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +53,13 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         Ok(Event::Failed(e)) => return respond_error(request, &e),
         _ => return respond_error(request, &ApiError::internal("The engine stopped before answering.")),
     };
-    let reply = Reply { id: next_id(endpoint), endpoint, model: state.model_id.clone(), created: unix_now() };
+    let reply = Reply {
+        id: next_id(endpoint),
+        endpoint,
+        model: state.model_id.clone(),
+        created: unix_now(),
+        tokenizer: &state.prompter.tokenizer,
+    };
     if stream {
         stream_events(request, &reply, &events, tokens, include_usage)
     } else {
@@ -59,7 +68,7 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
             match event {
                 Event::Done(g) => generation = Some(g),
                 Event::Failed(e) => return respond_error(request, &e),
-                Event::Started { .. } | Event::Delta(_) => {}
+                Event::Started { .. } | Event::Delta { .. } => {}
             }
         }
         match generation {
@@ -70,14 +79,16 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
 }
 
 /// What every response object of one request shares.
-struct Reply {
+struct Reply<'a> {
     id: String,
     endpoint: Endpoint,
     model: String,
     created: u64,
+    /// For the tokens' text in `logprobs`.
+    tokenizer: &'a Tokenizer,
 }
 
-impl Reply {
+impl Reply<'_> {
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
             (Endpoint::Chat, false) => "chat.completion",
@@ -93,32 +104,43 @@ impl Reply {
     /// The non-streaming answer.
     fn full(&self, g: &Generation, prompt: PromptTokens) -> Value {
         let finish = finish_reason(g.finish_reason);
+        let logprobs = g.logprobs.as_deref().map_or(Value::Null, |l| self.logprobs(l, 0).0);
         let choice = match self.endpoint {
             Endpoint::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish})
             }
-            Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": logprobs, "finish_reason": finish}),
         };
         let mut body = self.envelope(false, json!([choice]));
         body["usage"] = usage(prompt, g);
         body
     }
 
-    /// One streamed chunk carrying `text` (and `finish_reason` on the last).
-    fn chunk(&self, text: &str, role: bool, finish: Option<&str>) -> Value {
+    /// One streamed chunk carrying `text` (and `finish_reason` on the last), with `logprobs`
+    /// (null, or the log-probabilities of the tokens since the last chunk).
+    fn chunk(&self, text: &str, role: bool, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat if role => {
-                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat if finish.is_some() => {
-                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat => {
-                json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": finish})
             }
-            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
         };
         self.envelope(true, json!([choice]))
+    }
+
+    /// The endpoint's `logprobs` object for these tokens (completions count their text offsets
+    /// from `offset`); and the offset after them.
+    fn logprobs(&self, logprobs: &[TokenLogprob], offset: usize) -> (Value, usize) {
+        match self.endpoint {
+            Endpoint::Chat => (chat_logprobs(self.tokenizer, logprobs), offset),
+            Endpoint::Completions => completion_logprobs(self.tokenizer, logprobs, offset),
+        }
     }
 }
 
@@ -171,18 +193,34 @@ fn stream_events(
         return 200;
     }
     let first = match reply.endpoint {
-        Endpoint::Chat => Some(reply.chunk("", true, None)),
+        Endpoint::Chat => Some(reply.chunk("", true, None, Value::Null)),
         Endpoint::Completions => None,
     };
     if first.is_some_and(|c| out.event(&c.to_string()).is_err()) {
         return 200;
     }
+    // Log-probabilities sent so far, and (completions) the text offset reached.
+    let (mut logprobs_sent, mut text_offset) = (0, 0);
     // The worker drops its sender after the final event, which ends this loop.
     for event in events.iter() {
         let sent = match event {
-            Event::Delta(text) => out.event(&reply.chunk(&text, false, None).to_string()),
+            Event::Delta { text, logprobs } => {
+                let logprobs = if logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    logprobs_sent += logprobs.len();
+                    let (value, offset) = reply.logprobs(&logprobs, text_offset);
+                    text_offset = offset;
+                    value
+                };
+                out.event(&reply.chunk(&text, false, None, logprobs).to_string())
+            }
             Event::Done(g) => {
-                let mut last = out.event(&reply.chunk("", false, Some(finish_reason(g.finish_reason))).to_string());
+                // The tokens whose text came last (held back, then released at the end).
+                let rest = g.logprobs.as_deref().map(|l| &l[logprobs_sent.min(l.len())..]).unwrap_or_default();
+                let logprobs = if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset).0 };
+                let finish = Some(finish_reason(g.finish_reason));
+                let mut last = out.event(&reply.chunk("", false, finish, logprobs).to_string());
                 if include_usage && last.is_ok() {
                     let mut chunk = reply.envelope(true, json!([]));
                     chunk["usage"] = usage(prompt_tokens, &g);

@@ -10,6 +10,7 @@ use super::metrics::Metrics;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{GenerateOptions, Generation};
 use hearth_core::request::{Prompt, ValidRequest};
+use hearth_core::sampling::TokenLogprob;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::{CoreError, DeviceFault};
@@ -25,7 +26,12 @@ pub enum Event {
         prompt_tokens: usize,
         cached_tokens: usize,
     },
-    Delta(String),
+    /// Streamed text, and the log-probabilities of the tokens chosen since the last delta when
+    /// the request asked for them.
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     Done(Generation),
     Failed(ApiError),
 }
@@ -215,8 +221,9 @@ fn route(
                 gone.push(id);
             }
         }
-        SchedulerEvent::Text { id, delta } => {
-            let sent = in_flight.get(&id).is_some_and(|r| r.events.send(Event::Delta(delta)).is_ok());
+        SchedulerEvent::Text { id, delta, logprobs } => {
+            let sent =
+                in_flight.get(&id).is_some_and(|r| r.events.send(Event::Delta { text: delta, logprobs }).is_ok());
             if !sent {
                 gone.push(id);
             }

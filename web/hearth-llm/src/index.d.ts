@@ -167,11 +167,17 @@ export interface ChatMessage {
 export interface ChatCompletionRequest extends SamplingRequest {
   messages: ChatMessage[];
   stream?: boolean;
+  /** The answer's log-probabilities (not with `speculative`), with `top_logprobs` (0..20)
+   * alternatives per token. */
+  logprobs?: boolean;
+  top_logprobs?: number;
 }
 
 export interface CompletionRequest extends SamplingRequest {
   prompt: string;
   stream?: boolean;
+  /** The answer's log-probabilities with this many alternatives per token (0..20). */
+  logprobs?: number;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort';
@@ -196,12 +202,35 @@ export interface HearthDetails {
   seed: number;
 }
 
+/** One token of chat's `logprobs.content`: the model's log-probability (before temperature and
+ * the filters) and the most likely alternatives at its position. */
+export interface ChatTokenLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: Array<{ token: string; logprob: number; bytes: number[] }>;
+}
+
+export interface ChatLogprobs {
+  content: ChatTokenLogprob[];
+  refusal: null;
+}
+
+/** The legacy completions' `logprobs`. */
+export interface CompletionLogprobs {
+  tokens: string[];
+  token_logprobs: number[];
+  top_logprobs: Array<Record<string, number>>;
+  text_offset: number[];
+}
+
 export interface ChatCompletionChunk {
   id: string;
   object: 'chat.completion.chunk';
   created: number;
   model: string;
-  choices: Array<{ index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: null }>;
+  /** `logprobs`: on the last chunk, the whole answer's when the request asked for them. */
+  choices: Array<{ index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: ChatLogprobs | null }>;
   usage?: Usage;
   hearth?: HearthDetails;
 }
@@ -211,7 +240,7 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: Array<{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }>;
+  choices: Array<{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: ChatLogprobs | null }>;
   usage: Usage;
   hearth: HearthDetails;
 }
@@ -221,7 +250,7 @@ export interface Completion {
   object: 'text_completion';
   created: number;
   model: string;
-  choices: Array<{ index: 0; text: string; finish_reason: FinishReason | null; logprobs: null }>;
+  choices: Array<{ index: 0; text: string; finish_reason: FinishReason | null; logprobs: CompletionLogprobs | null }>;
   usage?: Usage;
   hearth?: HearthDetails;
 }

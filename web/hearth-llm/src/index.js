@@ -292,7 +292,9 @@ async function* streamChunks(chunks, done, shape) {
   const error = await failure;
   if (error) throw toHearthError(error);
   const report = await done;
-  const last = shape.kind === 'chat' ? { delta: {}, finish_reason: FINISH[report.finish_reason] } : { text: '', finish_reason: FINISH[report.finish_reason] };
+  // The log-probabilities of the whole answer come with the last chunk.
+  const logprobs = report.logprobs ?? null;
+  const last = shape.kind === 'chat' ? { delta: {}, logprobs, finish_reason: FINISH[report.finish_reason] } : { text: '', logprobs, finish_reason: FINISH[report.finish_reason] };
   finished = true;
   yield chunkObject(shape, last, { usage: usage(report), hearth: details(report) });
   }
@@ -302,6 +304,6 @@ function completionObject(report, shape) {
   const finish_reason = FINISH[report.finish_reason];
   const choice = shape.kind === 'chat' ? { message: { role: 'assistant', content: report.text }, finish_reason } : { text: report.text, finish_reason };
   const object = shape.kind === 'chat' ? 'chat.completion' : 'text_completion';
-  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: null, ...choice }], usage: usage(report), hearth: details(report) };
+  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: report.logprobs ?? null, ...choice }], usage: usage(report), hearth: details(report) };
 }
 

@@ -10,6 +10,7 @@
 //! `speculative`. `docs/REQUESTS.md` lists every parameter with its range and default.
 
 mod prompt;
+pub mod response;
 #[cfg(test)]
 mod tests;
 
@@ -17,7 +18,7 @@ pub use prompt::{templated_add_bos, Prompt};
 
 use crate::engine::GenerateOptions;
 use crate::error::CoreError;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, MAX_TOP_LOGPROBS};
 use crate::speculative::{SpeculativeOptions, DEFAULT_MIN_CONFIDENCE};
 use serde::Deserialize;
 use serde_json::Value;
@@ -134,12 +135,14 @@ pub struct Request {
     pub service_tier: Option<String>,
     pub metadata: Option<Value>,
     pub store: Option<bool>,
-    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
-    // refused by name; their neutral values (n = 1, logprobs false, a text response format,
-    // no tools) are accepted.
-    pub n: Option<i64>,
+    /// Chat: `true` for the tokens' log-probabilities, `top_logprobs` (0 … 20) alternatives
+    /// each; completions: the number of alternatives (0 … 20).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
+    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
+    // refused by name; their neutral values (n = 1, a text response format, no tools) are
+    // accepted.
+    pub n: Option<i64>,
     pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
@@ -234,7 +237,8 @@ impl Request {
                 Prompt::from_completion(self.prompt.as_ref())?
             }
         };
-        let (max_tokens, options) = self.generation_options(default_seed)?;
+        let (max_tokens, mut options) = self.generation_options(default_seed)?;
+        options.logprobs = self.logprobs_for(endpoint)?;
         let speculative = self.speculation()?;
         let prediction = self.prediction_text()?;
         if prediction.is_some() && speculative.is_some() {
@@ -318,8 +322,59 @@ impl Request {
         if stop.iter().any(String::is_empty) {
             return Err(bad("stop", "Stop sequences must not be empty."));
         }
-        let options = GenerateOptions { max_tokens: 0, sampling, stop, ignore_eos: self.ignore_eos.unwrap_or(false) };
+        let options = GenerateOptions {
+            max_tokens: 0,
+            sampling,
+            stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs: None,
+        };
         Ok((max_tokens, options))
+    }
+
+    /// How many alternatives per token the request wants with its tokens' log-probabilities
+    /// (`None`: no log-probabilities), in the endpoint's terms: chat's `logprobs: true` with
+    /// `top_logprobs: N`, completions' `logprobs: N`.
+    pub fn logprobs_for(&self, endpoint: Endpoint) -> Result<Option<usize>, CoreError> {
+        let given = |v: &Option<Value>| v.clone().filter(|v| !v.is_null());
+        let count = |v: &Value, param: &str| {
+            v.as_u64()
+                .filter(|&n| n as usize <= MAX_TOP_LOGPROBS)
+                .map(|n| n as usize)
+                .ok_or_else(|| bad(param, format!("{param} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {v}.")))
+        };
+        match endpoint {
+            Endpoint::Chat => {
+                let on = match given(&self.logprobs) {
+                    None => false,
+                    Some(Value::Bool(on)) => on,
+                    Some(v) => {
+                        return Err(bad(
+                            "logprobs",
+                            format!("logprobs is true or false in chat completions, got {v} (top_logprobs: N asks for alternatives)."),
+                        ))
+                    }
+                };
+                let top = given(&self.top_logprobs).map(|v| count(&v, "top_logprobs")).transpose()?;
+                match (on, top) {
+                    (false, Some(_)) => Err(bad("top_logprobs", "top_logprobs needs logprobs: true.")),
+                    (false, None) => Ok(None),
+                    (true, top) => Ok(Some(top.unwrap_or(0))),
+                }
+            }
+            Endpoint::Completions => {
+                if given(&self.top_logprobs).is_some() {
+                    return Err(bad(
+                        "top_logprobs",
+                        "top_logprobs belongs to chat completions; a completion request sends logprobs: N (the alternatives per token).",
+                    ));
+                }
+                match given(&self.logprobs) {
+                    None | Some(Value::Bool(false)) => Ok(None),
+                    Some(v) => count(&v, "logprobs").map(Some),
+                }
+            }
+        }
     }
 
     /// The speculative decoding the request asks for, checked.
@@ -342,12 +397,6 @@ impl Request {
             return Err(unsupported("best_of", "one candidate per request"));
         }
         let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false));
-        if set(&self.logprobs) || set(&self.top_logprobs) {
-            return Err(unsupported(
-                if set(&self.logprobs) { "logprobs" } else { "top_logprobs" },
-                "log-probabilities are not returned",
-            ));
-        }
         if set(&self.echo) {
             return Err(unsupported("echo", "the prompt is not echoed"));
         }

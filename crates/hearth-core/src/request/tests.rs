@@ -101,8 +101,6 @@ fn wrong_types_and_unknown_fields_name_the_field() {
 fn unimplemented_parameters_are_refused_unless_neutral() {
     for (body, param) in [
         (json!({"n": 2}), "n"),
-        (json!({"logprobs": true}), "logprobs"),
-        (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"echo": true}), "echo"),
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
@@ -214,4 +212,34 @@ fn the_limit_is_named_as_the_client_named_it() {
 fn a_body_that_is_not_an_object_says_so() {
     let (param, message) = refused(Request::from_json(b"[]").and_then(|r| r.validate(Endpoint::Chat, 0)));
     assert!(param.is_none() && message.contains("must be a JSON object"), "{message}");
+}
+
+#[test]
+fn logprobs_take_each_endpoint_s_form() {
+    let logprobs = |endpoint: Endpoint, extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "prompt": "Hi"});
+        body.as_object_mut().expect("object").remove(if endpoint == Endpoint::Chat { "prompt" } else { "messages" });
+        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        request(body).and_then(|r| r.validate(endpoint, 0))
+    };
+    let ok = |endpoint, extra: Value| {
+        logprobs(endpoint, extra.clone()).unwrap_or_else(|e| panic!("{extra}: {e}")).options.logprobs
+    };
+    assert_eq!(ok(Endpoint::Chat, json!({})), None);
+    assert_eq!(ok(Endpoint::Chat, json!({"logprobs": false})), None);
+    assert_eq!(ok(Endpoint::Chat, json!({"logprobs": true})), Some(0));
+    assert_eq!(ok(Endpoint::Chat, json!({"logprobs": true, "top_logprobs": 20})), Some(20));
+    assert_eq!(ok(Endpoint::Completions, json!({"logprobs": 5})), Some(5));
+    assert_eq!(ok(Endpoint::Completions, json!({"logprobs": 0})), Some(0));
+    for (endpoint, extra, param) in [
+        (Endpoint::Chat, json!({"top_logprobs": 3}), "top_logprobs"),
+        (Endpoint::Chat, json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (Endpoint::Chat, json!({"logprobs": 3}), "logprobs"),
+        (Endpoint::Completions, json!({"logprobs": 21}), "logprobs"),
+        (Endpoint::Completions, json!({"logprobs": -1}), "logprobs"),
+        (Endpoint::Completions, json!({"logprobs": 2, "top_logprobs": 2}), "top_logprobs"),
+    ] {
+        let (got, message) = refused(logprobs(endpoint, extra.clone()));
+        assert_eq!(got.as_deref(), Some(param), "{extra}: {message}");
+    }
 }

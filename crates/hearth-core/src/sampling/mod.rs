@@ -10,11 +10,13 @@
 //! a growing prefix of the candidates until it holds the requested probability mass.
 
 mod candidates;
+mod logprobs;
 mod rng;
 mod stop;
 mod top_k;
 
 pub use candidates::MAX_ADJUSTED_CANDIDATES;
+pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use rng::{splitmix64, Xoshiro256StarStar};
 pub use stop::{StopOutcome, StopStrings};
 pub use top_k::{log_sum_exp_rows, reduce_rows, top_k_rows, MAX_CANDIDATES};

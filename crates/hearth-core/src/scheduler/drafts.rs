@@ -81,9 +81,10 @@ impl RequestDrafts {
         &self.policy
     }
 
-    /// How many drafts to ask for this step, at most `room` (the policy's choice; 0: none).
-    pub fn budget(&mut self, room: usize) -> usize {
-        self.policy.request().min(room)
+    /// How many drafts to ask for this step, at most `room` (the policy's choice for a pass
+    /// that also carries `other_rows` rows of other requests; 0: none).
+    pub fn budget(&mut self, room: usize, other_rows: usize) -> usize {
+        self.policy.request_beside(other_rows).min(room)
     }
 
     /// Prompt lookup's proposal of at most `budget` drafts for `context`, and the ms it took

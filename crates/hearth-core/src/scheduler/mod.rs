@@ -26,6 +26,7 @@ use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
 use crate::runner::{BatchEntry, Runner, StepOutput, ROLLBACK_MARGIN};
+use crate::sampling::TokenLogprob;
 use crate::speculative::verify::VerificationOutcome;
 use crate::speculative::{BatchedDraftModel, DraftPolicy, DraftRequest, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
@@ -80,9 +81,14 @@ pub enum SchedulerEvent {
         prompt_tokens: usize,
         cached_tokens: usize,
     },
+    /// Streamed text, with the log-probabilities of the tokens chosen since the last event
+    /// when the request asks for them (`GenerateOptions::logprobs`; the text of a token may be
+    /// held back, e.g. a possible stop string, and come with a later event). The rest arrive in
+    /// [`Generation::logprobs`], which holds them all.
     Text {
         id: RequestId,
         delta: String,
+        logprobs: Vec<TokenLogprob>,
     },
     Finished {
         id: RequestId,
@@ -486,18 +492,10 @@ impl Scheduler {
     /// them (as many as the most demanding row asks for, see [`crate::sampling::Sampler::readback`]),
     /// the whole logits rows otherwise; the top 1 when nothing is sampled (prompt chunks).
     fn readback(&self, plan: &[(usize, std::ops::Range<usize>)]) -> Readback {
-        let mut k = 1;
-        for (i, range) in plan {
-            if !self.samples_after(*i, range) {
-                continue;
-            }
-            let active = &self.running[*i];
-            match active.sampler.readback(&active.tokens) {
-                Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
-                Readback::Logits => return Readback::Logits,
-            }
-        }
-        Readback::TopK(k)
+        plan.iter()
+            .filter(|(i, range)| self.samples_after(*i, range))
+            .map(|(i, _)| self.running[*i].row_readback())
+            .fold(Readback::TopK(1), Readback::union)
     }
 
     /// In a step of `plan` that only decodes, proposes the drafts of every drafting request
@@ -515,7 +513,10 @@ impl Scheduler {
         for (i, _) in plan {
             let active = &mut self.running[*i];
             let generated = active.generated();
-            let Some(drafts) = active.drafts.as_mut().filter(|_| generated > 0) else { continue };
+            // (A request that reports log-probabilities decodes plainly: verified drafts carry no
+            // alternatives at their positions.)
+            let plain = generated == 0 || active.options.logprobs.is_some();
+            let Some(drafts) = active.drafts.as_mut().filter(|_| !plain) else { continue };
             proposing.push(*i);
             if drafts.planned() {
                 // A retry of this step (a request was preempted): the same proposal, decided anew.
@@ -526,7 +527,7 @@ impl Scheduler {
             // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
             let room =
                 active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
-            let budget = drafts.budget(room.min(MAX_DRAFT_ROWS));
+            let budget = drafts.budget(room.min(MAX_DRAFT_ROWS), plan.len() - 1);
             match drafts.lookup_proposal(&active.tokens, budget) {
                 Some((proposal, drafting_ms)) => drafts.plan(&active.tokens, proposal, budget, drafting_ms),
                 None => from_model.push((*i, budget)),
@@ -575,19 +576,15 @@ impl Scheduler {
     /// What a drafting step of `plan` reads back: enough candidates for every row, the whole rows
     /// when one needs them.
     fn drafting_readback(&self, plan: &[(usize, std::ops::Range<usize>)]) -> Readback {
-        let mut k = 1;
-        for (i, _) in plan {
-            let active = &self.running[*i];
-            let needed = match &active.drafts {
-                Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
-                _ => active.sampler.readback(&active.tokens),
-            };
-            match needed {
-                Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
-                Readback::Logits => return Readback::Logits,
-            }
-        }
-        Readback::TopK(k)
+        plan.iter()
+            .map(|(i, _)| {
+                let active = &self.running[*i];
+                match &active.drafts {
+                    Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
+                    _ => active.row_readback(),
+                }
+            })
+            .fold(Readback::TopK(1), Readback::union)
     }
 
     /// After the step of `plan`: each request that finished its prompt or decoded gets its next
@@ -658,17 +655,26 @@ impl Scheduler {
                     // request's KV leaves them). Every sampling row asked for at most the step's
                     // k candidates; more changes nothing.
                     let row = first_row + drafted.unwrap_or(1) - 1;
-                    let token = match output {
+                    let top_logprobs = active.options.logprobs;
+                    let (token, logprob) = match output {
                         StepOutput::TopK(top) => {
                             let (ids, logits) = top.row(row);
-                            active.sampler.sample_candidates(ids, logits, &active.tokens)
+                            let token = active.sampler.sample_candidates(ids, logits, &active.tokens);
+                            let logprob = top_logprobs.map(|n| {
+                                let log_sum_exp = top.log_sum_exp.get(row).copied().unwrap_or(f32::NAN);
+                                TokenLogprob::from_candidates(ids, logits, log_sum_exp, token, n)
+                            });
+                            (token, logprob)
                         }
                         StepOutput::Logits(logits) => {
+                            let logits = &logits[row * n_logits..(row + 1) * n_logits];
                             row_logits.clear();
-                            row_logits.extend_from_slice(&logits[row * n_logits..(row + 1) * n_logits]);
-                            active.sampler.sample(&mut row_logits, &active.tokens)
+                            row_logits.extend_from_slice(logits);
+                            let token = active.sampler.sample(&mut row_logits, &active.tokens);
+                            (token, top_logprobs.map(|n| TokenLogprob::from_logits(logits, token, n)))
                         }
                     };
+                    active.pending_logprob = logprob;
                     let decoding = active.generated() > 0;
                     if let Some(drafts) = active.drafts.as_mut() {
                         let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
@@ -685,7 +691,8 @@ impl Scheduler {
             for token in tokens {
                 let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
                 if !emit.is_empty() {
-                    events(SchedulerEvent::Text { id: active.id, delta: emit });
+                    let logprobs = active.unsent_logprobs();
+                    events(SchedulerEvent::Text { id: active.id, delta: emit, logprobs });
                 }
                 if let Some(reason) = finish {
                     ended.push((*i, Ok(reason)));
@@ -711,7 +718,8 @@ impl Scheduler {
                 Ok(reason) => {
                     let (tail, generation) = self.retire(active, reason);
                     if !tail.is_empty() {
-                        events(SchedulerEvent::Text { id, delta: tail });
+                        // (The generation carries every log-probability; the tail's come with it.)
+                        events(SchedulerEvent::Text { id, delta: tail, logprobs: Vec::new() });
                     }
                     events(SchedulerEvent::Finished { id, generation });
                 }

@@ -2,10 +2,11 @@
 //! its sampler, streamed text and timings.
 
 use super::drafts::RequestDrafts;
+use crate::backend::Readback;
 use crate::engine::Instant;
 use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
 use crate::kv::SeqId;
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
 pub type RequestId = u64;
@@ -30,6 +31,12 @@ pub(super) struct Active {
     pub decode_started: Option<Instant>,
     /// Times it was preempted (its KV dropped, to be recomputed).
     pub preemptions: usize,
+    /// The log-probability of the token sampled last, until [`Self::accept`] keeps it.
+    pub pending_logprob: Option<TokenLogprob>,
+    /// One per output token when the request asks for them; the first `logprobs_sent` went out
+    /// with text events.
+    pub logprobs: Vec<TokenLogprob>,
+    pub logprobs_sent: usize,
     /// Its drafter and draft policy, when it speculates.
     pub drafts: Option<Box<RequestDrafts>>,
 }
@@ -55,6 +62,9 @@ impl Active {
             itl_ms: Vec::new(),
             decode_started: None,
             preemptions: 0,
+            pending_logprob: None,
+            logprobs: Vec::new(),
+            logprobs_sent: 0,
             drafts: None,
         }
     }
@@ -74,7 +84,13 @@ impl Active {
             Some(last) => self.itl_ms.push(ms_between(last, now)),
         }
         self.last_token = Some(now);
+        let logprob = self.pending_logprob.take().filter(|l| l.token == token);
+        let kept_before = self.stream.tokens.len();
         let (emit, finish) = self.stream.push(tokenizer, token);
+        // (An end-of-generation token is not part of the output, nor is its log-probability.)
+        if self.stream.tokens.len() > kept_before {
+            self.logprobs.extend(logprob);
+        }
         if finish.is_some() {
             return (emit, finish);
         }
@@ -88,6 +104,23 @@ impl Active {
         (emit, None)
     }
 
+    /// What a token's row reads back for this request: what its sampler needs, and the row's
+    /// log-sum-exp and top candidates when it reports log-probabilities.
+    pub fn row_readback(&self) -> Readback {
+        let sampling = self.sampler.readback(&self.tokens);
+        match self.options.logprobs {
+            Some(n) => sampling.union(Readback::TopKAndLogSumExp(n.max(1))),
+            None => sampling,
+        }
+    }
+
+    /// The log-probabilities kept since the last call (for a text event).
+    pub fn unsent_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let unsent = self.logprobs[self.logprobs_sent.min(self.logprobs.len())..].to_vec();
+        self.logprobs_sent = self.logprobs.len();
+        unsent
+    }
+
     /// The final result; the tail of held-back text is returned separately for streaming.
     pub fn finish(self, reason: FinishReason) -> (String, Generation) {
         let decode_ms = self.decode_started.map_or(0.0, |t| ms_between(t, Instant::now()));
@@ -95,7 +128,8 @@ impl Active {
         let timings = Timings::new(evaluated, self.prompt_ms, self.ttft_ms, decode_ms, self.itl_ms);
         let prompt_tokens = self.tokens[..self.prompt_len].to_vec();
         let (tail, tokens, text) = self.stream.finish();
-        (tail, Generation { prompt_tokens, tokens, text, finish_reason: reason, timings, speculative: None })
+        let logprobs = self.options.logprobs.map(|_| self.logprobs);
+        (tail, Generation { prompt_tokens, tokens, text, finish_reason: reason, timings, speculative: None, logprobs })
     }
 }
 

@@ -154,11 +154,10 @@ impl BatchedDraftModel {
         let mut first = true;
         let mut done = Vec::new();
         while !drafting.is_empty() {
-            let readback = joint_readback(
-                drafting
-                    .iter()
-                    .map(|d| draft_readback(&requests[d.request].sequence.sampler, &d.history, outside_shared)),
-            );
+            let readback = drafting
+                .iter()
+                .map(|d| draft_readback(&requests[d.request].sequence.sampler, &d.history, outside_shared))
+                .fold(Readback::TopK(1), Readback::union);
             let entries: Vec<BatchEntry<'_>> = drafting
                 .iter()
                 .map(|d| BatchEntry { seq: requests[d.request].sequence.seq, tokens: &d.history[d.fed..] })
@@ -211,23 +210,5 @@ impl BatchedDraftModel {
             proposals[d.request] = Proposal { tokens: d.tokens, distributions, timing: Some(d.timing), matched: None };
         }
         Ok(proposals)
-    }
-}
-
-/// One readback for rows that each ask for theirs: the whole rows when one needs them, else the
-/// most candidates any asks for, with the log-sum-exp when one needs it (greedy's confidence).
-fn joint_readback(rows: impl Iterator<Item = Readback>) -> Readback {
-    let (mut k, mut log_sum_exp) = (1, false);
-    for readback in rows {
-        match readback {
-            Readback::Logits => return Readback::Logits,
-            Readback::TopK(row_k) => k = k.max(row_k),
-            Readback::TopKAndLogSumExp(row_k) => (k, log_sum_exp) = (k.max(row_k), true),
-        }
-    }
-    if log_sum_exp {
-        Readback::TopKAndLogSumExp(k)
-    } else {
-        Readback::TopK(k)
     }
 }

@@ -80,6 +80,7 @@ impl Engine {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation> {
         let (session, tokenizer) = self.parts_mut();
+        crate::engine::refuse_logprobs(options)?;
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
@@ -298,6 +299,7 @@ impl Engine {
             finish_reason: finish,
             timings,
             speculative: Some(metrics),
+            logprobs: None,
         })
     }
 }

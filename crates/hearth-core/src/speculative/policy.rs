@@ -305,9 +305,20 @@ impl DraftPolicy {
 
     /// The k in `0..=limit` with the most expected tokens per ms, drafts kept with probability
     /// p and `draft_ms(k)` spent proposing them (ties go to the shorter draft); drafting must
-    /// beat plain decoding by `min_gain`.
-    fn best_length(&self, p: f64, limit: usize, min_gain: f64, draft_ms: impl Fn(usize) -> f64) -> usize {
-        let rate = |k: usize| Self::expected_tokens(p, k) / (draft_ms(k) + self.pass.estimate(1 + k)).max(1e-9);
+    /// beat plain decoding by `min_gain`. `other_rows`: rows of other requests in the same pass
+    /// (a token each), whose tokens the pass yields too and whose time the drafts add to.
+    fn best_length(
+        &self,
+        p: f64,
+        limit: usize,
+        min_gain: f64,
+        other_rows: usize,
+        draft_ms: impl Fn(usize) -> f64,
+    ) -> usize {
+        let rate = |k: usize| {
+            (other_rows as f64 + Self::expected_tokens(p, k))
+                / (draft_ms(k) + self.pass.estimate(other_rows + 1 + k)).max(1e-9)
+        };
         let mut best = 0;
         for k in 1..=limit {
             let needed = if best == 0 { min_gain } else { 1.0 + 1e-9 };
@@ -320,6 +331,14 @@ impl DraftPolicy {
 
     /// How many tokens to ask the drafter for this step (0: a plain step without drafting).
     pub fn request(&mut self) -> usize {
+        self.request_beside(0)
+    }
+
+    /// [`Self::request`] for a step that also carries `other_rows` rows of other requests (the
+    /// batching scheduler): drafting then pays only if the whole pass yields more tokens per ms
+    /// with the drafts than without (on a few CPU cores every row costs, and a draft model that
+    /// pays alone can slow a batch down).
+    pub fn request_beside(&mut self, other_rows: usize) -> usize {
         self.steps += 1;
         self.probing = false;
         if !self.adaptive || self.steps == 1 {
@@ -327,16 +346,17 @@ impl DraftPolicy {
             return self.max;
         }
         let free = self.drafting_is_free();
-        if self.pass.measured(1).is_none() {
+        if self.pass.measured(other_rows + 1).is_none() {
             // The second step measures a plain pass: every other cost is judged against it.
             // A free drafter still proposes, to be scored against the target's token.
             return if free { self.max } else { 0 };
         }
         let min_gain = if free { 1.0 + 1e-9 } else { MIN_GAIN_TO_DRAFT };
-        let mut best = self.best_length(self.acceptance_per_request(), self.max, min_gain, |k| self.draft_ms(k));
+        let p = self.acceptance_per_request();
+        let mut best = self.best_length(p, self.max, min_gain, other_rows, |k| self.draft_ms(k));
         if best == 0 && !free && self.judged < MIN_JUDGED_POSITIONS {
-            let p = self.acceptance_per_request().max(EXPLORATION_ACCEPTANCE);
-            best = self.best_length(p, self.max, min_gain, |k| self.draft_ms(k));
+            let p = p.max(EXPLORATION_ACCEPTANCE);
+            best = self.best_length(p, self.max, min_gain, other_rows, |k| self.draft_ms(k));
         }
         if best > 0 || free {
             self.plain_steps = 0;
@@ -355,7 +375,7 @@ impl DraftPolicy {
     /// best draft length for the running estimates (0 when drafting does not pay).
     pub fn drafting_gain_ms(&self) -> f64 {
         let p = self.acceptance_per_request();
-        let k = self.best_length(p, self.max, 1.0 + 1e-9, |k| self.draft_ms(k));
+        let k = self.best_length(p, self.max, 1.0 + 1e-9, 0, |k| self.draft_ms(k));
         if k == 0 {
             return 0.0;
         }

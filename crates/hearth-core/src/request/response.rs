@@ -1,0 +1,68 @@
+//! The log-probabilities of a response in OpenAI's shapes, for the server and the browser alike:
+//! chat's `choices[].logprobs.content` and the legacy completions' `choices[].logprobs`.
+
+use crate::sampling::TokenLogprob;
+use crate::tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+/// What a log-probability of `-inf` (a token the row gave no probability) is sent as: JSON has
+/// no infinity, and vLLM sends this.
+const NO_PROBABILITY: f32 = -9999.0;
+
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        NO_PROBABILITY
+    }
+}
+
+/// A token's text and bytes (a byte-level token may hold part of a UTF-8 character: its text
+/// then has U+FFFD where the bytes do not decode, and `bytes` says what they are).
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// Chat's `logprobs` object: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
+pub fn chat_logprobs(tokenizer: &Tokenizer, logprobs: &[TokenLogprob]) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let (token, bytes) = token_text(tokenizer, id);
+        json!({"token": token, "logprob": finite(logprob), "bytes": bytes})
+    };
+    let content: Vec<Value> = logprobs
+        .iter()
+        .map(|l| {
+            let mut chosen = entry(l.token, l.logprob);
+            chosen["top_logprobs"] = l.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            chosen
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// The legacy completions' `logprobs` object: `{tokens, token_logprobs, top_logprobs,
+/// text_offset}`, each token's offset in characters of the completion text counted from
+/// `offset` (the characters before these tokens, when streaming). Returns it and the offset after.
+pub fn completion_logprobs(tokenizer: &Tokenizer, logprobs: &[TokenLogprob], offset: usize) -> (Value, usize) {
+    let mut offset = offset;
+    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for l in logprobs {
+        let (token, _) = token_text(tokenizer, l.token);
+        text_offset.push(offset);
+        offset += token.chars().count();
+        tokens.push(token);
+        token_logprobs.push(finite(l.logprob));
+        let top: Map<String, Value> =
+            l.top.iter().map(|&(id, lp)| (token_text(tokenizer, id).0, json!(finite(lp)))).collect();
+        top_logprobs.push(Value::Object(top));
+    }
+    let value = json!({
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    });
+    (value, offset)
+}
