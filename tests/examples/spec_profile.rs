@@ -121,7 +121,7 @@ fn main() {
     // DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
     let draft_vocab = std::env::var("DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
     let draft_options = EngineOptions { n_ctx: 1024, logits_vocab: draft_vocab, ..EngineOptions::default() };
-    let draft_session = hearth_core::engine::Session::load(
+    let mut draft_session = hearth_core::engine::Session::load(
         &draft_file,
         Box::new(
             hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions {
@@ -135,7 +135,6 @@ fn main() {
     )
     .expect("load draft");
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
-    let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     if std::env::var("SKIP_PASSES").is_err() {
         let widest = std::env::var("PASS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
         pass_costs(&mut target, &prompt, "1.5B", widest);
@@ -143,7 +142,7 @@ fn main() {
             return;
         }
         // The drafter alone: one token at a time (Last).
-        let s = draft.session_mut();
+        let s = &mut draft_session;
         s.reset();
         s.eval(&prompt, LogitsMode::Last).expect("prefill");
         let base = s.history().len();
@@ -156,6 +155,7 @@ fn main() {
         }
         eprintln!("0.5B one token (Last): {best:.1} ms");
     }
+    let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
     let options0 = GenerateOptions {
         max_tokens,
         sampling: SamplingParams::default(),

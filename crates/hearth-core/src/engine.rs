@@ -170,6 +170,11 @@ impl Session {
         self.runner.backend()
     }
 
+    /// Prompt tokens evaluated per forward pass.
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
     pub fn runner(&self) -> &Runner {
         &self.runner
     }

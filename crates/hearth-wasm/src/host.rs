@@ -1,6 +1,7 @@
 //! The platform-independent half of the bindings: bytes → GGUF → a [`Scheduler`] on a backend;
 //! requests are submitted and advanced together by [`EngineHost::step_async`] (continuous
-//! batching), or run alone with a speculative drafter. Plain Rust, so it is tested natively;
+//! batching, speculative requests included, their drafts from prompt lookup or the scheduler's
+//! draft model), or, for lookup then the draft model, run alone. Plain Rust, so it is tested natively;
 //! `bindings.rs` only converts JS values and drives the steps on the JS event loop.
 
 use crate::error::{Result, WasmError};
@@ -11,10 +12,11 @@ use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Sessi
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::request::response::{chat_logprobs, completion_logprobs};
 use hearth_core::request::{Endpoint, Prompt, Speculation, SpeculativeMode};
-use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
+use hearth_core::runner::Runner;
+use hearth_core::scheduler::{Drafting, RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{
-    check_vocab_compatible, default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup,
-    SpeculativeMetrics,
+    check_vocab_compatible, default_draft_vocab, BatchedDraftModel, DraftModel, LookupThen, PolicyMemory,
+    SpeculativeMetrics, SpeculativeOptions,
 };
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -129,15 +131,18 @@ pub struct EngineHost {
     chat_template: Option<ChatTemplate>,
     engine_options: EngineOptions,
     info: ModelInfo,
-    draft: Option<DraftModel>,
     /// The seed each running request samples with (reported back) and its kind (how its
     /// log-probabilities are reported).
     seeds: HashMap<RequestId, (u64, Option<Endpoint>)>,
     stats: BatchStats,
-    /// What the last speculative request of each mode learnt (pass costs, how far copies run),
-    /// for the next one: a chat's follow-up starts from its earlier turns.
-    lookup_memory: PolicyMemory,
-    draft_memory: PolicyMemory,
+    /// What the last lookup-then-draft request learnt (pass costs, how far copies run), for the
+    /// next one: a chat's follow-up starts from its earlier turns. (The scheduler keeps the same
+    /// for the requests it drafts for.)
+    lookup_then_memory: PolicyMemory,
+}
+
+fn no_draft_model() -> WasmError {
+    WasmError::bad_request("speculative", "mode 'draft-model' needs a draft model (createEngine({ draftModel }))")
 }
 
 /// Requests per batch unless the load options say otherwise.
@@ -196,11 +201,9 @@ impl EngineHost {
             chat_template,
             engine_options,
             info,
-            draft: None,
             seeds: HashMap::new(),
             stats,
-            lookup_memory: PolicyMemory::default(),
-            draft_memory: PolicyMemory::default(),
+            lookup_then_memory: PolicyMemory::default(),
         })
     }
 
@@ -272,7 +275,8 @@ impl EngineHost {
         Ok((prompt, generate_options))
     }
 
-    /// Queues a request for the batch (not speculative ones: see [`EngineHost::generate_speculative`]).
+    /// Queues a request for the batch, speculative ones included, but those drafting by prompt
+    /// lookup then the draft model ([`EngineHost::runs_alone`]).
     pub fn submit(
         &mut self,
         input: &Prompt,
@@ -280,20 +284,32 @@ impl EngineHost {
         default_seed: u64,
         now_unix: Option<i64>,
     ) -> Result<RequestId> {
-        if options.speculative().is_some() {
+        if Self::runs_alone(options) {
             return Err(WasmError::bad_request(
                 "generation options",
-                "speculative requests run alone (generate_speculative)",
+                "speculative requests with lookup then the draft model run alone (generate_speculative)",
             ));
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
-        // A predicted output reads as text inside the answer: no special tokens, no BOS.
-        let prediction = options
-            .prediction()
-            .map(|text| self.scheduler().and_then(|s| Ok(s.tokenizer().encode(text, false, false)?)))
-            .transpose()?;
-        let id = self.scheduler_mut()?.submit_predicted(prompt, generate_options, prediction)?;
+        let drafting = match (options.speculative(), options.prediction()) {
+            (Some(s), _) if s.mode == SpeculativeMode::Lookup => {
+                Drafting::Lookup { reference: Vec::new(), options: s.options.clone() }
+            }
+            (Some(s), _) => {
+                if self.scheduler()?.draft_model().is_none() {
+                    return Err(no_draft_model());
+                }
+                Drafting::DraftModel { options: s.options.clone(), min_confidence: s.draft_min_p }
+            }
+            // A predicted output reads as text inside the answer: no special tokens, no BOS.
+            (None, Some(text)) => Drafting::Lookup {
+                reference: self.scheduler()?.tokenizer().encode(text, false, false)?,
+                options: SpeculativeOptions::lookup(),
+            },
+            (None, None) => Drafting::None,
+        };
+        let id = self.scheduler_mut()?.submit_with(prompt, generate_options, drafting)?;
         self.seeds.insert(id, (seed, options.endpoint()));
         Ok(id)
     }
@@ -402,22 +418,24 @@ impl EngineHost {
         backend: Box<dyn Backend>,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
-        self.draft = None;
+        self.scheduler_mut()?.take_draft_model();
         // Another draft model costs what it costs: nothing learnt about the last one carries.
-        self.draft_memory = PolicyMemory::default();
+        self.lookup_then_memory = PolicyMemory::default();
         let file = GgufFile::read(source)?;
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
-        // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`.
+        // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`; a
+        // sequence per batch place, as the target's pool.
         let logits_vocab = default_draft_vocab(&file.metadata);
         let options = EngineOptions {
             n_ctx: self.info.n_ctx,
-            max_sequences: 1,
-            kv_memory: None,
+            max_sequences: self.stats.max_batch,
             logits_vocab,
             ..self.engine_options.clone()
         };
-        let session = Session::load(&file, backend, &options, on_progress)?;
-        self.draft = Some(DraftModel::new(session, &draft_tokenizer, self.scheduler()?.tokenizer())?);
+        let runner = Runner::load(&file, backend, &options, on_progress)?;
+        let scheduler = self.scheduler_mut()?;
+        let draft = BatchedDraftModel::new(runner, &draft_tokenizer, scheduler.tokenizer(), options.prefill_chunk)?;
+        scheduler.set_draft_model(draft, SpeculativeOptions::default());
         Ok(())
     }
 
@@ -432,20 +450,30 @@ impl EngineHost {
 
     /// Frees the draft model (and its backend).
     pub fn unload_draft(&mut self) {
-        self.draft = None;
+        if let Some(scheduler) = self.scheduler.as_mut() {
+            scheduler.take_draft_model();
+        }
     }
 
     pub fn has_draft(&self) -> bool {
-        self.draft.is_some()
+        self.scheduler.as_ref().is_some_and(|s| s.draft_model().is_some())
     }
 
     /// The draft model's backend ("wgpu", "cpu") and its memory in bytes, when one is loaded.
     pub fn draft_backend(&self) -> Option<(String, u64)> {
-        self.draft.as_ref().map(|d| (d.session().backend().name().to_string(), d.session().backend().memory_bytes()))
+        let backend = self.scheduler.as_ref()?.draft_model()?.runner().backend();
+        Some((backend.name().to_string(), backend.memory_bytes()))
     }
 
-    /// One request with speculative decoding (prompt lookup or the draft model), run alone while
-    /// nothing else is queued. Synchronous: [`EngineHost::generate_speculative_async`] polled once
+    /// Whether a request runs alone, not batched: speculative decoding by prompt lookup then the
+    /// draft model (`lookup: true`), whose drafter the batching scheduler does not have.
+    pub fn runs_alone(options: &RequestOptions) -> bool {
+        options.speculative().is_some_and(|s| s.mode == SpeculativeMode::DraftModel && s.lookup_first)
+    }
+
+    /// One request with speculative decoding to its end: through the batch for lookup or the draft
+    /// model, alone (while nothing else runs) for lookup then the draft model. Synchronous:
+    /// [`EngineHost::generate_speculative_async`] polled once
     /// (the backend must finish steps inside `submit`: the CPU backend; natively every backend).
     pub fn generate_speculative(
         &mut self,
@@ -476,34 +504,22 @@ impl EngineHost {
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
+        if !Self::runs_alone(options) {
+            // Lookup or the draft model alone: the scheduler drafts for it.
+            return self.generate_async(input, options, default_seed, now_unix, on_text).await;
+        }
         if !self.is_idle() {
             return Err(WasmError::bad_request("state", "speculative requests run when no other request is running"));
         }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
         let speculative_options = speculative.options.clone();
-        let mut lookup = PromptLookup::default();
-        let mut lookup_then;
-        let drafter: &mut dyn Drafter = match speculative.mode {
-            SpeculativeMode::Lookup => &mut lookup,
-            SpeculativeMode::DraftModel => match self.draft.as_mut() {
-                Some(draft) => {
-                    draft.min_confidence = speculative.draft_min_p;
-                    if speculative.lookup_first {
-                        lookup_then = LookupThen::new(draft);
-                        &mut lookup_then
-                    } else {
-                        draft
-                    }
-                }
-                None => {
-                    return Err(WasmError::bad_request(
-                        "speculative",
-                        "mode 'draft-model' needs a draft model (createEngine({ draftModel }))",
-                    ))
-                }
-            },
+        let Some((batched, draft_bounds)) = self.scheduler_mut()?.take_draft_model() else {
+            return Err(no_draft_model());
         };
+        let mut draft = DraftModel::from_batched(batched);
+        draft.min_confidence = speculative.draft_min_p;
+        let mut drafter = LookupThen::new(&mut draft);
         let scheduler = self
             .scheduler
             .take()
@@ -512,12 +528,16 @@ impl EngineHost {
         let (runner, tokenizer) = scheduler.into_parts();
         let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
         let mut engine = Engine::from_parts(session, tokenizer, None);
-        let memory = match speculative.mode {
-            SpeculativeMode::Lookup => &mut self.lookup_memory,
-            SpeculativeMode::DraftModel => &mut self.draft_memory,
-        };
+        let memory = &mut self.lookup_then_memory;
         let result = engine
-            .generate_speculative_with_async(&prompt, &generate_options, drafter, &speculative_options, memory, on_text)
+            .generate_speculative_with_async(
+                &prompt,
+                &generate_options,
+                &mut drafter,
+                &speculative_options,
+                memory,
+                on_text,
+            )
             .await;
         let (session, tokenizer, _) = engine.into_parts();
         let scheduler_options = SchedulerOptions {
@@ -526,7 +546,9 @@ impl EngineHost {
             ..SchedulerOptions::default()
         };
         let report = result.map(|g| Report::new(g, seed, &tokenizer, None));
-        self.scheduler = Some(Scheduler::new(session.into_runner(), tokenizer, scheduler_options));
+        let mut scheduler = Scheduler::new(session.into_runner(), tokenizer, scheduler_options);
+        scheduler.set_draft_model(draft.into_batched(), draft_bounds);
+        self.scheduler = Some(scheduler);
         Ok(report?)
     }
 }

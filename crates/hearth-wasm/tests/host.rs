@@ -301,4 +301,20 @@ fn speculative_requests_keep_the_greedy_output() {
     assert!(error.to_string().contains("draft_min_p"), "{error}");
     // The batch path works again after a speculative request borrowed the model.
     assert_eq!(host.generate(&input, &plain, 0, None, &mut |_| true).unwrap().token_ids, reference.token_ids);
+
+    // Lookup and draft-model requests batch with plain ones (only lookup-then-draft runs alone):
+    // all in one pass, each with its greedy tokens and its own drafts.
+    assert!(EngineHost::runs_alone(&both) && !EngineHost::runs_alone(&draft) && !EngineHost::runs_alone(&lookup));
+    let ids: Vec<u64> =
+        [&plain, &lookup, &draft, &full].iter().map(|o| host.submit(&input, o, 0, None).unwrap()).collect();
+    assert!(host.submit(&input, &both, 0, None).is_err(), "lookup-then-draft requests run alone");
+    let reports = run_batch(&mut host);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(reports[id].token_ids, reference.token_ids, "request {i} in the batch");
+    }
+    assert!(reports[&ids[0]].speculative.is_none());
+    for id in &ids[1..] {
+        assert!(reports[id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "{:?}", reports[id].speculative);
+    }
+    assert!(host.batch_stats().max_batch_observed >= 4, "{:?}", host.batch_stats());
 }

@@ -150,12 +150,12 @@ fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
     assert_eq!(metrics.accepted, metrics.proposed, "a model drafting for itself: {metrics:?}");
     assert_eq!(1 + metrics.accepted + metrics.target_forward_passes, expected.len(), "{metrics:?}");
     // The draft session holds the accepted context (it rolls back to it and moves on lazily).
-    let history = drafter.session().history();
+    let history = drafter.history();
     assert!(history.len() > prompt.len() && history[..prompt.len()] == prompt[..], "draft history {history:?}");
     // Greedy drafting reads back one candidate and the row's log-sum-exp per step (12 bytes;
     // reading the prompt, one candidate: 8), never the logits (4 bytes per vocabulary entry).
-    let counters = drafter.session().backend().counters();
-    let n_vocab = drafter.session().config().n_vocab as u64;
+    let counters = drafter.runner().backend().counters();
+    let n_vocab = drafter.runner().config().n_vocab as u64;
     assert!(counters.steps_executed > 0, "{counters:?}");
     let steps = counters.steps_executed;
     assert!(

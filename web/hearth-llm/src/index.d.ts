@@ -117,8 +117,9 @@ export interface SamplingRequest {
   prediction?: { type: 'content'; content: string | { type: 'text'; text: string }[] };
   user?: string;
   /** Speculative decoding (greedy output is unchanged; sampling keeps the target's distribution),
-   * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`. Runs alone (not batched), on
-   * the WebGPU or the CPU engine. */
+   * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`, on the WebGPU or the CPU
+   * engine. Batched with other requests, but `lookup: true` (lookup, then the draft model), which
+   * runs alone. */
   speculative?: SpeculativeRequest;
   signal?: AbortSignal;
   model?: string;

@@ -60,6 +60,22 @@ impl Default for SchedulerOptions {
     }
 }
 
+/// How a submitted request drafts for speculative decoding.
+#[derive(Clone, Debug)]
+pub enum Drafting {
+    /// As the scheduler is set up: its draft model ([`Scheduler::set_draft_model`]), else prompt
+    /// lookup with [`SchedulerOptions::lookup`], else not at all.
+    Default,
+    /// Not at all.
+    None,
+    /// Prompt lookup, copying from the request's context and `reference` (a predicted output;
+    /// may be empty), within `options`' bounds.
+    Lookup { reference: Vec<u32>, options: SpeculativeOptions },
+    /// The scheduler's draft model within `options`' bounds, stopping where its top token is less
+    /// likely than `min_confidence`.
+    DraftModel { options: SpeculativeOptions, min_confidence: f32 },
+}
+
 /// What the last step carried, and the prompt budget it was planned with.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct StepPlanStats {
@@ -188,7 +204,7 @@ impl Scheduler {
 
     /// Queues a request. Errors at once for what can never run (empty or too long prompt).
     pub fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> Result<RequestId> {
-        self.submit_predicted(prompt, options, None)
+        self.submit_with(prompt, options, Drafting::Default)
     }
 
     /// [`Self::submit`] with `prediction`, tokens the caller expects the answer to repeat (OpenAI's
@@ -200,6 +216,18 @@ impl Scheduler {
         options: GenerateOptions,
         prediction: Option<Vec<u32>>,
     ) -> Result<RequestId> {
+        let drafting = match prediction {
+            Some(reference) => Drafting::Lookup {
+                reference,
+                options: self.options.lookup.clone().unwrap_or_else(SpeculativeOptions::lookup),
+            },
+            None => Drafting::Default,
+        };
+        self.submit_with(prompt, options, drafting)
+    }
+
+    /// [`Self::submit`], drafting as `drafting` says.
+    pub fn submit_with(&mut self, prompt: Vec<u32>, options: GenerateOptions, drafting: Drafting) -> Result<RequestId> {
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
@@ -208,27 +236,50 @@ impl Scheduler {
             return Err(CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: n_ctx });
         }
         let n_vocab = self.runner.config().n_vocab;
-        if let Some(&bad) = prompt.iter().chain(prediction.iter().flatten()).find(|&&t| t as usize >= n_vocab) {
+        let reference = match &drafting {
+            Drafting::Lookup { reference, .. } => &reference[..],
+            _ => &[],
+        };
+        if let Some(&bad) = prompt.iter().chain(reference).find(|&&t| t as usize >= n_vocab) {
             return Err(CoreError::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
         }
+        let drafting = match drafting {
+            Drafting::Default => match (&self.draft_model, &self.options.lookup) {
+                (Some((draft, options)), _) => {
+                    Drafting::DraftModel { options: options.clone(), min_confidence: draft.min_confidence }
+                }
+                (None, Some(options)) => Drafting::Lookup { reference: Vec::new(), options: options.clone() },
+                (None, None) => Drafting::None,
+            },
+            other => other,
+        };
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        let lookup = |reference: Vec<u32>| DraftSource::Lookup { lookup: Default::default(), reference };
-        let (source, speculative) = match (prediction, &mut self.draft_model, &self.options.lookup) {
-            (Some(prediction), _, lookup_options) => {
-                (lookup(prediction), lookup_options.clone().unwrap_or_else(SpeculativeOptions::lookup))
+        let (source, speculative) = match drafting {
+            Drafting::Default | Drafting::None => return self.queue(active),
+            Drafting::Lookup { reference, options } => {
+                (DraftSource::Lookup { lookup: Default::default(), reference }, options)
             }
-            (None, Some((draft, options)), _) => {
-                (DraftSource::Model(Box::new(draft.add_sequence(&active.options.sampling))), options.clone())
+            Drafting::DraftModel { options, min_confidence } => {
+                let Some((draft, _)) = self.draft_model.as_mut() else {
+                    return Err(CoreError::InvalidArgument("drafting with a draft model needs one loaded".into()));
+                };
+                let mut sequence = draft.add_sequence(&active.options.sampling);
+                sequence.min_confidence = min_confidence;
+                (DraftSource::Model(Box::new(sequence)), options)
             }
-            (None, None, Some(options)) => (lookup(Vec::new()), options.clone()),
-            (None, None, None) => return self.queue(active),
         };
         let kind = if matches!(source, DraftSource::Model(_)) { DraftKind::Model } else { DraftKind::Lookup };
         let policy = self.policy_for(kind, &speculative);
         active.drafts = Some(Box::new(RequestDrafts::new(source, policy, active.options.sampling.seed)));
         self.queue(active)
+    }
+
+    /// The draft model back (its sequences stay with their requests: call this when idle), e.g.
+    /// to lend it to a single-sequence generation; [`Self::set_draft_model`] returns it.
+    pub fn take_draft_model(&mut self) -> Option<(BatchedDraftModel, SpeculativeOptions)> {
+        self.draft_model.take()
     }
 
     fn queue(&mut self, active: Active) -> Result<RequestId> {

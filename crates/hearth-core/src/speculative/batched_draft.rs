@@ -28,16 +28,29 @@ pub struct BatchedDraftModel {
     shared_vocab: usize,
     /// Context tokens one catch-up pass reads at most (a prompt the draft has not seen).
     prefill_chunk: usize,
-    /// As [`DraftModel::min_confidence`](super::DraftModel::min_confidence).
+    /// Where new sequences stop drafting, as [`DraftModel::min_confidence`](super::DraftModel::min_confidence).
     pub min_confidence: f32,
 }
 
 /// One request's state in the draft model: its sequence, sampler and random stream.
 pub struct DraftSequence {
-    seq: SeqId,
+    pub(super) seq: SeqId,
     sampler: Sampler,
     rng: Xoshiro256StarStar,
     row: DraftRow,
+    /// Where this request's drafting stops (see [`DraftModel::min_confidence`](super::DraftModel::min_confidence)).
+    pub min_confidence: f32,
+}
+
+impl DraftSequence {
+    /// Draws from `sampling`'s filtered distribution from now on (a fresh random stream when it
+    /// changes).
+    pub fn set_sampling(&mut self, sampling: &SamplingParams) {
+        if self.sampler.params() != sampling {
+            self.sampler = Sampler::new(sampling.clone());
+            self.rng = draft_rng(sampling.seed);
+        }
+    }
 }
 
 /// What one request asks of a shared drafting step.
@@ -84,14 +97,43 @@ impl BatchedDraftModel {
     }
 
     /// A sequence for a request sampled with `sampling` (the draft draws from the same filtered
-    /// distribution, from a random stream of its own).
+    /// distribution, from a random stream of its own), stopping at [`Self::min_confidence`].
     pub fn add_sequence(&mut self, sampling: &SamplingParams) -> DraftSequence {
         DraftSequence {
             seq: self.runner.kv_mut().add_sequence(),
             sampler: Sampler::new(sampling.clone()),
             rng: draft_rng(sampling.seed),
             row: DraftRow::default(),
+            min_confidence: self.min_confidence,
         }
+    }
+
+    /// The tokens in `sequence`'s KV cache.
+    pub fn tokens(&self, sequence: &DraftSequence) -> &[u32] {
+        self.runner.kv().tokens(sequence.seq)
+    }
+
+    /// Reads `context` (a prompt) into `sequence` ahead of its first proposal, which then reads
+    /// only what came after. A context the draft cannot hold is left to the proposal (which then
+    /// proposes nothing).
+    pub async fn prepare(&mut self, sequence: &mut DraftSequence, context: &[u32]) -> Result<()> {
+        let seq = sequence.seq;
+        let kv = self.runner.kv_mut();
+        let mut common = kv.tokens(seq).iter().zip(context).take_while(|(a, b)| a == b).count();
+        if !kv.can_truncate(seq, common) {
+            common = 0;
+        }
+        kv.truncate(seq, common)?;
+        if context.len() == common || self.runner.n_ctx() < context.len() {
+            return Ok(());
+        }
+        // Only the KV matters here: read back one candidate, not the vocabulary.
+        for chunk in context[common..].chunks(self.prefill_chunk) {
+            self.runner
+                .step_for_async(&[BatchEntry { seq, tokens: chunk }], LogitsMode::Last, Readback::TopK(1))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Frees a request's sequence (its full blocks stay in the draft's prefix cache).
@@ -183,8 +225,12 @@ impl BatchedDraftModel {
                 let sequence = &mut *requests[d.request].sequence;
                 let greedy = sequence.sampler.params().temperature <= 0.0;
                 sequence.row.keep(output, row, n_logits, self.shared_vocab, greedy);
-                let next =
-                    sequence.row.next_draft(&mut sequence.sampler, &d.history, self.min_confidence, &mut sequence.rng);
+                let next = sequence.row.next_draft(
+                    &mut sequence.sampler,
+                    &d.history,
+                    sequence.min_confidence,
+                    &mut sequence.rng,
+                );
                 match next {
                     Some((token, distribution)) => {
                         d.tokens.push(token);

@@ -1,13 +1,13 @@
 //! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
 
 use super::verify::{sample_from, Distribution};
-use super::{DraftTiming, Drafter, PrepareFuture, Proposal, ProposalFuture};
+use super::{BatchedDraftModel, DraftRequest, DraftSequence, Drafter, PrepareFuture, Proposal, ProposalFuture};
 use crate::backend::Readback;
 use crate::block_on::block_on;
-use crate::engine::{ms, Instant, Session};
+use crate::engine::Session;
 use crate::error::{CoreError, Result};
 use crate::gguf::Metadata;
-use crate::runner::StepOutput;
+use crate::runner::{Runner, StepOutput};
 use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
 
@@ -36,29 +36,20 @@ pub fn check_vocab_compatible(target: &Tokenizer, draft: &Tokenizer) -> Result<u
     Ok(shared)
 }
 
-/// Drafts with a second [`Session`]. Its KV cache follows the accepted tokens lazily: each
+/// Drafts with a second model for one sequence: a [`BatchedDraftModel`] holding a single
+/// [`DraftSequence`]. Its KV cache follows the accepted tokens lazily: each
 /// [`propose`](Drafter::propose) rolls back to the longest prefix it shares with the context
 /// (dropping rejected drafts) and evaluates only what is new.
 pub struct DraftModel {
-    session: Session,
-    /// Tokens below this id exist in both vocabularies.
-    shared_vocab: usize,
-    /// Built on first use from the target's sampling parameters (rebuilt when they change).
-    sampler: Option<Sampler>,
-    rng: Xoshiro256StarStar,
+    model: BatchedDraftModel,
+    sequence: DraftSequence,
     /// Drafting stops where the drafter's most likely next token has a probability below this (0
     /// never stops): an unsure drafter is usually wrong, and each wrong draft costs a drafter pass
     /// and a row of verification. The output does not depend on it (greedy: same tokens; sampling:
     /// same distribution, since the stop is decided before the draw). Greedy: the plain softmax
     /// probability of the top token; sampling: the top probability after the filters.
     pub min_confidence: f32,
-    /// What the last draft step read back, for the next draft token.
-    row: DraftRow,
 }
-
-/// New context tokens a proposal reads when the previous step was a verification: the target's
-/// token and possibly the last draft, accepted but never evaluated by the drafter.
-const STEADY_CONTEXT_TOKENS: usize = 2;
 
 /// How many of the first token ids a draft model's head computes by default (its
 /// `EngineOptions::logits_vocab`; `hearth run --draft-vocab`), for byte-level BPE vocabularies
@@ -88,44 +79,41 @@ pub const DEFAULT_MIN_CONFIDENCE: f32 = 0.6;
 impl DraftModel {
     /// `session`: the draft model, loaded; the tokenizers of both models are compared first.
     pub fn new(session: Session, draft_tokenizer: &Tokenizer, target_tokenizer: &Tokenizer) -> Result<Self> {
-        // A draft with a shortlisted head (`EngineOptions::logits_vocab`) proposes only its ids.
-        let shared_vocab = check_vocab_compatible(target_tokenizer, draft_tokenizer)?.min(session.config().n_logits);
-        Ok(DraftModel {
-            session,
-            shared_vocab,
-            sampler: None,
-            rng: Xoshiro256StarStar::seed_from_u64(0),
-            min_confidence: DEFAULT_MIN_CONFIDENCE,
-            row: DraftRow::default(),
-        })
+        let prefill_chunk = session.prefill_chunk();
+        let model = BatchedDraftModel::new(session.into_runner(), draft_tokenizer, target_tokenizer, prefill_chunk)?;
+        Ok(Self::from_batched(model))
     }
 
-    pub fn session(&self) -> &Session {
-        &self.session
+    /// One sequence of `model` (e.g. the scheduler's draft model, lent to a single generation).
+    pub fn from_batched(mut model: BatchedDraftModel) -> Self {
+        let sequence = model.add_sequence(&SamplingParams::default());
+        DraftModel { min_confidence: model.min_confidence, model, sequence }
     }
 
-    pub fn session_mut(&mut self) -> &mut Session {
-        &mut self.session
+    /// The model back, without this drafter's sequence.
+    pub fn into_batched(mut self) -> BatchedDraftModel {
+        self.model.remove_sequence(self.sequence);
+        self.model
     }
 
-    fn sampler(&mut self, params: &SamplingParams) -> &mut Sampler {
-        if self.sampler.as_ref().is_none_or(|s| s.params() != params) {
-            // A stream of its own, different from the target's verification stream.
-            self.rng = draft_rng(params.seed);
-            self.sampler = Some(Sampler::new(params.clone()));
-        }
-        self.sampler.get_or_insert_with(|| Sampler::new(params.clone()))
+    pub fn runner(&self) -> &Runner {
+        self.model.runner()
+    }
+
+    /// The tokens in the draft's KV cache.
+    pub fn history(&self) -> &[u32] {
+        self.model.tokens(&self.sequence)
     }
 }
 
 impl Drafter for DraftModel {
     /// Synchronous: [`DraftModel::propose_now`] polled once (see [`crate::block_on`]), so the
-    /// draft session's backend must finish steps synchronously (the CPU; natively every backend).
+    /// draft's backend must finish steps synchronously (the CPU; natively every backend).
     fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
         block_on(self.propose_now(context, max_tokens, sampling))
     }
 
-    /// Awaits the draft session's forward passes (WebGPU in a browser).
+    /// Awaits the draft's forward passes (WebGPU in a browser).
     fn propose_async<'a>(
         &'a mut self,
         context: &'a [u32],
@@ -138,81 +126,18 @@ impl Drafter for DraftModel {
     /// Evaluates the prompt into the draft's KV cache (the next proposal then reads only the
     /// tokens accepted since).
     fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
-        Box::pin(self.prepare_now(context))
+        Box::pin(self.model.prepare(&mut self.sequence, context))
     }
 }
 
 impl DraftModel {
-    async fn prepare_now(&mut self, context: &[u32]) -> Result<()> {
-        let common = self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count();
-        self.session.rollback(common)?;
-        let new_tokens = &context[common..];
-        // A context the draft cannot hold is left to `propose_now`, which then proposes nothing.
-        if new_tokens.is_empty() || self.session.remaining() < new_tokens.len() {
-            return Ok(());
-        }
-        // Only the KV matters here: read back one candidate, not the vocabulary.
-        self.session.eval_for_async(new_tokens, Readback::TopK(1)).await?;
-        Ok(())
-    }
-
-    /// The proposal of both [`Drafter`] methods: one `eval_async` for the new context tokens, then
-    /// one per draft token but the last.
+    /// The proposal of both [`Drafter`] methods: one pass for the new context tokens, then one
+    /// per draft token but the last.
     async fn propose_now(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
-        if context.is_empty() || max_tokens == 0 {
-            return Ok(Proposal::default());
-        }
-        let common =
-            self.session.history().iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
-        self.session.rollback(common)?;
-        // Room for the new context tokens plus all drafts but the last (which is never evaluated).
-        let new_tokens = context.len() - common;
-        let room = self.session.remaining();
-        if room < new_tokens {
-            return Ok(Proposal::default()); // the draft's context is full: stop drafting
-        }
-        let max_tokens = max_tokens.min(room - new_tokens + 1);
-        let mut history = context.to_vec();
-        let first_pass = Instant::now();
-        self.eval_row(&context[common..], &history, sampling).await?;
-        let first_pass_ms = ms(first_pass);
-        let drafting = Instant::now();
-        let mut tokens = Vec::with_capacity(max_tokens);
-        let mut distributions: Vec<Distribution> = Vec::with_capacity(max_tokens);
-        while tokens.len() < max_tokens {
-            let min_confidence = self.min_confidence;
-            self.sampler(sampling);
-            let DraftModel { row, sampler: Some(sampler), rng, .. } = self else { break };
-            let Some((token, distribution)) = row.next_draft(sampler, &history, min_confidence, rng) else { break };
-            tokens.push(token);
-            distributions.push(distribution);
-            history.push(token);
-            if tokens.len() < max_tokens {
-                self.eval_row(&[token], &history, sampling).await?;
-            }
-        }
-        // (Every draft token was evaluated but the last of a full proposal.)
-        let later_passes = if tokens.len() >= max_tokens { tokens.len() - 1 } else { tokens.len() };
-        let timing = DraftTiming {
-            first_pass_ms: (new_tokens <= STEADY_CONTEXT_TOKENS).then_some(first_pass_ms),
-            later_passes,
-            later_ms: ms(drafting),
-        };
-        // Greedy drafts are one-hot: the verifier needs no distributions for them.
-        let distributions = if sampling.temperature <= 0.0 { None } else { Some(distributions) };
-        Ok(Proposal { tokens, distributions, timing: Some(timing), matched: None })
-    }
-
-    /// Evaluates `tokens` (the end of `history`) and keeps what drafting the next token needs in
-    /// `row` (see [`draft_readback`]).
-    async fn eval_row(&mut self, tokens: &[u32], history: &[u32], sampling: &SamplingParams) -> Result<()> {
-        let n_logits = self.session.config().n_logits;
-        let outside_shared = n_logits.saturating_sub(self.shared_vocab);
-        let readback = draft_readback(self.sampler(sampling), history, outside_shared);
-        let DraftModel { session, row, shared_vocab, .. } = self;
-        let output = session.eval_for_async(tokens, readback).await?;
-        row.keep(output, 0, n_logits, *shared_vocab, sampling.temperature <= 0.0);
-        Ok(())
+        self.sequence.set_sampling(sampling);
+        self.sequence.min_confidence = self.min_confidence;
+        let mut requests = [DraftRequest { sequence: &mut self.sequence, context, max_tokens }];
+        Ok(self.model.propose(&mut requests).await?.pop().unwrap_or_default())
     }
 }
 
