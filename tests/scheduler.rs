@@ -164,15 +164,7 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
     let mut s = lookup_scheduler_with(4, None, fixed.clone());
 
     // Alone: the copy is drafted and verified, with the tokens of plain decoding.
-    let id = s.submit(copying.clone(), greedy(copy_tokens)).expect("submit");
-    let (done, streamed) = run(&mut s, |_, _| {});
-    let g = &done[&id];
-    assert_eq!(g.tokens, want_copy, "lookup changed the greedy tokens");
-    assert_eq!(streamed[&id], g.text);
-    let speculative = g.speculative.as_ref().expect("lookup metrics");
-    eprintln!("alone: {} tokens, {speculative:?}", g.tokens.len());
-    assert!(speculative.accepted > 0, "no copied draft was accepted: {speculative:?}");
-    assert!(speculative.target_forward_passes < copy_tokens - 1, "every token took its own pass: {speculative:?}");
+    assert_drafted_alone(&mut s, &copying, copy_tokens, &want_copy);
 
     // In a batch: two copies and two other requests decode together, drafts verified in the
     // shared steps (how many is the joint rule's: unit tests in scheduler/lookup.rs and
@@ -203,6 +195,20 @@ fn lookup_keeps_the_greedy_tokens_alone_and_in_a_batch() {
         "drafts were verified in {shared_steps_with_drafts} steps of requests decoding together"
     );
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
+}
+
+/// One request alone on a drafting scheduler: the tokens of plain decoding (`want`), streamed
+/// whole, with drafts accepted and fewer target passes than tokens.
+fn assert_drafted_alone(s: &mut Scheduler, prompt: &[u32], max_tokens: usize, want: &[u32]) {
+    let id = s.submit(prompt.to_vec(), greedy(max_tokens)).expect("submit");
+    let (done, streamed) = run(s, |_, _| {});
+    let g = &done[&id];
+    assert_eq!(g.tokens, want, "drafting changed the greedy tokens");
+    assert_eq!(streamed[&id], g.text);
+    let speculative = g.speculative.as_ref().expect("draft metrics");
+    eprintln!("alone: {} tokens, {speculative:?}", g.tokens.len());
+    assert!(speculative.accepted > 0, "no draft was accepted: {speculative:?}");
+    assert!(speculative.target_forward_passes < max_tokens - 1, "every token took its own pass: {speculative:?}");
 }
 
 /// A scheduler whose requests all use prompt lookup (its default draft bounds).
@@ -261,15 +267,7 @@ fn a_draft_model_keeps_the_greedy_tokens_alone_and_in_a_batch() {
 
     // Alone: the drafts are verified, with the tokens of plain decoding.
     let mut s = draft_model_scheduler(4, fixed.clone(), DEFAULT_MIN_CONFIDENCE);
-    let id = s.submit(all[0].clone(), greedy(max_tokens)).expect("submit");
-    let (done, streamed) = run(&mut s, |_, _| {});
-    let g = &done[&id];
-    assert_eq!(g.tokens, want[0], "the draft model changed the greedy tokens");
-    assert_eq!(streamed[&id], g.text);
-    let speculative = g.speculative.as_ref().expect("draft metrics");
-    eprintln!("alone: {} tokens, {speculative:?}", g.tokens.len());
-    assert!(speculative.accepted > 0, "no draft was accepted: {speculative:?}");
-    assert!(speculative.target_forward_passes < max_tokens - 1, "every token took its own pass: {speculative:?}");
+    assert_drafted_alone(&mut s, &all[0], max_tokens, &want[0]);
 
     // In a batch: every request drafts in the shared draft passes and verifies in the shared
     // target steps.

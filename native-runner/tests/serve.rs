@@ -21,16 +21,21 @@ fn server() -> &'static str {
 }
 
 fn chat_body(max_tokens: usize, extra: Value) -> Value {
-    let mut body = json!({
-        "model": MODEL,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    });
+    let mut body = greedy_chat(SYSTEM, QUESTION, max_tokens);
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         b.extend(e.clone());
     }
     body
+}
+
+/// A greedy chat request with these system and user messages.
+fn greedy_chat(system: &str, user: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
 }
 
 /// The streamed text of a chat or completions SSE response, and its finish reason.
@@ -320,12 +325,7 @@ fn lookup_keeps_outputs_and_reports_accepted_drafts() {
                 for key, value in second.items():\n        result[key] = result.get(key, 0) + value\n    return result\n";
     let run = hearth_run(&["--chat", "--system", system, "-p", edit, "-n", "48", "--temperature", "0"]);
     let expected = run["text"].as_str().expect("text");
-    let body = json!({
-        "model": MODEL,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": edit}],
-        "max_tokens": 48,
-        "temperature": 0,
-    });
+    let body = greedy_chat(system, edit, 48);
     let r = post(addr, "/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.text());
     let answer = r.json();
@@ -372,13 +372,7 @@ fn a_draft_model_keeps_the_answers_of_concurrent_requests() {
             .map(|q| {
                 let addr = addr.as_str();
                 scope.spawn(move || {
-                    let body = json!({
-                        "model": MODEL,
-                        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                        "max_tokens": 24,
-                        "temperature": 0,
-                    });
-                    let r = post(addr, "/v1/chat/completions", &body);
+                    let r = post(addr, "/v1/chat/completions", &greedy_chat(SYSTEM, q, 24));
                     assert_eq!(r.status, 200, "{}", r.text());
                     r.json()
                 })
