@@ -51,7 +51,7 @@ const PROMPT_NOTE = `${PROMPT.length} characters`;
 const isolation = { 'cross-origin-opener-policy': 'same-origin', 'cross-origin-embedder-policy': 'require-corp' };
 const { server, origin } = await serve({ '/dist/': dist, '/wllama/': wllamaDir, '/models/': modelsDir, '/': join(root, 'tests/browser') }, isolation);
 const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
 });
 const rows = [];

@@ -5,14 +5,16 @@
 # Each server is restarted per concurrency C with C batch places (hearth --max-batch C; llama-server
 # -np C with C x CTX context). One untimed request warms each server up.
 # Usage: scripts/bench-server.sh [LLAMA_SERVER] [MODEL.gguf]
-# Env: THREADS=2 CONCURRENCIES="1 4 16" PROMPT_LEN=32 GEN_LEN=16 CTX=512 MIN_REQUESTS=4 (N = max(MIN_REQUESTS, 2C))
+# Env: HEARTH_THREADS=2 HEARTH_CONCURRENCIES="1 4 16" HEARTH_PROMPT_LEN=32 HEARTH_GEN_LEN=16 HEARTH_CTX=512
+# HEARTH_MIN_REQUESTS=4 (N = max(MIN_REQUESTS, 2C)) HEARTH_PORT=18470
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${HEARTH_CACHE_DIR:-$HOME/.cache/hearth}"
 LLAMA_SERVER=${1:-$CACHE/llama.cpp/build/bin/llama-server}
 MODEL=${2:-$CACHE/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
-THREADS=${THREADS:-2}; CONCURRENCIES=${CONCURRENCIES:-"1 4 16"}; PROMPT_LEN=${PROMPT_LEN:-32}; GEN_LEN=${GEN_LEN:-16}
-CTX=${CTX:-512}; MIN_REQUESTS=${MIN_REQUESTS:-4}; PORT=${PORT:-18470}
+THREADS=${HEARTH_THREADS:-2}; CONCURRENCIES=${HEARTH_CONCURRENCIES:-"1 4 16"}
+PROMPT_LEN=${HEARTH_PROMPT_LEN:-32}; GEN_LEN=${HEARTH_GEN_LEN:-16}
+CTX=${HEARTH_CTX:-512}; MIN_REQUESTS=${HEARTH_MIN_REQUESTS:-4}; PORT=${HEARTH_PORT:-18470}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 cargo build --release -q -p hearth
 HEARTH="$CARGO_TARGET_DIR/release/hearth"

@@ -9,12 +9,12 @@ client: the tokens after the first over the time from the first streamed text to
 answers must be equal (greedy). The speculative servers carry their draft policy from request to
 request, as in real use.
 
-With CONCURRENCY=C (C > 1) in the environment, each server instead gets all the code prompts at
+With HEARTH_CONCURRENCY=C (C > 1) in the environment, each server instead gets all the code prompts at
 once, C in flight at a time, and a row reports its throughput: the answers' tokens over the wall
 time from the first request to the last answer (prompt reads included), the best of REPS.
-MODES=plain,lookup (a comma-separated subset of plain, lookup, draft-model) picks the servers.
+HEARTH_MODES=plain,lookup (a comma-separated subset of plain, lookup, draft-model) picks the servers.
 
-Usage: [CONCURRENCY=C] [MODES=...] scripts/bench_serve_speculative.py [path/to/hearth] [max tokens] [reps] [system prompt]
+Usage: [HEARTH_CONCURRENCY=C] [HEARTH_MODES=...] scripts/bench_serve_speculative.py [path/to/hearth] [max tokens] [reps] [system prompt]
 """
 import concurrent.futures
 import json
@@ -33,7 +33,7 @@ REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 SYSTEM = sys.argv[4] if len(sys.argv) > 4 else None
 MODEL = "qwen2.5-coder-1.5b"
 SERVERS = {"plain": [], "lookup": ["--lookup"], "draft-model": ["--draft-model", "qwen2.5-coder-0.5b"]}
-MODES = [m for m in os.environ.get("MODES", ",".join(SERVERS)).split(",") if m]
+MODES = [m for m in os.environ.get("HEARTH_MODES", ",".join(SERVERS)).split(",") if m]
 
 
 def start(extra):
@@ -104,7 +104,7 @@ def main():
     prompts = sorted(ROOT.glob("speculative-prompts/*.txt"))
     servers = {mode: start(SERVERS[mode]) for mode in MODES}
     addresses = {mode: address for mode, (_, address) in servers.items()}
-    concurrency = int(os.environ.get("CONCURRENCY", "1"))
+    concurrency = int(os.environ.get("HEARTH_CONCURRENCY", "1"))
     try:
         if concurrency > 1:
             in_flight([p for p in prompts if p.stem.startswith("code")], addresses, concurrency)

@@ -37,9 +37,9 @@ MODES = [
     ("prompt lookup", ["--lookup"]),
     ("lookup, then draft model", ["--lookup", *DRAFT]),
 ]
-# MODES=0,2 runs those modes only (by index; 0, no speculation, is every ratio's baseline).
-if os.environ.get("MODES"):
-    MODES = [MODES[int(i)] for i in os.environ["MODES"].split(",")]
+# HEARTH_MODES=0,2 runs those modes only (by index; 0, no speculation, is every ratio's baseline).
+if os.environ.get("HEARTH_MODES"):
+    MODES = [MODES[int(i)] for i in os.environ["HEARTH_MODES"].split(",")]
 
 
 def run(prompt, args):

@@ -37,7 +37,7 @@ before(async () => {
     '/': dirname(fileURLToPath(import.meta.url)),
   }));
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
   });
   page = await (await browser.newContext()).newPage();

@@ -29,7 +29,7 @@ const modelMethods = [];
 
 async function openBrowser() {
   context = await chromium.launchPersistentContext(profile, {
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
   });
   // Interception: every request for a .gguf is counted, then let through.

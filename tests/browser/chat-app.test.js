@@ -31,7 +31,7 @@ before(async () => {
   assert.ok(existsSync(join(modelsDir, modelFile)), `${modelFile} is missing from ${modelsDir} (hearth models fetch qwen2.5-coder-0.5b)`);
   ({ server, origin } = await startServer({ port: 0, modelsDir }));
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
   });
   const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });

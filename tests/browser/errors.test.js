@@ -36,7 +36,7 @@ before(async () => {
   await new Promise((resolve) => hugeServer.listen(0, '127.0.0.1', resolve));
   hugeOrigin = `http://127.0.0.1:${hugeServer.address().port}`;
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new'], // no --enable-unsafe-webgpu
   });
   page = await browser.newPage();

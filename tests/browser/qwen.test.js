@@ -29,7 +29,7 @@ before(async () => {
   assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir} (hearth models fetch qwen2.5-coder-0.5b)`);
   ({ server, origin } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
   });
   const context = await browser.newContext();

@@ -39,7 +39,7 @@ before(async () => {
   // The draft is the same file under another path, so that its range requests can be told apart.
   ({ server, origin, log } = await serve({ '/dist/': dist, '/models/': synthetic, '/draft/': synthetic, '/': dirname(fileURLToPath(import.meta.url)) }));
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
   });
   page = await (await browser.newContext()).newPage();

@@ -62,7 +62,7 @@ before(async () => {
   assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir}`);
   ({ server, origin, log } = await serve({ '/dist/': dist, '/models/': modelsDir, '/draft/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
   browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
   });
   page = await (await browser.newContext()).newPage();

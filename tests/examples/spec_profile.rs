@@ -4,13 +4,13 @@
 //!
 //! `cargo run --release -p hearth-tests --example spec_profile [max_tokens]`
 //!
-//! `PASS_MAX=N` times passes up to N tokens; `PASSES_ONLY=1` stops after them.
+//! `HEARTH_PASS_MAX=N` times passes up to N tokens; `HEARTH_PASSES_ONLY=1` stops after them.
 //!
-//! `REPLAY_DIR=scripts/speculative-prompts SIMULATE=<ms of passes of 1, 2, … rows>` replays prompt
-//! lookup under the policy on every prompt there, without timing anything; with `ORACLE=1` also
+//! `HEARTH_REPLAY_DIR=scripts/speculative-prompts HEARTH_SIMULATE=<ms of passes of 1, 2, … rows>` replays prompt
+//! lookup under the policy on every prompt there, without timing anything; with `HEARTH_ORACLE=1` also
 //! the least time any choice of verified lengths could take with the same proposals, and fixed
-//! caps on the verified length; with `DUMP_DIR=<dir>` also each prompt's tokens and greedy output
-//! there (`<prompt>.txt`: two lines of token ids), for offline analysis; with `WARM=1` each prompt
+//! caps on the verified length; with `HEARTH_DUMP_DIR=<dir>` also each prompt's tokens and greedy output
+//! there (`<prompt>.txt`: two lines of token ids), for offline analysis; with `HEARTH_WARM=1` each prompt
 //! starts from the policy the previous one ended with, as in `hearth serve` and `hearth chat`.
 
 use hearth_core::chat::ChatMessage;
@@ -42,8 +42,8 @@ fn engine(stem: &str) -> Engine {
 }
 
 fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
-    // SYSTEM: a system message before the user's.
-    let system = std::env::var("SYSTEM").ok().map(|s| ChatMessage { role: "system".into(), content: s });
+    // HEARTH_SYSTEM: a system message before the user's.
+    let system = std::env::var("HEARTH_SYSTEM").ok().map(|s| ChatMessage { role: "system".into(), content: s });
     let user = ChatMessage { role: "user".into(), content: user.into() };
     let messages: Vec<ChatMessage> = system.into_iter().chain([user]).collect();
     let text = engine.chat_template().expect("template").render(&messages, true).expect("render");
@@ -112,14 +112,14 @@ fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {
 fn main() {
     let max_tokens: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(64);
     let mut target = engine(QWEN_15B);
-    // PROMPT_FILE: a user message of your own instead of the code edit.
-    let user = std::env::var("PROMPT_FILE")
-        .map(|f| std::fs::read_to_string(f).expect("PROMPT_FILE"))
+    // HEARTH_PROMPT_FILE: a user message of your own instead of the code edit.
+    let user = std::env::var("HEARTH_PROMPT_FILE")
+        .map(|f| std::fs::read_to_string(f).expect("HEARTH_PROMPT_FILE"))
         .unwrap_or_else(|_| CODE_EDIT.to_string());
     let prompt = chat_prompt(&target, &user);
     let draft_file = hearth_core::gguf::GgufFile::open(&model_path(QWEN_05B)).expect("open draft");
-    // DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
-    let draft_vocab = std::env::var("DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
+    // HEARTH_DRAFT_VOCAB: the draft model's shortlist (`hearth run --draft-vocab`; 0 = whole vocabulary).
+    let draft_vocab = std::env::var("HEARTH_DRAFT_VOCAB").ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0);
     let draft_options = EngineOptions { n_ctx: 1024, logits_vocab: draft_vocab, ..EngineOptions::default() };
     let mut draft_session = hearth_core::engine::Session::load(
         &draft_file,
@@ -135,10 +135,10 @@ fn main() {
     )
     .expect("load draft");
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
-    if std::env::var("SKIP_PASSES").is_err() {
-        let widest = std::env::var("PASS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
+    if std::env::var("HEARTH_SKIP_PASSES").is_err() {
+        let widest = std::env::var("HEARTH_PASS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
         pass_costs(&mut target, &prompt, "1.5B", widest);
-        if std::env::var("PASSES_ONLY").is_ok() {
+        if std::env::var("HEARTH_PASSES_ONLY").is_ok() {
             return;
         }
         // The drafter alone: one token at a time (Last).
@@ -163,12 +163,12 @@ fn main() {
         ignore_eos: true,
         logprobs: None,
     };
-    if let (Ok(dir), Ok(costs)) = (std::env::var("REPLAY_DIR"), std::env::var("SIMULATE")) {
+    if let (Ok(dir), Ok(costs)) = (std::env::var("HEARTH_REPLAY_DIR"), std::env::var("HEARTH_SIMULATE")) {
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
         replay_dir(&mut target, &dir, max_tokens, &costs);
         return;
     }
-    if let Ok(costs) = std::env::var("SIMULATE") {
+    if let Ok(costs) = std::env::var("HEARTH_SIMULATE") {
         // Pass costs (ms) for widths 1..: replay prompt lookup offline against the greedy output.
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
         for user in [user.as_str(), PROSE] {
@@ -211,7 +211,7 @@ fn main() {
     // (label, drafter, max draft tokens, adaptive, draft min confidence)
     let mut lookup = PromptLookup::default();
     let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, true, 0.0)];
-    let configs = std::env::var("DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
+    let configs = std::env::var("HEARTH_DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
     // K:CONF a draft model, LK:CONF prompt lookup first and the draft model where nothing matches.
     for c in configs.split(',').filter(|c| !c.is_empty()) {
         let (k, conf) = c.split_once(':').expect("K:CONF");
@@ -275,13 +275,13 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
         target.session_mut().reset();
         let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
         let plain_ms = (plain.tokens.len() - 1) as f64 * costs[0];
-        if let Ok(dump) = std::env::var("DUMP_DIR") {
+        if let Ok(dump) = std::env::var("HEARTH_DUMP_DIR") {
             let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
             let text = format!("{:?}\n{:?}\n", prompt, plain.tokens);
             std::fs::write(format!("{dump}/{name}.txt"), text).expect("dump");
         }
-        // WARM=1: each prompt starts from the policy the last one ended with (hearth serve, chat).
-        let mut policy = match (&carried, std::env::var("WARM").is_ok()) {
+        // HEARTH_WARM=1: each prompt starts from the policy the last one ended with (hearth serve, chat).
+        let mut policy = match (&carried, std::env::var("HEARTH_WARM").is_ok()) {
             (Some(last), true) => last.for_next_request(),
             _ => DraftPolicy::new(&SpeculativeOptions { max_draft_tokens: 15, adaptive: true }),
         };
@@ -299,7 +299,7 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
             plain.tokens.len(),
             plain_ms / ms
         );
-        if std::env::var("ORACLE").is_ok() {
+        if std::env::var("HEARTH_ORACLE").is_ok() {
             let oracle = oracle_ms(&PromptLookup::default(), &prompt, &plain.tokens, 15, costs);
             let caps: Vec<String> = [1usize, 2, 3, 4, 5, 7, 15]
                 .iter()
@@ -393,7 +393,7 @@ fn simulate_policy(
         let Some(&next) = output.get(pos + ok) else { break };
         let outcome = VerificationOutcome { accepted: ok, proposed: verify, continuation_token: next };
         policy.observe_step(&outcome, &draft[..verify], &draft[verify..], matched, budget);
-        if std::env::var("VERBOSE").is_ok() {
+        if std::env::var("HEARTH_VERBOSE").is_ok() {
             let would = draft.iter().zip(&output[pos..]).take_while(|(a, b)| a == b).count();
             eprintln!(
                 "  pos {pos} matched {matched:?} proposed {} verified {verify} kept {ok} (would keep {would})",

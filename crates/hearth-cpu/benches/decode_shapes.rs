@@ -3,7 +3,7 @@
 //! in tasks of 16 weight rows as the mat-mul splits them, best of 5. Times are this thread's time
 //! on a CPU (CLOCK_THREAD_CPUTIME_ID), not wall time, so other processes on a shared machine
 //! disturb them less. `cargo bench -p hearth-cpu --bench decode_shapes` (`HEARTH_ISA=avx2`
-//! forces the AVX2 kernels; `SHAPES=0,2` picks shapes by index).
+//! forces the AVX2 kernels; `HEARTH_SHAPES=0,2` picks shapes by index).
 
 mod common;
 use common::thread_cpu_ns;
@@ -12,7 +12,7 @@ use hearth_cpu::kernels::{detected_isa, quantize_activation, vec_dot_tile_with, 
 use std::time::Instant;
 
 /// (label, weight type, row length k, weight rows n).
-const SHAPES: [(&str, GgmlType, usize, usize); 6] = [
+const HEARTH_SHAPES: [(&str, GgmlType, usize, usize); 6] = [
     ("gemma-270m output", GgmlType::Q8_0, 640, 262144),
     ("qwen-1.5b gate/up", GgmlType::Q4_K, 1536, 8960),
     ("qwen-1.5b down q6k", GgmlType::Q6_K, 8960, 1536),
@@ -27,16 +27,16 @@ fn main() {
         _ => detected_isa(),
     };
     let picked: Option<Vec<usize>> =
-        std::env::var("SHAPES").ok().map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect());
-    println!("{isa:?}; one thread, from memory (HOT=1: cache); ms per matrix, best of 5");
-    for (idx, (label, ty, k, n)) in SHAPES.iter().copied().enumerate() {
+        std::env::var("HEARTH_SHAPES").ok().map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect());
+    println!("{isa:?}; one thread, from memory (HEARTH_HOT=1: cache); ms per matrix, best of 5");
+    for (idx, (label, ty, k, n)) in HEARTH_SHAPES.iter().copied().enumerate() {
         if picked.as_ref().is_some_and(|p| !p.contains(&idx)) {
             continue;
         }
         let row = ty.row_bytes(k).expect("row");
-        // Enough copies of the matrix to hold 256 MiB: each sweep reads from memory. `HOT=1`:
+        // Enough copies of the matrix to hold 256 MiB: each sweep reads from memory. `HEARTH_HOT=1`:
         // 512 KiB of its rows swept again and again instead (in cache: the kernels' compute).
-        let hot = std::env::var("HOT").is_ok_and(|h| h == "1");
+        let hot = std::env::var("HEARTH_HOT").is_ok_and(|h| h == "1");
         let n = if hot { n.min((512 << 10) / row / 16 * 16) } else { n };
         let copies = ((256usize << 20) / (n * row)).max(1);
         let stored = if hot { 1 } else { copies };

@@ -5,7 +5,7 @@
 //! on a CPU (CLOCK_THREAD_CPUTIME_ID, the slower thread), not wall time: on a shared machine
 //! the time other processes hold the cores would swamp the difference between kernels.
 //! `cargo bench -p hearth-cpu --bench verify_tiles` (`HEARTH_ISA=avx2` forces the AVX2 kernels;
-//! `ROWS=1,2,4` picks the row counts; `MB=1` sweeps a 1 MiB matrix, cache-resident, 192 times:
+//! `HEARTH_ROWS=1,2,4` picks the row counts; `HEARTH_MB=1` sweeps a 1 MiB matrix, cache-resident, 192 times:
 //! the kernels' compute alone). `Q4_K x16` lines sweep the same Q4_K rows repacked into x16 tiles
 //! (the CPU backend's layout on AVX-512 VNNI machines).
 
@@ -20,7 +20,7 @@ fn main() {
         Ok("avx2") => Isa::Avx2,
         _ => detected_isa(),
     };
-    let row_counts: Vec<usize> = std::env::var("ROWS")
+    let row_counts: Vec<usize> = std::env::var("HEARTH_ROWS")
         .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 2, 3, 4, 5, 6, 8, 12, 16]);
     println!("{isa:?}; ms per sweep (ratio to 1 row), best of 5, 2 threads");
@@ -36,7 +36,7 @@ fn main() {
     ];
     for (ty, k, x16) in shapes {
         let row = ty.row_bytes(k).expect("row");
-        let mib: usize = std::env::var("MB").ok().and_then(|m| m.parse().ok()).unwrap_or(192).clamp(1, 192);
+        let mib: usize = std::env::var("HEARTH_MB").ok().and_then(|m| m.parse().ok()).unwrap_or(192).clamp(1, 192);
         let n_w = (mib << 20) / row / 32 * 32;
         let repeats = 192 / mib;
         let mut w: Vec<u8> = (0..n_w * row).map(|i| (i.wrapping_mul(131) % 251) as u8).collect();

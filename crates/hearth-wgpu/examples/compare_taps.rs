@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens = Tokenizer::from_gguf(&file.metadata)?.encode(prompt, true, false)?;
     let mut cpu = hearth_cpu::CpuBackend::with_options(hearth_cpu::CpuOptions::from_env())?;
     let mut gpu = hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env())?;
-    if let Some(steps) = std::env::var("DECODE_STEPS").ok().and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(steps) = std::env::var("HEARTH_DECODE_STEPS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return decode(&file, &tokens, steps, cpu, gpu);
     }
     let model_c = Model::load(&file, &mut cpu, None, &mut |_, _| {})?;
@@ -33,11 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seqs = [SeqStep { n_tokens: tokens.len(), pos0: 0, block_tables: &tables }];
     let input = StepInput { tokens: &tokens, seqs: &seqs };
     let full = model_c.build_graph(tokens.len(), 1, LogitsMode::Last);
-    let limit: usize = std::env::var("CUT_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(full.ops.len());
+    let limit: usize = std::env::var("HEARTH_CUT_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(full.ops.len());
     // Graphs cut after op `cut`, returning that op's output: the first op whose error jumps is
     // the suspect.
-    let from: usize = std::env::var("CUT_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let stride: usize = std::env::var("CUT_STRIDE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let from: usize = std::env::var("HEARTH_CUT_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let stride: usize = std::env::var("HEARTH_CUT_STRIDE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     for cut in (from.max(1)..=limit.min(full.ops.len())).step_by(stride.max(1)) {
         let mut g = full.clone();
         g.ops.truncate(cut);
