@@ -316,5 +316,10 @@ fn speculative_requests_keep_the_greedy_output() {
     for id in &ids[1..] {
         assert!(reports[id].speculative.as_ref().is_some_and(|m| m.accepted > 0), "{:?}", reports[id].speculative);
     }
+    // Each request drafts within its own bounds, not those of an earlier request's policy: `full`
+    // (3 a step, every step) after `draft` (up to 5).
+    let full_metrics = reports[&ids[3]].speculative.as_ref().expect("metrics");
+    assert!(full_metrics.proposed <= 3 * full_metrics.target_forward_passes, "{full_metrics:?}");
+    assert!(full_metrics.proposed + 1 >= full_metrics.target_forward_passes, "{full_metrics:?}");
     assert!(host.batch_stats().max_batch_observed >= 4, "{:?}", host.batch_stats());
 }

@@ -15,7 +15,9 @@ use crate::error::{CoreError, Result};
 use crate::runner::StepOutput;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
 use crate::speculative::verify::{verification_rng, verify_proposal, Distribution, VerificationOutcome};
-use crate::speculative::{verify_readback, DraftPolicy, DraftSequence, PromptLookup, Proposal, SpeculativeMetrics};
+use crate::speculative::{
+    verify_readback, DraftPolicy, DraftSequence, PromptLookup, Proposal, SpeculativeMetrics, SpeculativeOptions,
+};
 
 /// Where a request's drafts come from.
 pub(super) enum DraftSource {
@@ -35,6 +37,9 @@ pub(super) enum DraftKind {
 
 pub(super) struct RequestDrafts {
     pub source: DraftSource,
+    /// The draft bounds the request asked for (its policy's, which the next request with the
+    /// same bounds starts from).
+    pub options: SpeculativeOptions,
     policy: DraftPolicy,
     pub metrics: SpeculativeMetrics,
     /// Accepts or rejects drafts when sampling (unused when greedy).
@@ -54,9 +59,10 @@ pub(super) struct RequestDrafts {
 }
 
 impl RequestDrafts {
-    pub fn new(source: DraftSource, policy: DraftPolicy, seed: u64) -> Self {
+    pub fn new(source: DraftSource, options: SpeculativeOptions, policy: DraftPolicy, seed: u64) -> Self {
         RequestDrafts {
             source,
+            options,
             policy,
             metrics: SpeculativeMetrics::default(),
             rng: verification_rng(seed),

@@ -139,9 +139,10 @@ pub struct Scheduler {
     preemptions: u64,
     step_cost: StepCostModel,
     last_step: StepPlanStats,
-    /// The draft policy the last request of each drafter ended with: the next one starts from
-    /// what it measured (pass costs) and learnt (how far copies run, how often drafts are kept).
-    policies: Vec<(DraftKind, DraftPolicy)>,
+    /// The draft policy the last request of each drafter and draft bounds ended with: the next
+    /// one with the same starts from what it measured (pass costs) and learnt (how far copies
+    /// run, how often drafts are kept). Bounds differ per request in the browser.
+    policies: Vec<(DraftKind, SpeculativeOptions, DraftPolicy)>,
     /// The draft model every request without a prediction drafts with, and its draft bounds.
     draft_model: Option<(BatchedDraftModel, SpeculativeOptions)>,
 }
@@ -186,12 +187,13 @@ impl Scheduler {
         self.draft_model.as_ref().map(|(draft, _)| draft)
     }
 
-    /// The policy a new request of `kind` starts from: what the last one learnt, or fresh.
+    /// The policy a new request of `kind` with draft bounds `options` starts from: what the last
+    /// one with the same learnt, or fresh.
     fn policy_for(&self, kind: DraftKind, options: &SpeculativeOptions) -> DraftPolicy {
         self.policies
             .iter()
-            .find(|(k, _)| *k == kind)
-            .map_or_else(|| DraftPolicy::new(options), |(_, policy)| policy.for_next_request())
+            .find(|(k, o, _)| *k == kind && o == options)
+            .map_or_else(|| DraftPolicy::new(options), |(_, _, policy)| policy.for_next_request())
     }
 
     pub fn runner(&self) -> &Runner {
@@ -272,7 +274,7 @@ impl Scheduler {
         };
         let kind = if matches!(source, DraftSource::Model(_)) { DraftKind::Model } else { DraftKind::Lookup };
         let policy = self.policy_for(kind, &speculative);
-        active.drafts = Some(Box::new(RequestDrafts::new(source, policy, active.options.sampling.seed)));
+        active.drafts = Some(Box::new(RequestDrafts::new(source, speculative, policy, active.options.sampling.seed)));
         self.queue(active)
     }
 
@@ -328,8 +330,8 @@ impl Scheduler {
             // (A request that never decoded learnt nothing: it keeps no older snapshot.)
             if drafts.metrics.target_forward_passes > 0 {
                 let policy = drafts.policy().for_next_request();
-                self.policies.retain(|(k, _)| *k != kind);
-                self.policies.push((kind, policy));
+                self.policies.retain(|(k, o, _)| !(*k == kind && *o == drafts.options));
+                self.policies.push((kind, drafts.options.clone(), policy));
             }
             generation.speculative = Some(drafts.metrics.clone());
             if let (DraftSource::Model(sequence), Some((draft, _))) = (drafts.source, &mut self.draft_model) {
