@@ -105,6 +105,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let address = server.server_addr().to_ip().context("the server has no IP address")?;
     eprintln!("hearth serve: {model_id} listening on http://{address}");
+    if let Some(draft) = &args.speculative.draft_model {
+        eprintln!("hearth serve: every request drafts with {draft} (--draft-model), loaded");
+    }
     let state = Arc::new(State {
         queue: worker::Queue::new(sender, max_batch, args.max_queue, metrics.clone()),
         prompter,
