@@ -32,7 +32,7 @@ for m in ["qwen2.5-coder-0.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m", "qwen2.5-
     t = w["per_decode_token"]
     print(f"{m:40s} wgpu {w['prefill_tok_s']['mean']:8.1f} / {w['decode_tok_s']['mean']:7.1f}   "
           f"cpu {c['prefill_tok_s']['mean']:7.1f} / {c['decode_tok_s']['mean']:6.1f}   "
-          f"ops {t['ops_dispatched']:.0f} submits {t['submits']:.1f} new pipelines {t['pipelines_created']:.0f} "
+          f"graph ops {t['graph_ops']:.0f} dispatches {t['dispatches']:.0f} submits {t['submits']:.1f} new pipelines {t['pipelines_created']:.0f} "
           f"new bind groups {t['bind_groups_created']:.0f}")
 PY
 grep -q "test result: ok" "$out/ops.log" || { echo "op conformance FAILED (log: $out/ops.log)"; exit 1; }

@@ -2,7 +2,7 @@
 // Every entry point uses a 1-D grid of 256-thread workgroups folded into 2-D (x * y) when wider
 // than 65535 workgroups; P[1] holds the folded grid's x width.
 // INPLACE: the output is also the first operand (`out` may alias `a` / `gate`), so the first
-// operand is read from OUT and A is not bound.
+// operand is read from OUT and A is not bound. The activation functions are activation_fns.wgsl's.
 
 // [len, groups_x, ...] u32 (f32 params bitcast)
 @group(0) @binding(0) var<storage, read> P: array<u32>;
@@ -28,16 +28,6 @@ fn first(i: u32) -> f32 {
 #else
     return A[i];
 #endif
-}
-
-// tanh without overflow for large |x| (exp(2x) overflows f32 past ~44).
-fn safe_tanh(x: f32) -> f32 {
-    let t = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - t) / (1.0 + t);
-}
-
-fn round_f16(x: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
 }
 
 #ifdef ADD
@@ -68,30 +58,18 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
 fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
     if (i < P[0]) {
-        let g = first(i);
-        OUT[i] = g / (1.0 + exp(-g)) * B[i];
+        OUT[i] = silu(first(i)) * B[i];
     }
 }
 #endif
 
 #ifdef GEGLU
-// P: [len, groups_x]. GELU (tanh form) of the f16-rounded input, rounded to f16, as ggml's CPU
-// table does.
+// P: [len, groups_x]. GELU as activation_fns.wgsl's gelu_ggml.
 @compute @workgroup_size(256)
 fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
     if (i < P[0]) {
-        let x = first(i);
-        var y: f32;
-        if (x <= -10.0) {
-            y = 0.0;
-        } else if (x >= 10.0) {
-            y = x;
-        } else {
-            let h = round_f16(x);
-            y = round_f16(0.5 * h * (1.0 + safe_tanh(0.7978846 * h * (1.0 + 0.044715 * h * h))));
-        }
-        OUT[i] = y * B[i];
+        OUT[i] = gelu_ggml(first(i)) * B[i];
     }
 }
 #endif

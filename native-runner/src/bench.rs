@@ -172,7 +172,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "kv_bytes_per_token": session.kv_bytes_per_token(),
         "graphs_compiled": counters.graphs_compiled,
         "per_decode_token": {
-            "ops_dispatched": per_token(before.ops_executed, after.ops_executed),
+            "graph_ops": per_token(before.ops_executed, after.ops_executed),
+            "dispatches": per_token(before.dispatches, after.dispatches),
             "submits": per_token(before.submits, after.submits),
             "pipelines_created": per_token(before.pipelines_created, after.pipelines_created),
             "bind_groups_created": per_token(before.bind_groups_created, after.bind_groups_created),
@@ -205,8 +206,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         );
         println!("load       {load_ms:.0} ms");
         println!(
-            "per token  {:.0} ops dispatched, {:.1} submits, {:.1} pipelines and {:.1} bind groups created",
+            "per token  {:.0} graph ops, {:.0} dispatches, {:.1} submits, {:.1} pipelines and {:.1} bind groups created",
             per_token(before.ops_executed, after.ops_executed),
+            per_token(before.dispatches, after.dispatches),
             per_token(before.submits, after.submits),
             per_token(before.pipelines_created, after.pipelines_created),
             per_token(before.bind_groups_created, after.bind_groups_created)

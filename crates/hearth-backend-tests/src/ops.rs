@@ -148,6 +148,59 @@ pub fn elementwise_ops(subject: &dyn Subject) {
     }
 }
 
+/// The ops whose output only mat-muls read (the norm before q/k/v, the activation before
+/// ffn_down), with several readers sharing one input and rows that end mid-workgroup: a backend
+/// may fold such a producer into the rounding of the mat-muls' activations (the wgpu backend
+/// does), which must still give the CPU's results.
+pub fn producers_feeding_matmuls(subject: &dyn Subject) {
+    let mut rng = Rng(8);
+    for rows in [1, 3] {
+        let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
+        for (producer, ty_a, ty_b, k) in [
+            ("norm", GgmlType::Q4_K, GgmlType::Q6_K, 512),
+            ("norm_in_place", GgmlType::Q5_0, GgmlType::Q8_0, 96),
+            ("swiglu", GgmlType::Q4_0, GgmlType::Q8_0, 96),
+            ("geglu", GgmlType::Q4_K, GgmlType::Q4_K, 256),
+        ] {
+            let mut c = Case::new(rows);
+            let x = c.input("x", k, &mut rng);
+            let h = match producer {
+                "norm" => {
+                    let weight = Some(c.weight(GgmlType::F32, &[k as u64], &mut rng));
+                    let h = c.graph.buf("h", rows, k);
+                    c.graph.push(Op::RmsNorm { x, weight, eps: 1e-6, group: k, out: h });
+                    h
+                }
+                "norm_in_place" => {
+                    c.graph.push(Op::RmsNorm { x, weight: None, eps: 1e-6, group: k, out: x });
+                    x
+                }
+                gated => {
+                    let up = c.input("up", k, &mut rng);
+                    let h = c.graph.buf("h", rows, k);
+                    c.graph.push(if gated == "swiglu" {
+                        Op::SwiGlu { gate: x, up, out: h }
+                    } else {
+                        Op::GeGlu { gate: x, up, out: h }
+                    });
+                    h
+                }
+            };
+            let n_out = 40;
+            let (a, b) = (c.graph.buf("a", rows, n_out), c.graph.buf("b", rows, n_out));
+            let wa = c.weight(ty_a, &[k as u64, n_out as u64], &mut rng);
+            let wb = c.weight(ty_b, &[k as u64, n_out as u64], &mut rng);
+            c.graph.push(Op::MatMul { w: wa, x: h, bias: None, out: a });
+            c.graph.push(Op::MatMul { w: wb, x: h, bias: None, out: b });
+            c.graph.push(Op::Add { a, b, out: a });
+            c.graph.logits = a;
+            let tolerance = if producer == "geglu" { Tolerance::TRANSCENDENTAL } else { Tolerance::SUM_ORDER };
+            let what = format!("{producer} → matmul {ty_a:?} + {ty_b:?} k{k} rows{rows}");
+            c.check(subject, &what, tolerance, &steps(&mut rng));
+        }
+    }
+}
+
 /// Bad steps and bad weights are errors, never panics, and leave the backend usable.
 pub fn bad_input_is_an_error_not_a_panic(subject: &dyn Subject) {
     for (variant, mut backend) in subject.variants() {

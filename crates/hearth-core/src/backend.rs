@@ -81,6 +81,8 @@ pub struct BackendCounters {
     pub bind_groups_created: u64,
     /// GPU backends: command buffer submissions.
     pub submits: u64,
+    /// GPU backends: compute dispatches (kernel launches) recorded for steps.
+    pub dispatches: u64,
     /// GPU backends: bytes copied from the device to the host for step outputs (logits or
     /// top-k candidates).
     pub bytes_read_back: u64,

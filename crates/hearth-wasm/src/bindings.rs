@@ -386,6 +386,7 @@ fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
         "device_type": i.device_type,
         "shader_f16": i.shader_f16,
         "subgroups": i.subgroups,
+        "packed_dot": i.packed_dot,
         "variant": i.variant(),
         "max_storage_buffer_binding_size": i.max_storage_binding,
         "max_buffer_size": i.max_buffer_size,

@@ -88,11 +88,45 @@ struct Builder<'a> {
     graph: &'a Graph,
     bufs: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
-    /// [rows, k] f32 scratch shared by every mat-mul: its activations as the CPU rounds them.
-    act_scratch: Option<wgpu::Buffer>,
+    /// Two scratch buffers for rounded activations, used in turn, so that rounding the next
+    /// input never waits for the mat-muls still reading the last one.
+    act_scratch: Vec<wgpu::Buffer>,
+    /// The rounded activations in the scratch buffers: (input, rounding, slot). An entry holds
+    /// until its input is written again or its slot is reused, so q/k/v (and gate/up) share one
+    /// rounding of their input.
+    rounded: Vec<(BufId, ActRounding, usize)>,
+    /// The slot the next rounding writes.
+    next_slot: usize,
+    /// Ops left out of the dispatch list because only mat-muls read their output: (output, op),
+    /// run as the prologue of that output's rounding; an entry holds until the output is written
+    /// again.
+    producers: Vec<(BufId, Op)>,
     dispatches: Vec<Dispatch>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
+}
+
+/// How a mat-mul's activations are rounded first: as the CPU rounds them for the weight's dot type
+/// (`GgmlType::vec_dot_type`), so that the GPU multiplies the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActRounding {
+    /// F32 weights: activations as they are.
+    None,
+    /// F16 weights: each value rounded to f16, kept as f32 (quant.wgsl's mat-mul).
+    F16,
+    /// The quantized types: 8-bit codes and a scale per block (matmul_q8.wgsl).
+    Q8 { define: &'static str, block_len: usize },
+}
+
+impl ActRounding {
+    fn of(ty: GgmlType) -> Self {
+        match ty.vec_dot_type() {
+            GgmlType::Q8_0 => ActRounding::Q8 { define: "Q8_0", block_len: 32 },
+            GgmlType::Q8_K => ActRounding::Q8 { define: "Q8_K", block_len: 256 },
+            GgmlType::F16 => ActRounding::F16,
+            _ => ActRounding::None,
+        }
+    }
 }
 
 /// Whether the kernels can run `op` with these weights (`Backend::supports`): its matrices are of a
@@ -175,6 +209,60 @@ impl Builder<'_> {
         };
         self.dispatches.push(Dispatch { key, pipeline, entries, kv_need, bind_group, groups });
         Ok(())
+    }
+
+    /// `x` ([rows, k]) rounded as `rounding` asks, in a scratch buffer: the one already made for
+    /// this input if it still holds, else a new act_quant dispatch into the next slot, which runs
+    /// `x`'s producer as its prologue when that op was left out for it (`fused_producers`).
+    fn rounded_activation(&mut self, x: BufId, rounding: ActRounding, k: usize) -> Result<wgpu::Buffer, WgpuError> {
+        if let Some(&(_, _, slot)) = self.rounded.iter().find(|(b, r, _)| *b == x && *r == rounding) {
+            return Ok(self.act_scratch[slot].clone());
+        }
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % self.act_scratch.len().max(1);
+        let scratch =
+            self.act_scratch.get(slot).cloned().ok_or(WgpuError::Execution("no activation scratch".into()))?;
+        self.rounded.retain(|&(_, _, s)| s != slot);
+        self.rounded.push((x, rounding, slot));
+        let (rows, _) = self.shape(x);
+        let mut defines = vec![match rounding {
+            ActRounding::Q8 { define, .. } => define,
+            _ => "F16",
+        }];
+        let mut entries = vec![(2, Res::Buf(scratch.clone()))];
+        let mut eps = 0f32;
+        match self.producers.iter().find(|(out, _)| *out == x).map(|(_, op)| op.clone()) {
+            Some(Op::RmsNorm { x: input, weight, eps: e, .. }) => {
+                defines.push("NORM");
+                entries.push((1, self.buf(input)));
+                if let Some(w) = weight {
+                    defines.push("WEIGHT");
+                    entries.push((4, Res::Buf(self.vector(w)?)));
+                }
+                eps = e;
+            }
+            Some(Op::SwiGlu { gate, up, .. }) => {
+                defines.push("SWIGLU");
+                entries.extend([(1, self.buf(gate)), (3, self.buf(up))]);
+            }
+            Some(Op::GeGlu { gate, up, .. }) => {
+                defines.push("GEGLU");
+                entries.extend([(1, self.buf(gate)), (3, self.buf(up))]);
+            }
+            _ => entries.push((1, self.buf(x))),
+        }
+        if rows > MAX_GROUPS as usize {
+            return Err(WgpuError::Unsupported(format!("{rows} activation rows (at most {MAX_GROUPS})")));
+        }
+        // A workgroup per 256 values of a row; the scales follow the codes (rows * k / 4 words).
+        self.push(
+            PipelineKey::new(ShaderFile::ActQuant, "act_quant", &defines),
+            &[k as u32, (rows * k / 4) as u32, eps.to_bits()],
+            entries,
+            [k.div_ceil(256) as u32, rows as u32, 1],
+            None,
+        )?;
+        Ok(scratch)
     }
 
     fn elementwise(
@@ -264,31 +352,15 @@ impl Builder<'_> {
                 let chunks: Vec<(u32, usize, wgpu::Buffer)> =
                     wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
                 let bias = bias.map(|b| self.vector(b)).transpose()?;
-                // The CPU multiplies with activations rounded to the weight's dot type.
-                let act = match wt.desc.ty.vec_dot_type() {
-                    GgmlType::Q8_0 => Some(("Q8_0", 32)),
-                    GgmlType::Q8_K => Some(("Q8_K", 256)),
-                    GgmlType::F16 => Some(("F16", 1)),
-                    _ => None,
+                let rounding = ActRounding::of(wt.desc.ty);
+                let x_used = match rounding {
+                    ActRounding::None => self.bufs[x.0 as usize].clone(),
+                    _ => self.rounded_activation(*x, rounding, k)?,
                 };
-                let x_used = match act {
-                    Some((define, block_len)) => {
-                        let scratch =
-                            self.act_scratch.clone().ok_or(WgpuError::Execution("no activation scratch".into()))?;
-                        let n_blocks = rows * k / block_len;
-                        let (gx, gy) = fold(n_blocks.div_ceil(64));
-                        let entries = vec![(1, self.buf(*x)), (2, Res::Buf(scratch.clone()))];
-                        self.push(
-                            PipelineKey::new(ShaderFile::ActQuant, "act_quant", &[define]),
-                            &[n_blocks as u32, block_len as u32, gx],
-                            entries,
-                            [gx, gy, 1],
-                            None,
-                        )?;
-                        Res::Buf(scratch)
-                    }
-                    None => self.buf(*x),
-                };
+                let eight_bit = matches!(rounding, ActRounding::Q8 { .. });
+                // matmul_q8.wgsl: 4 weight rows per workgroup; quant.wgsl: one.
+                let (file, entry, rows_per_group) =
+                    if eight_bit { (ShaderFile::MatmulQ8, "matmul_q8", 4) } else { (ShaderFile::Quant, "matmul", 1) };
                 let mut defines = vec!["MATMUL", ty];
                 defines.extend(self.gpu.info.defines());
                 if ty == "F16" && self.gpu.info.shader_f16 {
@@ -303,19 +375,18 @@ impl Builder<'_> {
                 } else {
                     8
                 };
-                let x_buffer = match x_used {
-                    Res::Buf(b) => b,
-                    _ => return Err(WgpuError::Execution("activation is not a buffer".into())),
-                };
+                // The 8-bit activations' scales follow their codes (act_quant.wgsl).
+                let scales_at = (rows * k / 4) as u32;
                 for (row0, chunk_rows, buffer) in chunks {
-                    let (gx, gy) = fold(chunk_rows);
-                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_buffer.clone())), (3, self.buf(*out))];
+                    let (gx, gy) = fold(chunk_rows.div_ceil(rows_per_group));
+                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used.clone())), (3, self.buf(*out))];
                     if let Some(b) = &bias {
                         entries.push((4, Res::Buf(b.clone())));
                     }
-                    let params = [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx];
+                    let params =
+                        [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx, scales_at];
                     self.push(
-                        PipelineKey::new(ShaderFile::Quant, "matmul", &defines),
+                        PipelineKey::new(file, entry, &defines),
                         &params,
                         entries,
                         [gx, gy, rows.div_ceil(tile) as u32],
@@ -452,6 +523,47 @@ impl Builder<'_> {
     }
 }
 
+/// Per op: whether it runs as the prologue of its output's rounding (act_quant.wgsl) instead of
+/// as its own dispatch. That holds for an RMS norm over whole rows, a SwiGLU or a GeGLU whose
+/// output is read only by mat-muls that round their activations alike (q/k/v after the attention
+/// norm, gate/up after the FFN norm, ffn_down after the activation), all before the op's own
+/// inputs change (a rounding may be recomputed from them) and none of them the logits.
+fn fused_producers(graph: &Graph, weights: &[GpuWeight]) -> Vec<bool> {
+    let rounding_of = |op: &Op| match op {
+        Op::MatMul { w, .. } => weights.get(w.0 as usize).map(|w| ActRounding::of(w.desc.ty)),
+        _ => None,
+    };
+    let fusible = |i: usize, op: &Op| -> bool {
+        let out = match op {
+            Op::RmsNorm { group, out, .. } if *group == graph.desc(*out).cols => *out,
+            Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } => *out,
+            _ => return false,
+        };
+        if out == graph.logits {
+            return false;
+        }
+        let inputs = op.inputs();
+        let (mut rounding, mut inputs_changed) = (None, false);
+        for later in &graph.ops[i + 1..] {
+            if later.inputs().contains(&out) {
+                match rounding_of(later) {
+                    Some(r) if r != ActRounding::None && !inputs_changed && rounding.is_none_or(|seen| seen == r) => {
+                        rounding = Some(r)
+                    }
+                    _ => return false,
+                }
+            }
+            match later.output() {
+                Some(w) if w == out => break,
+                Some(w) if inputs.contains(&w) => inputs_changed = true,
+                _ => {}
+            }
+        }
+        rounding.is_some()
+    };
+    graph.ops.iter().enumerate().map(|(i, op)| fusible(i, op)).collect()
+}
+
 /// The dispatches of a graph `Graph::validate` accepted.
 pub(crate) fn compile(
     gpu: &Gpu,
@@ -487,16 +599,40 @@ pub(crate) fn compile(
             _ => None,
         })
         .max();
-    let act_scratch = scratch_len.map(|len| storage("activation scratch", len * 4, wgpu::BufferUsages::empty()));
-    let mut b =
-        Builder { gpu, pipelines, weights, graph, bufs, step, act_scratch, dispatches: Vec::new(), params: Vec::new() };
+    // [rows, k] f32 for an f16 rounding; 8-bit codes and their scales take less.
+    let act_scratch: Vec<wgpu::Buffer> = scratch_len
+        .map(|len| (0..2).map(|_| storage("activation scratch", len * 4, wgpu::BufferUsages::empty())).collect())
+        .unwrap_or_default();
+    let mut b = Builder {
+        gpu,
+        pipelines,
+        weights,
+        graph,
+        bufs,
+        step,
+        act_scratch,
+        rounded: Vec::new(),
+        next_slot: 0,
+        producers: Vec::new(),
+        dispatches: Vec::new(),
+        params: Vec::new(),
+    };
     let mut embed_rows: Option<usize> = None;
-    for op in &graph.ops {
+    let fused = fused_producers(graph, weights);
+    for (op, fused) in graph.ops.iter().zip(fused) {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();
             embed_rows = Some(embed_rows.map_or(rows, |r| r.min(rows)));
         }
-        b.op(op)?;
+        // A rounding (or a left-out producer) stands for its buffer only until it is written again.
+        if let Some(written) = op.output() {
+            b.rounded.retain(|&(x, _, _)| x != written);
+            b.producers.retain(|(out, _)| *out != written);
+        }
+        match (fused, op.output()) {
+            (true, Some(out)) => b.producers.push((out, op.clone())),
+            _ => b.op(op)?,
+        }
     }
     Ok(CompiledGraph {
         graph: graph.clone(),

@@ -4,7 +4,8 @@
 use crate::WgpuError;
 use std::sync::{Arc, Mutex};
 
-/// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1`.
+/// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1`, `HEARTH_WGPU_NO_SUBGROUPS=1` and
+/// `HEARTH_WGPU_NO_DOT4=1`.
 #[derive(Clone, Debug, Default)]
 pub struct WgpuOptions {
     /// Do not request `shader-f16` even when the adapter has it: the kernels then read f16
@@ -13,6 +14,9 @@ pub struct WgpuOptions {
     /// Do not request subgroup operations even when the adapter has them: reductions then go
     /// through shared-memory trees.
     pub no_subgroups: bool,
+    /// Do not use WGSL's `dot4I8Packed` even where the implementation offers it: the 8-bit
+    /// mat-mul then unpacks bytes with shifts (same integer sums).
+    pub no_packed_dot: bool,
     /// Caps the bytes bound per weight buffer below the device limit, so tests can exercise the
     /// row-range split of large tensors with small ones.
     pub max_binding_bytes: Option<u64>,
@@ -25,6 +29,7 @@ impl WgpuOptions {
         WgpuOptions {
             no_f16: on("HEARTH_WGPU_NO_F16"),
             no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"),
+            no_packed_dot: on("HEARTH_WGPU_NO_DOT4"),
             max_binding_bytes: None,
         }
     }
@@ -38,6 +43,10 @@ pub struct DeviceInfo {
     pub device_type: String,
     pub shader_f16: bool,
     pub subgroups: bool,
+    /// WGSL's `packed_4x8_integer_dot_product` language feature (`dot4I8Packed`) is in use:
+    /// natively always (Naga emits the device's integer dot product, or its own expansion), in a
+    /// browser where `navigator.gpu.wgslLanguageFeatures` lists it.
+    pub packed_dot: bool,
     pub max_storage_binding: u64,
     pub max_buffer_size: u64,
 }
@@ -54,7 +63,7 @@ impl DeviceInfo {
     }
 
     /// The shader defines of the variant (see `shaders/`): `SHADER_F16`, `SUBGROUPS` (and in a
-    /// browser `SUBGROUPS_DIRECTIVE`).
+    /// browser `SUBGROUPS_DIRECTIVE`), `DOT4`.
     pub fn defines(&self) -> Vec<&'static str> {
         let mut defines = Vec::new();
         if self.shader_f16 {
@@ -66,6 +75,9 @@ impl DeviceInfo {
             if cfg!(target_arch = "wasm32") {
                 defines.push("SUBGROUPS_DIRECTIVE");
             }
+        }
+        if self.packed_dot {
+            defines.push("DOT4");
         }
         defines
     }
@@ -123,7 +135,8 @@ fn watch(device: &wgpu::Device) -> FaultWatch {
     faults
 }
 
-pub(crate) async fn request_adapter_async() -> Result<wgpu::Adapter, WgpuError> {
+/// The adapter, with whether its WGSL implementation has `dot4I8Packed`.
+pub(crate) async fn request_adapter_async() -> Result<(wgpu::Adapter, bool), WgpuError> {
     #[cfg(not(target_arch = "wasm32"))]
     let descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     // In the browser: navigator.gpu only (no WebGL fallback: our kernels need compute).
@@ -133,7 +146,8 @@ pub(crate) async fn request_adapter_async() -> Result<wgpu::Adapter, WgpuError> 
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     };
     let instance = wgpu::Instance::new(descriptor);
-    instance
+    let packed_dot = instance.wgsl_language_features().contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
+    let adapter = instance
         .request_adapter(&wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             force_fallback_adapter: false,
@@ -141,11 +155,12 @@ pub(crate) async fn request_adapter_async() -> Result<wgpu::Adapter, WgpuError> 
             ..Default::default()
         })
         .await
-        .map_err(|e| WgpuError::NoAdapter(e.to_string()))
+        .map_err(|e| WgpuError::NoAdapter(e.to_string()))?;
+    Ok((adapter, packed_dot))
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn request_adapter() -> Result<wgpu::Adapter, WgpuError> {
+pub(crate) fn request_adapter() -> Result<(wgpu::Adapter, bool), WgpuError> {
     pollster::block_on(request_adapter_async())
 }
 
@@ -155,7 +170,8 @@ pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
 }
 
 pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
-    let adapter = request_adapter_async().await?;
+    let (adapter, packed_dot) = request_adapter_async().await?;
+    let packed_dot = packed_dot && !options.no_packed_dot;
     let features = adapter.features();
     let shader_f16 = !options.no_f16 && features.contains(wgpu::Features::SHADER_F16);
     let subgroups = !options.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
@@ -191,6 +207,7 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
         device_type: format!("{:?}", ai.device_type),
         shader_f16,
         subgroups,
+        packed_dot,
         max_storage_binding,
         max_buffer_size,
     };

@@ -262,9 +262,10 @@ impl Backend for WgpuBackend {
             self.counters.bind_groups_created += compiled.ensure_top_k(&self.gpu, &mut self.pipelines, spec)?;
         }
         let n_ops = compiled.graph.ops.len() as u64;
-        let (signal, bytes) = compiled.submit(&self.gpu, kv_store, kv, input, top_k)?;
-        self.pending = Some(PendingStep { graph, signal, readback, top_k });
-        self.counters.bytes_read_back += bytes;
+        let submitted = compiled.submit(&self.gpu, kv_store, kv, input, top_k)?;
+        self.pending = Some(PendingStep { graph, signal: submitted.signal, readback, top_k });
+        self.counters.bytes_read_back += submitted.bytes_read_back;
+        self.counters.dispatches += submitted.dispatches;
         self.counters.submits += 1;
         self.counters.steps_executed += 1;
         self.counters.ops_executed += n_ops;

@@ -166,6 +166,13 @@ fn check_fit(d: &Dispatch, kv: &GpuKv) -> Result<(), WgpuError> {
     }
 }
 
+/// A step on its way: the read-back's signal, its size and the dispatches recorded.
+pub(crate) struct Submitted {
+    pub signal: MapSignal,
+    pub bytes_read_back: u64,
+    pub dispatches: u64,
+}
+
 impl CompiledGraph {
     /// Every buffer this graph made (activations, step words, staging, scratch, parameters,
     /// block tables, top-k reductions); not the weights or the KV pool it binds.
@@ -278,7 +285,7 @@ impl CompiledGraph {
         kv_id: KvId,
         input: StepInput<'_>,
         top_k: Option<TopKSpec>,
-    ) -> Result<(MapSignal, u64), WgpuError> {
+    ) -> Result<Submitted, WgpuError> {
         if let Some(spec) = top_k.filter(|spec| !self.top_k_plans.contains_key(spec)) {
             return Err(WgpuError::Execution(format!("{spec:?} reduction not built")));
         }
@@ -297,6 +304,7 @@ impl CompiledGraph {
         let plan = top_k.and_then(|k| self.top_k_plans.get(&k));
         let scope = validation_scope(&gpu.device);
         let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        let mut dispatches = 0;
         {
             let mut pass = encoder
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
@@ -312,9 +320,10 @@ impl CompiledGraph {
                 pass.set_pipeline(pipeline);
                 pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                dispatches += 1;
             }
             if let Some(plan) = plan {
-                plan.encode(&mut pass);
+                dispatches += plan.encode(&mut pass);
             }
         }
         let (staging, bytes) = match plan {
@@ -332,7 +341,7 @@ impl CompiledGraph {
         if let Some(e) = pop_scope(scope) {
             return Err(WgpuError::Execution(e.to_string()));
         }
-        Ok((start_map(staging, bytes), bytes))
+        Ok(Submitted { signal: start_map(staging, bytes), bytes_read_back: bytes, dispatches })
     }
 
     /// Copies the top-k candidates of a step submitted with `top_k = Some(k)` and unmaps.

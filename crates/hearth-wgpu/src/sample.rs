@@ -137,13 +137,14 @@ impl TopKPlan {
     /// Bind groups `new` made.
     pub const BIND_GROUPS: u64 = 2;
 
-    /// Records both passes after the step's dispatches.
-    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+    /// Records both passes after the step's dispatches; returns how many dispatches that is.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) -> u64 {
         for p in [&self.chunks, &self.merge] {
             pass.set_pipeline(&p.pipeline);
             pass.set_bind_group(0, &p.bind_group, &[]);
             pass.dispatch_workgroups(p.groups[0], p.groups[1], p.groups[2]);
         }
+        2
     }
 
     /// Bytes the step reads back.

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShaderFile {
     Quant,
+    MatmulQ8,
     ActQuant,
     Norm,
     Rope,
@@ -20,6 +21,7 @@ impl ShaderFile {
     pub fn name(self) -> &'static str {
         match self {
             ShaderFile::Quant => "quant.wgsl",
+            ShaderFile::MatmulQ8 => "matmul_q8.wgsl",
             ShaderFile::ActQuant => "act_quant.wgsl",
             ShaderFile::Norm => "norm.wgsl",
             ShaderFile::Rope => "rope.wgsl",
@@ -29,9 +31,19 @@ impl ShaderFile {
         }
     }
 
-    pub fn source(self) -> &'static str {
+    /// The file's text, and the shared functions appended to it (elementwise activations).
+    pub fn source(self) -> String {
+        const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
+        match self {
+            ShaderFile::ActQuant | ShaderFile::Elementwise => format!("{}\n{ACTIVATION_FNS}", self.own_source()),
+            _ => self.own_source().to_string(),
+        }
+    }
+
+    fn own_source(self) -> &'static str {
         match self {
             ShaderFile::Quant => include_str!("../../../shaders/quant.wgsl"),
+            ShaderFile::MatmulQ8 => include_str!("../../../shaders/matmul_q8.wgsl"),
             ShaderFile::ActQuant => include_str!("../../../shaders/act_quant.wgsl"),
             ShaderFile::Norm => include_str!("../../../shaders/norm.wgsl"),
             ShaderFile::Rope => include_str!("../../../shaders/rope.wgsl"),
@@ -120,7 +132,7 @@ impl PipelineCache {
         if let Some(p) = self.pipelines.get(key) {
             return Ok(p.clone());
         }
-        let source = preprocess(key.file.name(), key.file.source(), &key.defines)?;
+        let source = preprocess(key.file.name(), &key.file.source(), &key.defines)?;
         let label = format!("{}:{}[{}]", key.file.name(), key.entry, key.defines.join(","));
         let scope = crate::replay::validation_scope(device);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {

@@ -22,8 +22,10 @@ pub fn open(options: WgpuOptions) -> Option<WgpuBackend> {
 }
 
 /// One backend per kernel variant the adapter supports (`DeviceInfo::variant`): `options` as
-/// given, then with `shader-f16` and/or subgroups forced off; the env switches
-/// `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1` force them off in all. Each opened
+/// given, then with `shader-f16` and/or subgroups forced off (the last, `f32`, also without
+/// `dot4I8Packed`: the plainest WGSL a browser may offer); the env switches
+/// `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1` / `HEARTH_WGPU_NO_DOT4=1` force them off
+/// in all. Each opened
 /// device must honour what was asked. Empty only when no adapter opens and that is allowed
 /// (see `open`).
 pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
@@ -34,12 +36,14 @@ pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
         let asked = WgpuOptions {
             no_f16: options.no_f16 || env.no_f16 || no_f16,
             no_subgroups: options.no_subgroups || env.no_subgroups || no_subgroups,
+            no_packed_dot: options.no_packed_dot || env.no_packed_dot || (no_f16 && no_subgroups),
             ..options.clone()
         };
         let Some(backend) = open(asked.clone()) else { return backends };
         let info = backend.info();
         assert!(!(asked.no_f16 && info.shader_f16), "shader-f16 in use although switched off");
         assert!(!(asked.no_subgroups && info.subgroups), "subgroups in use although switched off");
+        assert!(!(asked.no_packed_dot && info.packed_dot), "dot4I8Packed in use although switched off");
         if !seen.contains(&info.variant()) {
             seen.push(info.variant());
             backends.push(backend);

@@ -1,0 +1,35 @@
+// Element-wise functions shared by elementwise.wgsl and act_quant.wgsl (appended to both sources
+// by shader.rs, so each file's own line numbers stay as written).
+
+// Round to nearest-even f16, exactly (bit arithmetic in f16's normal range).
+fn round_f16(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let exponent = (bits >> 23u) & 0xffu;
+    if (exponent >= 113u && exponent < 142u) {
+        let lsb = (bits >> 13u) & 1u;
+        return bitcast<f32>((bits + 0x0fffu + lsb) & ~0x1fffu);
+    }
+    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
+}
+
+// tanh without overflow for large |x| (exp(2x) overflows f32 past ~44).
+fn safe_tanh(x: f32) -> f32 {
+    let t = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - t) / (1.0 + t);
+}
+
+fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+// GELU (tanh form) of the f16-rounded input, rounded to f16, as ggml's CPU table does.
+fn gelu_ggml(x: f32) -> f32 {
+    if (x <= -10.0) {
+        return 0.0;
+    }
+    if (x >= 10.0) {
+        return x;
+    }
+    let h = round_f16(x);
+    return round_f16(0.5 * h * (1.0 + safe_tanh(0.7978846 * h * (1.0 + 0.044715 * h * h))));
+}

@@ -1,0 +1,345 @@
+// Quantized weights times 8-bit activations: out = x · Wᵀ (+ bias) with integer dot products.
+//
+// The activations come from act_quant.wgsl as the CPU rounds them (Q8_K blocks of 256 for the
+// K-quants, Q8_0 blocks of 32 for the others), so each block's integer sum is exactly the CPU's
+// and only the f32 sums of the blocks' scaled results are ordered differently.
+// Weights are the tensor's GGUF bytes unchanged, bound as array<u32> (rows of row_bytes each;
+// a tensor too large for one binding is split into row ranges, each its own buffer starting at
+// row `row0`). Exactly one weight-type define is set: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K.
+//
+// Shape (the one the fastest WebGPU engines use): a 64-invocation workgroup computes ROWS weight
+// rows for TILE_T tokens; THREADS invocations share a weight block (16 for a 256-value
+// super-block, 4 for a 32-value block), each reading its 16 or 8 values as whole u32 words and
+// holding the matching activation words in registers across the rows. A token's result does not
+// depend on how many tokens share its workgroup (the same invocation adds the same blocks in the
+// same order), so batches, speculative verification and decoding agree exactly.
+//
+// Variants: DOT4 uses dot4I8Packed (the WGSL packed_4x8_integer_dot_product language feature;
+// native, or Naga's polyfill where the device lacks it), otherwise bytes are unpacked by shifts.
+// SUBGROUPS sums partial results with subgroupAdd, otherwise through a shared-memory tree. DECODE
+// is the single-token tile.
+#ifdef SUBGROUPS_DIRECTIVE
+enable subgroups;
+#endif
+
+// [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x, scales_at]
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+// [rows_in_chunk * row_bytes] GGUF bytes, padded to 4 bytes
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+// [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales
+// (act_quant.wgsl's layout)
+@group(0) @binding(2) var<storage, read> XQ: array<u32>;
+// [n_tokens, n] f32
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+#ifdef BIAS
+// [n] f32 (stored as the GGUF F32 bytes)
+@group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
+#endif
+
+const WG: u32 = 64u;
+const ROWS: u32 = 4u;
+#ifdef DECODE
+const TILE_T: u32 = 1u;
+#else
+const TILE_T: u32 = 8u;
+#endif
+#ifdef Q4_K || Q6_K
+const THREADS: u32 = 16u;
+const BLOCK_LEN: u32 = 256u;
+#else
+const THREADS: u32 = 4u;
+const BLOCK_LEN: u32 = 32u;
+#endif
+const BLOCKS_AT_ONCE: u32 = WG / THREADS;
+const OUTPUTS: u32 = ROWS * TILE_T;
+
+// The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
+// 18, 22, 34 and 210 bytes start on even offsets).
+fn word_at(at: u32) -> u32 {
+    let w = at >> 2u;
+    let shift = (at & 3u) * 8u;
+    return select((W[w] >> shift) | (W[w + 1u] << (32u - shift)), W[w], shift == 0u);
+}
+
+// The f16 at byte `at`, which is even.
+fn f16_at(at: u32) -> f32 {
+    return unpack2x16float(W[at >> 2u])[(at >> 1u) & 1u];
+}
+
+// Byte `i` (0..3) of `w`, sign-extended.
+fn i8_in(w: u32, i: u32) -> i32 {
+    return i32(w << (24u - 8u * i)) >> 24u;
+}
+
+// Σ of the products of the 4 signed bytes of a and b.
+fn dot4(a: u32, b: u32) -> i32 {
+#ifdef DOT4
+    return dot4I8Packed(a, b);
+#else
+    let x = vec4<i32>(i32(a << 24u), i32(a << 16u), i32(a << 8u), i32(a)) >> vec4<u32>(24u);
+    let y = vec4<i32>(i32(b << 24u), i32(b << 16u), i32(b << 8u), i32(b)) >> vec4<u32>(24u);
+    return dot(x, y);
+#endif
+}
+
+const ONES: u32 = 0x01010101u;
+const LOW4: u32 = 0x0f0f0f0fu;
+
+// One token's activation words for this invocation's values of a block, their sums (for the
+// weight types whose codes carry an offset or a min) and the block's scale.
+struct Act {
+    q: vec4<u32>,
+    sums: vec4<i32>,
+    d: f32,
+}
+
+// Where this invocation's values sit in a block, in activation words from the block's start.
+fn act_words(slot: u32) -> vec4<u32> {
+#ifdef Q4_K
+    // chunk c = slot / 4 of 64 values: low nibbles are values 64c + 8p.., high ones 64c + 32 + 8p..
+    let c = slot / 4u;
+    let p = slot % 4u;
+    let lo = (64u * c + 8u * p) / 4u;
+    return vec4<u32>(lo, lo + 1u, lo + 8u, lo + 9u);
+#endif
+#ifdef Q6_K
+    // half n = slot / 8, l0 = 4 (slot % 8): values 128n + 32g + l0.. for g = 0..3
+    let at = (128u * (slot / 8u) + 4u * (slot % 8u)) / 4u;
+    return vec4<u32>(at, at + 8u, at + 16u, at + 24u);
+#endif
+#ifdef Q8_0
+    // values 8p..8p+7
+    return vec4<u32>(2u * slot, 2u * slot + 1u, 0u, 0u);
+#endif
+#ifdef Q4_0 || Q5_0
+    // values 4p.. (low nibbles) and 16 + 4p.. (high nibbles)
+    return vec4<u32>(slot, slot + 4u, 0u, 0u);
+#endif
+}
+
+fn load_act(token: u32, block: u32, slot: u32) -> Act {
+    let k = P[2];
+    let first = (token * k + block * BLOCK_LEN) / 4u;
+    let at = act_words(slot);
+    var a: Act;
+#ifdef Q4_K || Q6_K
+    a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
+#else
+    a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], 0u, 0u);
+#endif
+    a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
+    a.d = bitcast<f32>(XQ[P[7] + (token * k) / BLOCK_LEN + block]);
+    return a;
+}
+
+// Q4_K sub-block j's 6-bit (scale, min) from the 12 scale bytes in s.
+fn scale_min_k4(j: u32, s: vec3<u32>) -> vec2<i32> {
+    let byte = vec4<u32>(j, j + 4u, j + 8u, j - 4u);
+    var sc: u32;
+    var m: u32;
+    if (j < 4u) {
+        sc = (s[j / 4u] >> (8u * (j % 4u))) & 63u;
+        m = (s[(j + 4u) / 4u] >> (8u * (j % 4u))) & 63u;
+    } else {
+        let hi = (s[2u] >> (8u * (j % 4u))) & 0xffu; // byte j + 4
+        let lo_sc = (s[0u] >> (8u * (j % 4u))) & 0xffu; // byte j - 4
+        let lo_m = (s[1u] >> (8u * (j % 4u))) & 0xffu; // byte j
+        sc = (hi & 0xfu) | ((lo_sc >> 6u) << 4u);
+        m = (hi >> 4u) | ((lo_m >> 6u) << 4u);
+    }
+    return vec2<i32>(i32(sc), i32(m));
+}
+
+// A weight block's codes for this invocation, decoded once and applied to every token.
+struct Weights {
+    q: vec4<u32>,
+    // Q4_K: (scale, min) of the low and high sub-blocks; Q6_K: the 4 sub-block scales.
+    sc: vec4<i32>,
+    d: f32,
+    dmin: f32,
+}
+
+fn load_weights(b: u32, slot: u32) -> Weights {
+    var w: Weights;
+#ifdef Q4_K
+    // super-block: d f16, dmin f16, scales[12], qs[128]; 144 bytes, so always word-aligned
+    let c = slot / 4u;
+    let p = slot % 4u;
+    let dd = unpack2x16float(W[b / 4u]);
+    w.d = dd.x;
+    w.dmin = dd.y;
+    let s = vec3<u32>(W[b / 4u + 1u], W[b / 4u + 2u], W[b / 4u + 3u]);
+    let lo = scale_min_k4(2u * c, s);
+    let hi = scale_min_k4(2u * c + 1u, s);
+    w.sc = vec4<i32>(lo, hi);
+    let q0 = W[(b + 16u + 32u * c + 8u * p) / 4u];
+    let q1 = W[(b + 16u + 32u * c + 8u * p) / 4u + 1u];
+    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef Q6_K
+    // super-block: ql[128], qh[64], scales[16] i8, d f16; 210 bytes
+    let n = slot / 8u;
+    let l0 = 4u * (slot % 8u);
+    let ql0 = word_at(b + 64u * n + l0);
+    let ql1 = word_at(b + 64u * n + 32u + l0);
+    let qh = word_at(b + 128u + 32u * n + l0);
+    w.q = vec4<u32>(
+        (ql0 & LOW4) | ((qh & 0x03030303u) << 4u),
+        (ql1 & LOW4) | (((qh >> 2u) & 0x03030303u) << 4u),
+        ((ql0 >> 4u) & LOW4) | (((qh >> 4u) & 0x03030303u) << 4u),
+        ((ql1 >> 4u) & LOW4) | (((qh >> 6u) & 0x03030303u) << 4u),
+    );
+    // scales 8n + l0 / 16 + 2g
+    let s0 = word_at(b + 192u + 8u * n);
+    let s1 = word_at(b + 196u + 8u * n);
+    let h = l0 / 16u;
+    w.sc = vec4<i32>(i8_in(s0, h), i8_in(s0, h + 2u), i8_in(s1, h), i8_in(s1, h + 2u));
+    w.d = f16_at(b + 208u);
+#endif
+#ifdef Q8_0
+    // block: d f16, qs[32] i8; 34 bytes
+    w.d = f16_at(b);
+    w.q = vec4<u32>(word_at(b + 2u + 8u * slot), word_at(b + 6u + 8u * slot), 0u, 0u);
+#endif
+#ifdef Q4_0
+    // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
+    w.d = f16_at(b);
+    let q = word_at(b + 2u + 4u * slot);
+    w.q = vec4<u32>(q & LOW4, (q >> 4u) & LOW4, 0u, 0u);
+#endif
+#ifdef Q5_0
+    // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
+    w.d = f16_at(b);
+    let qh = word_at(b + 2u);
+    let q = word_at(b + 6u + 4u * slot);
+    w.q = vec4<u32>(
+        (q & LOW4) | (spread_bits((qh >> (4u * slot)) & 0xfu) << 4u),
+        ((q >> 4u) & LOW4) | (spread_bits((qh >> (16u + 4u * slot)) & 0xfu) << 4u),
+        0u,
+        0u,
+    );
+#endif
+    return w;
+}
+
+// Bit i of x (i < 4) to bit 0 of byte i.
+fn spread_bits(x: u32) -> u32 {
+    return (x & 1u) | ((x & 2u) << 7u) | ((x & 4u) << 14u) | ((x & 8u) << 21u);
+}
+
+// One weight block times one token's activations, scaled.
+fn block_dot(w: Weights, a: Act) -> f32 {
+#ifdef Q4_K
+    let s = w.sc.x * (dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y)) + w.sc.z * (dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w));
+    let m = w.sc.y * (a.sums.x + a.sums.y) + w.sc.w * (a.sums.z + a.sums.w);
+    return a.d * (w.d * f32(s) - w.dmin * f32(m));
+#endif
+#ifdef Q6_K
+    let dots = vec4<i32>(dot4(w.q.x, a.q.x), dot4(w.q.y, a.q.y), dot4(w.q.z, a.q.z), dot4(w.q.w, a.q.w));
+    let s = dot(w.sc, dots - 32 * a.sums);
+    return a.d * w.d * f32(s);
+#endif
+#ifdef Q8_0
+    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y));
+#endif
+#ifdef Q4_0
+    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) - 8 * (a.sums.x + a.sums.y));
+#endif
+#ifdef Q5_0
+    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) - 16 * (a.sums.x + a.sums.y));
+#endif
+}
+
+#ifdef SUBGROUPS
+// [subgroups][output] partial sums (at most WG / 4 subgroups: WebGPU's smallest subgroup is 4).
+var<workgroup> partial: array<array<f32, OUTPUTS>, 16>;
+#else
+var<workgroup> partial: array<array<f32, OUTPUTS>, WG>;
+#endif
+
+// grid: (ceil(rows_in_chunk / ROWS) folded into x*y with groups_x columns, ceil(n_tokens / TILE_T))
+@compute @workgroup_size(64)
+fn matmul_q8(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+#ifdef SUBGROUPS
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
+    let first_row = (wg.y * P[6] + wg.x) * ROWS;
+    let rows = P[1];
+    let k = P[2];
+    let row_bytes = P[3];
+    let n = P[4];
+    let n_tokens = P[5];
+    let t0 = wg.z * TILE_T;
+    let tid = lid.x;
+    let slot = tid % THREADS;
+    let n_blocks = k / BLOCK_LEN;
+    var acc: array<f32, OUTPUTS>;
+    for (var o = 0u; o < OUTPUTS; o++) {
+        acc[o] = 0.0;
+    }
+    let block_bytes = row_bytes / n_blocks;
+    for (var block = tid / THREADS; block < n_blocks; block += BLOCKS_AT_ONCE) {
+        var act: array<Act, TILE_T>;
+        for (var t = 0u; t < TILE_T; t++) {
+            if (t0 + t < n_tokens) {
+                act[t] = load_act(t0 + t, block, slot);
+            }
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            if (first_row + r < rows) {
+                let w = load_weights((first_row + r) * row_bytes + block * block_bytes, slot);
+                for (var t = 0u; t < TILE_T; t++) {
+                    if (t0 + t < n_tokens) {
+                        acc[r * TILE_T + t] += block_dot(w, act[t]);
+                    }
+                }
+            }
+        }
+    }
+#ifdef SUBGROUPS
+    for (var o = 0u; o < OUTPUTS; o++) {
+        acc[o] = subgroupAdd(acc[o]);
+    }
+    let n_subgroups = (WG + sg_size - 1u) / sg_size;
+    if (sg_lane == 0u) {
+        partial[tid / sg_size] = acc;
+    }
+    workgroupBarrier();
+    if (tid < OUTPUTS) {
+        var sum = 0.0;
+        for (var s = 0u; s < n_subgroups; s++) {
+            sum += partial[s][tid];
+        }
+        acc[0] = sum;
+    }
+#else
+    partial[tid] = acc;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            for (var o = 0u; o < OUTPUTS; o++) {
+                partial[tid][o] += partial[tid + stride][o];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (tid < OUTPUTS) {
+        acc[0] = partial[0][tid];
+    }
+#endif
+    // Invocation o < OUTPUTS writes output o = r * TILE_T + t.
+    let r = tid / TILE_T;
+    let t = tid % TILE_T;
+    if (tid < OUTPUTS && first_row + r < rows && t0 + t < n_tokens) {
+        let row = P[0] + first_row + r;
+        var b = 0.0;
+#ifdef BIAS
+        b = BIAS_W[row];
+#endif
+        OUT[(t0 + t) * n + row] = acc[0] + b;
+    }
+}
