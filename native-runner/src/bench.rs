@@ -6,7 +6,7 @@ use crate::load::{self, Loaded};
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
-use hearth_core::backend::Readback;
+use hearth_core::backend::{KernelTime, Readback};
 use hearth_core::engine::Session;
 use hearth_core::runner::StepOutput;
 use hearth_core::sampling::argmax;
@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// reads back only the backend's top 1, as greedy generation does).
     #[arg(long = "full-logits")]
     pub full_logits: bool,
+    /// Time every GPU kernel with device timestamps (wgpu, natively): device time per kernel
+    /// family per decode token, dispatches per token and the weight bytes each family reads.
+    /// Steps wait for their timestamps, so tok/s is lower while profiling.
+    #[arg(long)]
+    pub profile: bool,
     #[command(flatten)]
     pub server: crate::bench_server::ServerBenchArgs,
 }
@@ -98,12 +103,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         bail!("--prompt-tokens and --reps must be at least 1");
     }
     let mut model_args = args.model.clone();
+    model_args.wgpu_profile = args.profile;
     if model_args.ctx_size == 0 {
         model_args.ctx_size = args.prompt_tokens + args.gen_tokens + 1;
     }
     let Loaded { mut engine, path, load_ms } = load::load(&model_args)?;
     let load_peak_rss = peak_rss_bytes();
     let session = engine.session_mut();
+    if args.profile && session.kernel_profile().is_none() {
+        bail!("--profile needs --backend wgpu on an adapter with GPU timestamps inside compute passes");
+    }
+    let mut profile = Vec::new();
     let n_vocab = session.config().n_vocab;
     // Ordinary tokens (skipping the low ids some vocabularies reserve), deterministic across runs.
     let prompt: Vec<u32> =
@@ -126,6 +136,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let prefill_s = start.elapsed().as_secs_f64();
         let mut steps = Vec::with_capacity(args.gen_tokens);
         decode_counters.0 = session.backend().counters();
+        session.kernel_profile();
         let (wait0, cpu0, decode_start) = (session.runner().device_wait(), thread_cpu_time(), Instant::now());
         for _ in 0..args.gen_tokens {
             let t = Instant::now();
@@ -134,6 +145,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
         let (wait1, cpu1, decode_wall) = (session.runner().device_wait(), thread_cpu_time(), decode_start.elapsed());
         decode_counters.1 = session.backend().counters();
+        profile = session.kernel_profile().unwrap_or_default();
         if rep == 0 {
             continue;
         }
@@ -182,6 +194,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "thread_cpu_ms": stat(&thread_cpu_ms),
         },
         "readback": if args.full_logits { "logits" } else { "top1" },
+        "profile_per_decode_token": profile_rows(&profile, args.gen_tokens),
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -220,6 +233,59 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             stat(&host_ms).mean,
             stat(&thread_cpu_ms).mean
         );
+        print_profile(&profile, args.gen_tokens);
     }
     Ok(())
+}
+
+/// Per decode token, by kernel family (most time first): dispatches, device µs, weight bytes.
+fn profile_rows(profile: &[KernelTime], tokens: usize) -> Vec<serde_json::Value> {
+    let per_token = |v: u64| v as f64 / tokens.max(1) as f64;
+    let mut rows: Vec<&KernelTime> = profile.iter().collect();
+    rows.sort_by_key(|k| std::cmp::Reverse(k.nanos));
+    rows.iter()
+        .map(|k| {
+            serde_json::json!({
+                "family": k.family,
+                "dispatches": per_token(k.dispatches),
+                "device_us": per_token(k.nanos) / 1e3,
+                "weight_bytes": per_token(k.weight_bytes),
+            })
+        })
+        .collect()
+}
+
+fn print_profile(profile: &[KernelTime], tokens: usize) {
+    if profile.is_empty() {
+        return;
+    }
+    let per_token = |v: u64| v as f64 / tokens.max(1) as f64;
+    let total_ns: u64 = profile.iter().map(|k| k.nanos).sum();
+    let total_bytes: u64 = profile.iter().map(|k| k.weight_bytes).sum();
+    println!(
+        "profile    device time per decode token by kernel family (GPU timestamps): {:.0} µs in {:.0} dispatches, {:.1} MB of weights ({:.1} GB/s)",
+        per_token(total_ns) / 1e3,
+        per_token(profile.iter().map(|k| k.dispatches).sum()),
+        per_token(total_bytes) / 1e6,
+        total_bytes as f64 / total_ns.max(1) as f64
+    );
+    println!("  {:<26} {:>10} {:>12} {:>7} {:>12} {:>8}", "family", "dispatches", "µs", "share", "weights MB", "GB/s");
+    let mut rows: Vec<&KernelTime> = profile.iter().collect();
+    rows.sort_by_key(|k| std::cmp::Reverse(k.nanos));
+    for k in rows {
+        let gbps = if k.weight_bytes > 0 {
+            format!("{:.1}", k.weight_bytes as f64 / k.nanos.max(1) as f64)
+        } else {
+            "-".into()
+        };
+        println!(
+            "  {:<26} {:>10.0} {:>12.1} {:>6.1}% {:>12.2} {:>8}",
+            k.family,
+            per_token(k.dispatches),
+            per_token(k.nanos) / 1e3,
+            100.0 * k.nanos as f64 / total_ns.max(1) as f64,
+            per_token(k.weight_bytes) / 1e6,
+            gbps
+        );
+    }
 }

@@ -31,7 +31,9 @@ fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
     if numerics == hearth_cpu::Numerics::LlamaCpp && !matches!(args.backend, BackendKind::Auto | BackendKind::Cpu) {
         bail!("--numerics llama-cpp is the CPU backend's; it cannot run on backend '{}'", args.backend);
     }
-    let open_wgpu = || hearth_wgpu::WgpuBackend::new(hearth_wgpu::WgpuOptions::from_env());
+    let env = hearth_wgpu::WgpuOptions::from_env();
+    let wgpu_options = hearth_wgpu::WgpuOptions { profile: args.wgpu_profile || env.profile, ..env };
+    let open_wgpu = || hearth_wgpu::WgpuBackend::new(wgpu_options.clone());
     match args.backend {
         BackendKind::Cpu => cpu_backend(args),
         BackendKind::Auto if numerics == hearth_cpu::Numerics::LlamaCpp => cpu_backend(args),

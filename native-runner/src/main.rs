@@ -83,6 +83,9 @@ pub struct ModelArgs {
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,
+    /// Open the wgpu backend with GPU timestamps around every dispatch (`hearth bench --profile`).
+    #[arg(skip)]
+    pub wgpu_profile: bool,
 }
 
 /// `--backend`: auto, cpu, wgpu (cuda is named, and refused at load until it is built).

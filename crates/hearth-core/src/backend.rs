@@ -88,6 +88,18 @@ pub struct BackendCounters {
     pub bytes_read_back: u64,
 }
 
+/// Device time of one kernel family over profiled steps ([`Backend::kernel_profile`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelTime {
+    /// The backend's name for the family ("matmul_q8 Q4_K", "attention").
+    pub family: String,
+    pub dispatches: u64,
+    /// Device time, summed over the dispatches.
+    pub nanos: u64,
+    /// Weight bytes the dispatches read (for the family's share of memory bandwidth).
+    pub weight_bytes: u64,
+}
+
 /// What a step brings back to the host: every logit, or per output row only the `k` largest
 /// (greedy decoding needs the top 1). Candidates are what top-k sampling draws from anyway, so a
 /// sampler without penalties or logit bias loses nothing by asking for them, and a GPU backend
@@ -245,6 +257,11 @@ pub trait Backend: Send {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;
 
     fn counters(&self) -> BackendCounters;
+
+    /// Device time per kernel family over the steps taken since the last call, when the backend
+    /// was opened to profile and can (the wgpu backend with `WgpuOptions::profile` on an adapter
+    /// with timestamps inside passes); `None` otherwise.
+    fn kernel_profile(&mut self) -> Option<Vec<KernelTime>>;
 
     /// Bytes the backend holds for weights, KV and compiled graphs (host memory for the CPU,
     /// device memory for a GPU): for `hearth bench`, and bounded however many graphs were

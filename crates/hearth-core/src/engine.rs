@@ -170,6 +170,11 @@ impl Session {
         self.runner.backend()
     }
 
+    /// The backend's device time per kernel family since the last call ([`Backend::kernel_profile`]).
+    pub fn kernel_profile(&mut self) -> Option<Vec<crate::backend::KernelTime>> {
+        self.runner.kernel_profile()
+    }
+
     /// Prompt tokens evaluated per forward pass.
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk

@@ -103,6 +103,11 @@ impl Runner {
         self.backend.as_ref()
     }
 
+    /// The backend's device time per kernel family since the last call ([`Backend::kernel_profile`]).
+    pub fn kernel_profile(&mut self) -> Option<Vec<crate::backend::KernelTime>> {
+        self.backend.kernel_profile()
+    }
+
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
     }

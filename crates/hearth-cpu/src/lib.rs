@@ -278,6 +278,10 @@ impl Backend for CpuBackend {
         Some(compiled.bufs[index].clone())
     }
 
+    fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {
+        None // ops run as host code, not as timed device kernels
+    }
+
     fn counters(&self) -> BackendCounters {
         self.counters.clone()
     }

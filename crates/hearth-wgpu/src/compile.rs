@@ -54,6 +54,9 @@ pub(crate) struct Dispatch {
     pub kv_need: Option<KvNeed>,
     pub bind_group: Option<wgpu::BindGroup>,
     pub groups: [u32; 3],
+    /// For profiles: the kernel family and the weight bytes the dispatch reads.
+    pub family: String,
+    pub weight_bytes: u64,
 }
 
 pub(crate) struct CompiledGraph {
@@ -74,6 +77,10 @@ pub(crate) struct CompiledGraph {
     /// Host copies of the step and table words (reused, so a step allocates nothing).
     pub step_words: Vec<u32>,
     pub table_words: Vec<u32>,
+    /// GPU timestamps around the dispatches, when profiling (`DeviceInfo::timestamps`), and the
+    /// dispatches the last step timed (indices into `dispatches`; `usize::MAX`: the top-k).
+    pub timestamps: Option<crate::profile::StepTimestamps>,
+    pub timed: Vec<usize>,
     /// Per k: the top-k reduction of the logits (`sample.rs`), built on first use.
     pub top_k_plans: HashMap<crate::sample::TopKSpec, crate::sample::TopKPlan>,
     /// The other buffers made at compile time: the activation scratch and each dispatch's
@@ -207,7 +214,13 @@ impl Builder<'_> {
                 (Some(pipeline), Some(group))
             }
         };
-        self.dispatches.push(Dispatch { key, pipeline, entries, kv_need, bind_group, groups });
+        let family = crate::profile::family(&key);
+        // Weights are bound at binding 1 of embed and the mat-muls; an embedding reads one row a token.
+        let weight_bytes = match (key.entry, entries.iter().find(|(b, _)| *b == 1)) {
+            ("matmul" | "matmul_q8", Some((_, Res::Buf(w)))) => w.size(),
+            _ => 0,
+        };
+        self.dispatches.push(Dispatch { key, pipeline, entries, kv_need, bind_group, groups, family, weight_bytes });
         Ok(())
     }
 
@@ -640,6 +653,8 @@ pub(crate) fn compile(
         step: b.step,
         staging,
         logits_len,
+        timestamps: gpu.info.timestamps.then(|| crate::profile::StepTimestamps::new(gpu, b.dispatches.len() + 1)),
+        timed: Vec::new(),
         dispatches: b.dispatches,
         kv_bindings: HashMap::new(),
         embed_rows,

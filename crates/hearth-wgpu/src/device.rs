@@ -5,7 +5,7 @@ use crate::WgpuError;
 use std::sync::{Arc, Mutex};
 
 /// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1`, `HEARTH_WGPU_NO_SUBGROUPS=1` and
-/// `HEARTH_WGPU_NO_DOT4=1`.
+/// `HEARTH_WGPU_NO_DOT4=1` and `HEARTH_WGPU_PROFILE=1`.
 #[derive(Clone, Debug, Default)]
 pub struct WgpuOptions {
     /// Do not request `shader-f16` even when the adapter has it: the kernels then read f16
@@ -17,6 +17,9 @@ pub struct WgpuOptions {
     /// Do not use WGSL's `dot4I8Packed` even where the implementation offers it: the 8-bit
     /// mat-mul then unpacks bytes with shifts (same integer sums).
     pub no_packed_dot: bool,
+    /// Time every dispatch with GPU timestamps (`Backend::kernel_profile`), where the adapter has
+    /// timestamps inside compute passes (natively; not in browsers). Costs a wait per step.
+    pub profile: bool,
     /// Caps the bytes bound per weight buffer below the device limit, so tests can exercise the
     /// row-range split of large tensors with small ones.
     pub max_binding_bytes: Option<u64>,
@@ -30,6 +33,7 @@ impl WgpuOptions {
             no_f16: on("HEARTH_WGPU_NO_F16"),
             no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"),
             no_packed_dot: on("HEARTH_WGPU_NO_DOT4"),
+            profile: on("HEARTH_WGPU_PROFILE"),
             max_binding_bytes: None,
         }
     }
@@ -47,6 +51,8 @@ pub struct DeviceInfo {
     /// natively always (Naga emits the device's integer dot product, or its own expansion), in a
     /// browser where `navigator.gpu.wgslLanguageFeatures` lists it.
     pub packed_dot: bool,
+    /// Dispatches are timed (`WgpuOptions::profile` on an adapter that can).
+    pub timestamps: bool,
     pub max_storage_binding: u64,
     pub max_buffer_size: u64,
 }
@@ -182,6 +188,11 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
     if subgroups {
         required_features |= wgpu::Features::SUBGROUP;
     }
+    let timestamp_features = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    let timestamps = options.profile && features.contains(timestamp_features) && cfg!(not(target_arch = "wasm32"));
+    if timestamps {
+        required_features |= timestamp_features;
+    }
     // All the adapter offers: the defaults cap storage bindings at 128 MiB and buffers at 256 MiB.
     let limits = adapter.limits();
     let (device, queue) = adapter
@@ -208,6 +219,7 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
         shader_f16,
         subgroups,
         packed_dot,
+        timestamps,
         max_storage_binding,
         max_buffer_size,
     };

@@ -11,6 +11,7 @@
 mod compile;
 mod device;
 mod kv;
+mod profile;
 mod replay;
 mod sample;
 mod shader;
@@ -123,6 +124,8 @@ pub struct WgpuBackend {
     counters: BackendCounters,
     /// The submitted step whose output is being mapped.
     pending: Option<PendingStep>,
+    /// Device time per kernel family since the last `kernel_profile` (when profiling).
+    profile: std::collections::BTreeMap<String, hearth_core::backend::KernelTime>,
 }
 
 struct PendingStep {
@@ -167,6 +170,7 @@ impl WgpuBackend {
             graphs: GraphSlots::default(),
             pipelines: PipelineCache::default(),
             counters: BackendCounters::default(),
+            profile: Default::default(),
             pending: None,
         }
     }
@@ -300,7 +304,23 @@ impl Backend for WgpuBackend {
             let n_vocab = compiled.graph.desc(compiled.graph.logits).cols;
             hearth_core::sampling::reduce_rows(step.readback, logits, n_vocab, top);
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(timestamps) = &compiled.timestamps {
+            let timed: Vec<(String, u64)> = compiled
+                .timed
+                .iter()
+                .map(|&i| match compiled.dispatches.get(i) {
+                    Some(d) => (d.family.clone(), d.weight_bytes),
+                    None => ("top_k".to_string(), 0),
+                })
+                .collect();
+            timestamps.accumulate(&self.gpu, &timed, &mut self.profile)?;
+        }
         Ok(())
+    }
+
+    fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {
+        self.gpu.info.timestamps.then(|| std::mem::take(&mut self.profile).into_values().collect())
     }
 
     #[cfg(target_arch = "wasm32")]

@@ -308,7 +308,8 @@ impl CompiledGraph {
         {
             let mut pass = encoder
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
-            for (d, kv_resolved) in self.dispatches.iter().zip(&binding.resolved) {
+            self.timed.clear();
+            for (index, (d, kv_resolved)) in self.dispatches.iter().zip(&binding.resolved).enumerate() {
                 let (pipeline, group) = match (&d.pipeline, &d.bind_group, kv_resolved) {
                     (Some(p), Some(g), _) => (p, g),
                     (_, _, Some((p, g))) => (p, g),
@@ -319,12 +320,29 @@ impl CompiledGraph {
                 }
                 pass.set_pipeline(pipeline);
                 pass.set_bind_group(0, group, &[]);
+                if let Some(t) = &self.timestamps {
+                    t.write(&mut pass, self.timed.len() as u32, false);
+                }
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                if let Some(t) = &self.timestamps {
+                    t.write(&mut pass, self.timed.len() as u32, true);
+                    self.timed.push(index);
+                }
                 dispatches += 1;
             }
             if let Some(plan) = plan {
+                if let Some(t) = &self.timestamps {
+                    t.write(&mut pass, self.timed.len() as u32, false);
+                }
                 dispatches += plan.encode(&mut pass);
+                if let Some(t) = &self.timestamps {
+                    t.write(&mut pass, self.timed.len() as u32, true);
+                    self.timed.push(usize::MAX);
+                }
             }
+        }
+        if let Some(t) = &self.timestamps {
+            t.resolve(&mut encoder, self.timed.len() as u32);
         }
         let (staging, bytes) = match plan {
             Some(plan) => {

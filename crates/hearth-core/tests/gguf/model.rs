@@ -66,6 +66,10 @@ impl Backend for RecordingBackend {
     fn read_buffer(&self, _graph: GraphId, _name: &str) -> Option<Vec<f32>> {
         None
     }
+    fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {
+        None
+    }
+
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
     }

@@ -1,0 +1,113 @@
+//! Device time per kernel family (`WgpuOptions::profile`): a timestamp before and after every
+//! dispatch of a step, read back once the step is done and summed by family. Natively only, on
+//! adapters with `TIMESTAMP_QUERY_INSIDE_PASSES` (browsers offer timestamps per pass at most).
+
+use crate::device::Gpu;
+use crate::shader::PipelineKey;
+use crate::WgpuError;
+use hearth_core::backend::KernelTime;
+use std::collections::BTreeMap;
+
+/// wgpu's limit on queries per set: two per dispatch.
+const MAX_QUERIES: u32 = 4096;
+
+/// The kernel family of a dispatch, as profiles report it: the entry point, with the weight type
+/// for products and lookups and the rounding and prologue for activation rounding
+/// ("matmul_q8 Q4_K", "act_quant Q8_K+NORM").
+pub(crate) fn family(key: &PipelineKey) -> String {
+    const TYPES: [&str; 7] = ["F32", "F16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"];
+    let named =
+        |names: &[&str]| -> Vec<&str> { key.defines.iter().copied().filter(|d| names.contains(d)).collect::<Vec<_>>() };
+    let detail = match key.entry {
+        "matmul" | "matmul_q8" | "embed" => named(&TYPES),
+        "act_quant" => named(&["Q8_0", "Q8_K", "F16", "NORM", "SWIGLU", "GEGLU"]),
+        _ => Vec::new(),
+    };
+    if detail.is_empty() {
+        key.entry.to_string()
+    } else {
+        format!("{} {}", key.entry, detail.join("+"))
+    }
+}
+
+/// The timestamps of one compiled graph's steps.
+pub(crate) struct StepTimestamps {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Dispatches timed per step (the first ones, up to the query limit).
+    capacity: u32,
+}
+
+impl StepTimestamps {
+    pub fn new(gpu: &Gpu, dispatches: usize) -> Self {
+        let capacity = (dispatches as u32).min(MAX_QUERIES / 2);
+        let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("step timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * capacity.max(1),
+        });
+        let bytes = 16 * capacity.max(1) as u64;
+        let buffer = |label, usage| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let resolved = buffer("timestamps resolved", wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
+        let readback = buffer("timestamps readback", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        StepTimestamps { queries, resolved, readback, capacity }
+    }
+
+    /// Writes the timestamp before (`end` false) or after dispatch `index`, if it is timed.
+    pub fn write(&self, pass: &mut wgpu::ComputePass<'_>, index: u32, end: bool) {
+        if index < self.capacity {
+            pass.write_timestamp(&self.queries, 2 * index + end as u32);
+        }
+    }
+
+    /// Records the copy of the step's timestamps to the host-readable buffer.
+    pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder, timed: u32) {
+        let n = 2 * timed.min(self.capacity);
+        if n > 0 {
+            encoder.resolve_query_set(&self.queries, 0..n, &self.resolved, 0);
+            encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.readback, 0, 8 * n as u64);
+        }
+    }
+
+    /// After the step finished: adds each timed dispatch's duration to its family.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn accumulate(
+        &self,
+        gpu: &Gpu,
+        dispatches: &[(String, u64)],
+        into: &mut BTreeMap<String, KernelTime>,
+    ) -> Result<(), WgpuError> {
+        let timed = (dispatches.len() as u32).min(self.capacity) as usize;
+        if timed == 0 {
+            return Ok(());
+        }
+        let bytes = 16 * timed as u64;
+        let signal = crate::replay::start_map(&self.readback, bytes);
+        crate::replay::wait_idle(gpu)?;
+        crate::replay::map_outcome(&signal).unwrap_or(Err(WgpuError::ReadBack("timestamps not mapped".into())))?;
+        let ticks: Vec<u64> = {
+            let view =
+                self.readback.slice(0..bytes).get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
+            bytemuck::cast_slice(&view[..]).to_vec()
+        };
+        self.readback.unmap();
+        let period_ns = gpu.queue.get_timestamp_period() as f64;
+        for ((family, weight_bytes), pair) in dispatches.iter().zip(ticks.chunks_exact(2)) {
+            let entry = into
+                .entry(family.clone())
+                .or_insert_with(|| KernelTime { family: family.clone(), ..Default::default() });
+            entry.dispatches += 1;
+            entry.nanos += (pair[1].saturating_sub(pair[0]) as f64 * period_ns) as u64;
+            entry.weight_bytes += weight_bytes;
+        }
+        Ok(())
+    }
+}
