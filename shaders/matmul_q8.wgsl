@@ -17,7 +17,8 @@
 // Variants: DOT4 uses dot4I8Packed (the WGSL packed_4x8_integer_dot_product language feature;
 // native, or Naga's polyfill where the device lacks it), otherwise bytes are unpacked by shifts.
 // SUBGROUPS sums partial results with subgroupAdd, otherwise through a shared-memory tree. DECODE
-// is the single-token tile.
+// is the single-token tile. RESIDUAL / RESIDUAL_IN_PLACE add the residual stream (from RESID,
+// or what OUT holds) to the result, as the Add this epilogue replaces computes it.
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
@@ -34,6 +35,10 @@ enable subgroups;
 #ifdef BIAS
 // [n] f32 (stored as the GGUF F32 bytes)
 @group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
+#endif
+#ifdef RESIDUAL
+// [n_tokens, n] f32: added to the product (an Add folded into this epilogue)
+@group(0) @binding(5) var<storage, read> RESID: array<f32>;
 #endif
 
 const WG: u32 = 64u;
@@ -340,6 +345,14 @@ fn matmul_q8(
 #ifdef BIAS
         b = BIAS_W[row];
 #endif
-        OUT[(t0 + t) * n + row] = acc[0] + b;
+        let at = (t0 + t) * n + row;
+        var v = acc[0] + b;
+#ifdef RESIDUAL
+        v = RESID[at] + v;
+#endif
+#ifdef RESIDUAL_IN_PLACE
+        v = OUT[at] + v;
+#endif
+        OUT[at] = v;
     }
 }

@@ -149,9 +149,10 @@ pub fn elementwise_ops(subject: &dyn Subject) {
 }
 
 /// The ops whose output only mat-muls read (the norm before q/k/v, the activation before
-/// ffn_down), with several readers sharing one input and rows that end mid-workgroup: a backend
-/// may fold such a producer into the rounding of the mat-muls' activations (the wgpu backend
-/// does), which must still give the CPU's results.
+/// ffn_down), with several readers sharing one input and rows that end mid-workgroup, and a
+/// product added to another: a backend may fold such a producer into the rounding of the
+/// mat-muls' activations and the add into the product (the wgpu backend does both), which must
+/// still give the CPU's results.
 pub fn producers_feeding_matmuls(subject: &dyn Subject) {
     let mut rng = Rng(8);
     for rows in [1, 3] {
@@ -192,8 +193,11 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
             let wb = c.weight(ty_b, &[k as u64, n_out as u64], &mut rng);
             c.graph.push(Op::MatMul { w: wa, x: h, bias: None, out: a });
             c.graph.push(Op::MatMul { w: wb, x: h, bias: None, out: b });
-            c.graph.push(Op::Add { a, b, out: a });
-            c.graph.logits = a;
+            // The second product's sum with the first, in place or into a buffer of its own: a
+            // backend may write it in the product's epilogue.
+            let sum = if producer == "geglu" { c.graph.buf("sum", rows, n_out) } else { a };
+            c.graph.push(Op::Add { a, b, out: sum });
+            c.graph.logits = sum;
             let tolerance = if producer == "geglu" { Tolerance::TRANSCENDENTAL } else { Tolerance::SUM_ORDER };
             let what = format!("{producer} → matmul {ty_a:?} + {ty_b:?} k{k} rows{rows}");
             c.check(subject, &what, tolerance, &steps(&mut rng));

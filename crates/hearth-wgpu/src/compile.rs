@@ -108,6 +108,8 @@ struct Builder<'a> {
     /// run as the prologue of that output's rounding; an entry holds until the output is written
     /// again.
     producers: Vec<(BufId, Op)>,
+    /// For the mat-mul being compiled: the Add it writes in its epilogue, (residual, out).
+    epilogue_add: Option<(BufId, BufId)>,
     dispatches: Vec<Dispatch>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
@@ -390,11 +392,27 @@ impl Builder<'_> {
                 };
                 // The 8-bit activations' scales follow their codes (act_quant.wgsl).
                 let scales_at = (rows * k / 4) as u32;
+                // An Add folded into the epilogue writes its own output; an in-place one reads the
+                // residual from there (a buffer cannot be bound both read-only and read-write).
+                let (out, residual) = match self.epilogue_add.take() {
+                    Some((residual, sum)) if residual == sum => {
+                        defines.push("RESIDUAL_IN_PLACE");
+                        (sum, None)
+                    }
+                    Some((residual, sum)) => {
+                        defines.push("RESIDUAL");
+                        (sum, Some(residual))
+                    }
+                    None => (*out, None),
+                };
                 for (row0, chunk_rows, buffer) in chunks {
                     let (gx, gy) = fold(chunk_rows.div_ceil(rows_per_group));
-                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used.clone())), (3, self.buf(*out))];
+                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used.clone())), (3, self.buf(out))];
                     if let Some(b) = &bias {
                         entries.push((4, Res::Buf(b.clone())));
+                    }
+                    if let Some(r) = residual {
+                        entries.push((5, self.buf(r)));
                     }
                     let params =
                         [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx, scales_at];
@@ -536,17 +554,44 @@ impl Builder<'_> {
     }
 }
 
-/// Per op: whether it runs as the prologue of its output's rounding (act_quant.wgsl) instead of
-/// as its own dispatch. That holds for an RMS norm over whole rows, a SwiGLU or a GeGLU whose
-/// output is read only by mat-muls that round their activations alike (q/k/v after the attention
-/// norm, gate/up after the FFN norm, ffn_down after the activation), all before the op's own
-/// inputs change (a rounding may be recomputed from them) and none of them the logits.
-fn fused_producers(graph: &Graph, weights: &[GpuWeight]) -> Vec<bool> {
+/// How an op is compiled: as its own dispatch, or folded into a neighbour's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fusion {
+    Own,
+    /// Runs as the prologue of its output's rounding (act_quant.wgsl): an RMS norm over whole
+    /// rows, a SwiGLU or a GeGLU whose output is read only by mat-muls that round their
+    /// activations alike (q/k/v after the attention norm, gate/up after the FFN norm, ffn_down
+    /// after the activation), all before the op's own inputs change (a rounding may be recomputed
+    /// from them) and none of them the logits.
+    Prologue,
+    /// A quantized mat-mul whose result only the next op reads, an Add: the sum is written in
+    /// the product's epilogue (matmul_q8.wgsl RESIDUAL), `out = residual + x · Wᵀ`.
+    AddInEpilogue {
+        residual: BufId,
+        out: BufId,
+    },
+    /// That Add.
+    InEpilogue,
+}
+
+fn fusion_plan(graph: &Graph, weights: &[GpuWeight]) -> Vec<Fusion> {
     let rounding_of = |op: &Op| match op {
         Op::MatMul { w, .. } => weights.get(w.0 as usize).map(|w| ActRounding::of(w.desc.ty)),
         _ => None,
     };
-    let fusible = |i: usize, op: &Op| -> bool {
+    // Whether `buf` is read by none of the ops from `from` on before it is written again.
+    let unread_after = |buf: BufId, from: usize| -> bool {
+        for later in graph.ops.iter().skip(from) {
+            if later.inputs().contains(&buf) {
+                return false;
+            }
+            if later.output() == Some(buf) {
+                return true;
+            }
+        }
+        true
+    };
+    let prologue = |i: usize, op: &Op| -> bool {
         let out = match op {
             Op::RmsNorm { group, out, .. } if *group == graph.desc(*out).cols => *out,
             Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } => *out,
@@ -574,7 +619,30 @@ fn fused_producers(graph: &Graph, weights: &[GpuWeight]) -> Vec<bool> {
         }
         rounding.is_some()
     };
-    graph.ops.iter().enumerate().map(|(i, op)| fusible(i, op)).collect()
+    let mut plan: Vec<Fusion> = graph
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| if prologue(i, op) { Fusion::Prologue } else { Fusion::Own })
+        .collect();
+    for i in 0..graph.ops.len().saturating_sub(1) {
+        let (Op::MatMul { out: product, .. }, Op::Add { a, b, out }) = (&graph.ops[i], &graph.ops[i + 1]) else {
+            continue;
+        };
+        let residual = if b == product && a != product {
+            *a
+        } else if a == product && b != product {
+            *b
+        } else {
+            continue;
+        };
+        let eight_bit = matches!(rounding_of(&graph.ops[i]), Some(ActRounding::Q8 { .. }));
+        if eight_bit && *product != graph.logits && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
+            plan[i] = Fusion::AddInEpilogue { residual, out: *out };
+            plan[i + 1] = Fusion::InEpilogue;
+        }
+    }
+    plan
 }
 
 /// The dispatches of a graph `Graph::validate` accepted.
@@ -627,12 +695,13 @@ pub(crate) fn compile(
         rounded: Vec::new(),
         next_slot: 0,
         producers: Vec::new(),
+        epilogue_add: None,
         dispatches: Vec::new(),
         params: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
-    let fused = fused_producers(graph, weights);
-    for (op, fused) in graph.ops.iter().zip(fused) {
+    let plan = fusion_plan(graph, weights);
+    for (op, fusion) in graph.ops.iter().zip(plan) {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();
             embed_rows = Some(embed_rows.map_or(rows, |r| r.min(rows)));
@@ -642,8 +711,13 @@ pub(crate) fn compile(
             b.rounded.retain(|&(x, _, _)| x != written);
             b.producers.retain(|(out, _)| *out != written);
         }
-        match (fused, op.output()) {
-            (true, Some(out)) => b.producers.push((out, op.clone())),
+        match (fusion, op.output()) {
+            (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
+            (Fusion::InEpilogue, _) => {}
+            (Fusion::AddInEpilogue { residual, out }, _) => {
+                b.epilogue_add = Some((residual, out));
+                b.op(op)?;
+            }
             _ => b.op(op)?,
         }
     }
