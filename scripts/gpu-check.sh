@@ -1,38 +1,104 @@
 #!/usr/bin/env bash
-# On a machine with a GPU (e.g. NVIDIA with its Vulkan driver): the WebGPU op-conformance suite
-# against the CPU oracle, then `hearth bench --backend wgpu` and `--backend cpu` on the three
-# built-in models, and a one-screen summary. Budget: under 10 minutes.
-# Models come from $HEARTH_MODELS_DIR (default ~/.cache/hearth/models; `hearth models fetch all`).
-# Usage: scripts/gpu-check.sh [PROMPT_TOKENS] [GEN_TOKENS]
+# The WebGPU backend on a real GPU, in one prepared run. The GPU machine has no Rust toolchain and
+# no network and receives at most 64 MiB of files, so the real models cannot travel:
+#
+#   scripts/gpu-check.sh prepare        # here: builds and packs gpu-run/ (~45 MB, git-ignored):
+#                                       #   the stripped `hearth` and conformance-test binaries, the
+#                                       #   Vulkan loader, and the built-in models' skeletons
+#                                       #   (`hearth models skeleton`: header and tokenizer only)
+#   scripts/gpu-check.sh run            # there (the device tool: carry gpu-run, command
+#                                       #   `scripts/gpu-check.sh run`): writes everything to $OUT
+#
+# `run` builds the models from their skeletons (`hearth models synth`: the real shapes and weight
+# types, random weights), runs the op conformance suite against the CPU oracle with
+# HEARTH_REQUIRE_GPU=1, then `hearth bench --backend wgpu` (plain and --profile: device time per
+# kernel family, dispatches and weight bytes per decode token) and `--backend cpu` on each model,
+# and prints a summary. Well under 10 minutes on an H200.
+# Environment for `run`: HEARTH_GPU_CHECK_MODELS (default: all three), HEARTH_GPU_CHECK_P / _N
+# (prompt and generated tokens, default 512 / 128), HEARTH_GPU_CHECK_ALLOW_CPU=1 (accept a
+# software adapter such as lavapipe, for rehearsing the run here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-P=${1:-512}; N=${2:-128}
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
-export HEARTH_REQUIRE_GPU=1
-MODELS="${HEARTH_MODELS_DIR:-${HEARTH_CACHE_DIR:-$HOME/.cache/hearth}/models}"
-out=$(mktemp -d)
+PACK=gpu-run
+MODELS_ALL="qwen2.5-coder-0.5b gemma-3-270m qwen2.5-coder-1.5b"
 
-cargo build --release -q -p hearth
-echo "== op conformance (wgpu vs cpu)"
-cargo test --release -q -p hearth-wgpu --test conformance 2>&1 | tee "$out/ops.log" | grep -E "test result|FAILED|panicked" || true
-
-for m in qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m; do
-  for b in wgpu cpu; do
-    "$CARGO_TARGET_DIR/release/hearth" bench -m "$MODELS/$m.gguf" --backend "$b" -p "$P" -n "$N" -r 3 --json --quiet >"$out/$m.$b.json"
+prepare() {
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
+  cargo build --release -q -p hearth
+  local conformance
+  conformance=$(cargo test --release -p hearth-wgpu --test conformance --no-run 2>&1 |
+    sed -n 's/.*Executable tests\/conformance.rs (\(.*\))/\1/p' | tail -1)
+  [ -x "$conformance" ] || { echo "conformance test binary not found" >&2; exit 1; }
+  rm -rf "$PACK" && mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/models"
+  strip -o "$PACK/bin/hearth" "$CARGO_TARGET_DIR/release/hearth"
+  strip -o "$PACK/bin/conformance" "$conformance"
+  cp -L /usr/lib/x86_64-linux-gnu/libvulkan.so.1 "$PACK/lib/"
+  for m in $MODELS_ALL; do
+    "$PACK/bin/hearth" models skeleton "$m" -o "$PACK/models/$m.skel.gguf" >/dev/null
   done
-done
+  git rev-parse HEAD >"$PACK/commit"
+  du -sh "$PACK"
+}
 
-python3 - "$out" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-print("\n== summary (tok/s: prefill / decode; wgpu per-token counters)")
-for m in ["qwen2.5-coder-0.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]:
-    w = json.loads((out / f"{m}.wgpu.json").read_text())
-    c = json.loads((out / f"{m}.cpu.json").read_text())
-    t = w["per_decode_token"]
-    print(f"{m:40s} wgpu {w['prefill_tok_s']['mean']:8.1f} / {w['decode_tok_s']['mean']:7.1f}   "
-          f"cpu {c['prefill_tok_s']['mean']:7.1f} / {c['decode_tok_s']['mean']:6.1f}   "
-          f"graph ops {t['graph_ops']:.0f} dispatches {t['dispatches']:.0f} submits {t['submits']:.1f} new pipelines {t['pipelines_created']:.0f} "
-          f"new bind groups {t['bind_groups_created']:.0f}")
-PY
-grep -q "test result: ok" "$out/ops.log" || { echo "op conformance FAILED (log: $out/ops.log)"; exit 1; }
+# Where the NVIDIA Vulkan driver is: its ICD manifest, or one written for its library when the
+# machine has the driver's libraries but no manifest (a container with the driver mounted in).
+vulkan_driver() {
+  local d
+  for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+    ls "$d"/nvidia*.json >/dev/null 2>&1 && return 0
+  done
+  local lib
+  lib=$( (ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0/ {print $NF; exit}') || true)
+  [ -n "$lib" ] || lib=$(find / -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1 || true)
+  if [ -n "$lib" ]; then
+    mkdir -p "$OUT/icd"
+    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lib" >"$OUT/icd/nvidia_icd.json"
+    export VK_DRIVER_FILES="$OUT/icd/nvidia_icd.json" VK_ICD_FILENAMES="$OUT/icd/nvidia_icd.json"
+  fi
+}
+
+run() {
+  OUT=${OUT:?set OUT to the folder for the results}
+  mkdir -p "$OUT"
+  local P=${HEARTH_GPU_CHECK_P:-512} N=${HEARTH_GPU_CHECK_N:-128}
+  local models=${HEARTH_GPU_CHECK_MODELS:-$MODELS_ALL}
+  local bin="$PWD/$PACK/bin" work=${TMPDIR:-/tmp}/hearth-gpu-check
+  export LD_LIBRARY_PATH="$PWD/$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+  if [ "${HEARTH_GPU_CHECK_ALLOW_CPU:-0}" != 1 ]; then export HEARTH_REQUIRE_GPU=1; fi
+  vulkan_driver
+  { cat "$PACK/commit"; uname -a; nvidia-smi 2>&1 || true; } >"$OUT/machine.txt"
+  mkdir -p "$work"
+  echo "== models from skeletons"
+  for m in $models; do
+    [ -f "$work/$m.gguf" ] || "$bin/hearth" models synth "$PACK/models/$m.skel.gguf" -o "$work/$m.gguf"
+  done
+  echo "== op conformance (wgpu vs the CPU oracle)"
+  local status=0
+  "$bin/conformance" >"$OUT/conformance.log" 2>&1 || status=$?
+  grep -E "wgpu adapter|test result|FAILED|panicked" "$OUT/conformance.log" | sort -u | head -20
+  for m in $models; do
+    echo "== $m"
+    "$bin/hearth" bench -m "$work/$m.gguf" --backend wgpu -p "$P" -n "$N" -r 2 --quiet --json >"$OUT/$m.wgpu.json" 2>>"$OUT/bench.log" || status=$?
+    "$bin/hearth" bench -m "$work/$m.gguf" --backend wgpu -p "$P" -n "$((N / 4 + 1))" -r 1 --quiet --profile \
+      >"$OUT/$m.wgpu-profile.txt" 2>>"$OUT/bench.log" || status=$?
+    "$bin/hearth" bench -m "$work/$m.gguf" --backend cpu -p "$((P / 4 + 1))" -n "$((N / 4 + 1))" -r 1 --quiet --json \
+      >"$OUT/$m.cpu.json" 2>>"$OUT/bench.log" || status=$?
+    grep -A14 "^profile" "$OUT/$m.wgpu-profile.txt" || true
+  done
+  echo "== summary (tok/s: prefill / decode)"
+  for m in $models; do
+    local w c
+    w=$(tr -d '\n ' <"$OUT/$m.wgpu.json" | sed -n 's/.*"prefill_tok_s":{"mean":\([0-9.e+-]*\).*"decode_tok_s":{"mean":\([0-9.e+-]*\).*/\1 \2/p')
+    c=$(tr -d '\n ' <"$OUT/$m.cpu.json" | sed -n 's/.*"prefill_tok_s":{"mean":\([0-9.e+-]*\).*"decode_tok_s":{"mean":\([0-9.e+-]*\).*/\1 \2/p')
+    echo "$m  wgpu $w  cpu $c" | tee -a "$OUT/summary.txt"
+  done
+  grep -q "test result: ok" "$OUT/conformance.log" || { echo "op conformance FAILED (see conformance.log)"; status=1; }
+  return "$status"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: $0 prepare | run" >&2; exit 2 ;;
+esac

@@ -9,10 +9,12 @@ mod load;
 mod run;
 mod serve;
 mod speculative;
+mod synth;
 
 use clap::{Args, Parser, Subcommand};
 use hearth_core::backend::BackendKind;
 use hearth_core::kv::KvType;
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(name = "hearth", version, about = "Hearth: LLM inference on CPU and GPU, natively and in the browser")]
@@ -46,6 +48,22 @@ enum ModelsAction {
     Fetch {
         /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma-3-270m, or `all`.
         name: String,
+    },
+    /// Write a model's header alone (metadata, tokenizer, tensor table): what `synth` needs.
+    Skeleton {
+        /// A .gguf path or a built-in model name.
+        model: String,
+        #[arg(short = 'o', long)]
+        out: PathBuf,
+    },
+    /// Write a model from a skeleton with random weights of the same shapes and types (for a
+    /// machine the real model cannot reach: it costs what the real one costs, its text is noise).
+    Synth {
+        skeleton: PathBuf,
+        #[arg(short = 'o', long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -180,5 +198,7 @@ fn models(action: ModelsAction) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        ModelsAction::Skeleton { model, out } => synth::skeleton(&fetch::resolve_model(&model, true)?, &out),
+        ModelsAction::Synth { skeleton, out, seed } => synth::synthesize(&skeleton, &out, seed),
     }
 }

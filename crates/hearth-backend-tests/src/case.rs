@@ -57,36 +57,11 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::Q6_K,
 ];
 
-/// Random GGUF bytes for `rows` rows of `row_len` values of `ty`: random quants, with every f16
-/// scale (and min) replaced by a small finite value so outputs stay in a sane range.
+/// Random GGUF bytes for `rows` rows of `row_len` values of `ty`
+/// (`hearth_core::quant::synthetic::random_bytes`).
 pub fn random_weight(ty: GgmlType, row_len: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
-    let n = row_len * rows;
-    match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.f32().to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(rng.f32()).to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.f32()).to_le_bytes()).collect(),
-        _ => {
-            // Byte offsets of the f16 scales in each block (GGML's block layouts).
-            let scale_offsets: &[usize] = match ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-                GgmlType::Q2_K => &[80, 82],
-                GgmlType::Q3_K => &[108],
-                GgmlType::Q6_K => &[208],
-                other => panic!("no generator for {other:?}"),
-            };
-            let block_bytes = ty.block_bytes();
-            let blocks = n / ty.block_len();
-            let mut bytes: Vec<u8> = (0..blocks * block_bytes).map(|_| rng.next_u64() as u8).collect();
-            for b in 0..blocks {
-                for &off in scale_offsets {
-                    let d = half::f16::from_f32(0.002 + 0.02 * rng.f32().abs());
-                    bytes[b * block_bytes + off..b * block_bytes + off + 2].copy_from_slice(&d.to_le_bytes());
-                }
-            }
-            bytes
-        }
-    }
+    hearth_core::quant::synthetic::random_bytes(ty, row_len * rows, &mut || rng.next_u64())
+        .unwrap_or_else(|e| panic!("no generator for {ty:?}: {e}"))
 }
 
 /// One sequence of a step: its token count, first position and block tables (per KV group).

@@ -105,6 +105,19 @@ impl GgufFile {
     }
 
     pub fn read_with_limits(source: Arc<dyn ByteSource>, limits: &Limits) -> Result<Self> {
+        let data_end = source.len();
+        Self::parse(source, limits, data_end)
+    }
+
+    /// The header alone: metadata and tensor table, the tensor data not required to be in
+    /// `source` (a skeleton, the first `data_offset` bytes of a model, which `hearth models
+    /// synth` fills with random weights). Reading a tensor's bytes then fails.
+    pub fn read_header(source: Arc<dyn ByteSource>) -> Result<Self> {
+        Self::parse(source, &Limits::default(), u64::MAX)
+    }
+
+    /// Parses the header; every tensor must end within `data_end`.
+    fn parse(source: Arc<dyn ByteSource>, limits: &Limits, data_end: u64) -> Result<Self> {
         let mut r = Cursor::new(source.as_ref(), limits);
         let magic: [u8; 4] = r.array("magic")?;
         if magic != GGUF_MAGIC {
@@ -166,7 +179,7 @@ impl GgufFile {
 
         let data_offset = align_up(r.pos, alignment)
             .ok_or_else(|| CoreError::BadHyperParameter("tensor data offset overflows".into()))?;
-        let file_len = source.len();
+        let file_len = data_end;
         let mut tensors = Vec::with_capacity(raw.len());
         let mut by_name = HashMap::with_capacity(raw.len());
         for (name, dims, type_id, rel_offset) in raw {

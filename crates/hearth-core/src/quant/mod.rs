@@ -9,6 +9,7 @@
 mod float;
 mod kquants;
 mod legacy;
+pub mod synthetic;
 
 /// The Q8_K activation quantizer without size checks, for backends that compile it for their ISA.
 pub use kquants::quantize_q8_k as quantize_q8_k_blocks;
