@@ -59,11 +59,14 @@ const BLOCKS_AT_ONCE: u32 = WG / THREADS;
 const OUTPUTS: u32 = ROWS * TILE_T;
 
 // The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
-// 18, 22, 34 and 210 bytes start on even offsets).
+// 18, 22, 34 and 210 bytes start on even offsets). An aligned word reads no other word, so no
+// read passes the weights' last word.
 fn word_at(at: u32) -> u32 {
     let w = at >> 2u;
     let shift = (at & 3u) * 8u;
-    return select((W[w] >> shift) | (W[w + 1u] << (32u - shift)), W[w], shift == 0u);
+    let lo = W[w];
+    let hi = W[w + min(shift, 1u)];
+    return select((lo >> shift) | (hi << (32u - shift)), lo, shift == 0u);
 }
 
 // The f16 at byte `at`, which is even.

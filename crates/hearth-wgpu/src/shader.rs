@@ -135,10 +135,18 @@ impl PipelineCache {
         let source = preprocess(key.file.name(), &key.file.source(), &key.defines)?;
         let label = format!("{}:{}[{}]", key.file.name(), key.entry, key.defines.join(","));
         let scope = crate::replay::validation_scope(device);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let descriptor =
+            wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        // Without Naga's clamp on every index and counter in every loop (natively; a browser
+        // keeps its own checks). Safety: every index a kernel computes lies within its binding
+        // for a graph `Graph::validate` accepted (the sizes come from that graph, the kernels
+        // guard every partial tile), and every loop is bounded by those sizes; wgpu still
+        // turns on the driver's robust buffer access where the device has it. Integer division
+        // keeps its checks.
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.bounds_checks = false;
+        checks.force_loop_bounding = false;
+        let module = unsafe { device.create_shader_module_trusted(descriptor, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: None,
