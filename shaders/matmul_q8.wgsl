@@ -9,7 +9,7 @@
 //
 // Shape (the one the fastest WebGPU engines use): a 64-invocation workgroup computes ROWS weight
 // rows for TILE_T tokens; THREADS invocations share a weight block (16 for a 256-value
-// super-block, 4 for a 32-value block), each reading its 16 or 8 values as whole u32 words and
+// super-block, 2 for a 32-value block), each reading its 16 values as whole u32 words and
 // holding the matching activation words in registers across the rows. A token's result does not
 // depend on how many tokens share its workgroup (the same invocation adds the same blocks in the
 // same order), so batches, speculative verification and decoding agree exactly.
@@ -52,7 +52,7 @@ const TILE_T: u32 = 8u;
 const THREADS: u32 = 16u;
 const BLOCK_LEN: u32 = 256u;
 #else
-const THREADS: u32 = 4u;
+const THREADS: u32 = 2u;
 const BLOCK_LEN: u32 = 32u;
 #endif
 const BLOCKS_AT_ONCE: u32 = WG / THREADS;
@@ -116,12 +116,12 @@ fn act_words(slot: u32) -> vec4<u32> {
     return vec4<u32>(at, at + 8u, at + 16u, at + 24u);
 #endif
 #ifdef Q8_0
-    // values 8p..8p+7
-    return vec4<u32>(2u * slot, 2u * slot + 1u, 0u, 0u);
+    // values 16p..16p+15
+    return vec4<u32>(4u * slot, 4u * slot + 1u, 4u * slot + 2u, 4u * slot + 3u);
 #endif
 #ifdef Q4_0 || Q5_0
-    // values 4p.. (low nibbles) and 16 + 4p.. (high nibbles)
-    return vec4<u32>(slot, slot + 4u, 0u, 0u);
+    // values 8p.. (low nibbles) and 16 + 8p.. (high nibbles)
+    return vec4<u32>(2u * slot, 2u * slot + 1u, 2u * slot + 4u, 2u * slot + 5u);
 #endif
 }
 
@@ -130,11 +130,7 @@ fn load_act(token: u32, block: u32, slot: u32) -> Act {
     let first = (token * k + block * BLOCK_LEN) / 4u;
     let at = act_words(slot);
     var a: Act;
-#ifdef Q4_K || Q6_K
     a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
-#else
-    a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], 0u, 0u);
-#endif
     a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
     a.d = bitcast<f32>(XQ[P[7] + (token * k) / BLOCK_LEN + block]);
     return a;
@@ -207,24 +203,27 @@ fn load_weights(b: u32, slot: u32) -> Weights {
 #ifdef Q8_0
     // block: d f16, qs[32] i8; 34 bytes
     w.d = f16_at(b);
-    w.q = vec4<u32>(word_at(b + 2u + 8u * slot), word_at(b + 6u + 8u * slot), 0u, 0u);
+    let q = b + 2u + 16u * slot;
+    w.q = vec4<u32>(word_at(q), word_at(q + 4u), word_at(q + 8u), word_at(q + 12u));
 #endif
 #ifdef Q4_0
     // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
     w.d = f16_at(b);
-    let q = word_at(b + 2u + 4u * slot);
-    w.q = vec4<u32>(q & LOW4, (q >> 4u) & LOW4, 0u, 0u);
+    let q0 = word_at(b + 2u + 8u * slot);
+    let q1 = word_at(b + 6u + 8u * slot);
+    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
 #endif
 #ifdef Q5_0
     // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
     w.d = f16_at(b);
-    let qh = word_at(b + 2u);
-    let q = word_at(b + 6u + 4u * slot);
+    let qh = word_at(b + 2u) >> (8u * slot);
+    let q0 = word_at(b + 6u + 8u * slot);
+    let q1 = word_at(b + 10u + 8u * slot);
     w.q = vec4<u32>(
-        (q & LOW4) | (spread_bits((qh >> (4u * slot)) & 0xfu) << 4u),
-        ((q >> 4u) & LOW4) | (spread_bits((qh >> (16u + 4u * slot)) & 0xfu) << 4u),
-        0u,
-        0u,
+        (q0 & LOW4) | (spread_bits(qh & 0xfu) << 4u),
+        (q1 & LOW4) | (spread_bits((qh >> 4u) & 0xfu) << 4u),
+        ((q0 >> 4u) & LOW4) | (spread_bits((qh >> 16u) & 0xfu) << 4u),
+        ((q1 >> 4u) & LOW4) | (spread_bits((qh >> 20u) & 0xfu) << 4u),
     );
 #endif
     return w;
@@ -247,14 +246,17 @@ fn block_dot(w: Weights, a: Act) -> f32 {
     let s = dot(w.sc, dots - 32 * a.sums);
     return a.d * w.d * f32(s);
 #endif
+#ifdef Q4_0 || Q5_0 || Q8_0
+    let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
+#endif
 #ifdef Q8_0
-    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y));
+    return a.d * w.d * f32(s);
 #endif
 #ifdef Q4_0
-    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) - 8 * (a.sums.x + a.sums.y));
+    return a.d * w.d * f32(s - 8 * (a.sums.x + a.sums.y + a.sums.z + a.sums.w));
 #endif
 #ifdef Q5_0
-    return a.d * w.d * f32(dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) - 16 * (a.sums.x + a.sums.y));
+    return a.d * w.d * f32(s - 16 * (a.sums.x + a.sums.y + a.sums.z + a.sums.w));
 #endif
 }
 
