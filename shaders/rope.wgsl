@@ -1,8 +1,10 @@
 // Rotary position embedding, in place, one thread per (token, head, rotated pair).
 // NEOX rotates (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1). FREQ_FACTORS divides each
-// pair's angle by a per-pair factor (llama 3).
+// pair's angle by a per-pair factor (llama 3). SECOND rotates a second buffer with the same
+// parameters in the same dispatch (k after q): its invocations follow the first buffer's.
 
-// [n_tokens, n_heads, head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits), cols, groups_x]
+// [n_tokens, n_heads, head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits), cols, groups_x,
+//  n_heads2, cols2 (SECOND)]
 @group(0) @binding(0) var<storage, read> P: array<u32>;
 // [2 + 3 * n_tokens + 3 * n_seqs] u32: n_tokens, n_seqs, token ids, token sequences,
 // token positions, per-sequence info (see attention.wgsl)
@@ -13,12 +15,26 @@
 #endif
 // [n_tokens, n_heads * head_dim] f32
 @group(0) @binding(3) var<storage, read_write> X: array<f32>;
+#ifdef SECOND
+// [n_tokens, n_heads2 * head_dim] f32
+@group(0) @binding(4) var<storage, read_write> X2: array<f32>;
+#endif
 
 @compute @workgroup_size(64)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let half_rot = P[3] / 2u;
-    let id = (wg.y * P[7] + wg.x) * 64u + lid.x;
-    let per_token = P[1] * half_rot;
+    var id = (wg.y * P[7] + wg.x) * 64u + lid.x;
+    var per_token = P[1] * half_rot;
+    var cols = P[6];
+    var second = false;
+#ifdef SECOND
+    if (id >= P[0] * per_token) {
+        id -= P[0] * per_token;
+        per_token = P[8] * half_rot;
+        cols = P[9];
+        second = true;
+    }
+#endif
     if (id >= P[0] * per_token) {
         return;
     }
@@ -38,7 +54,7 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let angle = bitcast<f32>(P[5]) * (theta / ff);
     let c = cos(angle);
     let s = sin(angle);
-    let base = t * P[6] + h * P[2];
+    let base = t * cols + h * P[2];
 #ifdef NEOX
     let i0 = base + i;
     let i1 = base + i + half_rot;
@@ -46,8 +62,19 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let i0 = base + 2u * i;
     let i1 = base + 2u * i + 1u;
 #endif
-    let a = X[i0];
-    let b = X[i1];
-    X[i0] = fma(a, c, -(b * s));
-    X[i1] = fma(a, s, b * c);
+    var a: f32;
+    var b: f32;
+    if (second) {
+#ifdef SECOND
+        a = X2[i0];
+        b = X2[i1];
+        X2[i0] = fma(a, c, -(b * s));
+        X2[i1] = fma(a, s, b * c);
+#endif
+    } else {
+        a = X[i0];
+        b = X[i1];
+        X[i0] = fma(a, c, -(b * s));
+        X[i1] = fma(a, s, b * c);
+    }
 }

@@ -94,6 +94,25 @@ pub fn rope_modes(subject: &dyn Subject) {
         ];
         c.check(subject, &format!("rope {mode:?} hd{head_dim} rot{n_rot}"), Tolerance::SUM_ORDER, &steps);
     }
+    // q then k with the same parameters and different head counts, as attention blocks emit them
+    // (a backend may rotate both in one kernel); k is widened by an F32 product to sum with q.
+    for mode in [RopeMode::Neox, RopeMode::Normal] {
+        let (rows, head_dim) = (3, 32);
+        let mut c = Case::new(rows);
+        let q = c.input("q", head_dim * 4, &mut rng);
+        let k = c.input("k", head_dim * 2, &mut rng);
+        let params =
+            RopeParams { mode, head_dim, n_rot: head_dim, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        c.graph.push(Op::Rope { x: q, params: params.clone() });
+        c.graph.push(Op::Rope { x: k, params });
+        let widen = c.weight(GgmlType::F32, &[(head_dim * 2) as u64, (head_dim * 4) as u64], &mut rng);
+        let wide = c.graph.buf("wide", rows, head_dim * 4);
+        c.graph.push(Op::MatMul { w: widen, x: k, bias: None, out: wide });
+        c.graph.push(Op::Add { a: q, b: wide, out: q });
+        c.graph.logits = q;
+        let steps = [single(tokens(rows, 64, &mut rng), 5, &small_layout())];
+        c.check(subject, &format!("rope q and k {mode:?}"), Tolerance::SUM_ORDER, &steps);
+    }
 }
 
 pub fn elementwise_ops(subject: &dyn Subject) {

@@ -110,6 +110,8 @@ struct Builder<'a> {
     producers: Vec<(BufId, Op)>,
     /// For the mat-mul being compiled: the Add it writes in its epilogue, (residual, out).
     epilogue_add: Option<(BufId, BufId)>,
+    /// For the RoPE being compiled: the buffer the next RoPE rotates, done in the same dispatch.
+    rope_with: Option<BufId>,
     dispatches: Vec<Dispatch>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
@@ -431,7 +433,10 @@ impl Builder<'_> {
                     return Ok(());
                 }
                 let n_heads = cols / p.head_dim;
-                let total = rows * n_heads * (p.n_rot / 2);
+                // The second buffer rotated in this dispatch (k after q), if any.
+                let second = self.rope_with.take().map(|b| (b, self.shape(b).1));
+                let heads2 = second.map_or(0, |(_, cols2)| cols2 / p.head_dim);
+                let total = rows * (n_heads + heads2) * (p.n_rot / 2);
                 let (gx, gy) = fold(total.div_ceil(64));
                 let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
                 let mut defines = vec![];
@@ -444,6 +449,10 @@ impl Builder<'_> {
                     entries.push((2, Res::Buf(self.vector(f)?)));
                 }
                 entries.push((3, self.buf(*x)));
+                if let Some((b, _)) = second {
+                    defines.push("SECOND");
+                    entries.push((4, self.buf(b)));
+                }
                 let params = [
                     rows as u32,
                     n_heads as u32,
@@ -453,6 +462,8 @@ impl Builder<'_> {
                     p.freq_scale.to_bits(),
                     cols as u32,
                     gx,
+                    heads2 as u32,
+                    second.map_or(0, |(_, cols2)| cols2 as u32),
                 ];
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
@@ -570,8 +581,13 @@ enum Fusion {
         residual: BufId,
         out: BufId,
     },
-    /// That Add.
-    InEpilogue,
+    /// A RoPE followed by another with the same parameters on another buffer (q, then k): one
+    /// dispatch rotates both.
+    RopeWithNext {
+        other: BufId,
+    },
+    /// An op that runs inside the dispatch of the op before it (that Add, that second RoPE).
+    Folded,
 }
 
 fn fusion_plan(graph: &Graph, weights: &[GpuWeight]) -> Vec<Fusion> {
@@ -639,7 +655,15 @@ fn fusion_plan(graph: &Graph, weights: &[GpuWeight]) -> Vec<Fusion> {
         let eight_bit = matches!(rounding_of(&graph.ops[i]), Some(ActRounding::Q8 { .. }));
         if eight_bit && *product != graph.logits && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
             plan[i] = Fusion::AddInEpilogue { residual, out: *out };
-            plan[i + 1] = Fusion::InEpilogue;
+            plan[i + 1] = Fusion::Folded;
+        }
+    }
+    for i in 0..graph.ops.len().saturating_sub(1) {
+        if let (Op::Rope { x: a, params: pa }, Op::Rope { x: b, params: pb }) = (&graph.ops[i], &graph.ops[i + 1]) {
+            if a != b && pa == pb && pa.n_rot > 0 && plan[i] == Fusion::Own && plan[i + 1] == Fusion::Own {
+                plan[i] = Fusion::RopeWithNext { other: *b };
+                plan[i + 1] = Fusion::Folded;
+            }
         }
     }
     plan
@@ -696,6 +720,7 @@ pub(crate) fn compile(
         next_slot: 0,
         producers: Vec::new(),
         epilogue_add: None,
+        rope_with: None,
         dispatches: Vec::new(),
         params: Vec::new(),
     };
@@ -713,7 +738,11 @@ pub(crate) fn compile(
         }
         match (fusion, op.output()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
-            (Fusion::InEpilogue, _) => {}
+            (Fusion::Folded, _) => {}
+            (Fusion::RopeWithNext { other }, _) => {
+                b.rope_with = Some(other);
+                b.op(op)?;
+            }
             (Fusion::AddInEpilogue { residual, out }, _) => {
                 b.epilogue_add = Some((residual, out));
                 b.op(op)?;
