@@ -220,12 +220,15 @@ fn qwen_15b_greedy_matches_cpu() {
 /// q8_0: mean 0.06, max 0.23). Decisive tokens must still agree. Since the CPU attends to q8_0 /
 /// q4_0 keys in the rotated domain (the query rotated instead of every key; the same values to
 /// NMSE 1e-11 on equal inputs) while the shader rotates each key back, the two runs' rounding
-/// flips fall differently: q8_0 measured mean 0.085, max 0.44, hence a mean bound of 0.1.
+/// flips fall differently: q8_0 measured mean 0.085-0.097, max 0.44-0.51 (from one build of the
+/// mat-vecs to the next, as their f32 sums are reordered), hence a mean bound of 0.15. With q4_0
+/// KV a step at a CPU margin of 0.26 goes either way between such builds (q4_0 measured: mean
+/// 0.11-0.14, max 0.42-0.45 on this prompt), so its decisive margin is 0.5.
 #[test]
 fn qwen_05b_quantized_kv_greedy_matches_cpu() {
-    same_greedy_tokens(QWEN_05B, KvType::Q8_0, "def fibonacci(n):", 0.25, 12, 0.6, 0.1);
-    // q4_0's own continuation is less certain: 11 of the 16 steps are decisive (measured).
-    same_greedy_tokens(QWEN_05B, KvType::Q4_0, "def fibonacci(n):", 0.25, 10, 3.0, 0.4);
+    same_greedy_tokens(QWEN_05B, KvType::Q8_0, "def fibonacci(n):", 0.25, 12, 0.6, 0.15);
+    // q4_0's own continuation is less certain: 11 of the 16 steps are decisive at 0.5 (measured).
+    same_greedy_tokens(QWEN_05B, KvType::Q4_0, "def fibonacci(n):", 0.5, 10, 3.0, 0.4);
 }
 
 /// Loads `stem` on `backend` as a runner with room for `max_sequences` sequences of N_CTX.
