@@ -1,11 +1,13 @@
-// Quantized weights: embedding lookup and matrix products over raw GGUF bytes.
+// Weights over raw GGUF bytes: the embedding lookup for every weight type, and the matrix
+// product for F32 and F16 weights (the quantized types multiply 8-bit activations in
+// matmul_q8.wgsl; MATMUL here reads f32 activations, f16-rounded for F16 weights).
 //
 // Weights are bound as array<u32> holding the tensor's GGUF bytes unchanged (rows of
 // row_bytes each; a tensor too large for one binding is split into row ranges, each its own
 // buffer starting at row `row0`). GGUF blocks are 18/22/34/144/210 bytes, not 4-byte aligned,
 // so values are extracted byte by byte. Exactly one weight-type define is set:
 // F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K. Scales are f16 read with unpack2x16float (no
-// shader-f16 needed). Activations are f32.
+// shader-f16 needed).
 // Capability variants (device.rs DeviceInfo::defines): with SHADER_F16, F16 weights are bound
 // as array<vec2<f16>> and read as WGSL f16 (F16_NATIVE; exact, as unpack2x16float);
 // accumulation stays f32. SUBGROUPS sums

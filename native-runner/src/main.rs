@@ -53,15 +53,19 @@ enum ModelsAction {
     Skeleton {
         /// A .gguf path or a built-in model name.
         model: String,
+        /// Where to write the skeleton.
         #[arg(short = 'o', long)]
         out: PathBuf,
     },
     /// Write a model from a skeleton with random weights of the same shapes and types (for a
     /// machine the real model cannot reach: it costs what the real one costs, its text is noise).
     Synth {
+        /// A skeleton from `hearth models skeleton` (or any .gguf: only its header is read).
         skeleton: PathBuf,
+        /// Where to write the model (as large as the real one).
         #[arg(short = 'o', long)]
         out: PathBuf,
+        /// The weights' random seed: the same seed gives the same model.
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },

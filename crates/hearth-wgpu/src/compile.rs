@@ -108,10 +108,6 @@ struct Builder<'a> {
     /// run as the prologue of that output's rounding; an entry holds until the output is written
     /// again.
     producers: Vec<(BufId, Op)>,
-    /// For the mat-mul being compiled: the Add it writes in its epilogue, (residual, out).
-    epilogue_add: Option<(BufId, BufId)>,
-    /// For the RoPE being compiled: the buffer the next RoPE rotates, done in the same dispatch.
-    rope_with: Option<BufId>,
     dispatches: Vec<Dispatch>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
@@ -126,14 +122,14 @@ enum ActRounding {
     /// F16 weights: each value rounded to f16, kept as f32 (quant.wgsl's mat-mul).
     F16,
     /// The quantized types: 8-bit codes and a scale per block (matmul_q8.wgsl).
-    Q8 { define: &'static str, block_len: usize },
+    Q8 { define: &'static str },
 }
 
 impl ActRounding {
     fn of(ty: GgmlType) -> Self {
         match ty.vec_dot_type() {
-            GgmlType::Q8_0 => ActRounding::Q8 { define: "Q8_0", block_len: 32 },
-            GgmlType::Q8_K => ActRounding::Q8 { define: "Q8_K", block_len: 256 },
+            GgmlType::Q8_0 => ActRounding::Q8 { define: "Q8_0" },
+            GgmlType::Q8_K => ActRounding::Q8 { define: "Q8_K" },
             GgmlType::F16 => ActRounding::F16,
             _ => ActRounding::None,
         }
@@ -230,7 +226,7 @@ impl Builder<'_> {
 
     /// `x` ([rows, k]) rounded as `rounding` asks, in a scratch buffer: the one already made for
     /// this input if it still holds, else a new act_quant dispatch into the next slot, which runs
-    /// `x`'s producer as its prologue when that op was left out for it (`fused_producers`).
+    /// `x`'s producer as its prologue when that op was left out for it (`Fusion::Prologue`).
     fn rounded_activation(&mut self, x: BufId, rounding: ActRounding, k: usize) -> Result<wgpu::Buffer, WgpuError> {
         if let Some(&(_, _, slot)) = self.rounded.iter().find(|(b, r, _)| *b == x && *r == rounding) {
             return Ok(self.act_scratch[slot].clone());
@@ -311,7 +307,9 @@ impl Builder<'_> {
         self.push(PipelineKey::new(ShaderFile::Elementwise, entry, &defines), &params, entries, [gx, gy, 1], None)
     }
 
-    fn op(&mut self, op: &Op) -> Result<(), WgpuError> {
+    /// The dispatches of `op`, with what `fusion_plan` folded into it (an Add into a mat-mul's
+    /// epilogue, the next RoPE into this one).
+    fn op(&mut self, op: &Op, fusion: Fusion) -> Result<(), WgpuError> {
         let n = self.graph.n_tokens;
         match op {
             Op::Embed { table, out } => {
@@ -396,16 +394,16 @@ impl Builder<'_> {
                 let scales_at = (rows * k / 4) as u32;
                 // An Add folded into the epilogue writes its own output; an in-place one reads the
                 // residual from there (a buffer cannot be bound both read-only and read-write).
-                let (out, residual) = match self.epilogue_add.take() {
-                    Some((residual, sum)) if residual == sum => {
+                let (out, residual) = match fusion {
+                    Fusion::AddInEpilogue { residual, out: sum } if residual == sum => {
                         defines.push("RESIDUAL_IN_PLACE");
                         (sum, None)
                     }
-                    Some((residual, sum)) => {
+                    Fusion::AddInEpilogue { residual, out: sum } => {
                         defines.push("RESIDUAL");
                         (sum, Some(residual))
                     }
-                    None => (*out, None),
+                    _ => (*out, None),
                 };
                 for (row0, chunk_rows, buffer) in chunks {
                     let (gx, gy) = fold(chunk_rows.div_ceil(rows_per_group));
@@ -434,7 +432,10 @@ impl Builder<'_> {
                 }
                 let n_heads = cols / p.head_dim;
                 // The second buffer rotated in this dispatch (k after q), if any.
-                let second = self.rope_with.take().map(|b| (b, self.shape(b).1));
+                let second = match fusion {
+                    Fusion::RopeWithNext { other } => Some((other, self.shape(other).1)),
+                    _ => None,
+                };
                 let heads2 = second.map_or(0, |(_, cols2)| cols2 / p.head_dim);
                 let total = rows * (n_heads + heads2) * (p.n_rot / 2);
                 let (gx, gy) = fold(total.div_ceil(64));
@@ -719,8 +720,6 @@ pub(crate) fn compile(
         rounded: Vec::new(),
         next_slot: 0,
         producers: Vec::new(),
-        epilogue_add: None,
-        rope_with: None,
         dispatches: Vec::new(),
         params: Vec::new(),
     };
@@ -739,15 +738,7 @@ pub(crate) fn compile(
         match (fusion, op.output()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
             (Fusion::Folded, _) => {}
-            (Fusion::RopeWithNext { other }, _) => {
-                b.rope_with = Some(other);
-                b.op(op)?;
-            }
-            (Fusion::AddInEpilogue { residual, out }, _) => {
-                b.epilogue_add = Some((residual, out));
-                b.op(op)?;
-            }
-            _ => b.op(op)?,
+            _ => b.op(op, fusion)?,
         }
     }
     Ok(CompiledGraph {

@@ -306,15 +306,11 @@ impl Backend for WgpuBackend {
         }
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(timestamps) = &compiled.timestamps {
-            let timed: Vec<(String, u64)> = compiled
-                .timed
-                .iter()
-                .map(|&i| match compiled.dispatches.get(i) {
-                    Some(d) => (d.family.clone(), d.weight_bytes),
-                    None => ("top_k".to_string(), 0),
-                })
-                .collect();
-            timestamps.accumulate(&self.gpu, &timed, &mut self.profile)?;
+            let timed = compiled.timed.iter().map(|&i| match compiled.dispatches.get(i) {
+                Some(d) => (d.family.as_str(), d.weight_bytes),
+                None => ("top_k", 0),
+            });
+            timestamps.accumulate(&self.gpu, timed, &mut self.profile)?;
         }
         Ok(())
     }

@@ -15,11 +15,11 @@ const MAX_QUERIES: u32 = 4096;
 /// for products and lookups and the rounding and prologue for activation rounding
 /// ("matmul_q8 Q4_K", "act_quant Q8_K+NORM").
 pub(crate) fn family(key: &PipelineKey) -> String {
-    const TYPES: [&str; 7] = ["F32", "F16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"];
     let named =
         |names: &[&str]| -> Vec<&str> { key.defines.iter().copied().filter(|d| names.contains(d)).collect::<Vec<_>>() };
+    let types: Vec<&str> = crate::weights::KERNEL_TYPES.iter().map(|t| t.name()).collect();
     let detail = match key.entry {
-        "matmul" | "matmul_q8" | "embed" => named(&TYPES),
+        "matmul" | "matmul_q8" | "embed" => named(&types),
         "act_quant" => named(&["Q8_0", "Q8_K", "F16", "NORM", "SWIGLU", "GEGLU"]),
         _ => Vec::new(),
     };
@@ -79,10 +79,10 @@ impl StepTimestamps {
 
     /// After the step finished: adds each timed dispatch's duration to its family.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn accumulate(
+    pub fn accumulate<'a>(
         &self,
         gpu: &Gpu,
-        dispatches: &[(String, u64)],
+        dispatches: impl ExactSizeIterator<Item = (&'a str, u64)>,
         into: &mut BTreeMap<String, KernelTime>,
     ) -> Result<(), WgpuError> {
         let timed = (dispatches.len() as u32).min(self.capacity) as usize;
@@ -93,21 +93,22 @@ impl StepTimestamps {
         let signal = crate::replay::start_map(&self.readback, bytes);
         crate::replay::wait_idle(gpu)?;
         crate::replay::map_outcome(&signal).unwrap_or(Err(WgpuError::ReadBack("timestamps not mapped".into())))?;
-        let ticks: Vec<u64> = {
+        let period_ns = gpu.queue.get_timestamp_period() as f64;
+        {
             let view =
                 self.readback.slice(0..bytes).get_mapped_range().map_err(|e| WgpuError::ReadBack(e.to_string()))?;
-            bytemuck::cast_slice(&view[..]).to_vec()
-        };
-        self.readback.unmap();
-        let period_ns = gpu.queue.get_timestamp_period() as f64;
-        for ((family, weight_bytes), pair) in dispatches.iter().zip(ticks.chunks_exact(2)) {
-            let entry = into
-                .entry(family.clone())
-                .or_insert_with(|| KernelTime { family: family.clone(), ..Default::default() });
-            entry.dispatches += 1;
-            entry.nanos += (pair[1].saturating_sub(pair[0]) as f64 * period_ns) as u64;
-            entry.weight_bytes += weight_bytes;
+            let ticks: &[u64] = bytemuck::cast_slice(&view[..]);
+            for ((family, weight_bytes), pair) in dispatches.zip(ticks.chunks_exact(2)) {
+                if !into.contains_key(family) {
+                    into.insert(family.to_string(), KernelTime { family: family.to_string(), ..Default::default() });
+                }
+                let Some(entry) = into.get_mut(family) else { continue };
+                entry.dispatches += 1;
+                entry.nanos += (pair[1].saturating_sub(pair[0]) as f64 * period_ns) as u64;
+                entry.weight_bytes += weight_bytes;
+            }
         }
+        self.readback.unmap();
         Ok(())
     }
 }

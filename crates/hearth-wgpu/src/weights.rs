@@ -41,18 +41,14 @@ impl GpuWeight {
 /// Bytes per `write_buffer` when a weight is read from a source piece by piece (multiple of 4).
 const UPLOAD_PIECE: usize = 16 << 20;
 
-/// Types the kernels in `shaders/quant.wgsl` decode, with their define.
+/// The weight types the kernels decode (`shaders/quant.wgsl`, `matmul_q8.wgsl`), each with its
+/// shader define (the type's GGML name).
+pub(crate) const KERNEL_TYPES: [GgmlType; 7] =
+    [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+
+/// The shader define of a type the kernels decode.
 pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::F32 => "F32",
-        GgmlType::F16 => "F16",
-        GgmlType::Q4_0 => "Q4_0",
-        GgmlType::Q5_0 => "Q5_0",
-        GgmlType::Q8_0 => "Q8_0",
-        GgmlType::Q4_K => "Q4_K",
-        GgmlType::Q6_K => "Q6_K",
-        _ => return None,
-    })
+    KERNEL_TYPES.contains(&ty).then(|| ty.name())
 }
 
 pub(crate) fn upload(
