@@ -134,8 +134,9 @@ fn f16_bits(x: f32) -> u32 {
 }
 
 #ifdef STORE_KV
-// [n_tokens, width, groups_x, layer]
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// [n_tokens, width, groups_x, layer, width2 (SECOND)]; a uniform, so that the storage bindings
+// of keys and values fit in WebGPU's 8 per stage
+@group(0) @binding(0) var<uniform> P: array<vec4<u32>, 2>;
 // see STEP above
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
 // see TABLES above
@@ -153,6 +154,84 @@ fn f16_bits(x: f32) -> u32 {
 // [width] f32: subtracted from every row before it is quantized (Op::StoreKv's k_offset or
 // v_offset)
 @group(0) @binding(5) var<storage, read> OFFSET: array<f32>;
+#endif
+// SECOND stores a second buffer in the same dispatch (the values after the keys), into its own
+// cache, with its own offset; its invocations follow the first buffer's.
+#ifdef SECOND
+// [n_tokens, width2] f32
+@group(0) @binding(6) var<storage, read> SRC2: array<f32>;
+#ifdef KV_Q8_0 || KV_Q4_0
+@group(0) @binding(7) var<storage, read_write> CACHE2: array<atomic<u32>>;
+#else
+@group(0) @binding(7) var<storage, read_write> CACHE2: array<u32>;
+#endif
+#ifdef KV_OFFSET
+// [width2] f32
+@group(0) @binding(8) var<storage, read> OFFSET2: array<f32>;
+#endif
+#endif
+
+fn p(i: u32) -> u32 {
+    return P[i / 4u][i % 4u];
+}
+
+// Whether this invocation stores the second buffer (uniform per workgroup only where the first
+// buffer's invocations fill whole workgroups; the accesses below branch per invocation).
+var<private> second: bool = false;
+
+fn src_at(i: u32) -> f32 {
+#ifdef SECOND
+    if (second) {
+        return SRC2[i];
+    }
+#endif
+    return SRC[i];
+}
+
+#ifdef KV_OFFSET
+fn offset_at(i: u32) -> f32 {
+#ifdef SECOND
+    if (second) {
+        return OFFSET2[i];
+    }
+#endif
+    return OFFSET[i];
+}
+#endif
+
+#ifdef KV_Q8_0 || KV_Q4_0
+fn cache_store(i: u32, word: u32) {
+#ifdef SECOND
+    if (second) {
+        atomicStore(&CACHE2[i], word);
+        return;
+    }
+#endif
+    atomicStore(&CACHE[i], word);
+}
+
+// Sets the 16 bits of word i from `shift` to `bits`, leaving the other half (a neighbour's).
+fn cache_set_half(i: u32, shift: u32, bits: u32) {
+#ifdef SECOND
+    if (second) {
+        atomicAnd(&CACHE2[i], ~(0xffffu << shift));
+        atomicOr(&CACHE2[i], bits << shift);
+        return;
+    }
+#endif
+    atomicAnd(&CACHE[i], ~(0xffffu << shift));
+    atomicOr(&CACHE[i], bits << shift);
+}
+#else
+fn cache_store(i: u32, word: u32) {
+#ifdef SECOND
+    if (second) {
+        CACHE2[i] = word;
+        return;
+    }
+#endif
+    CACHE[i] = word;
+}
 #endif
 
 // Values one invocation converts: 1 (f32), 2 (f16: one u32), 32 (q8_0, q4_0: one block).
@@ -180,28 +259,36 @@ fn round_away(x: f32) -> f32 {
 // One invocation per (token, unit).
 @compute @workgroup_size(256)
 fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = (wg.y * P[2] + wg.x) * 256u + lid.x;
-    let width = P[1];
-    let units = width / unit_len();
-    if (i >= P[0] * units) {
+    var i = (wg.y * p(2u) + wg.x) * 256u + lid.x;
+    var width = p(1u);
+    var units = width / unit_len();
+#ifdef SECOND
+    if (i >= p(0u) * units) {
+        i -= p(0u) * units;
+        width = p(4u);
+        units = width / unit_len();
+        second = true;
+    }
+#endif
+    if (i >= p(0u) * units) {
         return;
     }
     let t = i / units;
     let u = i % units;
     let src = t * width + u * unit_len();
-    let row = slot_of(P[3], step_token_seq(t), step_token_pos(t)) * row_words(width);
+    let row = slot_of(p(3u), step_token_seq(t), step_token_pos(t)) * row_words(width);
 #ifdef KV_F32
-    CACHE[row + u] = bitcast<u32>(SRC[src]);
+    cache_store(row + u, bitcast<u32>(src_at(src)));
 #endif
 #ifdef KV_F16
-    CACHE[row + u] = f16_bits(SRC[src]) | (f16_bits(SRC[src + 1u]) << 16u);
+    cache_store(row + u, f16_bits(src_at(src)) | (f16_bits(src_at(src + 1u)) << 16u));
 #endif
 #ifdef KV_Q8_0 || KV_Q4_0
     var x: array<f32, 32>;
     for (var j = 0u; j < 32u; j++) {
-        x[j] = SRC[src + j];
+        x[j] = src_at(src + j);
 #ifdef KV_OFFSET
-        x[j] -= OFFSET[u * 32u + j];
+        x[j] -= offset_at(u * 32u + j);
 #endif
     }
     hadamard32(&x);
@@ -222,7 +309,7 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
             let q = i32(clamp(round_away(x[w * 4u + b] * id), -128.0, 127.0));
             word = word | ((bitcast<u32>(q) & 0xffu) << (8u * b));
         }
-        atomicStore(&CACHE[row + u * 8u + w], word);
+        cache_store(row + u * 8u + w, word);
     }
 #endif
 #ifdef KV_Q4_0
@@ -247,15 +334,14 @@ fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
             let hi = min(15u, u32(x[j + 16u] * id + 8.5));
             word = word | ((lo | (hi << 4u)) << (8u * b));
         }
-        atomicStore(&CACHE[row + u * 4u + w], word);
+        cache_store(row + u * 4u + w, word);
     }
 #endif
 #ifdef KV_Q8_0 || KV_Q4_0
     // Each half of a scale word belongs to one block: clear ours, then set it.
     let scale_word = row + scales_word(width) + u / 2u;
     let shift = 16u * (u & 1u);
-    atomicAnd(&CACHE[scale_word], ~(0xffffu << shift));
-    atomicOr(&CACHE[scale_word], f16_bits(d) << shift);
+    cache_set_half(scale_word, shift, f16_bits(d));
 #endif
 }
 #endif

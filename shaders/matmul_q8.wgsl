@@ -19,27 +19,65 @@
 // SUBGROUPS sums partial results with subgroupAdd, otherwise through a shared-memory tree. DECODE
 // is the single-token tile. RESIDUAL / RESIDUAL_IN_PLACE add the residual stream (from RESID,
 // or what OUT holds) to the result, as the Add this epilogue replaces computes it.
+// SEGMENTS (SEGMENT3 for a third) computes the products of sibling mat-muls, which read the same
+// activations with weights of the same type and row length (q/k/v, gate/up), in one dispatch:
+// segment s has its own weights (W0, W1, W2) and output (OUT0, OUT1, OUT2) and owns a contiguous
+// range of workgroups, so each workgroup's segment is uniform; their biases lie end to end in
+// BIAS_W. The weight-reading code is written once and repeated per segment (`#foreach`), each
+// copy reading its own binding, so a workgroup chooses its segment once, not on every load.
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
 
-// [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x, scales_at]
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x, scales_at,
+//  then per further segment s = 1, 2: first workgroup, rows, row_bytes, n]; a uniform (16 u32)
+// so that the storage bindings of three segments fit in WebGPU's 8 per stage
+@group(0) @binding(0) var<uniform> P: array<vec4<u32>, 4>;
 // [rows_in_chunk * row_bytes] GGUF bytes, padded to 4 bytes
-@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> W0: array<u32>;
 // [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales
 // (act_quant.wgsl's layout)
 @group(0) @binding(2) var<storage, read> XQ: array<u32>;
 // [n_tokens, n] f32
-@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+@group(0) @binding(3) var<storage, read_write> OUT0: array<f32>;
 #ifdef BIAS
-// [n] f32 (stored as the GGUF F32 bytes)
+// [n] f32 (stored as the GGUF F32 bytes); with SEGMENTS each segment's [n] in turn
 @group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
 #endif
 #ifdef RESIDUAL
 // [n_tokens, n] f32: added to the product (an Add folded into this epilogue)
 @group(0) @binding(5) var<storage, read> RESID: array<f32>;
 #endif
+#ifdef SEGMENTS
+// segment 1: [rows_1 * row_bytes_1] GGUF bytes, its output [n_tokens, n_1] f32
+@group(0) @binding(6) var<storage, read> W1: array<u32>;
+@group(0) @binding(7) var<storage, read_write> OUT1: array<f32>;
+#endif
+#ifdef SEGMENT3
+// segment 2: [rows_2 * row_bytes_2] GGUF bytes, its output [n_tokens, n_2] f32
+@group(0) @binding(8) var<storage, read> W2: array<u32>;
+@group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
+#endif
+
+fn p(i: u32) -> u32 {
+    return P[i / 4u][i % 4u];
+}
+
+fn store_out(segment: u32, at: u32, v: f32) {
+#ifdef SEGMENT3
+    if (segment == 2u) {
+        OUT2[at] = v;
+        return;
+    }
+#endif
+#ifdef SEGMENTS
+    if (segment == 1u) {
+        OUT1[at] = v;
+        return;
+    }
+#endif
+    OUT0[at] = v;
+}
 
 const WG: u32 = 64u;
 const ROWS: u32 = 4u;
@@ -57,22 +95,6 @@ const BLOCK_LEN: u32 = 32u;
 #endif
 const BLOCKS_AT_ONCE: u32 = WG / THREADS;
 const OUTPUTS: u32 = ROWS * TILE_T;
-
-// The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
-// 18, 22, 34 and 210 bytes start on even offsets). An aligned word reads no other word, so no
-// read passes the weights' last word.
-fn word_at(at: u32) -> u32 {
-    let w = at >> 2u;
-    let shift = (at & 3u) * 8u;
-    let lo = W[w];
-    let hi = W[w + min(shift, 1u)];
-    return select((lo >> shift) | (hi << (32u - shift)), lo, shift == 0u);
-}
-
-// The f16 at byte `at`, which is even.
-fn f16_at(at: u32) -> f32 {
-    return unpack2x16float(W[at >> 2u])[(at >> 1u) & 1u];
-}
 
 // Byte `i` (0..3) of `w`, sign-extended.
 fn i8_in(w: u32, i: u32) -> i32 {
@@ -126,13 +148,13 @@ fn act_words(slot: u32) -> vec4<u32> {
 }
 
 fn load_act(token: u32, block: u32, slot: u32) -> Act {
-    let k = P[2];
+    let k = p(2u);
     let first = (token * k + block * BLOCK_LEN) / 4u;
     let at = act_words(slot);
     var a: Act;
     a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
     a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
-    a.d = bitcast<f32>(XQ[P[7] + (token * k) / BLOCK_LEN + block]);
+    a.d = bitcast<f32>(XQ[p(7u) + (token * k) / BLOCK_LEN + block]);
     return a;
 }
 
@@ -161,72 +183,6 @@ struct Weights {
     sc: vec4<i32>,
     d: f32,
     dmin: f32,
-}
-
-fn load_weights(b: u32, slot: u32) -> Weights {
-    var w: Weights;
-#ifdef Q4_K
-    // super-block: d f16, dmin f16, scales[12], qs[128]; 144 bytes, so always word-aligned
-    let c = slot / 4u;
-    let p = slot % 4u;
-    let dd = unpack2x16float(W[b / 4u]);
-    w.d = dd.x;
-    w.dmin = dd.y;
-    let s = vec3<u32>(W[b / 4u + 1u], W[b / 4u + 2u], W[b / 4u + 3u]);
-    let lo = scale_min_k4(2u * c, s);
-    let hi = scale_min_k4(2u * c + 1u, s);
-    w.sc = vec4<i32>(lo, hi);
-    let q0 = W[(b + 16u + 32u * c + 8u * p) / 4u];
-    let q1 = W[(b + 16u + 32u * c + 8u * p) / 4u + 1u];
-    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
-#endif
-#ifdef Q6_K
-    // super-block: ql[128], qh[64], scales[16] i8, d f16; 210 bytes
-    let n = slot / 8u;
-    let l0 = 4u * (slot % 8u);
-    let ql0 = word_at(b + 64u * n + l0);
-    let ql1 = word_at(b + 64u * n + 32u + l0);
-    let qh = word_at(b + 128u + 32u * n + l0);
-    w.q = vec4<u32>(
-        (ql0 & LOW4) | ((qh & 0x03030303u) << 4u),
-        (ql1 & LOW4) | (((qh >> 2u) & 0x03030303u) << 4u),
-        ((ql0 >> 4u) & LOW4) | (((qh >> 4u) & 0x03030303u) << 4u),
-        ((ql1 >> 4u) & LOW4) | (((qh >> 6u) & 0x03030303u) << 4u),
-    );
-    // scales 8n + l0 / 16 + 2g
-    let s0 = word_at(b + 192u + 8u * n);
-    let s1 = word_at(b + 196u + 8u * n);
-    let h = l0 / 16u;
-    w.sc = vec4<i32>(i8_in(s0, h), i8_in(s0, h + 2u), i8_in(s1, h), i8_in(s1, h + 2u));
-    w.d = f16_at(b + 208u);
-#endif
-#ifdef Q8_0
-    // block: d f16, qs[32] i8; 34 bytes
-    w.d = f16_at(b);
-    let q = b + 2u + 16u * slot;
-    w.q = vec4<u32>(word_at(q), word_at(q + 4u), word_at(q + 8u), word_at(q + 12u));
-#endif
-#ifdef Q4_0
-    // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
-    w.d = f16_at(b);
-    let q0 = word_at(b + 2u + 8u * slot);
-    let q1 = word_at(b + 6u + 8u * slot);
-    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
-#endif
-#ifdef Q5_0
-    // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
-    w.d = f16_at(b);
-    let qh = word_at(b + 2u) >> (8u * slot);
-    let q0 = word_at(b + 6u + 8u * slot);
-    let q1 = word_at(b + 10u + 8u * slot);
-    w.q = vec4<u32>(
-        (q0 & LOW4) | (spread_bits(qh & 0xfu) << 4u),
-        (q1 & LOW4) | (spread_bits((qh >> 4u) & 0xfu) << 4u),
-        ((q0 >> 4u) & LOW4) | (spread_bits((qh >> 16u) & 0xfu) << 4u),
-        ((q1 >> 4u) & LOW4) | (spread_bits((qh >> 20u) & 0xfu) << 4u),
-    );
-#endif
-    return w;
 }
 
 // Bit i of x (i < 4) to bit 0 of byte i.
@@ -260,6 +216,120 @@ fn block_dot(w: Weights, a: Act) -> f32 {
 #endif
 }
 
+#foreach $S in 0, 1 if SEGMENTS, 2 if SEGMENT3
+// The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
+// 18, 22, 34 and 210 bytes start on even offsets). An aligned word reads no other word, so no
+// read passes the weights' last word.
+fn word_at_$S(at: u32) -> u32 {
+    let w = at >> 2u;
+    let shift = (at & 3u) * 8u;
+    let lo = W$S[w];
+    let hi = W$S[w + min(shift, 1u)];
+    return select((lo >> shift) | (hi << (32u - shift)), lo, shift == 0u);
+}
+
+// The f16 at byte `at`, which is even.
+fn f16_at_$S(at: u32) -> f32 {
+    return unpack2x16float(W$S[at >> 2u])[(at >> 1u) & 1u];
+}
+
+fn load_weights_$S(b: u32, slot: u32) -> Weights {
+    var w: Weights;
+#ifdef Q4_K
+    // super-block: d f16, dmin f16, scales[12], qs[128]; 144 bytes, so always word-aligned
+    let c = slot / 4u;
+    let p = slot % 4u;
+    let dd = unpack2x16float(W$S[b / 4u]);
+    w.d = dd.x;
+    w.dmin = dd.y;
+    let s = vec3<u32>(W$S[b / 4u + 1u], W$S[b / 4u + 2u], W$S[b / 4u + 3u]);
+    let lo = scale_min_k4(2u * c, s);
+    let hi = scale_min_k4(2u * c + 1u, s);
+    w.sc = vec4<i32>(lo, hi);
+    let q0 = W$S[(b + 16u + 32u * c + 8u * p) / 4u];
+    let q1 = W$S[(b + 16u + 32u * c + 8u * p) / 4u + 1u];
+    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef Q6_K
+    // super-block: ql[128], qh[64], scales[16] i8, d f16; 210 bytes
+    let n = slot / 8u;
+    let l0 = 4u * (slot % 8u);
+    let ql0 = word_at_$S(b + 64u * n + l0);
+    let ql1 = word_at_$S(b + 64u * n + 32u + l0);
+    let qh = word_at_$S(b + 128u + 32u * n + l0);
+    w.q = vec4<u32>(
+        (ql0 & LOW4) | ((qh & 0x03030303u) << 4u),
+        (ql1 & LOW4) | (((qh >> 2u) & 0x03030303u) << 4u),
+        ((ql0 >> 4u) & LOW4) | (((qh >> 4u) & 0x03030303u) << 4u),
+        ((ql1 >> 4u) & LOW4) | (((qh >> 6u) & 0x03030303u) << 4u),
+    );
+    // scales 8n + l0 / 16 + 2g
+    let s0 = word_at_$S(b + 192u + 8u * n);
+    let s1 = word_at_$S(b + 196u + 8u * n);
+    let h = l0 / 16u;
+    w.sc = vec4<i32>(i8_in(s0, h), i8_in(s0, h + 2u), i8_in(s1, h), i8_in(s1, h + 2u));
+    w.d = f16_at_$S(b + 208u);
+#endif
+#ifdef Q8_0
+    // block: d f16, qs[32] i8; 34 bytes
+    w.d = f16_at_$S(b);
+    let q = b + 2u + 16u * slot;
+    w.q = vec4<u32>(word_at_$S(q), word_at_$S(q + 4u), word_at_$S(q + 8u), word_at_$S(q + 12u));
+#endif
+#ifdef Q4_0
+    // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
+    w.d = f16_at_$S(b);
+    let q0 = word_at_$S(b + 2u + 8u * slot);
+    let q1 = word_at_$S(b + 6u + 8u * slot);
+    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef Q5_0
+    // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
+    w.d = f16_at_$S(b);
+    let qh = word_at_$S(b + 2u) >> (8u * slot);
+    let q0 = word_at_$S(b + 6u + 8u * slot);
+    let q1 = word_at_$S(b + 10u + 8u * slot);
+    w.q = vec4<u32>(
+        (q0 & LOW4) | (spread_bits(qh & 0xfu) << 4u),
+        (q1 & LOW4) | (spread_bits((qh >> 4u) & 0xfu) << 4u),
+        ((q0 >> 4u) & LOW4) | (spread_bits((qh >> 16u) & 0xfu) << 4u),
+        ((q1 >> 4u) & LOW4) | (spread_bits((qh >> 20u) & 0xfu) << 4u),
+    );
+#endif
+    return w;
+}
+
+// This invocation's partial sums of ROWS rows from first_row for TILE_T tokens from t0.
+fn accumulate_$S(first_row: u32, rows: u32, row_bytes: u32, k: u32, n_tokens: u32, t0: u32, tid: u32) -> array<f32, OUTPUTS> {
+    let slot = tid % THREADS;
+    let n_blocks = k / BLOCK_LEN;
+    var acc: array<f32, OUTPUTS>;
+    for (var o = 0u; o < OUTPUTS; o++) {
+        acc[o] = 0.0;
+    }
+    let block_bytes = row_bytes / n_blocks;
+    for (var block = tid / THREADS; block < n_blocks; block += BLOCKS_AT_ONCE) {
+        var act: array<Act, TILE_T>;
+        for (var t = 0u; t < TILE_T; t++) {
+            if (t0 + t < n_tokens) {
+                act[t] = load_act(t0 + t, block, slot);
+            }
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            if (first_row + r < rows) {
+                let w = load_weights_$S((first_row + r) * row_bytes + block * block_bytes, slot);
+                for (var t = 0u; t < TILE_T; t++) {
+                    if (t0 + t < n_tokens) {
+                        acc[r * TILE_T + t] += block_dot(w, act[t]);
+                    }
+                }
+            }
+        }
+    }
+    return acc;
+}
+#endforeach
+
 #ifdef SUBGROUPS
 // [subgroups][output] partial sums (at most WG / 4 subgroups: WebGPU's smallest subgroup is 4).
 var<workgroup> partial: array<array<f32, OUTPUTS>, 16>;
@@ -277,39 +347,55 @@ fn matmul_q8(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let first_row = (wg.y * P[6] + wg.x) * ROWS;
-    let rows = P[1];
-    let k = P[2];
-    let row_bytes = P[3];
-    let n = P[4];
-    let n_tokens = P[5];
+    let grid_group = wg.y * p(6u) + wg.x;
+    // The segment of this workgroup, its first row in it and the segment's shape.
+    var segment = 0u;
+    var group = grid_group;
+    var rows = p(1u);
+    var row_bytes = p(3u);
+    var n = p(4u);
+    // Where this segment's bias starts in BIAS_W: after the earlier segments' outputs.
+    var bias_at = 0u;
+#ifdef SEGMENTS
+    if (grid_group >= p(8u)) {
+        segment = 1u;
+        group = grid_group - p(8u);
+        bias_at = n;
+        rows = p(9u);
+        row_bytes = p(10u);
+        n = p(11u);
+    }
+#endif
+#ifdef SEGMENT3
+    if (grid_group >= p(12u)) {
+        segment = 2u;
+        group = grid_group - p(12u);
+        bias_at += n;
+        rows = p(13u);
+        row_bytes = p(14u);
+        n = p(15u);
+    }
+#endif
+    let first_row = group * ROWS;
+    let k = p(2u);
+    let n_tokens = p(5u);
     let t0 = wg.z * TILE_T;
     let tid = lid.x;
-    let slot = tid % THREADS;
-    let n_blocks = k / BLOCK_LEN;
     var acc: array<f32, OUTPUTS>;
-    for (var o = 0u; o < OUTPUTS; o++) {
-        acc[o] = 0.0;
+    // An if chain rather than a switch: llvmpipe skips the branches no invocation takes.
+    if (segment == 0u) {
+        acc = accumulate_0(first_row, rows, row_bytes, k, n_tokens, t0, tid);
     }
-    let block_bytes = row_bytes / n_blocks;
-    for (var block = tid / THREADS; block < n_blocks; block += BLOCKS_AT_ONCE) {
-        var act: array<Act, TILE_T>;
-        for (var t = 0u; t < TILE_T; t++) {
-            if (t0 + t < n_tokens) {
-                act[t] = load_act(t0 + t, block, slot);
-            }
-        }
-        for (var r = 0u; r < ROWS; r++) {
-            if (first_row + r < rows) {
-                let w = load_weights((first_row + r) * row_bytes + block * block_bytes, slot);
-                for (var t = 0u; t < TILE_T; t++) {
-                    if (t0 + t < n_tokens) {
-                        acc[r * TILE_T + t] += block_dot(w, act[t]);
-                    }
-                }
-            }
-        }
+#ifdef SEGMENTS
+    if (segment == 1u) {
+        acc = accumulate_1(first_row, rows, row_bytes, k, n_tokens, t0, tid);
     }
+#endif
+#ifdef SEGMENT3
+    if (segment == 2u) {
+        acc = accumulate_2(first_row, rows, row_bytes, k, n_tokens, t0, tid);
+    }
+#endif
 #ifdef SUBGROUPS
     for (var o = 0u; o < OUTPUTS; o++) {
         acc[o] = subgroupAdd(acc[o]);
@@ -345,10 +431,10 @@ fn matmul_q8(
     let r = tid / TILE_T;
     let t = tid % TILE_T;
     if (tid < OUTPUTS && first_row + r < rows && t0 + t < n_tokens) {
-        let row = P[0] + first_row + r;
+        let row = p(0u) + first_row + r;
         var b = 0.0;
 #ifdef BIAS
-        b = BIAS_W[row];
+        b = BIAS_W[bias_at + row];
 #endif
         let at = (t0 + t) * n + row;
         var v = acc[0] + b;
@@ -356,8 +442,8 @@ fn matmul_q8(
         v = RESID[at] + v;
 #endif
 #ifdef RESIDUAL_IN_PLACE
-        v = OUT[at] + v;
+        v = OUT0[at] + v;
 #endif
-        OUT[at] = v;
+        store_out(segment, at, v);
     }
 }

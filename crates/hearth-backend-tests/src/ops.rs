@@ -224,6 +224,54 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
     }
 }
 
+/// Consecutive mat-muls reading one input, as q/k/v and gate/up do (a backend may compute them in
+/// one dispatch): outputs of different widths, with and without biases, weights of one type or
+/// of two, one token and tiles of several. Each product is mixed into the checked result through
+/// an F32 mat-mul of its own, so a wrong row in any of them shows.
+pub fn sibling_matmuls_sharing_an_input(subject: &dyn Subject) {
+    let mut rng = Rng(9);
+    for rows in [1, 3, 9] {
+        let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
+        for (types, k, biased) in [
+            ([GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K], 512, true),
+            ([GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0], 96, true),
+            ([GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K], 256, false),
+            ([GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q8_0], 64, false),
+        ] {
+            let mut c = Case::new(rows);
+            let x = c.input("x", k, &mut rng);
+            let h = c.graph.buf("h", rows, k);
+            let norm = Some(c.weight(GgmlType::F32, &[k as u64], &mut rng));
+            c.graph.push(Op::RmsNorm { x, weight: norm, eps: 1e-6, group: k, out: h });
+            let mix = 24;
+            let mut mixed = Vec::new();
+            for (i, (ty, width)) in types.into_iter().zip([48usize, 20, 22]).enumerate() {
+                let out = c.graph.buf(format!("out{i}"), rows, width);
+                let w = c.weight(ty, &[k as u64, width as u64], &mut rng);
+                let bias = biased.then(|| c.weight(GgmlType::F32, &[width as u64], &mut rng));
+                c.graph.push(Op::MatMul { w, x: h, bias, out });
+                mixed.push((out, width));
+            }
+            let mut sum = None;
+            for (i, (product, width)) in mixed.into_iter().enumerate() {
+                let projected = c.graph.buf(format!("mixed{i}"), rows, mix);
+                let w = c.weight(GgmlType::F32, &[width as u64, mix as u64], &mut rng);
+                c.graph.push(Op::MatMul { w, x: product, bias: None, out: projected });
+                sum = Some(match sum {
+                    None => projected,
+                    Some(acc) => {
+                        c.graph.push(Op::Add { a: acc, b: projected, out: acc });
+                        acc
+                    }
+                });
+            }
+            c.graph.logits = sum.expect("three products");
+            let what = format!("norm → sibling matmuls {types:?} k{k} bias{biased} rows{rows}");
+            c.check(subject, &what, Tolerance::SUM_ORDER, &steps(&mut rng));
+        }
+    }
+}
+
 /// Bad steps and bad weights are errors, never panics, and leave the backend usable.
 pub fn bad_input_is_an_error_not_a_panic(subject: &dyn Subject) {
     for (variant, mut backend) in subject.variants() {

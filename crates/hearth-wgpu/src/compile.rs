@@ -25,6 +25,7 @@ fn fold(n: usize) -> (u32, u32) {
 
 /// A bound resource; the KV pool (its layer buffers and the block tables of this graph for it)
 /// is known only at execute time.
+#[derive(Clone)]
 pub(crate) enum Res {
     Buf(wgpu::Buffer),
     Tables,
@@ -202,7 +203,8 @@ impl Builder<'_> {
         let params = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(key.entry),
             contents: bytemuck::cast_slice(params),
-            usage: wgpu::BufferUsages::STORAGE,
+            // matmul_q8.wgsl reads its parameters as a uniform, the other kernels as storage.
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
         });
         self.params.push(params.clone());
         entries.insert(0, (0, Res::Buf(params)));
@@ -215,9 +217,16 @@ impl Builder<'_> {
             }
         };
         let family = crate::profile::family(&key);
-        // Weights are bound at binding 1 of embed and the mat-muls; an embedding reads one row a token.
-        let weight_bytes = match (key.entry, entries.iter().find(|(b, _)| *b == 1)) {
-            ("matmul" | "matmul_q8", Some((_, Res::Buf(w)))) => w.size(),
+        // Weights are bound at binding 1 of embed and the mat-muls, and at 6 and 8 for sibling
+        // segments; an embedding reads one row a token.
+        let weight_bytes = match key.entry {
+            "matmul" | "matmul_q8" => entries
+                .iter()
+                .filter_map(|(b, r)| match r {
+                    Res::Buf(w) if [1, 6, 8].contains(b) => Some(w.size()),
+                    _ => None,
+                })
+                .sum(),
             _ => 0,
         };
         self.dispatches.push(Dispatch { key, pipeline, entries, kv_need, bind_group, groups, family, weight_bytes });
@@ -276,6 +285,138 @@ impl Builder<'_> {
             None,
         )?;
         Ok(scratch)
+    }
+
+    /// One mat-mul, or sibling mat-muls on the same input (`Fusion::Siblings`) in one dispatch,
+    /// with an Add folded into its epilogue (`Fusion::AddInEpilogue`).
+    fn matmul(
+        &mut self,
+        first: MatMulPart,
+        x: BufId,
+        fusion: Fusion,
+        siblings: [Option<MatMulPart>; 2],
+    ) -> Result<(), WgpuError> {
+        let wt = self.weight(first.w)?;
+        let ty = type_define(wt.desc.ty)
+            .ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
+        let (k, n_out) = (wt.desc.row_len(), wt.desc.n_rows());
+        let (rows, _) = self.shape(x);
+        let row_bytes = wt.row_bytes as u32;
+        let chunks: Vec<(u32, usize, wgpu::Buffer)> =
+            wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
+        let rounding = ActRounding::of(wt.desc.ty);
+        let x_used = match rounding {
+            ActRounding::None => self.bufs[x.0 as usize].clone(),
+            _ => self.rounded_activation(x, rounding, k)?,
+        };
+        let eight_bit = matches!(rounding, ActRounding::Q8 { .. });
+        // matmul_q8.wgsl: 4 weight rows per workgroup; quant.wgsl: one.
+        let (file, entry, rows_per_group) =
+            if eight_bit { (ShaderFile::MatmulQ8, "matmul_q8", 4) } else { (ShaderFile::Quant, "matmul", 1) };
+        let mut defines = vec!["MATMUL", ty];
+        defines.extend(self.gpu.info.defines());
+        if ty == "F16" && self.gpu.info.shader_f16 {
+            defines.push("F16_NATIVE");
+        }
+        // The siblings' weights (one chunk each, `fusion_plan` checked) and biases.
+        let parts: Vec<MatMulPart> = std::iter::once(first).chain(siblings.into_iter().flatten()).collect();
+        let bias = match parts.as_slice() {
+            [only] => only.bias.map(|b| self.vector(b)).transpose()?,
+            _ if first.bias.is_some() => {
+                let biases: Vec<wgpu::Buffer> =
+                    parts.iter().flat_map(|part| part.bias).map(|b| self.vector(b)).collect::<Result<_, _>>()?;
+                Some(self.concatenated(&biases))
+            }
+            _ => None,
+        };
+        if bias.is_some() {
+            defines.push("BIAS");
+        }
+        let tile = if rows == 1 {
+            defines.push("DECODE");
+            1
+        } else {
+            8
+        };
+        // The 8-bit activations' scales follow their codes (act_quant.wgsl).
+        let scales_at = (rows * k / 4) as u32;
+        // An Add folded into the epilogue writes its own output; an in-place one reads the
+        // residual from there (a buffer cannot be bound both read-only and read-write).
+        let (out, residual) = match fusion {
+            Fusion::AddInEpilogue { residual, out: sum } if residual == sum => {
+                defines.push("RESIDUAL_IN_PLACE");
+                (sum, None)
+            }
+            Fusion::AddInEpilogue { residual, out: sum } => {
+                defines.push("RESIDUAL");
+                (sum, Some(residual))
+            }
+            _ => (first.out, None),
+        };
+        // Per further segment: its first workgroup, rows, row bytes and output width, then its
+        // weight and output bindings.
+        let mut segment_params = Vec::new();
+        let mut segment_entries = Vec::new();
+        let mut groups = n_out.div_ceil(rows_per_group);
+        for (part, (w_binding, out_binding)) in parts.iter().skip(1).zip([(6, 7), (8, 9)]) {
+            let w = self.weight(part.w)?;
+            let [chunk] = w.chunks.as_slice() else {
+                return Err(WgpuError::Execution(format!("sibling weight '{}' in several chunks", w.desc.name)));
+            };
+            segment_params.extend([groups as u32, w.desc.n_rows() as u32, w.row_bytes as u32, w.desc.n_rows() as u32]);
+            segment_entries.extend([(w_binding, Res::Buf(chunk.buffer.clone())), (out_binding, self.buf(part.out))]);
+            groups += w.desc.n_rows().div_ceil(rows_per_group);
+        }
+        match parts.len() {
+            1 => {}
+            2 => defines.push("SEGMENTS"),
+            _ => defines.extend(["SEGMENTS", "SEGMENT3"]),
+        }
+        for (row0, chunk_rows, buffer) in chunks {
+            let chunk_groups = if parts.len() > 1 { groups } else { chunk_rows.div_ceil(rows_per_group) };
+            let (gx, gy) = fold(chunk_groups);
+            let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used.clone())), (3, self.buf(out))];
+            if let Some(b) = &bias {
+                entries.push((4, Res::Buf(b.clone())));
+            }
+            if let Some(r) = residual {
+                entries.push((5, self.buf(r)));
+            }
+            entries.extend(segment_entries.iter().map(|(b, r)| (*b, r.clone())));
+            let mut params =
+                vec![row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx, scales_at];
+            params.extend(&segment_params);
+            // matmul_q8.wgsl reads its parameters as a uniform of 16 words.
+            params.resize(params.len().max(16), 0);
+            self.push(
+                PipelineKey::new(file, entry, &defines),
+                &params,
+                entries,
+                [gx, gy, rows.div_ceil(tile) as u32],
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// One f32 vector made of `parts` end to end, copied on the device.
+    fn concatenated(&mut self, parts: &[wgpu::Buffer]) -> wgpu::Buffer {
+        let size = parts.iter().map(|b| b.size()).sum::<u64>();
+        let joined = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("sibling biases"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let mut at = 0;
+        for part in parts {
+            encoder.copy_buffer_to_buffer(part, 0, &joined, at, part.size());
+            at += part.size();
+        }
+        self.gpu.queue.submit([encoder.finish()]);
+        self.params.push(joined.clone());
+        joined
     }
 
     fn elementwise(
@@ -358,72 +499,11 @@ impl Builder<'_> {
                 )?;
             }
             Op::MatMul { w, x, bias, out } => {
-                let wt = self.weight(*w)?;
-                let ty = type_define(wt.desc.ty)
-                    .ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
-                let (k, n_out) = (wt.desc.row_len(), wt.desc.n_rows());
-                let (rows, _) = self.shape(*x);
-                let row_bytes = wt.row_bytes as u32;
-                let chunks: Vec<(u32, usize, wgpu::Buffer)> =
-                    wt.chunks.iter().map(|c| (c.row0 as u32, c.rows, c.buffer.clone())).collect();
-                let bias = bias.map(|b| self.vector(b)).transpose()?;
-                let rounding = ActRounding::of(wt.desc.ty);
-                let x_used = match rounding {
-                    ActRounding::None => self.bufs[x.0 as usize].clone(),
-                    _ => self.rounded_activation(*x, rounding, k)?,
+                let siblings = match fusion {
+                    Fusion::Siblings { others } => others,
+                    _ => [None; 2],
                 };
-                let eight_bit = matches!(rounding, ActRounding::Q8 { .. });
-                // matmul_q8.wgsl: 4 weight rows per workgroup; quant.wgsl: one.
-                let (file, entry, rows_per_group) =
-                    if eight_bit { (ShaderFile::MatmulQ8, "matmul_q8", 4) } else { (ShaderFile::Quant, "matmul", 1) };
-                let mut defines = vec!["MATMUL", ty];
-                defines.extend(self.gpu.info.defines());
-                if ty == "F16" && self.gpu.info.shader_f16 {
-                    defines.push("F16_NATIVE");
-                }
-                if bias.is_some() {
-                    defines.push("BIAS");
-                }
-                let tile = if rows == 1 {
-                    defines.push("DECODE");
-                    1
-                } else {
-                    8
-                };
-                // The 8-bit activations' scales follow their codes (act_quant.wgsl).
-                let scales_at = (rows * k / 4) as u32;
-                // An Add folded into the epilogue writes its own output; an in-place one reads the
-                // residual from there (a buffer cannot be bound both read-only and read-write).
-                let (out, residual) = match fusion {
-                    Fusion::AddInEpilogue { residual, out: sum } if residual == sum => {
-                        defines.push("RESIDUAL_IN_PLACE");
-                        (sum, None)
-                    }
-                    Fusion::AddInEpilogue { residual, out: sum } => {
-                        defines.push("RESIDUAL");
-                        (sum, Some(residual))
-                    }
-                    _ => (*out, None),
-                };
-                for (row0, chunk_rows, buffer) in chunks {
-                    let (gx, gy) = fold(chunk_rows.div_ceil(rows_per_group));
-                    let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used.clone())), (3, self.buf(out))];
-                    if let Some(b) = &bias {
-                        entries.push((4, Res::Buf(b.clone())));
-                    }
-                    if let Some(r) = residual {
-                        entries.push((5, self.buf(r)));
-                    }
-                    let params =
-                        [row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx, scales_at];
-                    self.push(
-                        PipelineKey::new(file, entry, &defines),
-                        &params,
-                        entries,
-                        [gx, gy, rows.div_ceil(tile) as u32],
-                        None,
-                    )?;
-                }
+                self.matmul(MatMulPart { w: *w, bias: *bias, out: *out }, *x, fusion, siblings)?;
             }
             Op::Rope { x, params: p } => {
                 let (rows, cols) = self.shape(*x);
@@ -469,25 +549,44 @@ impl Builder<'_> {
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
-                for (src, is_k, offset) in [(*k, true, k_offset), (*v, false, v_offset)] {
-                    let (rows, cols) = self.shape(src);
-                    // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
-                    // for the smallest, extra invocations return at once.
-                    let (gx, gy) = fold((rows * cols).div_ceil(256));
-                    let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
-                    let mut entries =
-                        vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables), (3, self.buf(src)), (4, cache)];
-                    if let Some(o) = offset {
-                        entries.push((5, Res::KvOffset(self.vector(*o)?)));
+                // Keys and values in one dispatch (attention.wgsl SECOND), both or neither with an
+                // offset, as the offset define covers both.
+                let parts: Vec<Vec<(BufId, bool, Option<WeightId>)>> = if k_offset.is_some() == v_offset.is_some() {
+                    vec![vec![(*k, true, *k_offset), (*v, false, *v_offset)]]
+                } else {
+                    vec![vec![(*k, true, *k_offset)], vec![(*v, false, *v_offset)]]
+                };
+                for part in parts {
+                    let mut units = 0;
+                    let mut widths = Vec::new();
+                    let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables)];
+                    let mut need = KvNeed { layer: *layer, k_width: None, v_width: None, window: None };
+                    for (i, &(src, is_k, offset)) in part.iter().enumerate() {
+                        let (rows, cols) = self.shape(src);
+                        // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
+                        // for the smallest, extra invocations return at once.
+                        units += rows * cols;
+                        widths.push(cols as u32);
+                        let cache = if is_k { Res::KvK(*layer) } else { Res::KvV(*layer) };
+                        let at = 3 * i as u32;
+                        entries.extend([(3 + at, self.buf(src)), (4 + at, cache)]);
+                        if let Some(o) = offset {
+                            entries.push((5 + at, Res::KvOffset(self.vector(o)?)));
+                        }
+                        if is_k {
+                            need.k_width = Some(cols);
+                        } else {
+                            need.v_width = Some(cols);
+                        }
                     }
-                    let need = if is_k {
-                        KvNeed { layer: *layer, k_width: Some(cols), v_width: None, window: None }
-                    } else {
-                        KvNeed { layer: *layer, k_width: None, v_width: Some(cols), window: None }
-                    };
-                    let params = [rows as u32, cols as u32, gx, *layer as u32];
+                    let (gx, gy) = fold(units.div_ceil(256));
+                    let mut defines = vec!["STORE_KV"];
+                    if widths.len() == 2 {
+                        defines.push("SECOND");
+                    }
+                    let params = [n as u32, widths[0], gx, *layer as u32, widths.get(1).copied().unwrap_or(0), 0, 0, 0];
                     self.push(
-                        PipelineKey::new(ShaderFile::Attention, "store_kv", &["STORE_KV"]),
+                        PipelineKey::new(ShaderFile::Attention, "store_kv", &defines),
                         &params,
                         entries,
                         [gx, gy, 1],
@@ -587,11 +686,26 @@ enum Fusion {
     RopeWithNext {
         other: BufId,
     },
-    /// An op that runs inside the dispatch of the op before it (that Add, that second RoPE).
+    /// The first of two or three consecutive mat-muls that read the same input with weights of
+    /// one type, row length and bias presence, each in one chunk (q/k/v, gate/up): one dispatch
+    /// computes all their products (matmul_q8.wgsl SEGMENTS).
+    Siblings {
+        others: [Option<MatMulPart>; 2],
+    },
+    /// An op that runs inside the dispatch of an op before it (that Add, that second RoPE, those
+    /// sibling mat-muls).
     Folded,
 }
 
-fn fusion_plan(graph: &Graph, weights: &[GpuWeight]) -> Vec<Fusion> {
+/// What a mat-mul computes apart from its input: `out = x · wᵀ (+ bias)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MatMulPart {
+    w: WeightId,
+    bias: Option<WeightId>,
+    out: BufId,
+}
+
+fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: bool) -> Vec<Fusion> {
     let rounding_of = |op: &Op| match op {
         Op::MatMul { w, .. } => weights.get(w.0 as usize).map(|w| ActRounding::of(w.desc.ty)),
         _ => None,
@@ -659,6 +773,52 @@ fn fusion_plan(graph: &Graph, weights: &[GpuWeight]) -> Vec<Fusion> {
             plan[i + 1] = Fusion::Folded;
         }
     }
+    // Sibling mat-muls, after the epilogue fusions (a product with an Add in its epilogue stays
+    // on its own).
+    let sibling_part = |i: usize, plan: &[Fusion]| -> Option<(BufId, MatMulPart, GgmlType, usize)> {
+        let Op::MatMul { w, x, bias, out } = graph.ops.get(i)? else { return None };
+        let weight = weights.get(w.0 as usize)?;
+        let single_chunk = weight.chunks.len() == 1;
+        let eight_bit = matches!(ActRounding::of(weight.desc.ty), ActRounding::Q8 { .. });
+        (plan[i] == Fusion::Own && single_chunk && eight_bit && *out != graph.logits && out != x).then_some((
+            *x,
+            MatMulPart { w: *w, bias: *bias, out: *out },
+            weight.desc.ty,
+            weight.desc.row_len(),
+        ))
+    };
+    let mut i = 0;
+    while fuse_siblings && i < graph.ops.len() {
+        let Some((x, first, ty, k)) = sibling_part(i, &plan) else {
+            i += 1;
+            continue;
+        };
+        let mut others = Vec::new();
+        while others.len() < 2 {
+            match sibling_part(i + 1 + others.len(), &plan) {
+                Some((x2, part, ty2, k2))
+                    if x2 == x
+                        && ty2 == ty
+                        && k2 == k
+                        && part.bias.is_some() == first.bias.is_some()
+                        && part.out != first.out
+                        && others.iter().all(|o: &MatMulPart| o.out != part.out) =>
+                {
+                    others.push(part)
+                }
+                _ => break,
+            }
+        }
+        if others.is_empty() {
+            i += 1;
+            continue;
+        }
+        plan[i] = Fusion::Siblings { others: [others.first().copied(), others.get(1).copied()] };
+        for j in 1..=others.len() {
+            plan[i + j] = Fusion::Folded;
+        }
+        i += 1 + others.len();
+    }
     for i in 0..graph.ops.len().saturating_sub(1) {
         if let (Op::Rope { x: a, params: pa }, Op::Rope { x: b, params: pb }) = (&graph.ops[i], &graph.ops[i + 1]) {
             if a != b && pa == pb && pa.n_rot > 0 && plan[i] == Fusion::Own && plan[i + 1] == Fusion::Own {
@@ -724,7 +884,7 @@ pub(crate) fn compile(
         params: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
-    let plan = fusion_plan(graph, weights);
+    let plan = fusion_plan(graph, weights, gpu.info.fused_siblings);
     for (op, fusion) in graph.ops.iter().zip(plan) {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();

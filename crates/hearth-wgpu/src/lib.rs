@@ -29,7 +29,7 @@ use kv::GpuKv;
 use shader::PipelineCache;
 use weights::GpuWeight;
 
-pub use device::{DeviceInfo, FaultWatch, WgpuOptions};
+pub use device::{DeviceInfo, FaultWatch, SiblingMatmuls, WgpuOptions};
 
 /// Errors of this crate; they reach callers as [`CoreError::Device`] (device lost, out of
 /// memory), [`CoreError::Unsupported`] or [`CoreError::Backend`].

@@ -1,5 +1,5 @@
 //! WGSL sources (the top-level `shaders/` directory, compiled into the binary), a tiny
-//! `#ifdef NAME` / `#else` / `#endif` preprocessor, and the pipeline cache.
+//! `#ifdef NAME` / `#else` / `#endif` / `#foreach` preprocessor, and the pipeline cache.
 
 use crate::WgpuError;
 use std::collections::HashMap;
@@ -57,15 +57,21 @@ impl ShaderFile {
 /// Keeps the lines whose enclosing `#ifdef` conditions hold for `defines`. Directives must stand
 /// alone on their line (leading whitespace allowed); nesting is supported; `#ifdef A || B` holds
 /// if any of the names is defined.
+///
+/// `#foreach $X in a, b if NAME, c if OTHER` … `#endforeach` (not nested) first repeats the lines
+/// between them once per listed value whose condition holds, `$X` replaced by the value: code that
+/// differs only in which binding it reads (matmul_q8.wgsl's segments) is written once and
+/// specialised per binding, rather than choosing the binding on every access.
 pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, WgpuError> {
-    // Each open block: (condition of this branch, whether we are past `#else`).
-    let mut stack: Vec<(bool, bool)> = Vec::new();
-    let mut out = String::with_capacity(source.len());
     let bad = |line: usize, reason: &str| WgpuError::Shader {
         file: file.to_string(),
         message: format!("line {}: {reason}", line + 1),
     };
-    for (n, line) in source.lines().enumerate() {
+    let expanded = expand_foreach(source, defines).map_err(|(line, reason)| bad(line, reason))?;
+    // Each open block: (condition of this branch, whether we are past `#else`).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let mut out = String::with_capacity(expanded.len());
+    for (n, line) in expanded.lines().enumerate() {
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix("#ifdef") {
             let names: Vec<&str> = name.split("||").map(str::trim).collect();
@@ -97,9 +103,61 @@ pub fn preprocess(file: &str, source: &str, defines: &[&str]) -> Result<String, 
         out.push('\n');
     }
     if !stack.is_empty() {
-        return Err(bad(source.lines().count(), "unterminated #ifdef"));
+        return Err(bad(expanded.lines().count(), "unterminated #ifdef"));
     }
     Ok(out)
+}
+
+/// `#foreach` blocks repeated per value (see `preprocess`). Lines outside them keep their numbers
+/// when the file has none before them; an error is (line, reason).
+fn expand_foreach(source: &str, defines: &[&str]) -> Result<String, (usize, &'static str)> {
+    let mut out = String::with_capacity(source.len());
+    // The open block: its variable, the values whose conditions hold, and its lines so far.
+    let mut block: Option<(String, Vec<String>, Vec<&str>)> = None;
+    for (n, line) in source.lines().enumerate() {
+        let trimmed = line.trim();
+        if let Some(spec) = trimmed.strip_prefix("#foreach") {
+            if block.is_some() {
+                return Err((n, "nested #foreach"));
+            }
+            let (var, values) = spec.split_once(" in ").ok_or((n, "#foreach without `in`"))?;
+            let var = var.trim();
+            if !var.starts_with('$') || var.len() < 2 {
+                return Err((n, "#foreach variable must be $NAME"));
+            }
+            let mut kept = Vec::new();
+            for value in values.split(',') {
+                let (value, holds) = match value.split_once(" if ") {
+                    Some((value, name)) => (value.trim(), defines.contains(&name.trim())),
+                    None => (value.trim(), true),
+                };
+                if value.is_empty() {
+                    return Err((n, "#foreach with an empty value"));
+                }
+                if holds {
+                    kept.push(value.to_string());
+                }
+            }
+            block = Some((var.to_string(), kept, Vec::new()));
+        } else if trimmed == "#endforeach" {
+            let (var, values, lines) = block.take().ok_or((n, "#endforeach without #foreach"))?;
+            for value in &values {
+                for l in &lines {
+                    out.push_str(&l.replace(&var, value));
+                    out.push('\n');
+                }
+            }
+        } else if let Some((_, _, lines)) = block.as_mut() {
+            lines.push(line);
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    match block {
+        Some(_) => Err((source.lines().count(), "unterminated #foreach")),
+        None => Ok(out),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -183,6 +241,19 @@ mod tests {
         assert!(preprocess("t", "#ifdef X\n#else\n#else\n#endif\n", &[]).is_err());
         // Line numbers are preserved.
         assert_eq!(preprocess("t", src, &[]).unwrap().lines().count(), src.lines().count());
+    }
+
+    #[test]
+    fn foreach_repeats_per_value_whose_condition_holds() {
+        let src = "a\n#foreach $S in 0, 1 if ONE, 2 if TWO\nw$S\n#ifdef X\nx$S\n#endif\n#endforeach\nb\n";
+        let kept = |defs: &[&str]| preprocess("t", src, defs).unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(kept(&[]), "a w0 b");
+        assert_eq!(kept(&["TWO", "X"]), "a w0 x0 w2 x2 b");
+        assert_eq!(kept(&["ONE", "TWO"]), "a w0 w1 w2 b");
+        assert!(preprocess("t", "#foreach $S in 0\n", &[]).is_err());
+        assert!(preprocess("t", "#endforeach\n", &[]).is_err());
+        assert!(preprocess("t", "#foreach S in 0\n#endforeach\n", &[]).is_err());
+        assert!(preprocess("t", "#foreach $S in 0\n#foreach $T in 1\n#endforeach\n#endforeach\n", &[]).is_err());
     }
 
     #[test]

@@ -83,7 +83,8 @@ pub(crate) fn upload(
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&desc.name),
             size: padded as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            // COPY_SRC: vectors are copied end to end for sibling mat-muls' biases (compile.rs).
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
         match data.source.slice(offset, len) {
