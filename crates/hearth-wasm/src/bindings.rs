@@ -387,6 +387,7 @@ fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
         "shader_f16": i.shader_f16,
         "subgroups": i.subgroups,
         "packed_dot": i.packed_dot,
+        "fused_siblings": i.fused_siblings,
         "variant": i.variant(),
         "max_storage_buffer_binding_size": i.max_storage_binding,
         "max_buffer_size": i.max_buffer_size,

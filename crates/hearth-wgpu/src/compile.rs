@@ -203,7 +203,8 @@ impl Builder<'_> {
         let params = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(key.entry),
             contents: bytemuck::cast_slice(params),
-            // matmul_q8.wgsl reads its parameters as a uniform, the other kernels as storage.
+            // matmul_q8.wgsl and store_kv read their parameters as a uniform, the other kernels
+            // as storage.
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
         });
         self.params.push(params.clone());

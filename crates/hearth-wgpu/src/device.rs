@@ -54,7 +54,11 @@ impl WgpuOptions {
             sibling_matmuls: match std::env::var("HEARTH_WGPU_SIBLINGS").as_deref() {
                 Ok("fused") => SiblingMatmuls::Fused,
                 Ok("separate") => SiblingMatmuls::Separate,
-                _ => SiblingMatmuls::Auto,
+                Ok("auto") | Err(_) => SiblingMatmuls::Auto,
+                Ok(other) => {
+                    eprintln!("HEARTH_WGPU_SIBLINGS={other} is not one of fused, separate, auto: using auto");
+                    SiblingMatmuls::Auto
+                }
             },
         }
     }
