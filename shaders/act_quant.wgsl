@@ -48,11 +48,6 @@ var<workgroup> best_index: array<u32, WG>;
 var<workgroup> squares: array<f32, WG>;
 #endif
 
-fn pack_codes(q: vec4<i32>) -> u32 {
-    let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-}
-
 // Value `i` (column `col`) of the input, through the prologue; `scale` is the row's RMS factor.
 fn value(i: u32, col: u32, scale: f32) -> f32 {
 #ifdef NORM

@@ -1,5 +1,11 @@
-// Element-wise functions shared by elementwise.wgsl and act_quant.wgsl (appended to both sources
-// by shader.rs, so each file's own line numbers stay as written).
+// Element-wise functions shared by elementwise.wgsl, act_quant.wgsl and attention.wgsl (appended
+// to their sources by shader.rs, so each file's own line numbers stay as written).
+
+// Four 8-bit codes in one word, value j in byte j.
+fn pack_codes(q: vec4<i32>) -> u32 {
+    let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
 
 // Round to nearest-even f16, exactly (bit arithmetic in f16's normal range).
 fn round_f16(x: f32) -> f32 {

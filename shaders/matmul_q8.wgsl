@@ -5,7 +5,9 @@
 // and only the f32 sums of the blocks' scaled results are ordered differently.
 // Weights are the tensor's GGUF bytes unchanged, bound as array<u32> (rows of row_bytes each;
 // a tensor too large for one binding is split into row ranges, each its own buffer starting at
-// row `row0`). Exactly one weight-type define is set: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K.
+// row `row0`). Segment s's weight type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...): Q4_0, Q5_0,
+// Q8_0 (32-value blocks, Q8_0 activations), or with SUPER_BLOCKS Q4_K, Q6_K (256-value
+// super-blocks, Q8_K activations); all segments are of one of these two families.
 //
 // Shape (the one the fastest WebGPU engines use): a 64-invocation workgroup computes ROWS weight
 // rows for TILE_T tokens; THREADS invocations share a weight block (16 for a 256-value
@@ -20,11 +22,12 @@
 // is the single-token tile. RESIDUAL / RESIDUAL_IN_PLACE add the residual stream (from RESID,
 // or what OUT holds) to the result, as the Add this epilogue replaces computes it.
 // SEGMENTS (SEGMENT3 for a third) computes the products of sibling mat-muls, which read the same
-// activations with weights of the same type and row length (q/k/v, gate/up), in one dispatch:
+// activations with weights of the same family and row length (q/k/v, gate/up), in one dispatch:
 // segment s has its own weights (W0, W1, W2) and output (OUT0, OUT1, OUT2) and owns a contiguous
 // range of workgroups, so each workgroup's segment is uniform; their biases lie end to end in
 // BIAS_W. The weight-reading code is written once and repeated per segment (`#foreach`), each
-// copy reading its own binding, so a workgroup chooses its segment once, not on every load.
+// copy reading its own binding as its own type, so a workgroup chooses its segment once, not on
+// every load.
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
@@ -86,7 +89,7 @@ const TILE_T: u32 = 1u;
 #else
 const TILE_T: u32 = 8u;
 #endif
-#ifdef Q4_K || Q6_K
+#ifdef SUPER_BLOCKS
 const THREADS: u32 = 16u;
 const BLOCK_LEN: u32 = 256u;
 #else
@@ -123,41 +126,6 @@ struct Act {
     d: f32,
 }
 
-// Where this invocation's values sit in a block, in activation words from the block's start.
-fn act_words(slot: u32) -> vec4<u32> {
-#ifdef Q4_K
-    // chunk c = slot / 4 of 64 values: low nibbles are values 64c + 8p.., high ones 64c + 32 + 8p..
-    let c = slot / 4u;
-    let p = slot % 4u;
-    let lo = (64u * c + 8u * p) / 4u;
-    return vec4<u32>(lo, lo + 1u, lo + 8u, lo + 9u);
-#endif
-#ifdef Q6_K
-    // half n = slot / 8, l0 = 4 (slot % 8): values 128n + 32g + l0.. for g = 0..3
-    let at = (128u * (slot / 8u) + 4u * (slot % 8u)) / 4u;
-    return vec4<u32>(at, at + 8u, at + 16u, at + 24u);
-#endif
-#ifdef Q8_0
-    // values 16p..16p+15
-    return vec4<u32>(4u * slot, 4u * slot + 1u, 4u * slot + 2u, 4u * slot + 3u);
-#endif
-#ifdef Q4_0 || Q5_0
-    // values 8p.. (low nibbles) and 16 + 8p.. (high nibbles)
-    return vec4<u32>(2u * slot, 2u * slot + 1u, 2u * slot + 4u, 2u * slot + 5u);
-#endif
-}
-
-fn load_act(token: u32, block: u32, slot: u32) -> Act {
-    let k = p(2u);
-    let first = (token * k + block * BLOCK_LEN) / 4u;
-    let at = act_words(slot);
-    var a: Act;
-    a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
-    a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
-    a.d = bitcast<f32>(XQ[p(7u) + (token * k) / BLOCK_LEN + block]);
-    return a;
-}
-
 // Q4_K sub-block j's 6-bit (scale, min) from the 12 scale bytes in s.
 fn scale_min_k4(j: u32, s: vec3<u32>) -> vec2<i32> {
     let byte = vec4<u32>(j, j + 4u, j + 8u, j - 4u);
@@ -190,33 +158,68 @@ fn spread_bits(x: u32) -> u32 {
     return (x & 1u) | ((x & 2u) << 7u) | ((x & 4u) << 14u) | ((x & 8u) << 21u);
 }
 
+#foreach $S in 0, 1 if SEGMENTS, 2 if SEGMENT3
+// Where this invocation's values sit in a block, in activation words from the block's start.
+fn act_words_$S(slot: u32) -> vec4<u32> {
+#ifdef T$S_Q4_K
+    // chunk c = slot / 4 of 64 values: low nibbles are values 64c + 8p.., high ones 64c + 32 + 8p..
+    let c = slot / 4u;
+    let p = slot % 4u;
+    let lo = (64u * c + 8u * p) / 4u;
+    return vec4<u32>(lo, lo + 1u, lo + 8u, lo + 9u);
+#endif
+#ifdef T$S_Q6_K
+    // half n = slot / 8, l0 = 4 (slot % 8): values 128n + 32g + l0.. for g = 0..3
+    let at = (128u * (slot / 8u) + 4u * (slot % 8u)) / 4u;
+    return vec4<u32>(at, at + 8u, at + 16u, at + 24u);
+#endif
+#ifdef T$S_Q8_0
+    // values 16p..16p+15
+    return vec4<u32>(4u * slot, 4u * slot + 1u, 4u * slot + 2u, 4u * slot + 3u);
+#endif
+#ifdef T$S_Q4_0 || T$S_Q5_0
+    // values 8p.. (low nibbles) and 16 + 8p.. (high nibbles)
+    return vec4<u32>(2u * slot, 2u * slot + 1u, 2u * slot + 4u, 2u * slot + 5u);
+#endif
+}
+
+fn load_act_$S(token: u32, block: u32, slot: u32) -> Act {
+    let k = p(2u);
+    let first = (token * k + block * BLOCK_LEN) / 4u;
+    let at = act_words_$S(slot);
+    var a: Act;
+    a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
+    a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
+    a.d = bitcast<f32>(XQ[p(7u) + (token * k) / BLOCK_LEN + block]);
+    return a;
+}
+
 // One weight block times one token's activations, scaled.
-fn block_dot(w: Weights, a: Act) -> f32 {
-#ifdef Q4_K
+fn block_dot_$S(w: Weights, a: Act) -> f32 {
+#ifdef T$S_Q4_K
     let s = w.sc.x * (dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y)) + w.sc.z * (dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w));
     let m = w.sc.y * (a.sums.x + a.sums.y) + w.sc.w * (a.sums.z + a.sums.w);
     return a.d * (w.d * f32(s) - w.dmin * f32(m));
 #endif
-#ifdef Q6_K
+#ifdef T$S_Q6_K
     let dots = vec4<i32>(dot4(w.q.x, a.q.x), dot4(w.q.y, a.q.y), dot4(w.q.z, a.q.z), dot4(w.q.w, a.q.w));
     let s = dot(w.sc, dots - 32 * a.sums);
     return a.d * w.d * f32(s);
 #endif
-#ifdef Q4_0 || Q5_0 || Q8_0
+#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q8_0
     let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
 #endif
-#ifdef Q8_0
+#ifdef T$S_Q8_0
     return a.d * w.d * f32(s);
 #endif
-#ifdef Q4_0
+#ifdef T$S_Q4_0
     return a.d * w.d * f32(s - 8 * (a.sums.x + a.sums.y + a.sums.z + a.sums.w));
 #endif
-#ifdef Q5_0
+#ifdef T$S_Q5_0
     return a.d * w.d * f32(s - 16 * (a.sums.x + a.sums.y + a.sums.z + a.sums.w));
 #endif
 }
 
-#foreach $S in 0, 1 if SEGMENTS, 2 if SEGMENT3
 // The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
 // 18, 22, 34 and 210 bytes start on even offsets). An aligned word reads no other word, so no
 // read passes the weights' last word.
@@ -235,7 +238,7 @@ fn f16_at_$S(at: u32) -> f32 {
 
 fn load_weights_$S(b: u32, slot: u32) -> Weights {
     var w: Weights;
-#ifdef Q4_K
+#ifdef T$S_Q4_K
     // super-block: d f16, dmin f16, scales[12], qs[128]; 144 bytes, so always word-aligned
     let c = slot / 4u;
     let p = slot % 4u;
@@ -250,7 +253,7 @@ fn load_weights_$S(b: u32, slot: u32) -> Weights {
     let q1 = W$S[(b + 16u + 32u * c + 8u * p) / 4u + 1u];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
 #endif
-#ifdef Q6_K
+#ifdef T$S_Q6_K
     // super-block: ql[128], qh[64], scales[16] i8, d f16; 210 bytes
     let n = slot / 8u;
     let l0 = 4u * (slot % 8u);
@@ -270,20 +273,20 @@ fn load_weights_$S(b: u32, slot: u32) -> Weights {
     w.sc = vec4<i32>(i8_in(s0, h), i8_in(s0, h + 2u), i8_in(s1, h), i8_in(s1, h + 2u));
     w.d = f16_at_$S(b + 208u);
 #endif
-#ifdef Q8_0
+#ifdef T$S_Q8_0
     // block: d f16, qs[32] i8; 34 bytes
     w.d = f16_at_$S(b);
     let q = b + 2u + 16u * slot;
     w.q = vec4<u32>(word_at_$S(q), word_at_$S(q + 4u), word_at_$S(q + 8u), word_at_$S(q + 12u));
 #endif
-#ifdef Q4_0
+#ifdef T$S_Q4_0
     // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
     w.d = f16_at_$S(b);
     let q0 = word_at_$S(b + 2u + 8u * slot);
     let q1 = word_at_$S(b + 6u + 8u * slot);
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
 #endif
-#ifdef Q5_0
+#ifdef T$S_Q5_0
     // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
     w.d = f16_at_$S(b);
     let qh = word_at_$S(b + 2u) >> (8u * slot);
@@ -312,7 +315,7 @@ fn accumulate_$S(first_row: u32, rows: u32, row_bytes: u32, k: u32, n_tokens: u3
         var act: array<Act, TILE_T>;
         for (var t = 0u; t < TILE_T; t++) {
             if (t0 + t < n_tokens) {
-                act[t] = load_act(t0 + t, block, slot);
+                act[t] = load_act_$S(t0 + t, block, slot);
             }
         }
         for (var r = 0u; r < ROWS; r++) {
@@ -320,7 +323,7 @@ fn accumulate_$S(first_row: u32, rows: u32, row_bytes: u32, k: u32, n_tokens: u3
                 let w = load_weights_$S((first_row + r) * row_bytes + block * block_bytes, slot);
                 for (var t = 0u; t < TILE_T; t++) {
                     if (t0 + t < n_tokens) {
-                        acc[r * TILE_T + t] += block_dot(w, act[t]);
+                        acc[r * TILE_T + t] += block_dot_$S(w, act[t]);
                     }
                 }
             }

@@ -1,6 +1,8 @@
 // RMS normalisation of each `group` consecutive values, optionally times a weight of length
 // `group`. One 256-thread workgroup per group (grid folded into 2-D past 65535 groups).
 // INPLACE: out aliases x, so X is not bound and values are read from OUT.
+// RESIDUAL adds R to the normalised values (an Add folded in: out = r + norm(x)); with
+// RESIDUAL_IN_PLACE the residual is OUT itself, read before it is written.
 // SUBGROUPS: the sum of squares is reduced with subgroupAdd, then every thread adds the
 // subgroups' sums in the same order (no shared-memory tree). SHADER_F16 changes nothing here.
 // Browsers require `enable subgroups;`; Naga (native) rejects it and needs no directive.
@@ -21,6 +23,10 @@ enable subgroups;
 #endif
 // [rows, cols] f32
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+#ifdef RESIDUAL
+// [rows, cols] f32
+@group(0) @binding(4) var<storage, read> R: array<f32>;
+#endif
 
 var<workgroup> partial: array<f32, 256>;
 
@@ -82,6 +88,12 @@ fn rms_norm(
         var v = load(base + i) * scale;
 #ifdef WEIGHT
         v = v * NW[i];
+#endif
+#ifdef RESIDUAL
+        v = R[base + i] + v;
+#endif
+#ifdef RESIDUAL_IN_PLACE
+        v = OUT[base + i] + v;
 #endif
         OUT[base + i] = v;
     }

@@ -41,19 +41,11 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let t = id / per_token;
     let h = (id % per_token) / half_rot;
     let i = id % half_rot;
-    // theta_i = pos * theta_scale^i by repeated multiplication, as ggml computes it.
-    let theta_scale = bitcast<f32>(P[4]);
-    var theta = f32(STEP[2u + 2u * STEP[0] + t]);
-    for (var j = 0u; j < i; j++) {
-        theta = theta * theta_scale;
-    }
     var ff = 1.0;
 #ifdef FREQ_FACTORS
     ff = FF[i];
 #endif
-    let angle = bitcast<f32>(P[5]) * (theta / ff);
-    let c = cos(angle);
-    let s = sin(angle);
+    let cs = rope_cos_sin(f32(STEP[2u + 2u * STEP[0] + t]), i, bitcast<f32>(P[4]), bitcast<f32>(P[5]), ff);
     let base = t * cols + h * P[2];
 #ifdef NEOX
     let i0 = base + i;
@@ -62,19 +54,15 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let i0 = base + 2u * i;
     let i1 = base + 2u * i + 1u;
 #endif
-    var a: f32;
-    var b: f32;
     if (second) {
 #ifdef SECOND
-        a = X2[i0];
-        b = X2[i1];
-        X2[i0] = fma(a, c, -(b * s));
-        X2[i1] = fma(a, s, b * c);
+        let r = rope_rotate(X2[i0], X2[i1], cs);
+        X2[i0] = r.x;
+        X2[i1] = r.y;
 #endif
     } else {
-        a = X[i0];
-        b = X[i1];
-        X[i0] = fma(a, c, -(b * s));
-        X[i1] = fma(a, s, b * c);
+        let r = rope_rotate(X[i0], X[i1], cs);
+        X[i0] = r.x;
+        X[i1] = r.y;
     }
 }

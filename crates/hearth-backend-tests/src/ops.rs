@@ -69,6 +69,30 @@ pub fn rms_norm_shapes(subject: &dyn Subject) {
         let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout())];
         c.check(subject, &format!("rms_norm {rows}x{cols}/{group}"), Tolerance::ELEMENTWISE, &steps);
     }
+    // A norm whose output only the next op, an Add to a residual, reads (Gemma's post-norms; a
+    // GPU backend may add in the norm's epilogue): the sum into the residual, into the norm's
+    // output, or into a third buffer, the norm in place or not.
+    for (sum_into, in_place) in [("residual", true), ("residual", false), ("normed", false), ("third", true)] {
+        let (rows, cols) = (3, 640);
+        let mut c = Case::new(rows);
+        let residual = c.input("residual", cols, &mut rng);
+        let x = c.input("x", cols, &mut rng);
+        let weight = Some(c.weight(GgmlType::F32, &[cols as u64], &mut rng));
+        let normed = if in_place { x } else { c.graph.buf("normed", rows, cols) };
+        c.graph.push(Op::RmsNorm { x, weight, eps: 1e-6, group: cols, out: normed });
+        let out = match sum_into {
+            "residual" => residual,
+            "normed" => normed,
+            _ => c.graph.buf("sum", rows, cols),
+        };
+        // An Add's output may alias its first operand only.
+        let (a, b) = if out == normed { (normed, residual) } else { (residual, normed) };
+        c.graph.push(Op::Add { a, b, out });
+        c.graph.logits = out;
+        let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout())];
+        let what = format!("rms_norm then add into the {sum_into} (norm in place: {in_place})");
+        c.check(subject, &what, Tolerance::ELEMENTWISE, &steps);
+    }
 }
 
 pub fn rope_modes(subject: &dyn Subject) {
@@ -236,6 +260,8 @@ pub fn sibling_matmuls_sharing_an_input(subject: &dyn Subject) {
             ([GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K], 512, true),
             ([GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0], 96, true),
             ([GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K], 256, false),
+            ([GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K], 512, true),
+            ([GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q6_K], 256, false),
             ([GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q8_0], 64, false),
         ] {
             let mut c = Case::new(rows);

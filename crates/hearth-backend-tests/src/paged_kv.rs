@@ -6,7 +6,7 @@
 use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, Step};
 use crate::{nmse, Rng, Subject, Tolerance};
 use hearth_core::backend::{Capability, KvLayout};
-use hearth_core::graph::{AttentionParams, Op, RopeMode, RopeParams, WeightDesc, WeightId};
+use hearth_core::graph::{AttentionParams, BufId, Op, RopeMode, RopeParams, WeightDesc, WeightId};
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
 use hearth_core::quant::GgmlType;
 
@@ -84,37 +84,40 @@ fn attention_case(n_tokens: usize, n_seqs: usize, params: AttentionParams, layou
     c
 }
 
-/// `attention_case` whose keys and values carry a large constant per channel (as the K and V
-/// biases make them in Qwen2), stored with those constants as the key and value offsets when
-/// `with_offsets`.
+/// An input [n_tokens, width] whose every row carries the same large constant per channel (as
+/// the K and V biases make keys and values in Qwen2): a few channels of ±40, the rest within ±1.
+/// Returns the buffer and the constants.
+fn biased_input(c: &mut Case, name: &str, width: usize, rng: &mut Rng) -> (BufId, Vec<f32>) {
+    let buf = c.input(name, width, rng);
+    let big: Vec<f32> = (0..width).map(|i| if i % 16 == 5 { 40.0 * rng.f32().signum() } else { rng.f32() }).collect();
+    let table = &mut c.weights.last_mut().expect("input table").1;
+    for (i, chunk) in table.chunks_exact_mut(4).enumerate() {
+        let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + big[i % width];
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+    (buf, big)
+}
+
+/// An F32 vector weight holding `values`.
+fn vector_weight(c: &mut Case, name: &str, values: &[f32]) -> WeightId {
+    c.weights.push((
+        WeightDesc { name: name.into(), ty: GgmlType::F32, dims: vec![values.len() as u64] },
+        values.iter().flat_map(|b| b.to_le_bytes()).collect(),
+    ));
+    WeightId(c.weights.len() as u32 - 1)
+}
+
+/// `attention_case` whose keys and values carry a large constant per channel (`biased_input`),
+/// stored with those constants as the key and value offsets when `with_offsets`.
 fn biased_kv_case(with_offsets: bool, mut params: AttentionParams, layout: KvLayout, rng: &mut Rng) -> Case {
     let n_tokens = 12;
     let mut c = Case::batched(n_tokens, 1);
     let width = params.n_head_kv * params.head_dim;
     let q = c.input("q", params.n_head * params.head_dim, rng);
-    let biased_input = |c: &mut Case, name: &str, rng: &mut Rng| {
-        let buf = c.input(name, width, rng);
-        // A few channels of ±40, the rest within ±1, added to every row.
-        let big: Vec<f32> =
-            (0..width).map(|i| if i % 16 == 5 { 40.0 * rng.f32().signum() } else { rng.f32() }).collect();
-        let table = &mut c.weights.last_mut().expect("input table").1;
-        for (i, chunk) in table.chunks_exact_mut(4).enumerate() {
-            let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + big[i % width];
-            chunk.copy_from_slice(&value.to_le_bytes());
-        }
-        (buf, big)
-    };
-    let (k, k_big) = biased_input(&mut c, "k", rng);
-    let (v, v_big) = biased_input(&mut c, "v", rng);
-    let offset = |c: &mut Case, name: &str, values: &[f32]| {
-        c.weights.push((
-            WeightDesc { name: name.into(), ty: GgmlType::F32, dims: vec![width as u64] },
-            values.iter().flat_map(|b| b.to_le_bytes()).collect(),
-        ));
-        WeightId(c.weights.len() as u32 - 1)
-    };
+    let (k, k_big) = biased_input(&mut c, "k", width, rng);
+    let (v, v_big) = biased_input(&mut c, "v", width, rng);
     let (k_offset, v_offset) = if with_offsets {
-        (Some(offset(&mut c, "k_offset", &k_big)), Some(offset(&mut c, "v_offset", &v_big)))
+        (Some(vector_weight(&mut c, "k_offset", &k_big)), Some(vector_weight(&mut c, "v_offset", &v_big)))
     } else {
         (None, None)
     };
@@ -230,6 +233,176 @@ pub fn attention_several_sequences_every_kv_type(subject: &dyn Subject) {
         let c = attention_case(73, 2, params(1, 2, 1, 64, Some(40), None), layout.clone(), &mut rng);
         let steps = schedule(&layout, 6, &plan, &mut rng);
         c.check(subject, &format!("long + short sequences, {} KV", kv_type.name()), Tolerance::ATTENTION, &steps);
+    }
+}
+
+/// What the models run between the q/k/v projections and attention, as one chain (a GPU
+/// backend may run it as one dispatch): per-head q/k norms, RoPE and the query scale (Gemma 3),
+/// RoPE with key and value offsets (Qwen2), RoPE of adjacent pairs over part of each head with
+/// frequency factors (llama 3), then the KV store and attention, over three sequences and every
+/// KV type.
+pub fn heads_prepared_for_attention(subject: &dyn Subject) {
+    let mut rng = Rng(14);
+    let plan: [&[(usize, usize)]; 3] =
+        [&[(5, 0), (1, 0), (6, 0)], &[(2, 5), (9, 1), (1, 6)], &[(1, 7), (2, 10), (9, 7)]];
+    struct Chain {
+        what: &'static str,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        n_rot: usize,
+        mode: RopeMode,
+        norms: bool,
+        offsets: bool,
+        freq_factors: bool,
+        query_scale: bool,
+    }
+    let chains = [
+        Chain {
+            what: "q/k norms, rope, query scale",
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 256,
+            n_rot: 256,
+            mode: RopeMode::Neox,
+            norms: true,
+            offsets: false,
+            freq_factors: false,
+            query_scale: true,
+        },
+        Chain {
+            what: "rope, KV offsets",
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 64,
+            mode: RopeMode::Neox,
+            norms: false,
+            offsets: true,
+            freq_factors: false,
+            query_scale: false,
+        },
+        Chain {
+            what: "partial adjacent-pair rope, frequency factors",
+            n_head: 3,
+            n_head_kv: 1,
+            head_dim: 96,
+            n_rot: 64,
+            mode: RopeMode::Normal,
+            norms: false,
+            offsets: false,
+            freq_factors: true,
+            query_scale: false,
+        },
+    ];
+    for chain in &chains {
+        for kv_type in KV_TYPES {
+            let hd = chain.head_dim;
+            let (q_width, kv_width) = (chain.n_head * hd, chain.n_head_kv * hd);
+            let mut c = Case::batched(12, 3);
+            let q = c.input("q", q_width, &mut rng);
+            let ((k, k_big), (v, v_big)) = if chain.offsets {
+                (biased_input(&mut c, "k", kv_width, &mut rng), biased_input(&mut c, "v", kv_width, &mut rng))
+            } else {
+                ((c.input("k", kv_width, &mut rng), Vec::new()), (c.input("v", kv_width, &mut rng), Vec::new()))
+            };
+            if chain.norms {
+                for x in [q, k] {
+                    let weight = c.weight(GgmlType::F32, &[hd as u64], &mut rng);
+                    c.graph.push(Op::RmsNorm { x, weight: Some(weight), eps: 1e-6, group: hd, out: x });
+                }
+            }
+            let freq_factors = chain.freq_factors.then(|| {
+                let factors: Vec<f32> = (0..chain.n_rot / 2).map(|i| 1.0 + (i % 5) as f32).collect();
+                vector_weight(&mut c, "rope_freqs", &factors)
+            });
+            let rope = RopeParams {
+                mode: chain.mode,
+                head_dim: hd,
+                n_rot: chain.n_rot,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                freq_factors,
+            };
+            c.graph.push(Op::Rope { x: q, params: rope.clone() });
+            c.graph.push(Op::Rope { x: k, params: rope });
+            let mut attention = params(1, chain.n_head, chain.n_head_kv, hd, Some(6), None);
+            if chain.query_scale {
+                c.graph.push(Op::Scale { x: q, factor: attention.scale });
+                attention.scale = 1.0;
+            }
+            let (k_offset, v_offset) = if chain.offsets {
+                (Some(vector_weight(&mut c, "k_offset", &k_big)), Some(vector_weight(&mut c, "v_offset", &v_big)))
+            } else {
+                (None, None)
+            };
+            attention.v_offset = v_offset;
+            c.graph.push(Op::StoreKv { layer: 1, k, v, k_offset, v_offset });
+            let out = c.graph.buf("out", 12, q_width);
+            c.graph.push(Op::Attention { q, params: attention, out });
+            c.graph.logits = out;
+            let layout = two_groups(kv_type, kv_width, 4, 6, 12);
+            c.kv = layout.clone();
+            let steps = schedule(&layout, 4, &plan, &mut rng);
+            c.check(subject, &format!("{}, {} KV", chain.what, kv_type.name()), Tolerance::ATTENTION, &steps);
+        }
+    }
+}
+
+/// Long contexts, whose keys attention may cut into splits merged afterwards (flash decoding): one
+/// sequence of 384 positions fed 48 and 16 tokens a step, in a global layer (f16 KV) and a
+/// windowed one (q8_0). Against the CPU oracle, and each variant against itself: a query's result
+/// is the same bits whichever step size computed it (batch invariance).
+pub fn attention_over_long_contexts(subject: &dyn Subject) {
+    let total = 384;
+    let mut rng = Rng(15);
+    let all_tokens = tokens(total, 64, &mut rng);
+    for (kv_type, layer, window) in [(KvType::F16, 0, None), (KvType::Q8_0, 1, Some(300))] {
+        let layout = two_groups(kv_type, 64, 16, 300, 24);
+        let what = format!("long context, {} KV, layer {layer} window {window:?}", kv_type.name());
+        // Per step size: the case (the same inputs: the same seed) and its steps.
+        let runs: Vec<(usize, Case, Vec<Step>)> = [48usize, 16]
+            .into_iter()
+            .map(|chunk| {
+                let c = attention_case(chunk, 1, params(layer, 4, 2, 32, window, None), layout.clone(), &mut Rng(16));
+                let plan: Vec<Vec<(usize, usize)>> = (0..total / chunk).map(|i| vec![(chunk, i * chunk)]).collect();
+                let plan_refs: Vec<&[(usize, usize)]> = plan.iter().map(Vec::as_slice).collect();
+                let mut steps = schedule(&layout, 24, &plan_refs, &mut rng);
+                for (i, step) in steps.iter_mut().enumerate() {
+                    step.tokens = all_tokens[i * chunk..(i + 1) * chunk].to_vec();
+                }
+                (chunk, c, steps)
+            })
+            .collect();
+        let mut cpu = hearth_cpu::CpuBackend::new(Some(1)).expect("cpu");
+        let want = runs[0].1.run(&mut cpu, &runs[0].2).concat();
+        for ((variant, mut first), (_, mut second)) in subject.variants().into_iter().zip(subject.variants()) {
+            let ((chunk_a, case_a, steps_a), (chunk_b, case_b, steps_b)) = (&runs[0], &runs[1]);
+            let a = case_a.run(first.as_mut(), steps_a).concat();
+            let b = case_b.run(second.as_mut(), steps_b).concat();
+            Tolerance::ATTENTION.assert_close(&format!("{what}, {chunk_a} a step [{variant}]"), &a, &want);
+            assert!(a == b, "{what} [{variant}]: {chunk_a} and {chunk_b} tokens a step give different results");
+        }
+    }
+}
+
+/// Attention read only by a quantized output projection, as in every model (a backend may write
+/// attention's output already rounded for the projection): 8-bit activations in blocks of 32
+/// (Q5_0 weights) and of 256 (Q4_K), three sequences, a quantized and an f16 cache.
+pub fn attention_feeding_an_output_projection(subject: &dyn Subject) {
+    let mut rng = Rng(17);
+    let plan: [&[(usize, usize)]; 2] = [&[(5, 0), (1, 0), (6, 0)], &[(2, 5), (9, 1), (1, 6)]];
+    for (kv_type, weight_type) in [(KvType::F16, GgmlType::Q4_K), (KvType::Q4_0, GgmlType::Q5_0)] {
+        let layout = two_groups(kv_type, 128, 4, 5, 12);
+        let mut c = attention_case(12, 3, params(0, 4, 2, 64, None, None), layout.clone(), &mut rng);
+        let attention_out = c.graph.logits;
+        let projected = c.graph.buf("projected", 12, 48);
+        let w = c.weight(weight_type, &[256, 48], &mut rng);
+        c.graph.push(Op::MatMul { w, x: attention_out, bias: None, out: projected });
+        c.graph.logits = projected;
+        let steps = schedule(&layout, 4, &plan, &mut rng);
+        let what = format!("attention → {weight_type:?} projection, {} KV", kv_type.name());
+        c.check(subject, &what, Tolerance::ROUNDED_AFTER_REORDER, &steps);
     }
 }
 

@@ -1,9 +1,10 @@
 //! Graph → dispatch list, at compile time (replay per step is in `replay.rs`).
 
 use crate::device::Gpu;
+use crate::fusion::{fusion_plan, Fusion, HeadsChain, MatMulPart, HEAD_CONSTANTS};
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
-use crate::weights::{type_define, GpuWeight};
+use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
@@ -12,6 +13,14 @@ use wgpu::util::DeviceExt;
 
 /// Workgroups per grid dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: u32 = 65535;
+
+/// Words of kv_store.wgsl's parameter uniform.
+const KV_STORE_PARAMS: usize = 20;
+
+/// attention.wgsl's most splits of a query's keys (MAX_SPLITS), and the most tokens of a step
+/// that get a workgroup per split (longer steps loop over the splits in a workgroup per head).
+const ATTENTION_MAX_SPLITS: usize = 16;
+const GRID_SPLIT_TOKENS: usize = 16;
 
 /// A 1-D count of workgroups folded into (x, y) when wider than one dimension allows.
 fn fold(n: usize) -> (u32, u32) {
@@ -44,6 +53,9 @@ pub(crate) struct KvNeed {
     pub v_width: Option<usize>,
     /// Attention only: its window (None = whole context).
     pub window: Option<Option<usize>>,
+    /// Whether it subtracts or adds back key or value offsets (compiled with KV_OFFSET against
+    /// a pool whose type subtracts them).
+    pub offsets: bool,
 }
 
 pub(crate) struct Dispatch {
@@ -64,7 +76,7 @@ pub(crate) struct CompiledGraph {
     pub graph: Graph,
     /// One storage buffer per graph buffer, `[rows, cols]` f32.
     pub bufs: Vec<wgpu::Buffer>,
-    /// [2 + 3 * n_tokens + 3 * n_seqs] u32 (layout in shaders/attention.wgsl): token ids, each
+    /// [2 + 3 * n_tokens + 3 * n_seqs] u32 (layout in shaders/kv_cache.wgsl): token ids, each
     /// token's sequence and position, each sequence's pos0 / token count / first token; written
     /// once per step.
     pub step: wgpu::Buffer,
@@ -93,6 +105,7 @@ struct Builder<'a> {
     gpu: &'a Gpu,
     pipelines: &'a mut PipelineCache,
     weights: &'a [GpuWeight],
+    joined: &'a mut JoinedVectors,
     graph: &'a Graph,
     bufs: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
@@ -105,6 +118,10 @@ struct Builder<'a> {
     rounded: Vec<(BufId, ActRounding, usize)>,
     /// The slot the next rounding writes.
     next_slot: usize,
+    /// [n_tokens, n_head, ATTENTION_MAX_SPLITS, head_dim + 2] f32 for the widest attention:
+    /// each split's partial result, shared by the layers (each reduce reads it before the next
+    /// layer's attention writes it).
+    attention_partials: Option<wgpu::Buffer>,
     /// Ops left out of the dispatch list because only mat-muls read their output: (output, op),
     /// run as the prologue of that output's rounding; an entry holds until the output is written
     /// again.
@@ -117,7 +134,7 @@ struct Builder<'a> {
 /// How a mat-mul's activations are rounded first: as the CPU rounds them for the weight's dot type
 /// (`GgmlType::vec_dot_type`), so that the GPU multiplies the same numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ActRounding {
+pub(crate) enum ActRounding {
     /// F32 weights: activations as they are.
     None,
     /// F16 weights: each value rounded to f16, kept as f32 (quant.wgsl's mat-mul).
@@ -127,7 +144,7 @@ enum ActRounding {
 }
 
 impl ActRounding {
-    fn of(ty: GgmlType) -> Self {
+    pub(crate) fn of(ty: GgmlType) -> Self {
         match ty.vec_dot_type() {
             GgmlType::Q8_0 => ActRounding::Q8 { define: "Q8_0" },
             GgmlType::Q8_K => ActRounding::Q8 { define: "Q8_K" },
@@ -170,7 +187,7 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
 }
 
 /// The widest attention head `shaders/attention.wgsl` holds in its workgroup memory.
-const MAX_HEAD_DIM: usize = 512;
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 
 impl Builder<'_> {
     /// `[rows, cols]` of a buffer of the validated graph.
@@ -241,12 +258,7 @@ impl Builder<'_> {
         if let Some(&(_, _, slot)) = self.rounded.iter().find(|(b, r, _)| *b == x && *r == rounding) {
             return Ok(self.act_scratch[slot].clone());
         }
-        let slot = self.next_slot;
-        self.next_slot = (slot + 1) % self.act_scratch.len().max(1);
-        let scratch =
-            self.act_scratch.get(slot).cloned().ok_or(WgpuError::Execution("no activation scratch".into()))?;
-        self.rounded.retain(|&(_, _, s)| s != slot);
-        self.rounded.push((x, rounding, slot));
+        let scratch = self.reserve_rounding(x, rounding)?;
         let (rows, _) = self.shape(x);
         let mut defines = vec![match rounding {
             ActRounding::Q8 { define, .. } => define,
@@ -288,6 +300,17 @@ impl Builder<'_> {
         Ok(scratch)
     }
 
+    /// The next scratch slot, to hold `x` rounded as `rounding` (by whoever writes it).
+    fn reserve_rounding(&mut self, x: BufId, rounding: ActRounding) -> Result<wgpu::Buffer, WgpuError> {
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % self.act_scratch.len().max(1);
+        let scratch =
+            self.act_scratch.get(slot).cloned().ok_or(WgpuError::Execution("no activation scratch".into()))?;
+        self.rounded.retain(|&(_, _, s)| s != slot);
+        self.rounded.push((x, rounding, slot));
+        Ok(scratch)
+    }
+
     /// One mat-mul, or sibling mat-muls on the same input (`Fusion::Siblings`) in one dispatch,
     /// with an Add folded into its epilogue (`Fusion::AddInEpilogue`).
     fn matmul(
@@ -314,19 +337,32 @@ impl Builder<'_> {
         // matmul_q8.wgsl: 4 weight rows per workgroup; quant.wgsl: one.
         let (file, entry, rows_per_group) =
             if eight_bit { (ShaderFile::MatmulQ8, "matmul_q8", 4) } else { (ShaderFile::Quant, "matmul", 1) };
-        let mut defines = vec!["MATMUL", ty];
+        // The siblings' weights (one chunk each, `fusion_plan` checked) and biases.
+        let parts: Vec<MatMulPart> = std::iter::once(first).chain(siblings.into_iter().flatten()).collect();
+        let mut defines = vec!["MATMUL"];
+        if eight_bit {
+            // Each segment's type (one family: `fusion_plan` checked the rounding).
+            for (segment, part) in parts.iter().enumerate() {
+                let ty = self.weight(part.w)?.desc.ty;
+                defines.push(segment_type_define(segment, ty).ok_or_else(|| {
+                    WgpuError::Unsupported(format!("8-bit mat-mul segment {segment} of type {}", ty.name()))
+                })?);
+            }
+            if rounding == (ActRounding::Q8 { define: "Q8_K" }) {
+                defines.push("SUPER_BLOCKS");
+            }
+        } else {
+            defines.push(ty);
+        }
         defines.extend(self.gpu.info.defines());
         if ty == "F16" && self.gpu.info.shader_f16 {
             defines.push("F16_NATIVE");
         }
-        // The siblings' weights (one chunk each, `fusion_plan` checked) and biases.
-        let parts: Vec<MatMulPart> = std::iter::once(first).chain(siblings.into_iter().flatten()).collect();
         let bias = match parts.as_slice() {
             [only] => only.bias.map(|b| self.vector(b)).transpose()?,
             _ if first.bias.is_some() => {
-                let biases: Vec<wgpu::Buffer> =
-                    parts.iter().flat_map(|part| part.bias).map(|b| self.vector(b)).collect::<Result<_, _>>()?;
-                Some(self.concatenated(&biases))
+                let biases: Vec<WeightId> = parts.iter().flat_map(|part| part.bias).collect();
+                Some(self.joined.get(self.gpu, self.weights, &biases, 0)?)
             }
             _ => None,
         };
@@ -400,24 +436,75 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// One f32 vector made of `parts` end to end, copied on the device.
-    fn concatenated(&mut self, parts: &[wgpu::Buffer]) -> wgpu::Buffer {
-        let size = parts.iter().map(|b| b.size()).sum::<u64>();
-        let joined = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("sibling biases"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut encoder = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        let mut at = 0;
-        for part in parts {
-            encoder.copy_buffer_to_buffer(part, 0, &joined, at, part.size());
-            at += part.size();
+    /// A heads chain (`HeadsChain`) in one dispatch: a workgroup per (token, head) of the
+    /// queries, keys and values.
+    fn heads(&mut self, chain: &HeadsChain) -> Result<(), WgpuError> {
+        let n = self.graph.n_tokens;
+        let p = &chain.rope;
+        let hd = p.head_dim;
+        let heads = |b: BufId| self.shape(b).1 / hd;
+        let (n_q, n_k, n_v) = (heads(chain.q), heads(chain.k), heads(chain.v));
+        let constants =
+            chain.constants(self.graph, self.weights).ok_or(WgpuError::Execution("heads chain constants".into()))?;
+        let c = self.joined.get(self.gpu, self.weights, &constants.parts, (HEAD_CONSTANTS * 4) as u64)?;
+        let (gx, gy) = fold(n * (n_q + n_k + n_v));
+        let mut defines = vec!["HEADS", "SECOND"];
+        if p.mode == RopeMode::Neox {
+            defines.push("NEOX");
         }
-        self.gpu.queue.submit([encoder.finish()]);
-        self.params.push(joined.clone());
-        joined
+        for (present, define) in [(chain.q_norm, "Q_NORM"), (chain.k_norm, "K_NORM"), (p.freq_factors, "FREQ_FACTORS")]
+        {
+            if present.is_some() {
+                defines.push(define);
+            }
+        }
+        let entries = vec![
+            (1, Res::Buf(self.step.clone())),
+            (2, Res::Tables),
+            (3, self.buf(chain.k)),
+            (4, Res::KvK(chain.layer)),
+            (6, self.buf(chain.v)),
+            (7, Res::KvV(chain.layer)),
+            (9, self.buf(chain.q)),
+            (10, Res::Buf(c)),
+        ];
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let params = [
+            n as u32,
+            n_q as u32,
+            n_k as u32,
+            n_v as u32,
+            hd as u32,
+            p.n_rot as u32,
+            theta_scale.to_bits(),
+            p.freq_scale.to_bits(),
+            chain.layer as u32,
+            gx,
+            chain.eps.to_bits(),
+            chain.q_scale.to_bits(),
+            chain.k_scale.to_bits(),
+            constants.q_norm,
+            constants.k_norm,
+            constants.freq_factors,
+            constants.k_offset,
+            constants.v_offset,
+            0,
+            0,
+        ];
+        let need = KvNeed {
+            layer: chain.layer,
+            k_width: Some(n_k * hd),
+            v_width: Some(n_v * hd),
+            window: None,
+            offsets: chain.k_offset.is_some() || chain.v_offset.is_some(),
+        };
+        self.push(
+            PipelineKey::new(ShaderFile::KvStore, "prepare_heads", &defines),
+            &params,
+            entries,
+            [gx, gy, 1],
+            Some(need),
+        )
     }
 
     fn elementwise(
@@ -480,7 +567,12 @@ impl Builder<'_> {
                 let (gx, gy) = fold(n_groups);
                 let mut defines = self.gpu.info.defines();
                 let mut entries = vec![];
-                if x == out {
+                // An Add folded in writes the sum to its own output.
+                let (out, residual) = match fusion {
+                    Fusion::AddInEpilogue { residual, out: sum } => (sum, Some(residual)),
+                    _ => (*out, None),
+                };
+                if *x == out {
                     defines.push("INPLACE");
                 } else {
                     entries.push((1, self.buf(*x)));
@@ -489,7 +581,15 @@ impl Builder<'_> {
                     defines.push("WEIGHT");
                     entries.push((2, Res::Buf(self.vector(*w)?)));
                 }
-                entries.push((3, self.buf(*out)));
+                entries.push((3, self.buf(out)));
+                match residual {
+                    Some(r) if r == out => defines.push("RESIDUAL_IN_PLACE"),
+                    Some(r) => {
+                        defines.push("RESIDUAL");
+                        entries.push((4, self.buf(r)));
+                    }
+                    None => {}
+                }
                 let params = [n_groups as u32, gx, *group as u32, eps.to_bits()];
                 self.push(
                     PipelineKey::new(ShaderFile::Norm, "rms_norm", &defines),
@@ -550,7 +650,7 @@ impl Builder<'_> {
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
-                // Keys and values in one dispatch (attention.wgsl SECOND), both or neither with an
+                // Keys and values in one dispatch (kv_store.wgsl SECOND), both or neither with an
                 // offset, as the offset define covers both.
                 let parts: Vec<Vec<(BufId, bool, Option<WeightId>)>> = if k_offset.is_some() == v_offset.is_some() {
                     vec![vec![(*k, true, *k_offset), (*v, false, *v_offset)]]
@@ -561,7 +661,8 @@ impl Builder<'_> {
                     let mut units = 0;
                     let mut widths = Vec::new();
                     let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables)];
-                    let mut need = KvNeed { layer: *layer, k_width: None, v_width: None, window: None };
+                    let offsets = part.iter().any(|(_, _, offset)| offset.is_some());
+                    let mut need = KvNeed { layer: *layer, k_width: None, v_width: None, window: None, offsets };
                     for (i, &(src, is_k, offset)) in part.iter().enumerate() {
                         let (rows, cols) = self.shape(src);
                         // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
@@ -581,13 +682,12 @@ impl Builder<'_> {
                         }
                     }
                     let (gx, gy) = fold(units.div_ceil(256));
-                    let mut defines = vec!["STORE_KV"];
-                    if widths.len() == 2 {
-                        defines.push("SECOND");
-                    }
-                    let params = [n as u32, widths[0], gx, *layer as u32, widths.get(1).copied().unwrap_or(0), 0, 0, 0];
+                    let defines: &[&str] = if widths.len() == 2 { &["SECOND"] } else { &[] };
+                    let mut params = vec![n as u32, widths[0], gx, *layer as u32, widths.get(1).copied().unwrap_or(0)];
+                    // kv_store.wgsl reads its parameters as a uniform of 20 words.
+                    params.resize(KV_STORE_PARAMS, 0);
                     self.push(
-                        PipelineKey::new(ShaderFile::Attention, "store_kv", &defines),
+                        PipelineKey::new(ShaderFile::KvStore, "store_kv", defines),
                         &params,
                         entries,
                         [gx, gy, 1],
@@ -600,20 +700,22 @@ impl Builder<'_> {
                 if p.head_dim > MAX_HEAD_DIM {
                     return Err(WgpuError::Unsupported(format!("attention head_dim {} > {MAX_HEAD_DIM}", p.head_dim)));
                 }
-                let (gx, gy) = fold(rows * p.n_head);
+                let partials =
+                    self.attention_partials.clone().ok_or(WgpuError::Execution("no attention partials".into()))?;
+                // A workgroup per split where the step is short enough for the splits to be
+                // what fills the device, else one per head looping over them (attention.wgsl).
+                let grid_splits = if rows <= GRID_SPLIT_TOKENS { ATTENTION_MAX_SPLITS } else { 1 };
+                let (gx, gy) = fold(rows * p.n_head * grid_splits);
                 let kv_width = p.n_head_kv * p.head_dim;
-                let mut entries = vec![
+                let entries = vec![
                     (1, Res::Buf(self.step.clone())),
                     (2, Res::Tables),
                     (3, self.buf(*q)),
                     (4, Res::KvK(p.layer)),
                     (5, Res::KvV(p.layer)),
-                    (6, self.buf(*out)),
+                    (6, Res::Buf(partials.clone())),
                 ];
-                if let Some(o) = p.v_offset {
-                    entries.push((7, Res::KvOffset(self.vector(o)?)));
-                }
-                let params = [
+                let mut params = vec![
                     rows as u32,
                     p.n_head as u32,
                     p.n_head_kv as u32,
@@ -623,13 +725,50 @@ impl Builder<'_> {
                     p.softcap.unwrap_or(0.0).to_bits(),
                     gx,
                     p.layer as u32,
+                    grid_splits as u32,
                 ];
-                let need =
-                    KvNeed { layer: p.layer, k_width: Some(kv_width), v_width: Some(kv_width), window: Some(p.window) };
-                let mut defines = vec!["ATTENTION"];
-                defines.extend(self.gpu.info.defines());
+                let need = KvNeed {
+                    layer: p.layer,
+                    k_width: Some(kv_width),
+                    v_width: Some(kv_width),
+                    window: Some(p.window),
+                    offsets: false,
+                };
                 self.push(
-                    PipelineKey::new(ShaderFile::Attention, "attention", &defines),
+                    PipelineKey::new(ShaderFile::Attention, "attention", &self.gpu.info.defines()),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    Some(need),
+                )?;
+                // The splits merged, a workgroup per token, into the output or, for the mat-muls
+                // that read it, straight into its 8-bit rounding (act_quant.wgsl's layout: the
+                // scales after the codes).
+                let (gx, gy) = fold(rows);
+                params[7] = gx;
+                let mut defines = vec!["REDUCE"];
+                let mut entries = vec![(1, Res::Buf(self.step.clone())), (6, Res::Buf(partials))];
+                match fusion {
+                    Fusion::RoundsOutput { rounding: rounding @ ActRounding::Q8 { define } } => {
+                        let scratch = self.reserve_rounding(*out, rounding)?;
+                        defines.push(if define == "Q8_K" { "ROUND_Q8_K" } else { "ROUND_Q8_0" });
+                        entries.push((4, Res::Buf(scratch)));
+                        params.push((rows * p.n_head * p.head_dim / 4) as u32);
+                    }
+                    _ => entries.push((3, self.buf(*out))),
+                }
+                if let Some(o) = p.v_offset {
+                    entries.push((7, Res::KvOffset(self.vector(o)?)));
+                }
+                let need = KvNeed {
+                    layer: p.layer,
+                    k_width: None,
+                    v_width: None,
+                    window: None,
+                    offsets: p.v_offset.is_some(),
+                };
+                self.push(
+                    PipelineKey::new(ShaderFile::Attention, "attention_reduce", &defines),
                     &params,
                     entries,
                     [gx, gy, 1],
@@ -666,176 +805,12 @@ impl Builder<'_> {
     }
 }
 
-/// How an op is compiled: as its own dispatch, or folded into a neighbour's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fusion {
-    Own,
-    /// Runs as the prologue of its output's rounding (act_quant.wgsl): an RMS norm over whole
-    /// rows, a SwiGLU or a GeGLU whose output is read only by mat-muls that round their
-    /// activations alike (q/k/v after the attention norm, gate/up after the FFN norm, ffn_down
-    /// after the activation), all before the op's own inputs change (a rounding may be recomputed
-    /// from them) and none of them the logits.
-    Prologue,
-    /// A quantized mat-mul whose result only the next op reads, an Add: the sum is written in
-    /// the product's epilogue (matmul_q8.wgsl RESIDUAL), `out = residual + x · Wᵀ`.
-    AddInEpilogue {
-        residual: BufId,
-        out: BufId,
-    },
-    /// A RoPE followed by another with the same parameters on another buffer (q, then k): one
-    /// dispatch rotates both.
-    RopeWithNext {
-        other: BufId,
-    },
-    /// The first of two or three consecutive mat-muls that read the same input with weights of
-    /// one type, row length and bias presence, each in one chunk (q/k/v, gate/up): one dispatch
-    /// computes all their products (matmul_q8.wgsl SEGMENTS).
-    Siblings {
-        others: [Option<MatMulPart>; 2],
-    },
-    /// An op that runs inside the dispatch of an op before it (that Add, that second RoPE, those
-    /// sibling mat-muls).
-    Folded,
-}
-
-/// What a mat-mul computes apart from its input: `out = x · wᵀ (+ bias)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MatMulPart {
-    w: WeightId,
-    bias: Option<WeightId>,
-    out: BufId,
-}
-
-fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: bool) -> Vec<Fusion> {
-    let rounding_of = |op: &Op| match op {
-        Op::MatMul { w, .. } => weights.get(w.0 as usize).map(|w| ActRounding::of(w.desc.ty)),
-        _ => None,
-    };
-    // Whether `buf` is read by none of the ops from `from` on before it is written again.
-    let unread_after = |buf: BufId, from: usize| -> bool {
-        for later in graph.ops.iter().skip(from) {
-            if later.inputs().contains(&buf) {
-                return false;
-            }
-            if later.output() == Some(buf) {
-                return true;
-            }
-        }
-        true
-    };
-    let prologue = |i: usize, op: &Op| -> bool {
-        let out = match op {
-            Op::RmsNorm { group, out, .. } if *group == graph.desc(*out).cols => *out,
-            Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } => *out,
-            _ => return false,
-        };
-        if out == graph.logits {
-            return false;
-        }
-        let inputs = op.inputs();
-        let (mut rounding, mut inputs_changed) = (None, false);
-        for later in &graph.ops[i + 1..] {
-            if later.inputs().contains(&out) {
-                match rounding_of(later) {
-                    Some(r) if r != ActRounding::None && !inputs_changed && rounding.is_none_or(|seen| seen == r) => {
-                        rounding = Some(r)
-                    }
-                    _ => return false,
-                }
-            }
-            match later.output() {
-                Some(w) if w == out => break,
-                Some(w) if inputs.contains(&w) => inputs_changed = true,
-                _ => {}
-            }
-        }
-        rounding.is_some()
-    };
-    let mut plan: Vec<Fusion> = graph
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(i, op)| if prologue(i, op) { Fusion::Prologue } else { Fusion::Own })
-        .collect();
-    for i in 0..graph.ops.len().saturating_sub(1) {
-        let (Op::MatMul { out: product, .. }, Op::Add { a, b, out }) = (&graph.ops[i], &graph.ops[i + 1]) else {
-            continue;
-        };
-        let residual = if b == product && a != product {
-            *a
-        } else if a == product && b != product {
-            *b
-        } else {
-            continue;
-        };
-        let eight_bit = matches!(rounding_of(&graph.ops[i]), Some(ActRounding::Q8 { .. }));
-        if eight_bit && *product != graph.logits && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
-            plan[i] = Fusion::AddInEpilogue { residual, out: *out };
-            plan[i + 1] = Fusion::Folded;
-        }
-    }
-    // Sibling mat-muls, after the epilogue fusions (a product with an Add in its epilogue stays
-    // on its own).
-    let sibling_part = |i: usize, plan: &[Fusion]| -> Option<(BufId, MatMulPart, GgmlType, usize)> {
-        let Op::MatMul { w, x, bias, out } = graph.ops.get(i)? else { return None };
-        let weight = weights.get(w.0 as usize)?;
-        let single_chunk = weight.chunks.len() == 1;
-        let eight_bit = matches!(ActRounding::of(weight.desc.ty), ActRounding::Q8 { .. });
-        (plan[i] == Fusion::Own && single_chunk && eight_bit && *out != graph.logits && out != x).then_some((
-            *x,
-            MatMulPart { w: *w, bias: *bias, out: *out },
-            weight.desc.ty,
-            weight.desc.row_len(),
-        ))
-    };
-    let mut i = 0;
-    while fuse_siblings && i < graph.ops.len() {
-        let Some((x, first, ty, k)) = sibling_part(i, &plan) else {
-            i += 1;
-            continue;
-        };
-        let mut others = Vec::new();
-        while others.len() < 2 {
-            match sibling_part(i + 1 + others.len(), &plan) {
-                Some((x2, part, ty2, k2))
-                    if x2 == x
-                        && ty2 == ty
-                        && k2 == k
-                        && part.bias.is_some() == first.bias.is_some()
-                        && part.out != first.out
-                        && others.iter().all(|o: &MatMulPart| o.out != part.out) =>
-                {
-                    others.push(part)
-                }
-                _ => break,
-            }
-        }
-        if others.is_empty() {
-            i += 1;
-            continue;
-        }
-        plan[i] = Fusion::Siblings { others: [others.first().copied(), others.get(1).copied()] };
-        for j in 1..=others.len() {
-            plan[i + j] = Fusion::Folded;
-        }
-        i += 1 + others.len();
-    }
-    for i in 0..graph.ops.len().saturating_sub(1) {
-        if let (Op::Rope { x: a, params: pa }, Op::Rope { x: b, params: pb }) = (&graph.ops[i], &graph.ops[i + 1]) {
-            if a != b && pa == pb && pa.n_rot > 0 && plan[i] == Fusion::Own && plan[i + 1] == Fusion::Own {
-                plan[i] = Fusion::RopeWithNext { other: *b };
-                plan[i + 1] = Fusion::Folded;
-            }
-        }
-    }
-    plan
-}
-
 /// The dispatches of a graph `Graph::validate` accepted.
 pub(crate) fn compile(
     gpu: &Gpu,
     pipelines: &mut PipelineCache,
     weights: &[GpuWeight],
+    joined: &mut JoinedVectors,
     graph: &Graph,
 ) -> Result<CompiledGraph, WgpuError> {
     let storage = |label: &str, bytes: usize, extra: wgpu::BufferUsages| {
@@ -870,23 +845,38 @@ pub(crate) fn compile(
     let act_scratch: Vec<wgpu::Buffer> = scratch_len
         .map(|len| (0..2).map(|_| storage("activation scratch", len * 4, wgpu::BufferUsages::empty())).collect())
         .unwrap_or_default();
+    let partials_len = graph
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Attention { q, params, .. } => graph
+                .bufs
+                .get(q.0 as usize)
+                .map(|d| d.rows * params.n_head * ATTENTION_MAX_SPLITS * (params.head_dim + 2)),
+            _ => None,
+        })
+        .max();
+    let attention_partials =
+        partials_len.map(|len| storage("attention partials", len * 4, wgpu::BufferUsages::empty()));
     let mut b = Builder {
         gpu,
         pipelines,
         weights,
+        joined,
         graph,
         bufs,
         step,
         act_scratch,
         rounded: Vec::new(),
         next_slot: 0,
+        attention_partials,
         producers: Vec::new(),
         dispatches: Vec::new(),
         params: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
     let plan = fusion_plan(graph, weights, gpu.info.fused_siblings);
-    for (op, fusion) in graph.ops.iter().zip(plan) {
+    for (i, (op, fusion)) in graph.ops.iter().zip(plan).enumerate() {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();
             embed_rows = Some(embed_rows.map_or(rows, |r| r.min(rows)));
@@ -898,6 +888,10 @@ pub(crate) fn compile(
         }
         match (fusion, op.output()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
+            (Fusion::Heads { store }, _) => {
+                let chain = graph.ops.get(i..=store).and_then(|ops| HeadsChain::of(graph, weights, ops));
+                b.heads(&chain.ok_or(WgpuError::Execution("heads chain".into()))?)?;
+            }
             (Fusion::Folded, _) => {}
             _ => b.op(op, fusion)?,
         }
@@ -916,6 +910,6 @@ pub(crate) fn compile(
         step_words: Vec::with_capacity(step_len),
         table_words: Vec::new(),
         top_k_plans: HashMap::new(),
-        owned: b.act_scratch.into_iter().chain(b.params).collect(),
+        owned: b.act_scratch.into_iter().chain(b.attention_partials).chain(b.params).collect(),
     })
 }

@@ -1,5 +1,5 @@
 //! The paged KV pool on the device: per layer, K and V buffers `[n_blocks, block_size,
-//! row_words]` u32 in the layout's storage type (see `shaders/attention.wgsl` for the row
+//! row_words]` u32 in the layout's storage type (see `shaders/kv_cache.wgsl` for the row
 //! formats), block copies (copy-on-write), and the per-step block-table words the kernels read.
 
 use crate::WgpuError;
@@ -124,7 +124,7 @@ impl GpuKv {
         header + (0..self.layout.groups.len()).map(|g| n_seqs * (self.table_cap(g, n_tokens) + 1)).sum::<usize>()
     }
 
-    /// Fills `out` with the TABLES words of a step (layout in `shaders/attention.wgsl`): the
+    /// Fills `out` with the TABLES words of a step (layout in `shaders/kv_cache.wgsl`): the
     /// block size, each layer's table base and capacity, then per group and sequence the index of
     /// the first block the step touches and the blocks from there on.
     pub fn fill_tables(&self, n_tokens: usize, input: &StepInput<'_>, out: &mut Vec<u32>) -> Result<(), WgpuError> {

@@ -10,6 +10,7 @@
 
 mod compile;
 mod device;
+mod fusion;
 mod kv;
 mod profile;
 mod replay;
@@ -118,6 +119,8 @@ impl GpuWatch {
 pub struct WgpuBackend {
     gpu: Gpu,
     weights: Vec<GpuWeight>,
+    /// Vectors of `weights` joined on the device for fused kernels.
+    joined: weights::JoinedVectors,
     kvs: Vec<GpuKv>,
     graphs: GraphSlots<CompiledGraph>,
     pipelines: PipelineCache,
@@ -166,6 +169,7 @@ impl WgpuBackend {
         WgpuBackend {
             gpu,
             weights: Vec::new(),
+            joined: Default::default(),
             kvs: Vec::new(),
             graphs: GraphSlots::default(),
             pipelines: PipelineCache::default(),
@@ -236,7 +240,7 @@ impl Backend for WgpuBackend {
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         graph.validate(|id| self.weights.get(id.0 as usize).map(|w| &w.desc))?;
-        let compiled = compile::compile(&self.gpu, &mut self.pipelines, &self.weights, graph)?;
+        let compiled = compile::compile(&self.gpu, &mut self.pipelines, &self.weights, &mut self.joined, graph)?;
         self.counters.bind_groups_created += compiled.bind_groups_created();
         self.counters.graphs_compiled += 1;
         Ok(self.graphs.insert(compiled))

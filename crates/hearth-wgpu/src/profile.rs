@@ -19,7 +19,18 @@ pub(crate) fn family(key: &PipelineKey) -> String {
         |names: &[&str]| -> Vec<&str> { key.defines.iter().copied().filter(|d| names.contains(d)).collect::<Vec<_>>() };
     let types: Vec<&str> = crate::weights::KERNEL_TYPES.iter().map(|t| t.name()).collect();
     let detail = match key.entry {
-        "matmul" | "matmul_q8" | "embed" => named(&types),
+        // The segments' types (T0_Q5_0, T1_Q8_0, ...), each named once.
+        "matmul_q8" => key
+            .defines
+            .iter()
+            .filter_map(|d| d.get(3..).filter(|ty| d.starts_with('T') && types.contains(ty)))
+            .fold(Vec::new(), |mut seen, ty| {
+                if !seen.contains(&ty) {
+                    seen.push(ty);
+                }
+                seen
+            }),
+        "matmul" | "embed" => named(&types),
         "act_quant" => named(&["Q8_0", "Q8_K", "F16", "NORM", "SWIGLU", "GEGLU"]),
         _ => Vec::new(),
     };

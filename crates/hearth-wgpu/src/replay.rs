@@ -95,7 +95,7 @@ pub(crate) fn pop_scope(scope: Option<wgpu::ErrorScopeGuard>) -> Option<wgpu::Er
 
 /// What a graph needs to run against one KV pool.
 pub(crate) struct KvBinding {
-    /// [tables_words] u32 (layout in shaders/attention.wgsl), written every step.
+    /// [tables_words] u32 (layout in shaders/kv_cache.wgsl), written every step.
     tables: wgpu::Buffer,
     /// Per dispatch: pipeline and bind group of the KV-touching ones.
     resolved: Vec<Option<(wgpu::ComputePipeline, wgpu::BindGroup)>>,
@@ -226,7 +226,7 @@ impl CompiledGraph {
             check_fit(d, kv)?;
             let mut key = d.key.clone();
             key.defines.push(kv.define);
-            if kv.layout.kv_type.subtracts_offsets() && d.entries.iter().any(|(_, r)| matches!(r, Res::KvOffset(_))) {
+            if kv.layout.kv_type.subtracts_offsets() && d.kv_need.as_ref().is_some_and(|need| need.offsets) {
                 key.defines.push("KV_OFFSET");
             }
             key.defines.sort_unstable();
@@ -239,7 +239,7 @@ impl CompiledGraph {
         Ok(made)
     }
 
-    /// The STEP words (layout in shaders/attention.wgsl) of a validated input.
+    /// The STEP words (layout in shaders/kv_cache.wgsl) of a validated input.
     fn fill_step(&mut self, input: &StepInput<'_>) {
         let s = &mut self.step_words;
         s.clear();

@@ -12,6 +12,7 @@ pub enum ShaderFile {
     ActQuant,
     Norm,
     Rope,
+    KvStore,
     Attention,
     Elementwise,
     Sampling,
@@ -25,17 +26,24 @@ impl ShaderFile {
             ShaderFile::ActQuant => "act_quant.wgsl",
             ShaderFile::Norm => "norm.wgsl",
             ShaderFile::Rope => "rope.wgsl",
+            ShaderFile::KvStore => "kv_store.wgsl",
             ShaderFile::Attention => "attention.wgsl",
             ShaderFile::Elementwise => "elementwise.wgsl",
             ShaderFile::Sampling => "sampling.wgsl",
         }
     }
 
-    /// The file's text, and the shared functions appended to it (elementwise activations).
+    /// The file's text, and the shared functions appended to it (elementwise activations, the
+    /// KV cache's layout, RoPE's rotation).
     pub fn source(self) -> String {
         const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
+        const KV_CACHE: &str = include_str!("../../../shaders/kv_cache.wgsl");
+        const ROPE_FNS: &str = include_str!("../../../shaders/rope_fns.wgsl");
         match self {
             ShaderFile::ActQuant | ShaderFile::Elementwise => format!("{}\n{ACTIVATION_FNS}", self.own_source()),
+            ShaderFile::Rope => format!("{}\n{ROPE_FNS}", self.own_source()),
+            ShaderFile::KvStore => format!("{}\n{KV_CACHE}\n{ROPE_FNS}", self.own_source()),
+            ShaderFile::Attention => format!("{}\n{KV_CACHE}\n{ACTIVATION_FNS}", self.own_source()),
             _ => self.own_source().to_string(),
         }
     }
@@ -47,6 +55,7 @@ impl ShaderFile {
             ShaderFile::ActQuant => include_str!("../../../shaders/act_quant.wgsl"),
             ShaderFile::Norm => include_str!("../../../shaders/norm.wgsl"),
             ShaderFile::Rope => include_str!("../../../shaders/rope.wgsl"),
+            ShaderFile::KvStore => include_str!("../../../shaders/kv_store.wgsl"),
             ShaderFile::Attention => include_str!("../../../shaders/attention.wgsl"),
             ShaderFile::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             ShaderFile::Sampling => include_str!("../../../shaders/sampling.wgsl"),

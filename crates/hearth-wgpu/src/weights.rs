@@ -1,10 +1,12 @@
 //! Weights on the device: the raw GGUF bytes of each tensor in storage buffers, split into row
 //! ranges when the tensor is larger than one storage binding may be.
 
+use crate::device::Gpu;
 use crate::WgpuError;
 use hearth_core::backend::WeightData;
-use hearth_core::graph::WeightDesc;
+use hearth_core::graph::{WeightDesc, WeightId};
 use hearth_core::quant::GgmlType;
+use std::collections::HashMap;
 
 /// Rows `row0 .. row0 + rows` of a weight, in their own buffer (bytes padded to 4).
 pub(crate) struct WeightChunk {
@@ -51,6 +53,18 @@ pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
     KERNEL_TYPES.contains(&ty).then(|| ty.name())
 }
 
+/// matmul_q8.wgsl's define for the weight type of sibling segment `segment` (T0_Q4_K, T1_Q6_K, ...).
+pub(crate) fn segment_type_define(segment: usize, ty: GgmlType) -> Option<&'static str> {
+    const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+    const DEFINES: [[&str; 5]; 3] = [
+        ["T0_Q4_0", "T0_Q5_0", "T0_Q8_0", "T0_Q4_K", "T0_Q6_K"],
+        ["T1_Q4_0", "T1_Q5_0", "T1_Q8_0", "T1_Q4_K", "T1_Q6_K"],
+        ["T2_Q4_0", "T2_Q5_0", "T2_Q8_0", "T2_Q4_K", "T2_Q6_K"],
+    ];
+    let at = TYPES.iter().position(|t| *t == ty)?;
+    DEFINES.get(segment).map(|defines| defines[at])
+}
+
 pub(crate) fn upload(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
@@ -83,7 +97,7 @@ pub(crate) fn upload(
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&desc.name),
             size: padded as u64,
-            // COPY_SRC: vectors are copied end to end for sibling mat-muls' biases (compile.rs).
+            // COPY_SRC: vectors are copied end to end (`JoinedVectors`).
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
@@ -116,4 +130,50 @@ pub(crate) fn upload(
         row0 += rows;
     }
     Ok(GpuWeight { desc, row_bytes, chunks })
+}
+
+/// F32 vectors joined end to end on the device (sibling mat-muls' biases, the heads kernel's
+/// constants): made once per list of weights and size, and kept as long as the weights, so that
+/// graphs compiled for other batch shapes share them.
+#[derive(Default)]
+pub(crate) struct JoinedVectors {
+    made: HashMap<(Vec<WeightId>, u64), wgpu::Buffer>,
+}
+
+impl JoinedVectors {
+    /// `parts` end to end in a buffer of at least `min_bytes` (zeros past them), bound as
+    /// storage or as a uniform.
+    pub fn get(
+        &mut self,
+        gpu: &Gpu,
+        weights: &[GpuWeight],
+        parts: &[WeightId],
+        min_bytes: u64,
+    ) -> Result<wgpu::Buffer, WgpuError> {
+        let key = (parts.to_vec(), min_bytes);
+        if let Some(b) = self.made.get(&key) {
+            return Ok(b.clone());
+        }
+        let mut vectors = Vec::with_capacity(parts.len());
+        for id in parts {
+            let w = weights.get(id.0 as usize).ok_or(WgpuError::UnknownId { what: "weight", id: id.0 })?;
+            vectors.push((w.as_f32_vector()?, (w.desc.row_len() * w.desc.n_rows() * 4) as u64));
+        }
+        let size = vectors.iter().map(|(_, bytes)| bytes).sum::<u64>().max(min_bytes).div_ceil(16) * 16;
+        let joined = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("joined vectors"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let mut at = 0;
+        for (buffer, bytes) in vectors {
+            encoder.copy_buffer_to_buffer(buffer, 0, &joined, at, bytes);
+            at += bytes;
+        }
+        gpu.queue.submit([encoder.finish()]);
+        self.made.insert(key, joined.clone());
+        Ok(joined)
+    }
 }
