@@ -388,20 +388,38 @@ pub fn attention_over_long_contexts(subject: &dyn Subject) {
 
 /// Attention read only by a quantized output projection, as in every model (a backend may write
 /// attention's output already rounded for the projection): 8-bit activations in blocks of 32
-/// (Q5_0 weights) and of 256 (Q4_K), three sequences, a quantized and an f16 cache.
+/// (Q5_0 weights) and of 256 (Q4_K), three sequences, a quantized and an f16 cache; then once
+/// more with a second reader after two mat-muls that round other activations.
 pub fn attention_feeding_an_output_projection(subject: &dyn Subject) {
     let mut rng = Rng(17);
     let plan: [&[(usize, usize)]; 2] = [&[(5, 0), (1, 0), (6, 0)], &[(2, 5), (9, 1), (1, 6)]];
-    for (kv_type, weight_type) in [(KvType::F16, GgmlType::Q4_K), (KvType::Q4_0, GgmlType::Q5_0)] {
+    for (kv_type, weight_type, late_reader) in [
+        (KvType::F16, GgmlType::Q4_K, false),
+        (KvType::Q4_0, GgmlType::Q5_0, false),
+        (KvType::F16, GgmlType::Q5_0, true),
+    ] {
         let layout = two_groups(kv_type, 128, 4, 5, 12);
         let mut c = attention_case(12, 3, params(0, 4, 2, 64, None, None), layout.clone(), &mut rng);
         let attention_out = c.graph.logits;
         let projected = c.graph.buf("projected", 12, 48);
         let w = c.weight(weight_type, &[256, 48], &mut rng);
         c.graph.push(Op::MatMul { w, x: attention_out, bias: None, out: projected });
+        if late_reader {
+            let other = c.input("other", 256, &mut rng);
+            for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
+                let product = c.graph.buf(format!("other {ty:?}"), 12, 48);
+                let w = c.weight(ty, &[256, 48], &mut rng);
+                c.graph.push(Op::MatMul { w, x: other, bias: None, out: product });
+                c.graph.push(Op::Add { a: projected, b: product, out: projected });
+            }
+            let again = c.graph.buf("again", 12, 48);
+            let w = c.weight(weight_type, &[256, 48], &mut rng);
+            c.graph.push(Op::MatMul { w, x: attention_out, bias: None, out: again });
+            c.graph.push(Op::Add { a: projected, b: again, out: projected });
+        }
         c.graph.logits = projected;
         let steps = schedule(&layout, 4, &plan, &mut rng);
-        let what = format!("attention → {weight_type:?} projection, {} KV", kv_type.name());
+        let what = format!("attention → {weight_type:?} projection, {} KV, late reader {late_reader}", kv_type.name());
         c.check(subject, &what, Tolerance::ROUNDED_AFTER_REORDER, &steps);
     }
 }

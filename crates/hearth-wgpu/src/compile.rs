@@ -856,6 +856,16 @@ pub(crate) fn compile(
             _ => None,
         })
         .max();
+    let largest = gpu.info.max_storage_binding.min(gpu.info.max_buffer_size);
+    if let Some(len) = partials_len.filter(|len| (len * 4) as u64 > largest) {
+        return Err(WgpuError::Unsupported(format!(
+            "attention partials of {} bytes for {} tokens exceed the device's largest storage binding, {} bytes \
+             (a smaller prefill chunk fits)",
+            len * 4,
+            graph.n_tokens,
+            largest
+        )));
+    }
     let attention_partials =
         partials_len.map(|len| storage("attention partials", len * 4, wgpu::BufferUsages::empty()));
     let mut b = Builder {

@@ -99,6 +99,26 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
         }
         rounding
     };
+    // Whether every reader of `out` after op `i` comes before any other op that rounds
+    // activations into a scratch slot (a mat-mul on another input, another attention): a rounding
+    // written in place of `out` cannot be recomputed, so its slot must outlast its readers.
+    let rounding_kept_for_readers = |i: usize, out: BufId| -> bool {
+        let mut other_rounding = false;
+        for later in &graph.ops[i + 1..] {
+            if later.inputs().contains(&out) && other_rounding {
+                return false;
+            }
+            match later {
+                Op::MatMul { x, .. } if *x != out => other_rounding = true,
+                Op::Attention { .. } => other_rounding = true,
+                _ => {}
+            }
+            if later.output() == Some(out) {
+                break;
+            }
+        }
+        true
+    };
     let initial = |i: usize, op: &Op| -> Fusion {
         match op {
             Op::RmsNorm { group, out, .. } if *group == graph.desc(*out).cols => {
@@ -107,7 +127,9 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
             Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } => {
                 only_rounded_readers(i, *out, &op.inputs()).map_or(Fusion::Own, |_| Fusion::Prologue)
             }
-            Op::Attention { out, .. } if graph.desc(*out).cols <= MAX_ROUNDED_ATTENTION_ROW => {
+            Op::Attention { out, .. }
+                if graph.desc(*out).cols <= MAX_ROUNDED_ATTENTION_ROW && rounding_kept_for_readers(i, *out) =>
+            {
                 match only_rounded_readers(i, *out, &[]) {
                     Some(rounding @ ActRounding::Q8 { .. }) => Fusion::RoundsOutput { rounding },
                     _ => Fusion::Own,
