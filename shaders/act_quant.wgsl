@@ -12,11 +12,17 @@
 // (compile.rs), so it costs no dispatch of its own and its f32 output is never written:
 // NORM: RMS normalisation of each row (WEIGHT: times a weight), as norm.wgsl computes it;
 // SWIGLU / GEGLU: silu(gate) * up / gelu(gate) * up, as elementwise.wgsl computes them.
+// SUM (with NORM): before that norm, the ops that produce its input, a residual add of another
+// RMS norm (Gemma's post-norms): S = residual + norm(X) (SUM_WEIGHT: times a weight), written
+// here because later ops read it, then normalised and rounded. One workgroup per row then rounds
+// all of the row's blocks, so every value of S is written by the invocation that read its
+// residual (S may be the residual itself) and the row's sum is complete before it is normalised.
 
-// [k, scales_at, eps (f32 bits, NORM)]: k (row length) a multiple of 32 for Q8_0 / Q8_K;
-// scales_at = the word where the scales start (rows * k / 4)
+// [k, scales_at, eps (f32 bits, NORM), chunks, eps of the first norm (f32 bits, SUM)]:
+// k (row length) a multiple of 32 for Q8_0 / Q8_K; scales_at = the word where the scales start
+// (rows * k / 4); chunks = 256-value chunks of a row each workgroup rounds
 @group(0) @binding(0) var<storage, read> P: array<u32>;
-// [rows, k] f32: the input (SWIGLU / GEGLU: the gate)
+// [rows, k] f32: the input (SWIGLU / GEGLU: the gate; SUM: the first norm's input)
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 // Q8_0 / Q8_K: [rows * k / 4] u32, 4 codes each (value 4i + j in byte j), then
 // [rows * k / block_len] f32 scales (as bits), block b's at scales_at + b.
@@ -29,6 +35,18 @@
 #ifdef WEIGHT
 // [k] f32 (GGUF F32 bytes)
 @group(0) @binding(4) var<storage, read> NW: array<f32>;
+#endif
+#ifdef SUM
+// [rows, k] f32: the sum, the input of NORM (without SUM_RESIDUAL: also the residual added)
+@group(0) @binding(5) var<storage, read_write> S: array<f32>;
+#ifdef SUM_RESIDUAL
+// [rows, k] f32
+@group(0) @binding(6) var<storage, read> R: array<f32>;
+#endif
+#ifdef SUM_WEIGHT
+// [k] f32: the first norm's weight
+@group(0) @binding(7) var<storage, read> SW: array<f32>;
+#endif
 #endif
 
 const WG: u32 = 64u;
@@ -46,12 +64,67 @@ var<workgroup> best_value: array<f32, WG>;
 var<workgroup> best_index: array<u32, WG>;
 #ifdef NORM
 var<workgroup> squares: array<f32, WG>;
+
+// The sum of every invocation's `s`, added in the same order by every workgroup (a tree).
+fn workgroup_sum(tid: u32, s: f32) -> f32 {
+    squares[tid] = s;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            squares[tid] += squares[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let total = squares[0];
+    // `squares` is written again by the next sum.
+    workgroupBarrier();
+    return total;
+}
+
+// The RMS factor of row `row` of the norm's input (SUM: after writing that input, the sum).
+fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
+    var s = 0.0;
+#ifdef SUM
+    for (var c = tid; c < k; c += WG) {
+        let v = X[row * k + c];
+        s += v * v;
+    }
+    let first = 1.0 / sqrt(workgroup_sum(tid, s) / f32(k) + bitcast<f32>(P[4]));
+    s = 0.0;
+    for (var c = tid; c < k; c += WG) {
+        let i = row * k + c;
+        var v = X[i] * first;
+#ifdef SUM_WEIGHT
+        v = v * SW[c];
+#endif
+#ifdef SUM_RESIDUAL
+        v = R[i] + v;
+#else
+        v = S[i] + v;
+#endif
+        S[i] = v;
+        s += v * v;
+    }
+    // The rounding reads values of S other invocations wrote.
+    storageBarrier();
+#else
+    for (var c = tid; c < k; c += WG) {
+        let v = X[row * k + c];
+        s += v * v;
+    }
+#endif
+    return 1.0 / sqrt(workgroup_sum(tid, s) / f32(k) + bitcast<f32>(P[2]));
+}
 #endif
 
 // Value `i` (column `col`) of the input, through the prologue; `scale` is the row's RMS factor.
 fn value(i: u32, col: u32, scale: f32) -> f32 {
 #ifdef NORM
+#ifdef SUM
+    var v = S[i] * scale;
+#else
     var v = X[i] * scale;
+#endif
 #ifdef WEIGHT
     v = v * NW[col];
 #endif
@@ -69,32 +142,28 @@ fn value(i: u32, col: u32, scale: f32) -> f32 {
 #endif
 }
 
-// grid: (ceil(k / 256), rows)
+// grid: (ceil(k / 256 / chunks), rows)
 @compute @workgroup_size(64)
 fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let tid = lid.x;
     let k = P[0];
     let row = wg.y;
-    let col = 256u * wg.x + 4u * tid;
-    let i = row * k + col;
     var scale = 1.0;
 #ifdef NORM
     // The row's sum of squares, in the same order by every workgroup of the row.
-    var s = 0.0;
-    for (var c = tid; c < k; c += WG) {
-        let v = X[row * k + c];
-        s += v * v;
-    }
-    squares[tid] = s;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            squares[tid] += squares[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    scale = 1.0 / sqrt(squares[0] / f32(k) + bitcast<f32>(P[2]));
+    scale = row_scale(row, k, tid);
 #endif
+    let chunks = P[3];
+    let end = min(chunks * (wg.x + 1u), (k + 255u) / 256u);
+    for (var chunk = chunks * wg.x; chunk < end; chunk++) {
+        round_chunk(row, k, 256u * chunk, tid, scale);
+    }
+}
+
+// Rounds the 256 values of row `row` from column `chunk_col`, 4 per invocation.
+fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
+    let col = chunk_col + 4u * tid;
+    let i = row * k + col;
 #ifdef F16
     for (var j = 0u; j < 4u && col + j < k; j++) {
         OUT[i + j] = bitcast<u32>(round_f16(value(i + j, col + j, scale)));
@@ -158,4 +227,6 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         }
     }
 #endif
+    // The next chunk writes `best_value` and `best_index` again.
+    workgroupBarrier();
 }

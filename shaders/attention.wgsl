@@ -3,12 +3,15 @@
 //   attention: a query's keys are cut into splits (`split_plan`: their number a function of the
 //     context length only, so a query's result never depends on its batch), each split's
 //     online softmax written as a partial (running max m, sum l, unnormalised output);
-//     one workgroup per (split, query head, token) where the step has at most GRID_SPLIT_TOKENS
-//     tokens (decode, speculative verification), so short steps fill the GPU, else one per
-//     (query head, token) looping over its splits; the same code computes every split either way;
-//   attention_reduce (REDUCE): one workgroup per token merges its splits in order; with ROUND_Q8_0
-//     or ROUND_Q8_K it writes the row rounded for the output projection instead (no rounding
-//     dispatch of its own).
+//     a workgroup computes a group of the query heads that share a KV head (GQA), reading each
+//     key and value once for them all; one workgroup per (split, head group, token) where the
+//     step has at most GRID_SPLIT_TOKENS tokens (decode, speculative verification), so short
+//     steps fill the GPU, else one per (head group, token) looping over its splits (MERGED),
+//     which merges them as they finish and writes the output itself; the same code computes
+//     every split either way, per head in the same order whatever the group;
+//   attention_reduce (REDUCE): one workgroup per token merges its splits in order, as MERGED
+//     does; with ROUND_Q8_0 or ROUND_Q8_K it writes the row rounded for the output projection
+//     instead (no rounding dispatch of its own).
 // Capability variants: SHADER_F16 reads an f16 cache as WGSL f16 (exact, as unpack2x16float);
 // SUBGROUPS takes each key tile's maximum score with subgroupMax instead of a serial scan.
 #ifdef SHADER_F16
@@ -20,7 +23,8 @@ enable subgroups;
 #endif
 
 // [n_tokens, n_head, n_head_kv, head_dim, scale (f32 bits), window (0 = none),
-//  softcap (f32 bits, 0 = none), groups_x, layer, grid_splits (MAX_SPLITS or 1)]
+//  softcap (f32 bits, 0 = none), groups_x, layer, grid_splits (MAX_SPLITS or 1), group (query
+//  heads a workgroup computes, of one KV head), then for the reduce's rounding its scales' word]
 @group(0) @binding(0) var<storage, read> P: array<u32>;
 // see STEP in kv_cache.wgsl
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
@@ -54,10 +58,21 @@ fn split_plan(t: u32) -> vec3<u32> {
 
 const WG: u32 = 128u;
 
+// One step of merging a query's split partials in split order, which the reduce and MERGED both
+// take (the same arithmetic, so a query's result is the same bits whichever kernel merges it):
+// from the merged (m, l) so far and the next split's (m, l), the new (m, l) and the factors of
+// the merged output and of the split's.
+fn merge_weights(merged: vec2<f32>, split: vec2<f32>) -> vec4<f32> {
+    let m = max(merged.x, split.x);
+    let c_merged = exp(merged.x - m);
+    let c_split = exp(split.x - m);
+    return vec4<f32>(m, merged.y * c_merged + split.y * c_split, c_merged, c_split);
+}
+
 #ifdef REDUCE
 #ifdef ROUND_Q8_0 || ROUND_Q8_K
 // The merged row rounded for the mat-muls that read it, as act_quant.wgsl rounds (and lays out)
-// activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P[10] the f32 scale
+// activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P[11] the f32 scale
 // of each block of ROUND_BLOCK values.
 @group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
 // One token's merged row.
@@ -107,7 +122,7 @@ fn round_row(t: u32, k: u32, tid: u32) {
 #endif
             XQ[(t * k + at) / 4u] = pack_codes(q);
         }
-        XQ[P[10] + (t * k) / ROUND_BLOCK + b] = bitcast<u32>(d);
+        XQ[P[11] + (t * k) / ROUND_BLOCK + b] = bitcast<u32>(d);
     }
 }
 #else
@@ -136,23 +151,19 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         let h = i / hd;
         let d = i % hd;
         let first = (t * n_head + h) * MAX_SPLITS * partial_len();
-        var m = -3.0e38;
-        for (var s = 0u; s < n_splits; s++) {
-            m = max(m, PART[first + s * partial_len() + hd]);
-        }
-        var l = 0.0;
+        var merged = vec2<f32>(-3.0e38, 0.0);
         var acc = 0.0;
         for (var s = 0u; s < n_splits; s++) {
             let at = first + s * partial_len();
-            let c = exp(PART[at + hd] - m);
-            l += PART[at + hd + 1u] * c;
-            acc += PART[at + d] * c;
+            let w = merge_weights(merged, vec2<f32>(PART[at + hd], PART[at + hd + 1u]));
+            acc = acc * w.z + PART[at + d] * w.w;
+            merged = w.xy;
         }
-        var v = acc * (1.0 / l);
+        var v = acc * (1.0 / merged.y);
 #ifdef KV_OFFSET
         // The weights sum to 1: the values' offset comes back whole.
         let kvh = h / (n_head / P[2]);
-        v = acc * (1.0 / l) + V_OFFSET[kvh * hd + d];
+        v = acc * (1.0 / merged.y) + V_OFFSET[kvh * hd + d];
 #endif
 #ifdef ROUND_Q8_0 || ROUND_Q8_K
         row_sh[i] = v;
@@ -186,27 +197,40 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
+#ifdef MERGED
+// [n_tokens, n_head * head_dim] f32
+@group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
+#ifdef KV_OFFSET
+// [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
+@group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
+#endif
+#else
 // [n_tokens, n_head, MAX_SPLITS, head_dim + 2] f32: each split's unnormalised output, m and l
 @group(0) @binding(6) var<storage, read_write> PART: array<f32>;
+#endif
 
-// head_dim <= WG * DIMS_PER_THREAD
+// A workgroup computes `group` (P[10]) query heads of one KV head, at most MAX_GROUP of them
+// (group * head_dim <= 1024), so every key and value it reads serves them all; a thread owns
+// head dimensions tid + u * WG (head_dim <= WG * DIMS_PER_THREAD) of every head of the group.
+const MAX_GROUP: u32 = 8u;
 const DIMS_PER_THREAD: u32 = 4u;
-var<workgroup> q_sh: array<f32, 512>;
-var<workgroup> scores: array<f32, WG>;
+// [group, head_dim] the group's queries
+var<workgroup> q_sh: array<f32, 1024>;
+// [MAX_GROUP, WG] a key tile's scores per head, then their softmax weights exp(score - max)
+var<workgroup> scores: array<f32, 1024>;
 // First word of each key's row in the tile.
 var<workgroup> rows: array<u32, WG>;
 #ifdef SUBGROUPS
-// Each subgroup's maximum score of the tile (subgroups of at least 4 invocations).
-var<workgroup> sg_max: array<f32, 32>;
+// [MAX_GROUP, 32] each subgroup's maximum score of the tile (subgroups of at least 4 invocations).
+var<workgroup> sg_max: array<f32, 256>;
 #endif
 #ifdef KV_Q8_0 || KV_Q4_0
 // V rows are un-rotated a whole block at a time, but read a dimension per thread: V_KEYS keys'
 // blocks covering the head's columns are decoded into v_sh together (V_SPAN values a key: a
 // head of up to 512 columns not aligned to blocks touches at most 18 blocks).
-const V_KEYS: u32 = 4u;
+const V_KEYS: u32 = 2u;
 const V_SPAN: u32 = 576u;
-var<workgroup> v_sh: array<f32, 2304>;
-
+var<workgroup> v_sh: array<f32, 1152>;
 // Block `b` (values 32b ..) of the K row starting at word `row`, dequantized and un-rotated.
 fn k_block(row: u32, b: u32, width: u32) -> array<f32, 32> {
     var words: array<u32, 8>;
@@ -264,37 +288,57 @@ fn v_at(row: u32, d: u32, width: u32) -> f32 {
 }
 #endif
 
-// q · k in f32 in the CPU oracle's order: 8 accumulators over the head (lane i % 8), combined
-// ((0+4)+(1+5))+((2+6)+(3+7)), then the tail past the last multiple of 8. `col` is the head's
-// first column in the row.
-fn dot_f32(row: u32, col: u32, hd: u32, width: u32) -> f32 {
-    var acc: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        acc[i] = 0.0;
+// q · k of each of the group's heads with the key whose row starts at word `row`, in f32 in the
+// CPU oracle's order: per head 8 accumulators over its dimensions (lane i % 8), combined
+// ((0+4)+(1+5))+((2+6)+(3+7)), then the tail past the last multiple of 8. `col` is the KV head's
+// first column in the row. Each key value is read once for all the heads.
+fn group_dots(row: u32, col: u32, hd: u32, width: u32, group: u32) -> array<f32, MAX_GROUP> {
+    var acc: array<array<f32, 8>, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g++) {
+        for (var lane = 0u; lane < 8u; lane++) {
+            acc[g][lane] = 0.0;
+        }
     }
 #ifdef KV_Q8_0 || KV_Q4_0
     var kb: array<f32, 32>;
     var kb_at = 0xffffffffu;
 #endif
     let full = hd / 8u * 8u;
-    for (var i = 0u; i < full; i++) {
+    for (var i0 = 0u; i0 < full; i0 += 8u) {
+        var k: array<f32, 8>;
+        for (var lane = 0u; lane < 8u; lane++) {
 #ifdef KV_Q8_0 || KV_Q4_0
-        let k = k_cached(row, col + i, width, &kb, &kb_at);
+            k[lane] = k_cached(row, col + i0 + lane, width, &kb, &kb_at);
 #else
-        let k = k_at(row, col + i, width);
+            k[lane] = k_at(row, col + i0 + lane, width);
 #endif
-        acc[i % 8u] += q_sh[i] * k;
+        }
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            if (g < group) {
+                for (var lane = 0u; lane < 8u; lane++) {
+                    acc[g][lane] += q_sh[g * hd + i0 + lane] * k[lane];
+                }
+            }
+        }
     }
-    var sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    var sums: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g++) {
+        let a = acc[g];
+        sums[g] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    }
     for (var i = full; i < hd; i++) {
 #ifdef KV_Q8_0 || KV_Q4_0
         let k = k_cached(row, col + i, width, &kb, &kb_at);
 #else
         let k = k_at(row, col + i, width);
 #endif
-        sum += q_sh[i] * k;
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            if (g < group) {
+                sums[g] += q_sh[g * hd + i] * k;
+            }
+        }
     }
-    return sum;
+    return sums;
 }
 
 fn softcapped(s: f32) -> f32 {
@@ -307,10 +351,12 @@ fn softcapped(s: f32) -> f32 {
     return c * sign(x) * (1.0 - t) / (1.0 + t);
 }
 
-// One workgroup per (split, query head, token), or per (query head, token) for all its splits
-// in turn (see the top). A split's keys are processed in tiles of WG: each thread looks up one
-// key's slot through the block table and scores it, then every thread folds the tile into its
-// own output dimensions with an online softmax (running max m, running sum l).
+// One workgroup per (split, query-head group, token), or per (query-head group, token) for all
+// its splits in turn (see the top). A split's keys are processed in tiles of WG: each thread
+// looks up one key's slot through the block table and scores it against every head of the
+// group, the tile's softmax weights are computed once per (head, key), then every thread folds
+// the tile into its own dimensions of every head (one value read for them all) with an online
+// softmax per head (running max m, running sum l).
 @compute @workgroup_size(128)
 fn attention(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -322,12 +368,15 @@ fn attention(
 ) {
     let id = wg.y * P[7] + wg.x;
     let n_head = P[1];
+    let group = P[10];
+    let n_groups = n_head / group;
     let grid_splits = P[9];
-    let valid = id < P[0] * n_head * grid_splits;
-    let h = id % n_head;
-    let t = min(id / n_head / grid_splits, P[0] - 1u);
+    let valid = id < P[0] * n_groups * grid_splits;
+    // The group's first query head; all its heads read KV head kvh.
+    let h0 = id % n_groups * group;
+    let t = min(id / n_groups / grid_splits, P[0] - 1u);
     let hd = P[3];
-    let kvh = h / (n_head / P[2]);
+    let kvh = h0 / (n_head / P[2]);
     let q_width = n_head * hd;
     let kv_width = P[2] * hd;
     let words = row_words(kv_width);
@@ -338,7 +387,7 @@ fn attention(
     var first_split = 0u;
     var end_split = plan.z;
     if (grid_splits > 1u) {
-        first_split = id / n_head % grid_splits;
+        first_split = id / n_groups % grid_splits;
         end_split = min(first_split + 1u, plan.z);
     }
     if (!valid) {
@@ -348,64 +397,119 @@ fn attention(
     let scale = bitcast<f32>(P[4]);
     let tid = lid.x;
     // One f32 numerics path for every query, as on the CPU oracle: a query's result never
-    // depends on how many others share the step (batch invariance).
+    // depends on how many others share the step or its workgroup (batch invariance).
     let col = kvh * hd;
+    let group_width = group * hd;
     if (valid) {
-        for (var d = tid; d < hd; d += WG) {
-            q_sh[d] = Q[t * q_width + h * hd + d];
+        for (var i = tid; i < group_width; i += WG) {
+            q_sh[i] = Q[t * q_width + h0 * hd + i];
         }
     }
     workgroupBarrier();
+#ifdef MERGED
+    // The splits merged so far: (m, l) per head and this thread's outputs.
+    var merged: array<vec2<f32>, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g++) {
+        merged[g] = vec2<f32>(-3.0e38, 0.0);
+    }
+    var merged_acc: array<array<f32, MAX_GROUP>, DIMS_PER_THREAD>;
+    for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            merged_acc[u][g] = 0.0;
+        }
+    }
+#endif
     // Uniform loop bounds across the workgroup (barriers inside).
     for (var split = first_split; split < end_split; split++) {
         let lo = plan.x + split * plan.y;
         let end = min(lo + plan.y, last_key);
-        var m = -3.0e38;
-        var l = 0.0;
-        var acc: array<f32, DIMS_PER_THREAD>;
+        var m: array<f32, MAX_GROUP>;
+        var l: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            m[g] = -3.0e38;
+            l[g] = 0.0;
+        }
+        // [dimension tid + u * WG][head]
+        var acc: array<array<f32, MAX_GROUP>, DIMS_PER_THREAD>;
         for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-            acc[u] = 0.0;
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                acc[u][g] = 0.0;
+            }
         }
         for (var tile = lo; tile < end; tile += WG) {
             let j = tile + tid;
-            var s = -3.0e38;
+            var s: array<f32, MAX_GROUP>;
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                s[g] = -3.0e38;
+            }
             if (j < end) {
                 let row = slot_of(layer, seq, j) * words;
                 rows[tid] = row;
-                s = softcapped(dot_f32(row, col, hd, kv_width) * scale);
+                let dots = group_dots(row, col, hd, kv_width, group);
+                for (var g = 0u; g < MAX_GROUP; g++) {
+                    if (g < group) {
+                        s[g] = softcapped(dots[g] * scale);
+                    }
+                }
             }
-            scores[tid] = s;
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                if (g < group) {
+                    scores[g * WG + tid] = s[g];
 #ifdef SUBGROUPS
-            // Subgroups are consecutive invocations (see quant.wgsl).
-            let s_max = subgroupMax(s);
-            if (sg_lane == 0u) {
-                sg_max[tid / sg_size] = s_max;
-            }
+                    // Subgroups are consecutive invocations (see quant.wgsl).
+                    let s_max = subgroupMax(s[g]);
+                    if (sg_lane == 0u) {
+                        sg_max[g * 32u + tid / sg_size] = s_max;
+                    }
 #endif
+                }
+            }
             workgroupBarrier();
             let count = min(WG, end - tile);
+            // Online softmax in f32, per head: rescale what the earlier tiles summed to this
+            // tile's maximum.
+            var tile_max: array<f32, MAX_GROUP>;
+            var correction: array<f32, MAX_GROUP>;
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                tile_max[g] = m[g];
+                if (g < group) {
+#ifdef SUBGROUPS
+                    // Keys past `count` score -3e38, so the whole tile's maximum is that of its
+                    // first count.
+                    for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
+                        tile_max[g] = max(tile_max[g], sg_max[g * 32u + i]);
+                    }
+#else
+                    for (var r = 0u; r < count; r++) {
+                        tile_max[g] = max(tile_max[g], scores[g * WG + r]);
+                    }
+#endif
+                }
+                correction[g] = exp(m[g] - tile_max[g]);
+                l[g] = l[g] * correction[g];
+            }
+            for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+                for (var g = 0u; g < MAX_GROUP; g++) {
+                    acc[u][g] = acc[u][g] * correction[g];
+                }
+            }
+            // Each key's weight per head, computed once, over its score (read by the scans
+            // above without subgroups).
+#ifdef SUBGROUPS
+#else
+            workgroupBarrier();
+#endif
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                if (g < group) {
+                    scores[g * WG + tid] = exp(s[g] - tile_max[g]);
+                }
+            }
+            workgroupBarrier();
 #ifdef KV_Q8_0 || KV_Q4_0
             // Blocks first_block .. first_block + n_vblocks hold the head's columns.
             let first_block = col / 32u;
             let n_vblocks = (col + hd + 31u) / 32u - first_block;
 #endif
-            // Online softmax in f32: rescale what the earlier tiles summed to this tile's maximum.
-            var tile_max = m;
-#ifdef SUBGROUPS
-            // Keys past `count` score -3e38, so the whole tile's maximum is that of its first count.
-            for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
-                tile_max = max(tile_max, sg_max[i]);
-            }
-#else
-            for (var r = 0u; r < count; r++) {
-                tile_max = max(tile_max, scores[r]);
-            }
-#endif
-            let correction = exp(m - tile_max);
-            l = l * correction;
-            for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-                acc[u] = acc[u] * correction;
-            }
             for (var r = 0u; r < count; r++) {
 #ifdef KV_Q8_0 || KV_Q4_0
                 if (r % V_KEYS == 0u) {
@@ -424,8 +528,11 @@ fn attention(
                     workgroupBarrier();
                 }
 #endif
-                let w = exp(scores[r] - tile_max);
-                l += w;
+                for (var g = 0u; g < MAX_GROUP; g++) {
+                    if (g < group) {
+                        l[g] += scores[g * WG + r];
+                    }
+                }
                 let vrow = rows[r];
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                     let d = tid + u * WG;
@@ -435,25 +542,69 @@ fn attention(
 #else
                         let v = v_at(vrow, col + d, kv_width);
 #endif
-                        acc[u] += w * v;
+                        for (var g = 0u; g < MAX_GROUP; g++) {
+                            if (g < group) {
+                                acc[u][g] += scores[g * WG + r] * v;
+                            }
+                        }
                     }
                 }
             }
-            m = tile_max;
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                m[g] = tile_max[g];
+            }
             workgroupBarrier();
         }
-        // This split's partial: the unnormalised output, then m and l.
-        let at = ((t * n_head + h) * MAX_SPLITS + split) * partial_len();
+#ifdef MERGED
+        var factors: array<vec2<f32>, MAX_GROUP>;
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            let w = merge_weights(merged[g], vec2<f32>(m[g], l[g]));
+            factors[g] = w.zw;
+            merged[g] = w.xy;
+        }
         for (var u = 0u; u < DIMS_PER_THREAD; u++) {
-            let d = tid + u * WG;
-            if (d < hd) {
-                PART[at + d] = acc[u];
+            for (var g = 0u; g < MAX_GROUP; g++) {
+                merged_acc[u][g] = merged_acc[u][g] * factors[g].x + acc[u][g] * factors[g].y;
             }
         }
-        if (tid == 0u) {
-            PART[at + hd] = m;
-            PART[at + hd + 1u] = l;
+#else
+        // This split's partial per head: the unnormalised output, then m and l.
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            if (g < group) {
+                let at = ((t * n_head + h0 + g) * MAX_SPLITS + split) * partial_len();
+                for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+                    let d = tid + u * WG;
+                    if (d < hd) {
+                        PART[at + d] = acc[u][g];
+                    }
+                }
+            }
+        }
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            if (g < group && tid == g) {
+                let at = ((t * n_head + h0 + g) * MAX_SPLITS + split) * partial_len();
+                PART[at + hd] = m[g];
+                PART[at + hd + 1u] = l[g];
+            }
+        }
+#endif
+    }
+#ifdef MERGED
+    if (valid) {
+        for (var g = 0u; g < MAX_GROUP; g++) {
+            for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+                let d = tid + u * WG;
+                if (g < group && d < hd) {
+                    var v = merged_acc[u][g] * (1.0 / merged[g].y);
+#ifdef KV_OFFSET
+                    // The weights sum to 1: the values' offset comes back whole.
+                    v = merged_acc[u][g] * (1.0 / merged[g].y) + V_OFFSET[col + d];
+#endif
+                    OUT[t * q_width + (h0 + g) * hd + d] = v;
+                }
+            }
         }
     }
+#endif
 }
 #endif

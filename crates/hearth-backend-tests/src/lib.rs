@@ -61,6 +61,7 @@ macro_rules! conformance_suite {
             ops::rope_modes,
             ops::elementwise_ops,
             ops::producers_feeding_matmuls,
+            ops::post_norm_chains_feeding_matmuls,
             ops::sibling_matmuls_sharing_an_input,
             ops::bad_input_is_an_error_not_a_panic,
             paged_kv::kv_offsets_are_invisible_to_attention_and_shrink_quantization_error,

@@ -248,6 +248,56 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
     }
 }
 
+/// Gemma's layer seams: a post-norm, its add to the residual stream and the next pre-norm, whose
+/// output mat-muls read (a backend may compute the sum in the rounding of the mat-muls'
+/// activations). Two such seams feed each other, as layers do, so a sum written wrongly shows in
+/// the next one; the sum goes into the residual or into a buffer of its own, one or two mat-muls
+/// read the pre-norm, and rows are longer than one 256-value block and end within one.
+pub fn post_norm_chains_feeding_matmuls(subject: &dyn Subject) {
+    let mut rng = Rng(10);
+    for rows in [1, 3] {
+        let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
+        for (ty, k, sum_in_place, readers) in
+            [(GgmlType::Q5_0, 640, true, 2), (GgmlType::Q8_0, 96, false, 1), (GgmlType::Q6_K, 1280, true, 1)]
+        {
+            let mut c = Case::new(rows);
+            let residual = c.input("residual", k, &mut rng);
+            let proj = c.input("proj", k, &mut rng);
+            let normed = c.graph.buf("normed", rows, k);
+            let sum = if sum_in_place { residual } else { c.graph.buf("sum", rows, k) };
+            let mut stream = residual;
+            for seam in 0..2 {
+                let post = Some(c.weight(GgmlType::F32, &[k as u64], &mut rng));
+                let pre = Some(c.weight(GgmlType::F32, &[k as u64], &mut rng));
+                c.graph.push(Op::RmsNorm { x: proj, weight: post, eps: 1e-6, group: k, out: proj });
+                let out = if seam == 0 { sum } else { stream };
+                c.graph.push(Op::Add { a: stream, b: proj, out });
+                stream = out;
+                c.graph.push(Op::RmsNorm { x: stream, weight: pre, eps: 1e-5, group: k, out: normed });
+                let w = c.weight(ty, &[k as u64, k as u64], &mut rng);
+                c.graph.push(Op::MatMul { w, x: normed, bias: None, out: proj });
+                if readers == 2 {
+                    let other = c.graph.buf(format!("other{seam}"), rows, k);
+                    let w = c.weight(ty, &[k as u64, k as u64], &mut rng);
+                    c.graph.push(Op::MatMul { w, x: normed, bias: None, out: other });
+                    // Not added right away, so that the two products may run as siblings.
+                    c.graph.push(Op::Scale { x: other, factor: 0.5 });
+                    c.graph.push(Op::Add { a: proj, b: other, out: proj });
+                }
+            }
+            // The last seam's sum stays in the residual stream, where the check reads it.
+            let last = Some(c.weight(GgmlType::F32, &[k as u64], &mut rng));
+            c.graph.push(Op::RmsNorm { x: proj, weight: last, eps: 1e-6, group: k, out: proj });
+            c.graph.push(Op::Add { a: stream, b: proj, out: stream });
+            c.graph.logits = stream;
+            let what = format!(
+                "post-norm + add + pre-norm → {readers} matmul {ty:?} k{k} sum in place {sum_in_place} rows{rows}"
+            );
+            c.check(subject, &what, Tolerance::SUM_ORDER, &steps(&mut rng));
+        }
+    }
+}
+
 /// Consecutive mat-muls reading one input, as q/k/v and gate/up do (a backend may compute them in
 /// one dispatch): outputs of different widths, with and without biases, weights of one type or
 /// of two, one token and tiles of several. Each product is mixed into the checked result through

@@ -20,7 +20,22 @@ const KV_STORE_PARAMS: usize = 20;
 /// attention.wgsl's most splits of a query's keys (MAX_SPLITS), and the most tokens of a step
 /// that get a workgroup per split (longer steps loop over the splits in a workgroup per head).
 const ATTENTION_MAX_SPLITS: usize = 16;
-const GRID_SPLIT_TOKENS: usize = 16;
+pub(crate) const GRID_SPLIT_TOKENS: usize = 16;
+
+/// attention.wgsl's most query heads a workgroup computes (MAX_GROUP) and most values of them
+/// (its q_sh).
+const ATTENTION_MAX_GROUP: usize = 8;
+const ATTENTION_GROUP_VALUES: usize = 1024;
+
+/// How many query heads of one KV head an attention workgroup computes: the largest count that
+/// divides the heads sharing a KV head and fits the workgroup (Qwen2.5-0.5B's 7, Gemma 3's 4).
+fn attention_group(n_head: usize, n_head_kv: usize, head_dim: usize) -> usize {
+    let sharing = n_head / n_head_kv.max(1);
+    (1..=sharing.min(ATTENTION_MAX_GROUP))
+        .rev()
+        .find(|g| sharing.is_multiple_of(*g) && g * head_dim <= ATTENTION_GROUP_VALUES)
+        .unwrap_or(1)
+}
 
 /// A 1-D count of workgroups folded into (x, y) when wider than one dimension allows.
 fn fold(n: usize) -> (u32, u32) {
@@ -118,17 +133,29 @@ struct Builder<'a> {
     rounded: Vec<(BufId, ActRounding, usize)>,
     /// The slot the next rounding writes.
     next_slot: usize,
-    /// [n_tokens, n_head, ATTENTION_MAX_SPLITS, head_dim + 2] f32 for the widest attention:
-    /// each split's partial result, shared by the layers (each reduce reads it before the next
-    /// layer's attention writes it).
+    /// [n_tokens, n_head, ATTENTION_MAX_SPLITS, head_dim + 2] f32 for the widest attention of a
+    /// step of at most GRID_SPLIT_TOKENS tokens (longer steps merge their splits in the attention
+    /// dispatch): each split's partial result, shared by the layers (each reduce reads it before
+    /// the next layer's attention writes it).
     attention_partials: Option<wgpu::Buffer>,
     /// Ops left out of the dispatch list because only mat-muls read their output: (output, op),
     /// run as the prologue of that output's rounding; an entry holds until the output is written
     /// again.
     producers: Vec<(BufId, Op)>,
+    /// Norm + Add pairs left to the rounding of the next norm's output (`SumBeforeRounding`),
+    /// which the mat-mul right after that norm makes.
+    pending_sums: Vec<PendingSum>,
     dispatches: Vec<Dispatch>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
+}
+
+/// A norm whose residual add is computed and written by the next rounding (act_quant.wgsl SUM):
+/// `out = residual + norm`.
+struct PendingSum {
+    norm: Op,
+    residual: BufId,
+    out: BufId,
 }
 
 /// How a mat-mul's activations are rounded first: as the CPU rounds them for the weight's dot type
@@ -265,16 +292,38 @@ impl Builder<'_> {
             _ => "F16",
         }];
         let mut entries = vec![(2, Res::Buf(scratch.clone()))];
-        let mut eps = 0f32;
+        let (mut eps, mut first_eps) = (0f32, 0f32);
+        // 256-value chunks per workgroup: a sum written first needs its whole row in one.
+        let mut chunks = 1;
         match self.producers.iter().find(|(out, _)| *out == x).map(|(_, op)| op.clone()) {
             Some(Op::RmsNorm { x: input, weight, eps: e, .. }) => {
                 defines.push("NORM");
-                entries.push((1, self.buf(input)));
                 if let Some(w) = weight {
                     defines.push("WEIGHT");
                     entries.push((4, Res::Buf(self.vector(w)?)));
                 }
                 eps = e;
+                match self.pending_sums.iter().position(|p| p.out == input) {
+                    Some(at) => {
+                        let sum = self.pending_sums.remove(at);
+                        let Op::RmsNorm { x: first_input, weight: first_weight, eps: e, .. } = sum.norm else {
+                            return Err(WgpuError::Execution("a pending sum without its norm".into()));
+                        };
+                        defines.push("SUM");
+                        entries.extend([(1, self.buf(first_input)), (5, self.buf(input))]);
+                        if sum.residual != input {
+                            defines.push("SUM_RESIDUAL");
+                            entries.push((6, self.buf(sum.residual)));
+                        }
+                        if let Some(w) = first_weight {
+                            defines.push("SUM_WEIGHT");
+                            entries.push((7, Res::Buf(self.vector(w)?)));
+                        }
+                        first_eps = e;
+                        chunks = k.div_ceil(256);
+                    }
+                    None => entries.push((1, self.buf(input))),
+                }
             }
             Some(Op::SwiGlu { gate, up, .. }) => {
                 defines.push("SWIGLU");
@@ -289,12 +338,13 @@ impl Builder<'_> {
         if rows > MAX_GROUPS as usize {
             return Err(WgpuError::Unsupported(format!("{rows} activation rows (at most {MAX_GROUPS})")));
         }
-        // A workgroup per 256 values of a row; the scales follow the codes (rows * k / 4 words).
+        // A workgroup per `chunks` × 256 values of a row; the scales follow the codes
+        // (rows * k / 4 words).
         self.push(
             PipelineKey::new(ShaderFile::ActQuant, "act_quant", &defines),
-            &[k as u32, (rows * k / 4) as u32, eps.to_bits()],
+            &[k as u32, (rows * k / 4) as u32, eps.to_bits(), chunks as u32, first_eps.to_bits()],
             entries,
-            [k.div_ceil(256) as u32, rows as u32, 1],
+            [k.div_ceil(256 * chunks) as u32, rows as u32, 1],
             None,
         )?;
         Ok(scratch)
@@ -700,21 +750,35 @@ impl Builder<'_> {
                 if p.head_dim > MAX_HEAD_DIM {
                     return Err(WgpuError::Unsupported(format!("attention head_dim {} > {MAX_HEAD_DIM}", p.head_dim)));
                 }
-                let partials =
-                    self.attention_partials.clone().ok_or(WgpuError::Execution("no attention partials".into()))?;
                 // A workgroup per split where the step is short enough for the splits to be
-                // what fills the device, else one per head looping over them (attention.wgsl).
-                let grid_splits = if rows <= GRID_SPLIT_TOKENS { ATTENTION_MAX_SPLITS } else { 1 };
-                let (gx, gy) = fold(rows * p.n_head * grid_splits);
+                // what fills the device, then a reduce; else one per head looping over them and
+                // merging them itself (attention.wgsl MERGED).
+                let merged = rows > GRID_SPLIT_TOKENS;
+                let grid_splits = if merged { 1 } else { ATTENTION_MAX_SPLITS };
+                let group = attention_group(p.n_head, p.n_head_kv, p.head_dim);
+                let (gx, gy) = fold(rows * (p.n_head / group) * grid_splits);
                 let kv_width = p.n_head_kv * p.head_dim;
-                let entries = vec![
+                let mut entries = vec![
                     (1, Res::Buf(self.step.clone())),
                     (2, Res::Tables),
                     (3, self.buf(*q)),
                     (4, Res::KvK(p.layer)),
                     (5, Res::KvV(p.layer)),
-                    (6, Res::Buf(partials.clone())),
                 ];
+                let mut defines = self.gpu.info.defines();
+                let partials = if merged {
+                    defines.push("MERGED");
+                    entries.push((6, self.buf(*out)));
+                    if let Some(o) = p.v_offset {
+                        entries.push((7, Res::KvOffset(self.vector(o)?)));
+                    }
+                    None
+                } else {
+                    let partials =
+                        self.attention_partials.clone().ok_or(WgpuError::Execution("no attention partials".into()))?;
+                    entries.push((6, Res::Buf(partials.clone())));
+                    Some(partials)
+                };
                 let mut params = vec![
                     rows as u32,
                     p.n_head as u32,
@@ -726,21 +790,23 @@ impl Builder<'_> {
                     gx,
                     p.layer as u32,
                     grid_splits as u32,
+                    group as u32,
                 ];
                 let need = KvNeed {
                     layer: p.layer,
                     k_width: Some(kv_width),
                     v_width: Some(kv_width),
                     window: Some(p.window),
-                    offsets: false,
+                    offsets: merged && p.v_offset.is_some(),
                 };
                 self.push(
-                    PipelineKey::new(ShaderFile::Attention, "attention", &self.gpu.info.defines()),
+                    PipelineKey::new(ShaderFile::Attention, "attention", &defines),
                     &params,
                     entries,
                     [gx, gy, 1],
                     Some(need),
                 )?;
+                let Some(partials) = partials else { return Ok(()) };
                 // The splits merged, a workgroup per token, into the output or, for the mat-muls
                 // that read it, straight into its 8-bit rounding (act_quant.wgsl's layout: the
                 // scales after the codes).
@@ -852,6 +918,7 @@ pub(crate) fn compile(
             Op::Attention { q, params, .. } => graph
                 .bufs
                 .get(q.0 as usize)
+                .filter(|d| d.rows <= GRID_SPLIT_TOKENS)
                 .map(|d| d.rows * params.n_head * ATTENTION_MAX_SPLITS * (params.head_dim + 2)),
             _ => None,
         })
@@ -859,8 +926,7 @@ pub(crate) fn compile(
     let largest = gpu.info.max_storage_binding.min(gpu.info.max_buffer_size);
     if let Some(len) = partials_len.filter(|len| (len * 4) as u64 > largest) {
         return Err(WgpuError::Unsupported(format!(
-            "attention partials of {} bytes for {} tokens exceed the device's largest storage binding, {} bytes \
-             (a smaller prefill chunk fits)",
+            "attention partials of {} bytes for a {}-token step exceed the device's largest storage binding, {} bytes",
             len * 4,
             graph.n_tokens,
             largest
@@ -881,6 +947,7 @@ pub(crate) fn compile(
         next_slot: 0,
         attention_partials,
         producers: Vec::new(),
+        pending_sums: Vec::new(),
         dispatches: Vec::new(),
         params: Vec::new(),
     };
@@ -898,6 +965,9 @@ pub(crate) fn compile(
         }
         match (fusion, op.output()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
+            (Fusion::SumBeforeRounding { residual, out }, _) => {
+                b.pending_sums.push(PendingSum { norm: op.clone(), residual, out })
+            }
             (Fusion::Heads { store }, _) => {
                 let chain = graph.ops.get(i..=store).and_then(|ops| HeadsChain::of(graph, weights, ops));
                 b.heads(&chain.ok_or(WgpuError::Execution("heads chain".into()))?)?;
@@ -905,6 +975,9 @@ pub(crate) fn compile(
             (Fusion::Folded, _) => {}
             _ => b.op(op, fusion)?,
         }
+    }
+    if !b.pending_sums.is_empty() {
+        return Err(WgpuError::Execution("a sum left to a rounding that never ran".into()));
     }
     Ok(CompiledGraph {
         graph: graph.clone(),

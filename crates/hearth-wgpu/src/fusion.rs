@@ -1,6 +1,6 @@
 //! Which ops of a graph run in one dispatch: the plan `compile` follows.
 
-use crate::compile::{ActRounding, MAX_HEAD_DIM};
+use crate::compile::{ActRounding, GRID_SPLIT_TOKENS, MAX_HEAD_DIM};
 use crate::weights::GpuWeight;
 use hearth_core::graph::{BufId, Graph, Op, RopeParams, WeightId};
 use hearth_core::quant::GgmlType;
@@ -22,8 +22,18 @@ pub(crate) enum Fusion {
         residual: BufId,
         out: BufId,
     },
-    /// An attention whose output only mat-muls read, all rounding their activations to 8 bits
-    /// alike (the output projection): its reduce writes the rounded row (attention.wgsl ROUND_*)
+    /// A whole-row RMS norm with an Add folded in, as `AddInEpilogue`, whose sum is read first by
+    /// the next op, a whole-row norm run as the prologue of the next op's rounding (Gemma's
+    /// post-norm, its residual add and the next pre-norm): that rounding's dispatch computes and
+    /// writes the sum, then normalises and rounds it (act_quant.wgsl SUM), so the norm and the Add
+    /// cost no dispatch.
+    SumBeforeRounding {
+        residual: BufId,
+        out: BufId,
+    },
+    /// An attention of a short step (whose splits a reduce merges) whose output only mat-muls
+    /// read, all rounding their activations to 8 bits alike (the output projection): its reduce
+    /// writes the rounded row (attention.wgsl ROUND_*)
     /// instead of the f32 one, and the mat-muls use it.
     RoundsOutput {
         rounding: ActRounding,
@@ -128,7 +138,9 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
                 only_rounded_readers(i, *out, &op.inputs()).map_or(Fusion::Own, |_| Fusion::Prologue)
             }
             Op::Attention { out, .. }
-                if graph.desc(*out).cols <= MAX_ROUNDED_ATTENTION_ROW && rounding_kept_for_readers(i, *out) =>
+                if graph.desc(*out).cols <= MAX_ROUNDED_ATTENTION_ROW
+                    && graph.desc(*out).rows <= GRID_SPLIT_TOKENS
+                    && rounding_kept_for_readers(i, *out) =>
             {
                 match only_rounded_readers(i, *out, &[]) {
                     Some(rounding @ ActRounding::Q8 { .. }) => Fusion::RoundsOutput { rounding },
@@ -156,6 +168,20 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
         if *product != graph.logits && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
             plan[i] = Fusion::AddInEpilogue { residual, out: *out };
             plan[i + 1] = Fusion::Folded;
+        }
+    }
+    // Sums left to the next rounding: the norm after the Add is left out for a rounding that the
+    // mat-mul right after it makes, so nothing runs between the Add and that dispatch.
+    for i in 0..graph.ops.len().saturating_sub(3) {
+        let Fusion::AddInEpilogue { residual, out: sum } = plan[i] else { continue };
+        let (Op::RmsNorm { .. }, Op::RmsNorm { x, group, out: normed, .. }, Op::MatMul { x: read, .. }) =
+            (&graph.ops[i], &graph.ops[i + 2], &graph.ops[i + 3])
+        else {
+            continue;
+        };
+        let same_shape = graph.desc(residual).rows == graph.desc(sum).rows && graph.desc(residual).cols == *group;
+        if plan[i + 2] == Fusion::Prologue && *x == sum && *normed != sum && read == normed && same_shape {
+            plan[i] = Fusion::SumBeforeRounding { residual, out: sum };
         }
     }
     // Sibling mat-muls, after the epilogue fusions (a product with an Add in its epilogue stays
