@@ -3,9 +3,11 @@
 // The activations come from act_quant.wgsl as the CPU rounds them (Q8_K blocks of 256 for the
 // K-quants, Q8_0 blocks of 32 for the others), so each block's integer sum is exactly the CPU's
 // and only the f32 sums of the blocks' scaled results are ordered differently.
-// Weights are the tensor's GGUF bytes unchanged, bound as array<u32> (rows of row_bytes each;
-// a tensor too large for one binding is split into row ranges, each its own buffer starting at
-// row `row0`). Segment s's weight type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...): Q4_0, Q5_0,
+// Weights are bound as array<u32>, blocks in row order (a tensor too large for one binding is
+// split into row ranges, each its own buffer starting at row `row0`), each read as whole aligned
+// words: Q4_K's GGUF blocks (36 words) unchanged; Q4_0, Q5_0, Q8_0 and Q6_K as weights.rs's
+// `SplitScales` lays them out, the block bodies (4, 5, 8, 52 words) followed by every block's f16
+// scale. Segment s's weight type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...): Q4_0, Q5_0,
 // Q8_0 (32-value blocks, Q8_0 activations), or with SUPER_BLOCKS Q4_K, Q6_K (256-value
 // super-blocks, Q8_K activations); all segments are of one of these two families.
 //
@@ -32,11 +34,12 @@
 enable subgroups;
 #endif
 
-// [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x, scales_at,
-//  then per further segment s = 1, 2: first workgroup, rows, row_bytes, n]; a uniform (16 u32)
+// [row0, rows_in_chunk, k, row_bytes (unread: blocks are found by index), n (out cols),
+//  n_tokens, groups_x, scales_at (of XQ), then per further segment s = 1, 2: first workgroup,
+//  rows, row_bytes, n]; a uniform (16 u32)
 // so that the storage bindings of three segments fit in WebGPU's 8 per stage
 @group(0) @binding(0) var<uniform> P: array<vec4<u32>, 4>;
-// [rows_in_chunk * row_bytes] GGUF bytes, padded to 4 bytes
+// [rows_in_chunk * k / BLOCK_LEN] blocks (see the top), padded to 4 bytes
 @group(0) @binding(1) var<storage, read> W0: array<u32>;
 // [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales
 // (act_quant.wgsl's layout)
@@ -52,12 +55,12 @@ enable subgroups;
 @group(0) @binding(5) var<storage, read> RESID: array<f32>;
 #endif
 #ifdef SEGMENTS
-// segment 1: [rows_1 * row_bytes_1] GGUF bytes, its output [n_tokens, n_1] f32
+// segment 1: [rows_1 * k / BLOCK_LEN] blocks, its output [n_tokens, n_1] f32
 @group(0) @binding(6) var<storage, read> W1: array<u32>;
 @group(0) @binding(7) var<storage, read_write> OUT1: array<f32>;
 #endif
 #ifdef SEGMENT3
-// segment 2: [rows_2 * row_bytes_2] GGUF bytes, its output [n_tokens, n_2] f32
+// segment 2: [rows_2 * k / BLOCK_LEN] blocks, its output [n_tokens, n_2] f32
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
 #endif
@@ -159,6 +162,23 @@ fn spread_bits(x: u32) -> u32 {
 }
 
 #foreach $S in 0, 1 if SEGMENTS, 2 if SEGMENT3
+// Words of a block (its body, for the types whose scales follow the bodies).
+#ifdef T$S_Q4_K
+const BLOCK_WORDS_$S: u32 = 36u;
+#endif
+#ifdef T$S_Q6_K
+const BLOCK_WORDS_$S: u32 = 52u;
+#endif
+#ifdef T$S_Q8_0
+const BLOCK_WORDS_$S: u32 = 8u;
+#endif
+#ifdef T$S_Q5_0
+const BLOCK_WORDS_$S: u32 = 5u;
+#endif
+#ifdef T$S_Q4_0
+const BLOCK_WORDS_$S: u32 = 4u;
+#endif
+
 // Where this invocation's values sit in a block, in activation words from the block's start.
 fn act_words_$S(slot: u32) -> vec4<u32> {
 #ifdef T$S_Q4_K
@@ -220,78 +240,70 @@ fn block_dot_$S(w: Weights, a: Act) -> f32 {
 #endif
 }
 
-// The u32 made of the 4 weight bytes from byte `at`, which is 2-byte aligned (GGUF blocks of
-// 18, 22, 34 and 210 bytes start on even offsets). An aligned word reads no other word, so no
-// read passes the weights' last word.
-fn word_at_$S(at: u32) -> u32 {
-    let w = at >> 2u;
-    let shift = (at & 3u) * 8u;
-    let lo = W$S[w];
-    let hi = W$S[w + min(shift, 1u)];
-    return select((lo >> shift) | (hi << (32u - shift)), lo, shift == 0u);
+// Block `bi`'s f16 scale, in the words from `scales_at` that follow the bodies.
+fn split_scale_$S(scales_at: u32, bi: u32) -> f32 {
+    return unpack2x16float(W$S[scales_at + bi / 2u])[bi & 1u];
 }
 
-// The f16 at byte `at`, which is even.
-fn f16_at_$S(at: u32) -> f32 {
-    return unpack2x16float(W$S[at >> 2u])[(at >> 1u) & 1u];
-}
-
-fn load_weights_$S(b: u32, slot: u32) -> Weights {
+// Block `bi` (counted from the chunk's first row) for this invocation's slot; `scales_at` is the
+// first word of the scales for the split layouts.
+fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     var w: Weights;
+    let b = bi * BLOCK_WORDS_$S;
 #ifdef T$S_Q4_K
-    // super-block: d f16, dmin f16, scales[12], qs[128]; 144 bytes, so always word-aligned
+    // super-block: d f16, dmin f16, scales[12], qs[128]
     let c = slot / 4u;
     let p = slot % 4u;
-    let dd = unpack2x16float(W$S[b / 4u]);
+    let dd = unpack2x16float(W$S[b]);
     w.d = dd.x;
     w.dmin = dd.y;
-    let s = vec3<u32>(W$S[b / 4u + 1u], W$S[b / 4u + 2u], W$S[b / 4u + 3u]);
+    let s = vec3<u32>(W$S[b + 1u], W$S[b + 2u], W$S[b + 3u]);
     let lo = scale_min_k4(2u * c, s);
     let hi = scale_min_k4(2u * c + 1u, s);
     w.sc = vec4<i32>(lo, hi);
-    let q0 = W$S[(b + 16u + 32u * c + 8u * p) / 4u];
-    let q1 = W$S[(b + 16u + 32u * c + 8u * p) / 4u + 1u];
+    let q0 = W$S[b + 4u + 8u * c + 2u * p];
+    let q1 = W$S[b + 5u + 8u * c + 2u * p];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
 #endif
 #ifdef T$S_Q6_K
-    // super-block: ql[128], qh[64], scales[16] i8, d f16; 210 bytes
+    // body: ql[128], qh[64], scales[16] i8
     let n = slot / 8u;
-    let l0 = 4u * (slot % 8u);
-    let ql0 = word_at_$S(b + 64u * n + l0);
-    let ql1 = word_at_$S(b + 64u * n + 32u + l0);
-    let qh = word_at_$S(b + 128u + 32u * n + l0);
+    let l0 = slot % 8u;
+    let ql0 = W$S[b + 16u * n + l0];
+    let ql1 = W$S[b + 16u * n + 8u + l0];
+    let qh = W$S[b + 32u + 8u * n + l0];
     w.q = vec4<u32>(
         (ql0 & LOW4) | ((qh & 0x03030303u) << 4u),
         (ql1 & LOW4) | (((qh >> 2u) & 0x03030303u) << 4u),
         ((ql0 >> 4u) & LOW4) | (((qh >> 4u) & 0x03030303u) << 4u),
         ((ql1 >> 4u) & LOW4) | (((qh >> 6u) & 0x03030303u) << 4u),
     );
-    // scales 8n + l0 / 16 + 2g
-    let s0 = word_at_$S(b + 192u + 8u * n);
-    let s1 = word_at_$S(b + 196u + 8u * n);
-    let h = l0 / 16u;
+    // scales 8n + l0 / 4 + 2g (l0 here in words)
+    let s0 = W$S[b + 48u + 2u * n];
+    let s1 = W$S[b + 49u + 2u * n];
+    let h = l0 / 4u;
     w.sc = vec4<i32>(i8_in(s0, h), i8_in(s0, h + 2u), i8_in(s1, h), i8_in(s1, h + 2u));
-    w.d = f16_at_$S(b + 208u);
+    w.d = split_scale_$S(scales_at, bi);
 #endif
 #ifdef T$S_Q8_0
-    // block: d f16, qs[32] i8; 34 bytes
-    w.d = f16_at_$S(b);
-    let q = b + 2u + 16u * slot;
-    w.q = vec4<u32>(word_at_$S(q), word_at_$S(q + 4u), word_at_$S(q + 8u), word_at_$S(q + 12u));
+    // body: qs[32] i8
+    w.d = split_scale_$S(scales_at, bi);
+    let q = b + 4u * slot;
+    w.q = vec4<u32>(W$S[q], W$S[q + 1u], W$S[q + 2u], W$S[q + 3u]);
 #endif
 #ifdef T$S_Q4_0
-    // block: d f16, qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16]); 18 bytes
-    w.d = f16_at_$S(b);
-    let q0 = word_at_$S(b + 2u + 8u * slot);
-    let q1 = word_at_$S(b + 6u + 8u * slot);
+    // body: qs[16] (value j < 16: low nibble of qs[j], else high nibble of qs[j - 16])
+    w.d = split_scale_$S(scales_at, bi);
+    let q0 = W$S[b + 2u * slot];
+    let q1 = W$S[b + 2u * slot + 1u];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
 #endif
 #ifdef T$S_Q5_0
-    // block: d f16, qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0; 22 bytes
-    w.d = f16_at_$S(b);
-    let qh = word_at_$S(b + 2u) >> (8u * slot);
-    let q0 = word_at_$S(b + 6u + 8u * slot);
-    let q1 = word_at_$S(b + 10u + 8u * slot);
+    // body: qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0
+    w.d = split_scale_$S(scales_at, bi);
+    let qh = W$S[b] >> (8u * slot);
+    let q0 = W$S[b + 1u + 2u * slot];
+    let q1 = W$S[b + 2u + 2u * slot];
     w.q = vec4<u32>(
         (q0 & LOW4) | (spread_bits(qh & 0xfu) << 4u),
         (q1 & LOW4) | (spread_bits((qh >> 4u) & 0xfu) << 4u),
@@ -303,14 +315,14 @@ fn load_weights_$S(b: u32, slot: u32) -> Weights {
 }
 
 // This invocation's partial sums of ROWS rows from first_row for TILE_T tokens from t0.
-fn accumulate_$S(first_row: u32, rows: u32, row_bytes: u32, k: u32, n_tokens: u32, t0: u32, tid: u32) -> array<f32, OUTPUTS> {
+fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid: u32) -> array<f32, OUTPUTS> {
     let slot = tid % THREADS;
     let n_blocks = k / BLOCK_LEN;
+    let scales_at = rows * n_blocks * BLOCK_WORDS_$S;
     var acc: array<f32, OUTPUTS>;
     for (var o = 0u; o < OUTPUTS; o++) {
         acc[o] = 0.0;
     }
-    let block_bytes = row_bytes / n_blocks;
     for (var block = tid / THREADS; block < n_blocks; block += BLOCKS_AT_ONCE) {
         var act: array<Act, TILE_T>;
         for (var t = 0u; t < TILE_T; t++) {
@@ -320,7 +332,7 @@ fn accumulate_$S(first_row: u32, rows: u32, row_bytes: u32, k: u32, n_tokens: u3
         }
         for (var r = 0u; r < ROWS; r++) {
             if (first_row + r < rows) {
-                let w = load_weights_$S((first_row + r) * row_bytes + block * block_bytes, slot);
+                let w = load_weights_$S((first_row + r) * n_blocks + block, scales_at, slot);
                 for (var t = 0u; t < TILE_T; t++) {
                     if (t0 + t < n_tokens) {
                         acc[r * TILE_T + t] += block_dot_$S(w, act[t]);
@@ -355,7 +367,6 @@ fn matmul_q8(
     var segment = 0u;
     var group = grid_group;
     var rows = p(1u);
-    var row_bytes = p(3u);
     var n = p(4u);
     // Where this segment's bias starts in BIAS_W: after the earlier segments' outputs.
     var bias_at = 0u;
@@ -365,7 +376,6 @@ fn matmul_q8(
         group = grid_group - p(8u);
         bias_at = n;
         rows = p(9u);
-        row_bytes = p(10u);
         n = p(11u);
     }
 #endif
@@ -375,7 +385,6 @@ fn matmul_q8(
         group = grid_group - p(12u);
         bias_at += n;
         rows = p(13u);
-        row_bytes = p(14u);
         n = p(15u);
     }
 #endif
@@ -387,16 +396,16 @@ fn matmul_q8(
     var acc: array<f32, OUTPUTS>;
     // An if chain rather than a switch: llvmpipe skips the branches no invocation takes.
     if (segment == 0u) {
-        acc = accumulate_0(first_row, rows, row_bytes, k, n_tokens, t0, tid);
+        acc = accumulate_0(first_row, rows, k, n_tokens, t0, tid);
     }
 #ifdef SEGMENTS
     if (segment == 1u) {
-        acc = accumulate_1(first_row, rows, row_bytes, k, n_tokens, t0, tid);
+        acc = accumulate_1(first_row, rows, k, n_tokens, t0, tid);
     }
 #endif
 #ifdef SEGMENT3
     if (segment == 2u) {
-        acc = accumulate_2(first_row, rows, row_bytes, k, n_tokens, t0, tid);
+        acc = accumulate_2(first_row, rows, k, n_tokens, t0, tid);
     }
 #endif
 #ifdef SUBGROUPS

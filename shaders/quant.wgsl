@@ -2,10 +2,11 @@
 // product for F32 and F16 weights (the quantized types multiply 8-bit activations in
 // matmul_q8.wgsl; MATMUL here reads f32 activations, f16-rounded for F16 weights).
 //
-// Weights are bound as array<u32> holding the tensor's GGUF bytes unchanged (rows of
-// row_bytes each; a tensor too large for one binding is split into row ranges, each its own
-// buffer starting at row `row0`). GGUF blocks are 18/22/34/144/210 bytes, not 4-byte aligned,
-// so values are extracted byte by byte. Exactly one weight-type define is set:
+// Weights are bound as array<u32> (a tensor too large for one binding is split into row ranges,
+// each its own buffer starting at row `row0`): F32, F16 and Q4_K as their GGUF bytes (rows of
+// row_bytes each), Q4_0, Q5_0, Q8_0 and Q6_K as weights.rs's `SplitScales` lays them out (block
+// bodies in row order, then every block's f16 scale); values are extracted byte by byte.
+// Exactly one weight-type define is set:
 // F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K. Scales are f16 read with unpack2x16float (no
 // shader-f16 needed).
 // Capability variants (device.rs DeviceInfo::defines): with SHADER_F16, F16 weights are bound
@@ -55,8 +56,17 @@ fn i8_of(b: u32) -> i32 {
 }
 #endif
 
-// Value `i` of the row starting at byte `base`.
-fn dequant(base: u32, i: u32) -> f32 {
+#ifdef Q4_0 || Q5_0 || Q8_0 || Q6_K
+// Block `bi`'s f16 scale, after the chunk's P[1] rows of P[2] / block_len bodies.
+fn split_scale(bi: u32, body_words: u32, block_len: u32) -> f32 {
+    let scales_at = P[1] * (P[2] / block_len) * body_words;
+    return unpack2x16float(W[scales_at + bi / 2u])[bi & 1u];
+}
+#endif
+
+// Value `i` of the chunk's row `row` (P[2] values of P[3] bytes a row).
+fn dequant(row: u32, i: u32) -> f32 {
+    let base = row * P[3];
 #ifdef F32
     return bitcast<f32>(byte_at(base + 4u * i) | (byte_at(base + 4u * i + 1u) << 8u)
         | (byte_at(base + 4u * i + 2u) << 16u) | (byte_at(base + 4u * i + 3u) << 24u));
@@ -68,26 +78,26 @@ fn dequant(base: u32, i: u32) -> f32 {
     return f16_at(base + 2u * i);
 #endif
 #endif
+#ifdef Q4_0 || Q5_0 || Q8_0
+    let bi = row * (P[2] / 32u) + i / 32u;
+    let j = i % 32u;
+#endif
 #ifdef Q8_0
-    // block: d f16, qs[32] i8
-    let b = base + (i / 32u) * 34u;
-    return f16_at(b) * f32(i8_of(byte_at(b + 2u + i % 32u)));
+    // body: qs[32] i8
+    return split_scale(bi, 8u, 32u) * f32(i8_of(byte_at(bi * 32u + j)));
 #endif
 #ifdef Q4_0
-    // block: d f16, qs[16]: value j<16 is the low nibble of qs[j], j>=16 the high nibble of qs[j-16]
-    let b = base + (i / 32u) * 18u;
-    let j = i % 32u;
-    let q = (byte_at(b + 2u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
-    return f16_at(b) * f32(i32(q) - 8);
+    // body: qs[16]: value j<16 is the low nibble of qs[j], j>=16 the high nibble of qs[j-16]
+    let q = (byte_at(bi * 16u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
+    return split_scale(bi, 4u, 32u) * f32(i32(q) - 8);
 #endif
 #ifdef Q5_0
-    // block: d f16, qh u32 (bit j = 5th bit of value j), qs[16] nibbles as Q4_0
-    let b = base + (i / 32u) * 22u;
-    let j = i % 32u;
-    let qh = byte_at(b + 2u + j / 8u);
+    // body: qh u32 (bit j = 5th bit of value j), qs[16] nibbles as Q4_0
+    let b = bi * 20u;
+    let qh = byte_at(b + j / 8u);
     let hi = ((qh >> (j % 8u)) & 1u) << 4u;
-    let q = ((byte_at(b + 6u + j % 16u) >> (4u * (j / 16u))) & 0xfu) | hi;
-    return f16_at(b) * f32(i32(q) - 16);
+    let q = ((byte_at(b + 4u + j % 16u) >> (4u * (j / 16u))) & 0xfu) | hi;
+    return split_scale(bi, 5u, 32u) * f32(i32(q) - 16);
 #endif
 #ifdef Q4_K
     // super-block of 256: d f16, dmin f16, scales[12] (8 pairs of 6-bit scale/min), qs[128]
@@ -111,8 +121,9 @@ fn dequant(base: u32, i: u32) -> f32 {
     return f16_at(b) * f32(sc) * f32(q) - f16_at(b + 2u) * f32(m);
 #endif
 #ifdef Q6_K
-    // super-block of 256: ql[128] low nibbles, qh[64] 2-bit highs, scales[16] i8, d f16 at 208
-    let b = base + (i / 256u) * 210u;
+    // body of a super-block of 256: ql[128] low nibbles, qh[64] 2-bit highs, scales[16] i8
+    let bi = row * (P[2] / 256u) + i / 256u;
+    let b = bi * 208u;
     let j = i % 256u;
     let n = j / 128u;
     let g = (j % 128u) / 32u;
@@ -121,7 +132,7 @@ fn dequant(base: u32, i: u32) -> f32 {
     let qh = (byte_at(b + 128u + 32u * n + l) >> (2u * g)) & 3u;
     let q = i32(ql | (qh << 4u)) - 32;
     let sc = i8_of(byte_at(b + 192u + 8u * n + l / 16u + 2u * g));
-    return f16_at(b + 208u) * f32(sc) * f32(q);
+    return split_scale(bi, 52u, 256u) * f32(sc) * f32(q);
 #endif
 }
 
@@ -145,7 +156,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (tok < P[0] || tok >= P[0] + P[1]) {
         return;
     }
-    OUT[t * row_len + c] = dequant((tok - P[0]) * P[3], c);
+    OUT[t * row_len + c] = dequant(tok - P[0], c);
 }
 #endif
 
@@ -196,9 +207,8 @@ fn matmul(
         acc[u] = 0.0;
     }
     if (valid) {
-        let base = local_row * P[3];
         for (var i = tid; i < k; i += WG) {
-            let w = dequant(base, i);
+            let w = dequant(local_row, i);
             for (var u = 0u; u < TILE_T; u++) {
                 if (t0 + u < n_tokens) {
                     acc[u] += w * X[(t0 + u) * k + i];

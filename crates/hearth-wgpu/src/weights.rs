@@ -1,5 +1,6 @@
-//! Weights on the device: the raw GGUF bytes of each tensor in storage buffers, split into row
-//! ranges when the tensor is larger than one storage binding may be.
+//! Weights on the device: each tensor's GGUF bytes in storage buffers (the types whose blocks
+//! are not whole words with their scales moved out, `SplitScales`), split into row ranges when
+//! the tensor is larger than one storage binding may be.
 
 use crate::device::Gpu;
 use crate::WgpuError;
@@ -86,8 +87,9 @@ pub(crate) fn upload(
     if rows_per_chunk == 0 {
         return Err(bad(format!("one row of {row_bytes} bytes exceeds the binding limit {max_binding}")));
     }
+    let split = split_scales(desc.ty);
     let mut chunks = Vec::new();
-    let mut owned = Vec::new();
+    let mut pieces = Pieces::new(UPLOAD_PIECE);
     let mut row0 = 0;
     while row0 < n_rows {
         let rows = rows_per_chunk.min(n_rows - row0);
@@ -101,35 +103,138 @@ pub(crate) fn upload(
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        match data.source.slice(offset, len) {
-            Some(s) if s.len() == padded => queue.write_buffer(&buffer, 0, s),
-            Some(s) => {
-                owned.clear();
-                owned.extend_from_slice(s);
-                owned.resize(padded, 0);
-                queue.write_buffer(&buffer, 0, &owned);
-            }
-            None => {
-                // A source that cannot lend its bytes (in a browser: the file in JS memory) is
-                // read in pieces, so host memory never holds more than one piece of the model.
-                let mut done = 0;
-                while done < padded {
-                    let piece = UPLOAD_PIECE.min(padded - done);
-                    let from_source = piece.min(len.saturating_sub(done));
-                    owned.clear();
-                    owned.resize(piece, 0);
-                    data.source
-                        .read_at(offset + done as u64, &mut owned[..from_source])
-                        .map_err(|e| bad(e.to_string()))?;
-                    queue.write_buffer(&buffer, done as u64, &owned);
-                    done += piece;
-                }
-            }
+        let chunk = ChunkSource { source: &data, offset, rows, row_bytes };
+        let mut write = |at: u64, bytes: &[u8]| queue.write_buffer(&buffer, at, bytes);
+        match split {
+            Some(split) => pieces.write_split(&mut write, &chunk, split),
+            None => pieces.write_raw(&mut write, &chunk, padded),
         }
+        .map_err(bad)?;
         chunks.push(WeightChunk { row0, rows, buffer });
         row0 += rows;
     }
     Ok(GpuWeight { desc, row_bytes, chunks })
+}
+
+/// The device layout of the weight types whose GGUF blocks are not whole u32 words (Q4_0, Q5_0,
+/// Q8_0: 18, 22, 34 bytes; Q6_K: 210): each block's f16 scale is moved out, so that every load is
+/// one aligned word. A chunk holds every block's other bytes (its body: 4, 5, 8 or 52 words) in
+/// block order, then the blocks' scales, two per word (block b's in the low half of word b / 2
+/// when b is even); its size is the GGUF bytes' own. matmul_q8.wgsl and quant.wgsl read it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SplitScales {
+    /// Bytes of a GGUF block.
+    pub block_bytes: usize,
+    /// Where the block's f16 scale sits in it.
+    pub scale_at: usize,
+}
+
+pub(crate) fn split_scales(ty: GgmlType) -> Option<SplitScales> {
+    let (block_bytes, scale_at) = match ty {
+        GgmlType::Q4_0 => (18, 0),
+        GgmlType::Q5_0 => (22, 0),
+        GgmlType::Q8_0 => (34, 0),
+        GgmlType::Q6_K => (210, 208),
+        _ => return None,
+    };
+    Some(SplitScales { block_bytes, scale_at })
+}
+
+impl SplitScales {
+    /// Appends the bodies and the scales of `blocks` (whole GGUF blocks).
+    fn split(self, blocks: &[u8], bodies: &mut Vec<u8>, scales: &mut Vec<u8>) {
+        for block in blocks.chunks_exact(self.block_bytes) {
+            bodies.extend_from_slice(&block[..self.scale_at]);
+            bodies.extend_from_slice(&block[self.scale_at + 2..]);
+            scales.extend_from_slice(&block[self.scale_at..self.scale_at + 2]);
+        }
+    }
+}
+
+/// The GGUF bytes of one chunk's rows.
+struct ChunkSource<'a> {
+    source: &'a WeightData,
+    offset: u64,
+    rows: usize,
+    row_bytes: usize,
+}
+
+/// Where a chunk's bytes go: (byte offset in its buffer, bytes), a multiple of 4 each.
+type WriteAt<'a> = dyn FnMut(u64, &[u8]) + 'a;
+
+/// Host buffers reused across a weight's pieces of at most `piece` bytes, so that host memory
+/// never holds more than one piece of the model (a source that cannot lend its bytes, in a
+/// browser the file in JS memory, is read piece by piece).
+struct Pieces {
+    piece: usize,
+    read: Vec<u8>,
+    bodies: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Pieces {
+    fn new(piece: usize) -> Pieces {
+        Pieces { piece, read: Vec::new(), bodies: Vec::new(), scales: Vec::new() }
+    }
+
+    /// `len` bytes from `offset`, lent by the source or read into `self.read`.
+    fn bytes<'a>(read: &'a mut Vec<u8>, source: &'a WeightData, offset: u64, len: usize) -> Result<&'a [u8], String> {
+        if let Some(s) = source.source.slice(offset, len) {
+            return Ok(s);
+        }
+        read.clear();
+        read.resize(len, 0);
+        source.source.read_at(offset, read).map_err(|e| e.to_string())?;
+        Ok(read)
+    }
+
+    /// The chunk's GGUF bytes unchanged, zero-padded to `padded`.
+    fn write_raw(&mut self, write: &mut WriteAt, chunk: &ChunkSource, padded: usize) -> Result<(), String> {
+        let len = chunk.rows * chunk.row_bytes;
+        let mut done = 0;
+        while done < padded {
+            let piece = self.piece.min(padded - done);
+            let from_source = piece.min(len.saturating_sub(done));
+            let bytes = Self::bytes(&mut self.read, chunk.source, chunk.offset + done as u64, from_source)?;
+            if bytes.len() == piece {
+                write(done as u64, bytes);
+            } else {
+                self.bodies.clear();
+                self.bodies.extend_from_slice(bytes);
+                self.bodies.resize(piece, 0);
+                write(done as u64, &self.bodies);
+            }
+            done += piece;
+        }
+        Ok(())
+    }
+
+    /// The chunk in the `SplitScales` layout, a piece of whole rows at a time.
+    fn write_split(&mut self, write: &mut WriteAt, chunk: &ChunkSource, split: SplitScales) -> Result<(), String> {
+        let blocks_per_row = chunk.row_bytes / split.block_bytes;
+        let body_bytes = split.block_bytes - 2;
+        let scales_at = chunk.rows * blocks_per_row * body_bytes;
+        // An even number of blocks a piece, so that each piece's scales start on a word.
+        let mut rows_per_piece = (self.piece / chunk.row_bytes).max(1);
+        if !blocks_per_row.is_multiple_of(2) && !rows_per_piece.is_multiple_of(2) {
+            rows_per_piece += 1;
+        }
+        let mut row = 0;
+        while row < chunk.rows {
+            let n = rows_per_piece.min(chunk.rows - row);
+            let from = chunk.offset + (row * chunk.row_bytes) as u64;
+            let bytes = Self::bytes(&mut self.read, chunk.source, from, n * chunk.row_bytes)?;
+            self.bodies.clear();
+            self.scales.clear();
+            split.split(bytes, &mut self.bodies, &mut self.scales);
+            let first_block = row * blocks_per_row;
+            write((first_block * body_bytes) as u64, &self.bodies);
+            self.scales.resize(self.scales.len().div_ceil(4) * 4, 0);
+            write((scales_at + first_block * 2) as u64, &self.scales);
+            row += n;
+        }
+        Ok(())
+    }
 }
 
 /// F32 vectors joined end to end on the device (sibling mat-muls' biases, the heads kernel's
@@ -175,5 +280,99 @@ impl JoinedVectors {
         gpu.queue.submit([encoder.finish()]);
         self.made.insert(key, joined.clone());
         Ok(joined)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_core::gguf::{ByteSource, MemorySource};
+    use std::sync::Arc;
+
+    /// A source that reads but cannot lend its bytes, as in a browser.
+    struct Unlent(MemorySource);
+
+    impl ByteSource for Unlent {
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> hearth_core::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+    }
+
+    /// A chunk written piece by piece into a host buffer: what the device buffer receives, the
+    /// same from a source that lends its bytes and from one that does not.
+    fn written(
+        split: Option<SplitScales>,
+        bytes: &[u8],
+        skip: usize,
+        rows: usize,
+        row_bytes: usize,
+        piece: usize,
+    ) -> Vec<u8> {
+        let lent = written_from(Arc::new(MemorySource::new(bytes.to_vec())), split, skip, rows, row_bytes, piece);
+        let read =
+            written_from(Arc::new(Unlent(MemorySource::new(bytes.to_vec()))), split, skip, rows, row_bytes, piece);
+        assert_eq!(lent, read, "lent and read sources disagree");
+        lent
+    }
+
+    fn written_from(
+        source: Arc<dyn ByteSource>,
+        split: Option<SplitScales>,
+        skip: usize,
+        rows: usize,
+        row_bytes: usize,
+        piece: usize,
+    ) -> Vec<u8> {
+        let len = source.len() as usize;
+        let data = WeightData { source, offset: 0, len };
+        let chunk = ChunkSource { source: &data, offset: skip as u64, rows, row_bytes };
+        let padded = (rows * row_bytes).div_ceil(4) * 4;
+        let mut out = vec![0xAAu8; padded];
+        let mut write = |at: u64, b: &[u8]| {
+            assert!(at.is_multiple_of(4) && b.len().is_multiple_of(4), "unaligned write of {} bytes at {at}", b.len());
+            out[at as usize..at as usize + b.len()].copy_from_slice(b);
+        };
+        let mut pieces = Pieces::new(piece);
+        match split {
+            Some(split) => pieces.write_split(&mut write, &chunk, split),
+            None => pieces.write_raw(&mut write, &chunk, padded),
+        }
+        .expect("write");
+        out
+    }
+
+    #[test]
+    fn split_layout_holds_bodies_then_scales_whatever_the_pieces() {
+        let bytes: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K] {
+            let split = split_scales(ty).expect("split type");
+            // Odd and even blocks a row, pieces of one row and of several, a chunk after others.
+            for (blocks_per_row, rows, skip_rows, piece) in
+                [(3, 5, 1, 1), (3, 5, 0, 2 * 210 * 3), (2, 7, 2, 1 << 20), (1, 9, 0, 40)]
+            {
+                let row_bytes = blocks_per_row * split.block_bytes;
+                let skip = skip_rows * row_bytes;
+                let out = written(Some(split), &bytes, skip, rows, row_bytes, piece);
+                let n_blocks = rows * blocks_per_row;
+                let body = split.block_bytes - 2;
+                for b in 0..n_blocks {
+                    let block = &bytes[skip + b * split.block_bytes..skip + (b + 1) * split.block_bytes];
+                    let mut want = block[..split.scale_at].to_vec();
+                    want.extend_from_slice(&block[split.scale_at + 2..]);
+                    assert_eq!(&out[b * body..(b + 1) * body], &want[..], "{ty:?} body {b}");
+                    let at = n_blocks * body + 2 * b;
+                    assert_eq!(&out[at..at + 2], &block[split.scale_at..split.scale_at + 2], "{ty:?} scale {b}");
+                }
+                assert!(out[n_blocks * split.block_bytes..].iter().all(|&x| x == 0), "{ty:?}: padding");
+            }
+        }
+        // Raw types are written unchanged, zero-padded.
+        let out = written(None, &bytes, 6, 3, 10, 8);
+        assert_eq!(&out[..30], &bytes[6..36]);
+        assert_eq!(&out[30..], &[0, 0]);
     }
 }
