@@ -528,9 +528,12 @@ fn attention(
                     workgroupBarrier();
                 }
 #endif
+                // Key r's weight for each head, read once for the sum and every dimension.
+                var w: array<f32, MAX_GROUP>;
                 for (var g = 0u; g < MAX_GROUP; g++) {
                     if (g < group) {
-                        l[g] += scores[g * WG + r];
+                        w[g] = scores[g * WG + r];
+                        l[g] += w[g];
                     }
                 }
                 let vrow = rows[r];
@@ -544,7 +547,7 @@ fn attention(
 #endif
                         for (var g = 0u; g < MAX_GROUP; g++) {
                             if (g < group) {
-                                acc[u][g] += scores[g * WG + r] * v;
+                                acc[u][g] += w[g] * v;
                             }
                         }
                     }
