@@ -77,10 +77,12 @@ fn a_cached_prefix_gives_the_logits_of_a_full_recompute() {
     let want = runner.step(&[BatchEntry { seq: first, tokens: &prompt }], LogitsMode::Last).expect("full").to_vec();
     runner.kv_mut().remove_sequence(first);
 
-    // A new sequence finds the first 96 positions (6 blocks) cached and evaluates the rest.
+    // A new sequence finds the first 99 positions cached (6 full blocks, then 3 of the 4 that
+    // the first one's partial last block holds: one token is left to evaluate) and evaluates
+    // the rest, writing into a copy of that partial block.
     let second = runner.kv_mut().add_sequence();
     let reused = runner.kv_mut().reuse_cached_prefix(second, &prompt).expect("lookup");
-    assert_eq!(reused, 96);
+    assert_eq!(reused, 99);
     let got =
         runner.step(&[BatchEntry { seq: second, tokens: &prompt[reused..] }], LogitsMode::Last).expect("rest").to_vec();
     assert_eq!(max_abs_diff(&got, &want), 0.0, "logits after prefix reuse differ from a full recompute");
@@ -90,9 +92,9 @@ fn a_cached_prefix_gives_the_logits_of_a_full_recompute() {
     runner.kv_mut().truncate(second, 90).expect("rollback");
     runner.step(&[BatchEntry { seq: second, tokens: &[7, 8, 9] }], LogitsMode::Last).expect("diverge");
     let third = runner.kv_mut().add_sequence();
-    assert_eq!(runner.kv_mut().reuse_cached_prefix(third, &prompt).expect("lookup"), 96);
+    assert_eq!(runner.kv_mut().reuse_cached_prefix(third, &prompt).expect("lookup"), 99);
     let again =
-        runner.step(&[BatchEntry { seq: third, tokens: &prompt[96..] }], LogitsMode::Last).expect("rest").to_vec();
+        runner.step(&[BatchEntry { seq: third, tokens: &prompt[99..] }], LogitsMode::Last).expect("rest").to_vec();
     assert_eq!(max_abs_diff(&again, &want), 0.0, "a cached block was overwritten");
     runner.kv_mut().remove_sequence(second);
     runner.kv_mut().remove_sequence(third);

@@ -86,12 +86,19 @@ impl KvManager {
         id
     }
 
-    /// Ends a sequence: its blocks go back to the pool (full ones stay cached for reuse).
+    /// Ends a sequence: its blocks go back to the pool; full ones and a partial last one stay
+    /// cached for reuse.
     pub fn remove_sequence(&mut self, seq: SeqId) {
-        if let Some(s) = self.seqs.remove(&seq) {
-            for (pool, table) in self.pools.iter_mut().zip(&s.tables) {
-                table.iter().filter(|&&b| b != NO_BLOCK).for_each(|&b| pool.release(b));
+        let Some(s) = self.seqs.remove(&seq) else { return };
+        let bs = self.block_size;
+        let (full, filled) = (s.tokens.len() / bs, s.tokens.len() % bs);
+        let parent = s.hashes.get(full.wrapping_sub(1)).copied().unwrap_or(0);
+        for (pool, table) in self.pools.iter_mut().zip(&s.tables) {
+            match table.get(full) {
+                Some(&b) if filled > 0 && b != NO_BLOCK => pool.register_partial(b, parent, &s.tokens[full * bs..]),
+                _ => {}
             }
+            table.iter().filter(|&&b| b != NO_BLOCK).for_each(|&b| pool.release(b));
         }
     }
 
@@ -129,8 +136,9 @@ impl KvManager {
     }
 
     /// Attaches cached blocks continuing the sequence along `prompt` (whose first `len` tokens
-    /// must be the sequence's), leaving at least one prompt token to evaluate. Returns the number
-    /// of tokens gained. Also records the prompt for the hit-rate metric.
+    /// must be the sequence's): full ones, then the positions of an ended sequence's partial
+    /// block that `prompt` repeats, leaving at least one prompt token to evaluate. Returns the
+    /// number of tokens gained. Also records the prompt for the hit-rate metric.
     pub fn reuse_cached_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize> {
         let bs = self.block_size;
         let s = self.seq(seq)?;
@@ -179,9 +187,28 @@ impl KvManager {
             s.hashes.push(*h);
             s.tokens.extend_from_slice(&prompt[block_index * bs..(block_index + 1) * bs]);
         }
-        let gained = n * bs;
+        let gained = n * bs + self.reuse_partial_block(seq, &prompt[new_len..prompt.len() - 1]);
         self.cached_prompt_tokens += gained as u64;
         Ok(gained)
+    }
+
+    /// Attaches, in every group, a cached partial block continuing `seq` (at a block boundary)
+    /// with a prefix of `tokens`; the sequence's next write into it copies it first
+    /// ([`Self::reserve`]). Returns the positions gained.
+    fn reuse_partial_block(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        let Some(s) = self.seqs.get(&seq) else { return 0 };
+        let parent = s.hashes.last().copied().unwrap_or(0);
+        let hits: Option<Vec<(u32, usize)>> = self.pools.iter().map(|p| p.lookup_partial(parent, tokens)).collect();
+        let Some(hits) = hits else { return 0 };
+        // Groups may have cached different sequences' blocks: the positions all of them hold.
+        let n = hits.iter().map(|&(_, n)| n).min().unwrap_or(0);
+        let s = self.seqs.get_mut(&seq).expect("checked above");
+        for (g, &(block, _)) in hits.iter().enumerate() {
+            self.pools[g].retain(block);
+            s.tables[g].push(block);
+        }
+        s.tokens.extend_from_slice(&tokens[..n]);
+        n
     }
 
     fn global_groups_hit(&self, blocks: &[u32]) -> bool {

@@ -4,7 +4,9 @@
 //! layers form their own group, so blocks that fall out of the window can be released without
 //! touching the global layers). This module decides which block holds which positions:
 //! - [`BlockPool`]: ref-counted blocks, a free list, and the prefix cache — full blocks keyed by a
-//!   hash chained over their tokens, kept after their sequences end and evicted LRU when needed;
+//!   hash chained over their tokens, and the partial last block of each ended sequence (so a
+//!   conversation's next turn resumes where the last one's KV ends), kept after their sequences
+//!   end and evicted LRU when needed;
 //! - [`KvManager`]: the sequences, their block tables and token history, reservation, rollback,
 //!   copy-on-write of a shared partial block, sliding-window release, and metrics.
 //!

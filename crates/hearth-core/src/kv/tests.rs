@@ -54,9 +54,10 @@ fn a_second_sequence_reuses_full_prefix_blocks() {
         kv.remove_sequence(s);
     }
     assert!(idle(&kv));
-    // After every sequence ended the blocks stay cached and still serve a new request.
+    // After every sequence ended the blocks stay cached and still serve a new request, a's
+    // partial last block (tokens 8 and 9) too, but for the token left to evaluate.
     let d = kv.add_sequence();
-    assert_eq!(kv.reuse_cached_prefix(d, &prompt).expect("reuse"), 8);
+    assert_eq!(kv.reuse_cached_prefix(d, &prompt).expect("reuse"), 9);
 }
 
 #[test]
@@ -131,5 +132,61 @@ fn sliding_window_blocks_are_released_and_limit_rollback() {
     assert!(!kv.can_truncate(s, 18));
     assert!(kv.truncate(s, 10).is_err());
     kv.truncate(s, 0).expect("truncate to empty");
+    assert!(idle(&kv));
+}
+
+#[test]
+fn an_ended_sequences_partial_block_serves_the_next_prompt_that_repeats_it() {
+    let mut kv = global(8);
+    let a = kv.add_sequence();
+    // A turn: 6 tokens, the second block holding 2 of 4 positions.
+    append(&mut kv, a, &[1, 2, 3, 4, 5, 6]);
+    let partial = kv.block_tables(a)[0][1];
+    kv.remove_sequence(a);
+    assert!(idle(&kv));
+    // The next turn repeats it and goes on: the full block and both partial positions are reused.
+    let b = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(b, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).expect("reuse"), 6);
+    assert_eq!(kv.block_tables(b)[0][1], partial);
+    // Its first write copies the two positions out, leaving the cached block as it was.
+    let plan = append(&mut kv, b, &[7]);
+    assert_eq!(plan.copies.len(), 1);
+    assert_eq!((plan.copies[0].src, plan.copies[0].n_positions), (partial, 2));
+    assert_ne!(kv.block_tables(b)[0][1], partial);
+    // A prompt repeating only one of the two positions reuses that one; one that differs there
+    // reuses none of them; one that would be served whole still leaves a token to evaluate.
+    for (prompt, want) in [(&[1, 2, 3, 4, 5, 0, 0][..], 5), (&[1, 2, 3, 4, 0, 0][..], 4), (&[1, 2, 3, 4, 5, 6][..], 5)]
+    {
+        let c = kv.add_sequence();
+        assert_eq!(kv.reuse_cached_prefix(c, prompt).expect("reuse"), want, "{prompt:?}");
+        assert_eq!(kv.tokens(c), &prompt[..want]);
+        kv.remove_sequence(c);
+    }
+    kv.remove_sequence(b);
+    assert!(idle(&kv));
+    // Cached partial blocks are evicted like full ones when the pool needs them.
+    let d = kv.add_sequence();
+    append(&mut kv, d, &(100..132).collect::<Vec<u32>>());
+    kv.remove_sequence(d);
+    let e = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(e, &[1, 2, 3, 4, 5, 6, 7]).expect("reuse"), 0);
+}
+
+#[test]
+fn partial_blocks_are_reused_only_where_every_group_holds_them() {
+    let groups = vec![
+        KvGroup { layers: vec![0], window: None, n_blocks: 8 },
+        KvGroup { layers: vec![1], window: Some(4), n_blocks: 8 },
+    ];
+    let mut kv = KvManager::new(BS, groups, 0).expect("manager");
+    let a = kv.add_sequence();
+    append(&mut kv, a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    kv.remove_sequence(a);
+    let b = kv.add_sequence();
+    assert_eq!(kv.reuse_cached_prefix(b, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]).expect("reuse"), 10);
+    // The windowed group holds only what a query at position 10 sees (7..=10): blocks 1 and 2.
+    assert_eq!(kv.block_tables(b)[1][0], NO_BLOCK);
+    assert!(kv.block_tables(b)[1][1..].iter().all(|&x| x != NO_BLOCK));
+    kv.remove_sequence(b);
     assert!(idle(&kv));
 }
