@@ -4,15 +4,17 @@
 //! The reference for greedy speculation is plain greedy decoding (`Engine::generate`), itself
 //! checked against llama.cpp in golden_greedy.rs: speculation must not change a single token.
 
+use hearth_core::block_on::block_on;
 use hearth_core::chat::ChatMessage;
 use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::{SamplingParams, Xoshiro256StarStar};
+use hearth_core::scheduler::{Drafting, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::verify::{sample_from, verify_token, TokenVerdict};
 use hearth_core::speculative::{
-    default_draft_vocab, DraftModel, Drafter, LookupThen, PolicyMemory, PromptLookup, SpeculativeOptions,
-    DEFAULT_DRAFT_VOCAB,
+    default_draft_vocab, BatchedDraftModel, DraftRequest, SpeculativeOptions, DEFAULT_DRAFT_VOCAB,
+    DEFAULT_MIN_CONFIDENCE,
 };
 use hearth_core::tokenizer::Tokenizer;
 use hearth_core::CoreError;
@@ -32,10 +34,14 @@ fn cpu_engine(stem: &str) -> Engine {
     Engine::load(&file, Box::new(backend), &options, &mut |_, _| {}).expect("load model")
 }
 
-fn draft_model(stem: &str, target: &Engine) -> DraftModel {
-    let (file, session) = cpu_session(stem, 1024);
-    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
-    DraftModel::new(session, &tokenizer, target.tokenizer()).expect("compatible vocabularies")
+/// `stem` on the CPU as the draft model of `target`, its head computing the first
+/// `logits_vocab` ids' logits (all of them: `None`).
+fn set_cpu_draft(target: &mut Engine, stem: &str, logits_vocab: Option<usize>, options: SpeculativeOptions) {
+    let file = GgufFile::open(&model_path(stem)).expect("open draft model");
+    let load = EngineOptions { n_ctx: 1024, logits_vocab, ..EngineOptions::default() };
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let draft = hearth_tests::draft_model(&file, Box::new(backend), &load, target.tokenizer());
+    target.set_draft_model(draft, options);
 }
 
 /// A CPU session whose head computes the logits of the first `logits_vocab` ids only.
@@ -85,25 +91,19 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
 }
 
 /// Plain greedy vs speculative greedy on the same engine; returns the speculative generation.
-fn assert_same_as_greedy(
-    engine: &mut Engine,
-    drafter: &mut dyn Drafter,
-    speculative: &SpeculativeOptions,
-    prompt: &[u32],
-    label: &str,
-) -> Generation {
+fn assert_same_as_greedy(engine: &mut Engine, drafting: Drafting, prompt: &[u32], label: &str) -> Generation {
     let options = greedy(N_TOKENS);
     // From an empty cache both times, so both evaluate the prompt the same way.
-    engine.session_mut().reset();
-    let plain = engine.generate(prompt, &options, &mut |_| true).expect("generate");
-    engine.session_mut().reset();
+    engine.clear_prefix_cache();
+    let plain = engine.generate_with(prompt, &options, Drafting::None, &mut |_| true).expect("generate");
+    engine.clear_prefix_cache();
     let mut streamed = String::new();
     let spec = engine
-        .generate_speculative(prompt, &options, drafter, speculative, &mut |d| {
+        .generate_with(prompt, &options, drafting, &mut |d| {
             streamed.push_str(d);
             true
         })
-        .expect("generate_speculative");
+        .expect("speculative generate");
     assert_eq!(plain.tokens.len(), N_TOKENS, "{label}: plain generation length");
     assert_eq!(
         spec.tokens, plain.tokens,
@@ -125,25 +125,20 @@ fn assert_same_as_greedy(
 #[test]
 fn draft_model_greedy_equals_greedy_on_qwen_15b() {
     let mut engine = cpu_engine(QWEN_15B);
-    let mut drafter = draft_model(QWEN_05B, &engine);
-    let code = chat_prompt(&engine, CODE_EDIT);
     // A fixed draft length, so that drafts are verified whatever this machine's costs.
-    let spec_options = fixed_length(5);
-    // The default confidence stop on the code edit...
-    let spec = assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &code, "1.5B + 0.5B draft, code edit");
+    set_cpu_draft(&mut engine, QWEN_05B, None, fixed_length(5));
+    let code = chat_prompt(&engine, CODE_EDIT);
+    // As the engine is set up (the default confidence stop) on the code edit...
+    let spec = assert_same_as_greedy(&mut engine, Drafting::Default, &code, "1.5B + 0.5B draft, code edit");
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0);
     // ...full-length drafts (more rejections, wider passes) on prose...
-    drafter.min_confidence = 0.0;
+    let full_length = Drafting::DraftModel { options: fixed_length(5), min_confidence: 0.0 };
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(&mut engine, &mut drafter, &spec_options, &prose, "1.5B + 0.5B draft, prose");
+    assert_same_as_greedy(&mut engine, full_length, &prose, "1.5B + 0.5B draft, prose");
     // ...and the default, cost-driven lengths (on a CPU mostly plain steps and probes).
-    assert_same_as_greedy(
-        &mut engine,
-        &mut drafter,
-        &SpeculativeOptions::default(),
-        &prose,
-        "1.5B + 0.5B draft, prose, adaptive",
-    );
+    let adaptive =
+        Drafting::DraftModel { options: SpeculativeOptions::default(), min_confidence: DEFAULT_MIN_CONFIDENCE };
+    assert_same_as_greedy(&mut engine, adaptive, &prose, "1.5B + 0.5B draft, prose, adaptive");
 }
 
 /// Prompt lookup first, the draft model (with a shortlisted head) where nothing matches: the
@@ -151,27 +146,22 @@ fn draft_model_greedy_equals_greedy_on_qwen_15b() {
 #[test]
 fn lookup_then_draft_model_greedy_equals_greedy_on_qwen_15b() {
     let mut engine = cpu_engine(QWEN_15B);
-    let (file, session) = shortlisted_session(QWEN_05B, 65_536);
-    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
-    let draft = DraftModel::new(session, &tokenizer, engine.tokenizer()).expect("compatible vocabularies");
-    let mut drafter = LookupThen::new(draft);
+    set_cpu_draft(&mut engine, QWEN_05B, Some(65_536), SpeculativeOptions::default());
     let code = chat_prompt(&engine, CODE_EDIT);
-    let spec = assert_same_as_greedy(
-        &mut engine,
-        &mut drafter,
-        &fixed_length(3),
-        &code,
-        "1.5B + lookup then 0.5B draft, code edit",
-    );
+    let drafting = Drafting::LookupThenDraftModel { options: fixed_length(3), min_confidence: DEFAULT_MIN_CONFIDENCE };
+    let spec = assert_same_as_greedy(&mut engine, drafting, &code, "1.5B + lookup then 0.5B draft, code edit");
     let m = spec.speculative.expect("metrics");
     assert!(m.free_passes > 0 && m.free_accepted > 0, "the lookup never drafted the copied body: {m:?}");
     assert!(m.proposed > m.free_proposed && m.accepted > m.free_accepted, "the draft model never drafted: {m:?}");
     assert!(m.free_proposed <= m.proposed && m.free_passes <= m.target_forward_passes, "{m:?}");
+    // As `hearth serve --lookup --draft-model` sets every request up: the default policies.
     let prose = chat_prompt(&engine, PROSE);
     assert_same_as_greedy(
         &mut engine,
-        &mut drafter,
-        &SpeculativeOptions::default(),
+        Drafting::LookupThenDraftModel {
+            options: SpeculativeOptions::default(),
+            min_confidence: DEFAULT_MIN_CONFIDENCE,
+        },
         &prose,
         "1.5B + lookup then 0.5B draft, prose, adaptive",
     );
@@ -212,11 +202,12 @@ fn shortlisted_head_gives_the_first_logits_of_the_whole_head() {
     let gemma = GgufFile::open(&model_path(GEMMA_270M)).expect("open gemma");
     assert_eq!(default_draft_vocab(&gemma.metadata), None, "Gemma's SentencePiece ids are not in frequency order");
     // The draft proposes only shortlisted ids.
-    let target = cpu_engine(QWEN_05B);
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
-    let mut draft = DraftModel::new(short, &tokenizer, target.tokenizer()).expect("compatible");
+    let mut draft = BatchedDraftModel::new(short.into_runner(), &tokenizer, &tokenizer, 256).expect("compatible");
     draft.min_confidence = 0.0;
-    let proposal = draft.propose(&prompt, 8, &SamplingParams::default()).expect("propose");
+    let mut sequence = draft.add_sequence(&SamplingParams::default());
+    let mut requests = [DraftRequest { sequence: &mut sequence, context: &prompt, max_tokens: 8 }];
+    let proposal = block_on(draft.propose(&mut requests)).expect("propose").remove(0);
     assert_eq!(proposal.tokens.len(), 8);
     assert!(proposal.tokens.iter().all(|&t| (t as usize) < SHORTLIST), "{:?}", proposal.tokens);
 }
@@ -227,47 +218,30 @@ fn fixed_length(k: usize) -> SpeculativeOptions {
     SpeculativeOptions { max_draft_tokens: k, adaptive: false }
 }
 
+/// Prompt lookup from the request's own context, within `options`.
+fn lookup(options: SpeculativeOptions) -> Drafting {
+    Drafting::Lookup { reference: Vec::new(), options }
+}
+
 fn prompt_lookup_equals_greedy(stem: &str) {
     let mut engine = cpu_engine(stem);
     let code = chat_prompt(&engine, CODE_EDIT);
     let label = format!("{stem} lookup, code edit");
-    let spec = assert_same_as_greedy(&mut engine, &mut PromptLookup::default(), &fixed_length(15), &code, &label);
+    let spec = assert_same_as_greedy(&mut engine, lookup(fixed_length(15)), &code, &label);
     assert!(spec.speculative.unwrap().acceptance_rate > 0.0, "{stem}: prompt lookup never accepted on a rewrite");
     // The default policy verifies what pays here: any choice must give the same tokens.
     let adaptive = SpeculativeOptions::lookup();
-    let want = assert_same_as_greedy(
-        &mut engine,
-        &mut PromptLookup::default(),
-        &adaptive,
-        &code,
-        &format!("{label}, adaptive"),
-    )
-    .tokens;
-    // Later turns start from what earlier ones learnt (`hearth chat`, the JS API): same tokens.
-    let mut memory = PolicyMemory::default();
+    let want =
+        assert_same_as_greedy(&mut engine, lookup(adaptive.clone()), &code, &format!("{label}, adaptive")).tokens;
+    // Later requests start from what earlier ones learnt (`hearth chat`, the server, the JS API),
+    // and reuse the cached prompt: same tokens.
     for turn in 0..2 {
-        engine.session_mut().reset();
-        let g = engine
-            .generate_speculative_with(
-                &code,
-                &greedy(N_TOKENS),
-                &mut PromptLookup::default(),
-                &adaptive,
-                &mut memory,
-                &mut |_| true,
-            )
-            .expect("generate");
+        let g =
+            engine.generate_with(&code, &greedy(N_TOKENS), lookup(adaptive.clone()), &mut |_| true).expect("generate");
         assert_eq!(g.tokens, want, "{label}, turn {turn} with the policy carried");
-        assert!(!memory.is_empty());
     }
     let prose = chat_prompt(&engine, PROSE);
-    assert_same_as_greedy(
-        &mut engine,
-        &mut PromptLookup::default(),
-        &adaptive,
-        &prose,
-        &format!("{stem} lookup, prose"),
-    );
+    assert_same_as_greedy(&mut engine, lookup(adaptive), &prose, &format!("{stem} lookup, prose"));
 }
 
 #[test]
@@ -281,23 +255,23 @@ fn prompt_lookup_greedy_equals_greedy_on_gemma_270m() {
 }
 
 /// After speculation (with rejections and rollbacks) the KV cache must hold exactly the accepted
-/// tokens: evaluating the rest gives the logits of a fresh session that saw the same tokens.
+/// tokens: the blocks the request leaves in the prefix cache, read by a new sequence, give the
+/// logits of a fresh session that saw the same tokens.
 #[test]
-fn rollback_leaves_the_session_consistent() {
+fn rollback_leaves_the_kv_cache_consistent() {
     let mut engine = cpu_engine(QWEN_05B);
     let prompt = chat_prompt(&engine, CODE_EDIT);
-    let mut drafter = PromptLookup::default();
-    let spec = engine
-        .generate_speculative(&prompt, &greedy(N_TOKENS), &mut drafter, &fixed_length(5), &mut |_| true)
-        .expect("generate_speculative");
+    let spec =
+        engine.generate_with(&prompt, &greedy(N_TOKENS), lookup(fixed_length(5)), &mut |_| true).expect("generate");
     let m = spec.speculative.expect("metrics");
     assert!(m.proposed > m.accepted, "the check needs at least one rejection: {m:?}");
     let all: Vec<u32> = prompt.iter().chain(&spec.tokens).copied().collect();
-    let history = engine.session().history().to_vec();
-    // The last generated token is never evaluated (as in `generate`), everything before it is.
-    assert_eq!(history, all[..all.len() - 1], "history is not prompt + output");
-    let session = engine.session_mut();
-    let got = session.eval(&all[history.len()..], LogitsMode::Last).expect("eval").to_vec();
+    let (runner, _, _) = engine.into_parts();
+    let mut session = Session::from_runner(runner, 256);
+    let reused = session.prepare_prompt(&all).expect("reuse the cached blocks");
+    // The cached blocks reach into the output, which was written speculatively.
+    assert!(reused > prompt.len() && reused < all.len(), "reused {reused} of {} ({} prompt)", all.len(), prompt.len());
+    let got = session.eval(&all[reused..], LogitsMode::Last).expect("eval").to_vec();
 
     // The fresh session sees the same tokens the way plain decoding does: the prompt in one
     // batch, then one token per pass. The speculative one evaluated them in batches of 1..=6
@@ -328,9 +302,10 @@ fn gemma_cannot_draft_for_qwen() {
         "{message}"
     );
 
-    // Through the DraftModel constructor too, with the real session.
+    // Through the draft model's constructor too, with the real model.
     let (_file, session) = cpu_session(GEMMA_270M, 64);
-    assert!(matches!(DraftModel::new(session, &gemma, &target), Err(CoreError::VocabMismatch(_))));
+    let refused = BatchedDraftModel::new(session.into_runner(), &gemma, &target, 64);
+    assert!(matches!(refused, Err(CoreError::VocabMismatch(_))));
     // And the Qwen pair is compatible over the whole vocabulary.
     let small =
         Tokenizer::from_gguf(&GgufFile::open(&model_path(QWEN_05B)).expect("open").metadata).expect("tokenizer");
@@ -406,68 +381,58 @@ fn rejection_sampling_outputs_the_target_distribution() {
 #[test]
 fn sampled_speculation_is_reproducible_and_consistent() {
     let mut engine = cpu_engine(QWEN_05B);
-    let mut drafter = PromptLookup::default();
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 42, ..SamplingParams::default() };
     let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true, logprobs: None };
-    let spec = fixed_length(15);
-    let first = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("first");
-    engine.session_mut().reset(); // same numerics as the first run (see assert_same_as_greedy)
-    let second = engine.generate_speculative(&prompt, &options, &mut drafter, &spec, &mut |_| true).expect("second");
+    let first = engine.generate_with(&prompt, &options, lookup(fixed_length(15)), &mut |_| true).expect("first");
+    engine.clear_prefix_cache(); // same numerics as the first run (see assert_same_as_greedy)
+    let second = engine.generate_with(&prompt, &options, lookup(fixed_length(15)), &mut |_| true).expect("second");
     assert_eq!(first.tokens, second.tokens, "same seed, same tokens");
     assert_eq!(first.tokens.len(), 32);
     let m = first.speculative.expect("metrics");
     assert_eq!(1 + m.accepted + m.target_forward_passes, 32, "{m:?}");
 }
 
-/// The first token reaches the caller before the drafter reads the prompt: a draft model's
-/// prefill delays the second token, not the first.
+/// The first token reaches the caller before the draft model reads the prompt: its prefill
+/// delays the second token, not the first; a request that ends at its first token never runs
+/// the draft model.
 #[test]
-fn the_first_token_streams_before_the_drafter_reads_the_prompt() {
-    /// Prompt lookup that notes how many text deltas had been streamed when it was prepared.
-    struct Recorder<'a> {
-        lookup: PromptLookup,
-        deltas: &'a std::cell::Cell<usize>,
-        deltas_at_prepare: Option<usize>,
-    }
-    impl Drafter for Recorder<'_> {
-        fn propose(
-            &mut self,
-            context: &[u32],
-            max_tokens: usize,
-            sampling: &SamplingParams,
-        ) -> hearth_core::Result<hearth_core::speculative::Proposal> {
-            self.lookup.propose(context, max_tokens, sampling)
+fn the_first_token_streams_before_the_draft_model_reads_the_prompt() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let options = EngineOptions { n_ctx: 1024, max_sequences: 1, ..EngineOptions::default() };
+    let (_, runner) = cpu_runner(QWEN_05B, &options);
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let mut scheduler =
+        Scheduler::new(runner, tokenizer, SchedulerOptions { max_batch: 1, ..SchedulerOptions::default() });
+    let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+    let draft = hearth_tests::draft_model(&file, Box::new(backend), &options, scheduler.tokenizer());
+    scheduler.set_draft_model(draft, fixed_length(3));
+    let draft_steps = |s: &Scheduler| s.draft_model().expect("draft").runner().backend().counters().steps_executed;
+    // The whole prompt in one step (shorter than the prefill chunk), which samples the first token.
+    let prompt = chat_prompt(&cpu_engine(QWEN_05B), CODE_EDIT);
+    for max_tokens in [8, 1] {
+        let options = GenerateOptions { max_tokens, ..greedy(max_tokens) };
+        scheduler.submit_with(prompt.clone(), options, Drafting::Default).expect("submit");
+        let texts = std::cell::Cell::new(0);
+        let finished = std::cell::RefCell::new(None);
+        let mut on_event = |event: SchedulerEvent| match event {
+            SchedulerEvent::Text { .. } => texts.set(texts.get() + 1),
+            SchedulerEvent::Finished { generation, .. } => *finished.borrow_mut() = Some(generation),
+            SchedulerEvent::Failed { error, .. } => panic!("{error}"),
+            SchedulerEvent::Started { .. } => {}
+        };
+        let before = draft_steps(&scheduler);
+        scheduler.step(&mut on_event).expect("prompt step");
+        assert_eq!(texts.get(), 1, "the prompt's step streams the first token");
+        assert_eq!(draft_steps(&scheduler), before, "the draft model ran before the first token streamed");
+        while finished.borrow().is_none() {
+            scheduler.step(&mut on_event).expect("step");
         }
-        fn prepare_async<'a>(&'a mut self, _context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
-            self.deltas_at_prepare = Some(self.deltas.get());
-            Box::pin(async { Ok(()) })
-        }
+        let generation = finished.take().expect("finished");
+        assert_eq!(generation.tokens.len(), max_tokens);
+        let drafted = draft_steps(&scheduler) > before;
+        assert_eq!(drafted, max_tokens > 1, "{max_tokens} tokens: the draft model ran: {drafted}");
     }
-    let mut engine = cpu_engine(QWEN_05B);
-    let prompt = chat_prompt(&engine, CODE_EDIT);
-    let deltas = std::cell::Cell::new(0);
-    let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
-    let options = GenerateOptions {
-        max_tokens: 8,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        logprobs: None,
-    };
-    let mut on_text = |_: &str| {
-        deltas.set(deltas.get() + 1);
-        true
-    };
-    let generation =
-        engine.generate_speculative(&prompt, &options, &mut drafter, &fixed_length(3), &mut on_text).expect("generate");
-    assert_eq!(generation.tokens.len(), 8);
-    assert_eq!(drafter.deltas_at_prepare, Some(1), "the drafter should be prepared right after the first token");
-    // A request that ends at its first token never prepares the drafter.
-    let mut drafter = Recorder { lookup: PromptLookup::default(), deltas: &deltas, deltas_at_prepare: None };
-    let one = GenerateOptions { max_tokens: 1, ..options };
-    engine.generate_speculative(&prompt, &one, &mut drafter, &fixed_length(3), &mut |_| true).expect("generate one");
-    assert_eq!(drafter.deltas_at_prepare, None);
 }
 
 /// Sampled prompt lookup keeps the target's distribution on a real model: after the copying
@@ -488,9 +453,9 @@ fn sampled_prompt_lookup_keeps_the_targets_distribution() {
     // The target's distribution after prompt + `def`.
     let mut context = prompt.clone();
     context.push(def);
-    let mut row = engine.session_mut().eval(&context, LogitsMode::Last).expect("eval").to_vec();
+    let (_, mut session) = cpu_session(QWEN_05B, 1024);
+    let mut row = session.eval(&context, LogitsMode::Last).expect("eval").to_vec();
     let p = hearth_core::sampling::Sampler::new(sampling.clone()).distribution(&mut row, &context);
-    let mut drafter = PromptLookup::default();
     let mut counts: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
     let mut verified = 0;
     for seed in 0..240u64 {
@@ -502,10 +467,8 @@ fn sampled_prompt_lookup_keeps_the_targets_distribution() {
             ignore_eos: true,
             logprobs: None,
         };
-        // (Each run reuses the prompt's cached positions.)
-        let g = engine
-            .generate_speculative(&prompt, &options, &mut drafter, &fixed_length(1), &mut |_| true)
-            .expect("generate");
+        // (Each run reuses the prompt's cached blocks.)
+        let g = engine.generate_with(&prompt, &options, lookup(fixed_length(1)), &mut |_| true).expect("generate");
         if g.tokens[0] == def {
             *counts.entry(g.tokens[1]).or_insert(0) += 1;
             verified += g.speculative.as_ref().map_or(0, |m| m.proposed);

@@ -2,7 +2,7 @@
 //! (pp = prompt processing of P tokens, tg = generation of N tokens), repeated R times. With
 //! `--server URL` it load-tests a running server instead (see [`crate::bench_server`]).
 
-use crate::load::{self, Loaded};
+use crate::load;
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -107,9 +107,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if model_args.ctx_size == 0 {
         model_args.ctx_size = args.prompt_tokens + args.gen_tokens + 1;
     }
-    let Loaded { mut engine, path, load_ms } = load::load(&model_args)?;
+    let (mut session, path, load_ms) = load::load_session(&model_args)?;
     let load_peak_rss = peak_rss_bytes();
-    let session = engine.session_mut();
+    let session = &mut session;
     if args.profile && session.kernel_profile().is_none() {
         bail!("--profile needs --backend wgpu on an adapter with GPU timestamps inside compute passes");
     }

@@ -3,7 +3,7 @@
 //! from scratch. Each warm request uses a different suffix, as different users would.
 
 use crate::bench::{stat, BenchArgs};
-use crate::load::{self, Loaded};
+use crate::load;
 use anyhow::{bail, Result};
 use hearth_core::engine::Session;
 use hearth_core::graph::LogitsMode;
@@ -28,8 +28,8 @@ pub fn bench_cached_prefix(args: &BenchArgs) -> Result<()> {
     if model_args.ctx_size == 0 {
         model_args.ctx_size = prefix_len + suffix_len + 1;
     }
-    let Loaded { mut engine, path, .. } = load::load(&model_args)?;
-    let session = engine.session_mut();
+    let (mut session, path, _) = load::load_session(&model_args)?;
+    let session = &mut session;
     let n_vocab = session.config().n_vocab;
     let token = |i: usize| (1000 + (i * 7919) % 20000).min(n_vocab - 1) as u32;
     let prefix: Vec<u32> = (0..prefix_len).map(token).collect();

@@ -1,8 +1,9 @@
 //! `hearth chat`: an interactive conversation. The whole conversation is re-rendered with the chat
-//! template every turn; the engine reuses the KV cache for the unchanged prefix, so only the new
-//! turn is evaluated. With speculative decoding the drafter lives for the whole chat: prompt
-//! lookup copies from every earlier turn (an edit of the last answer's code), and a draft model
-//! keeps its own KV cache, reading only each turn's new tokens.
+//! template every turn; the engine's prefix cache holds the unchanged prefix, so only the new
+//! turn is evaluated. With speculative decoding prompt lookup copies from every earlier turn (an
+//! edit of the last answer's code), a draft model's own prefix cache spares it the conversation
+//! it has read, and what each turn's draft policy learnt (pass costs, how far copies run)
+//! carries to the next.
 
 use crate::load::{self, Loaded};
 use crate::run::SamplingArgs;
@@ -12,7 +13,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hearth_core::chat::ChatMessage;
 use hearth_core::request::Prompt;
-use hearth_core::speculative::PolicyMemory;
 use std::io::{BufRead, Write};
 
 #[derive(Args, Debug)]
@@ -35,10 +35,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
     if engine.chat_template().is_none() {
         bail!("{} has no chat template, so it cannot chat; use `hearth run`", path.display());
     }
-    let mut drafter = args.speculative.drafter(&args.model, &engine)?;
-    let speculative = args.speculative.options();
-    // What each turn's draft policy learnt (pass costs, how far copies run) carries to the next.
-    let mut policy_memory = PolicyMemory::default();
+    let drafting = args.speculative.set_up(&args.model, &mut engine)?;
     let base: Vec<ChatMessage> =
         args.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
     let mut messages = base.clone();
@@ -57,7 +54,6 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = base.clone();
-                engine.session_mut().reset();
                 eprintln!("(new conversation)");
                 continue;
             }
@@ -66,12 +62,9 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
         let turns = messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
         let prompt = Prompt::Chat(turns).tokenize(engine.tokenizer(), engine.chat_template(), None)?;
-        if prompt.len() + 1 >= engine.session().n_ctx() {
+        if prompt.len() + 1 >= engine.n_ctx() {
             messages.pop();
-            eprintln!(
-                "(the conversation no longer fits the {}-token context; /reset to start over)",
-                engine.session().n_ctx()
-            );
+            eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.n_ctx());
             continue;
         }
         let mut on_text = |delta: &str| {
@@ -79,17 +72,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             let _ = stdout.flush();
             true
         };
-        let generation = match drafter.as_deref_mut() {
-            Some(drafter) => engine.generate_speculative_with(
-                &prompt,
-                &options,
-                drafter,
-                &speculative,
-                &mut policy_memory,
-                &mut on_text,
-            )?,
-            None => engine.generate(&prompt, &options, &mut on_text)?,
-        };
+        let generation = engine.generate_with(&prompt, &options, drafting.clone(), &mut on_text)?;
         println!();
         let t = &generation.timings;
         eprintln!(

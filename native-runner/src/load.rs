@@ -4,7 +4,7 @@ use crate::{fetch, ModelArgs};
 use anyhow::{bail, Context, Result};
 use hearth_core::backend::{Backend, BackendKind};
 use hearth_core::chat::ChatTemplate;
-use hearth_core::engine::{Engine, EngineOptions};
+use hearth_core::engine::{Engine, EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::runner::Runner;
 use hearth_core::tokenizer::Tokenizer;
@@ -88,6 +88,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     .with_context(|| format!("loading {}", path.display()))?;
     bar.finish_and_clear();
     Ok(Loaded { engine, path, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// [`load`], as a [`Session`] that evaluates tokens directly (benchmarks): the engine's runner
+/// with one sequence.
+pub fn load_session(args: &ModelArgs) -> Result<(Session, PathBuf, f64)> {
+    let Loaded { engine, path, load_ms } = load(args)?;
+    let (runner, _, _) = engine.into_parts();
+    Ok((Session::from_runner(runner, engine_options(args, 1)?.prefill_chunk), path, load_ms))
 }
 
 /// The stderr bar of a model's weights being loaded (hidden with `quiet`): set its length and

@@ -127,8 +127,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
     let prompt = prompt.tokenize(engine.tokenizer(), engine.chat_template(), None)?;
-    let mut drafter = args.speculative.drafter(&args.model, &engine)?;
-    let speculative = args.speculative.options();
+    let drafting = args.speculative.set_up(&args.model, &mut engine)?;
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     let mut on_text = |delta: &str| {
@@ -138,10 +137,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         true
     };
-    let generation = match drafter.as_deref_mut() {
-        Some(drafter) => engine.generate_speculative(&prompt, &options, drafter, &speculative, &mut on_text)?,
-        None => engine.generate(&prompt, &options, &mut on_text)?,
-    };
+    let generation = engine.generate_with(&prompt, &options, drafting, &mut on_text)?;
     if args.json {
         println!(
             "{}",
@@ -206,11 +202,11 @@ fn report(
     seed: u64,
 ) -> serde_json::Value {
     let t = &g.timings;
-    let session = engine.session();
-    let layout = session.runner().kv_layout();
+    let runner = engine.runner();
+    let layout = runner.kv_layout();
     serde_json::json!({
         "model": path.display().to_string(),
-        "backend": engine.session().backend().name(),
+        "backend": engine.backend().name(),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "text": g.text,
@@ -223,14 +219,14 @@ fn report(
         "prompt_ms": t.prompt_ms,
         "decode_ms": t.decode_ms,
         "speculative": g.speculative,
-        // Prompt tokens whose K/V were reused (session history or the prefix cache).
+        // Prompt tokens whose K/V were reused (the prefix cache).
         "prompt_cached_tokens": g.prompt_tokens.len() - t.prompt_evaluated,
-        "prefix_hit_rate": session.runner().kv().prefix_hit_rate(),
+        "prefix_hit_rate": runner.kv().prefix_hit_rate(),
         "kv": {
             "type": layout.kv_type,
             "bytes_per_token": layout.bytes_per_token(),
             "pool_bytes": layout.total_bytes(),
-            "n_ctx": session.n_ctx(),
+            "n_ctx": engine.n_ctx(),
         },
     })
 }

@@ -6,13 +6,11 @@ use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::backend::Backend;
-use hearth_core::engine::{Engine, EngineOptions, Session};
+use hearth_core::engine::{Engine, EngineOptions};
 use hearth_core::gguf::GgufFile;
 use hearth_core::runner::Runner;
-use hearth_core::speculative::{
-    default_draft_vocab, BatchedDraftModel, DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeMetrics,
-    SpeculativeOptions,
-};
+use hearth_core::scheduler::Drafting;
+use hearth_core::speculative::{default_draft_vocab, BatchedDraftModel, SpeculativeMetrics, SpeculativeOptions};
 use hearth_core::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
@@ -86,30 +84,39 @@ impl SpeculativeArgs {
         }
     }
 
-    /// The drafter asked for: a draft model on the target's backend settings, prompt lookup, both
-    /// (lookup first), or none.
-    pub fn drafter(&self, target: &ModelArgs, engine: &Engine) -> Result<Option<Box<dyn Drafter>>> {
-        if self.draft_model.is_none() {
-            return Ok(self.lookup.then(|| Box::new(PromptLookup::default()) as Box<dyn Drafter>));
+    /// The prompt lookup bounds of a scheduler drafting for every request (`hearth serve`), or
+    /// `None` without `--lookup`. With `--draft-model` too, `--draft-tokens` bounds the draft
+    /// model's proposals and lookup keeps its own default length.
+    pub fn lookup_options(&self) -> Option<SpeculativeOptions> {
+        let lookup = SpeculativeOptions { adaptive: !self.fixed_draft_length, ..SpeculativeOptions::lookup() };
+        match (self.lookup, &self.draft_model) {
+            (false, _) => None,
+            (true, None) => Some(self.options()),
+            (true, Some(_)) => Some(lookup),
         }
-        let Some((session, tokenizer, path)) =
-            self.load_draft(target, 1, !target.quiet, |file, backend, options, on_progress| {
-                Session::load(file, backend, options, on_progress)
-            })?
-        else {
-            return Ok(None);
-        };
-        let mut model = DraftModel::new(session, &tokenizer, engine.tokenizer())
-            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
-        model.min_confidence = self.min_confidence();
-        if self.lookup {
-            return Ok(Some(Box::new(LookupThen::new(model))));
-        }
-        Ok(Some(Box::new(model)))
     }
 
-    /// The draft model for the batching scheduler of `hearth serve` (a KV pool for
-    /// `max_sequences` requests), if `--draft-model` names one; loaded on the calling thread.
+    /// Sets `engine` up for the drafting asked for (loading `--draft-model` on the target's
+    /// backend settings) and returns how its requests draft: prompt lookup, the draft model,
+    /// both (lookup first), or not at all.
+    pub fn set_up(&self, target: &ModelArgs, engine: &mut Engine) -> Result<Drafting> {
+        let options = self.options();
+        let Some(model) = self.batched_draft_model(target, engine.tokenizer(), 1)? else {
+            if self.lookup {
+                return Ok(Drafting::Lookup { reference: Vec::new(), options });
+            }
+            return Ok(Drafting::None);
+        };
+        let min_confidence = model.min_confidence;
+        engine.set_draft_model(model, options.clone());
+        Ok(match self.lookup {
+            true => Drafting::LookupThenDraftModel { options, min_confidence },
+            false => Drafting::DraftModel { options, min_confidence },
+        })
+    }
+
+    /// The draft model for a batching scheduler (a KV pool for `max_sequences` requests), if
+    /// `--draft-model` names one; loaded on the calling thread.
     pub fn batched_draft_model(
         &self,
         target: &ModelArgs,
@@ -117,7 +124,7 @@ impl SpeculativeArgs {
         max_sequences: usize,
     ) -> Result<Option<BatchedDraftModel>> {
         let Some((runner, tokenizer, path)) =
-            self.load_draft(target, max_sequences, false, |file, backend, options, on_progress| {
+            self.load_draft(target, max_sequences, |file, backend, options, on_progress| {
                 Runner::load(file, backend, options, on_progress)
             })?
         else {
@@ -136,12 +143,11 @@ impl SpeculativeArgs {
 
     /// Loads `--draft-model` with `load` on the target's backend settings and context size, with
     /// its head shortlisted as `--draft-vocab` says, a KV pool for `max_sequences` sequences and
-    /// a progress bar when `progress`; `None` without `--draft-model`.
+    /// a progress bar unless `--quiet`; `None` without `--draft-model`.
     fn load_draft<T>(
         &self,
         target: &ModelArgs,
         max_sequences: usize,
-        progress: bool,
         mut load: impl FnMut(
             &GgufFile,
             Box<dyn Backend>,
@@ -160,7 +166,7 @@ impl SpeculativeArgs {
             Some(n) => Some(n),
         };
         let options = EngineOptions { n_ctx: target.ctx_size, logits_vocab, max_sequences, ..EngineOptions::default() };
-        let bar = load::progress_bar(&path, !progress);
+        let bar = load::progress_bar(&path, target.quiet);
         let loaded = load::load_with(&draft_args, |backend| {
             load(&file, backend, &options, &mut |done, total| {
                 bar.set_length(total);

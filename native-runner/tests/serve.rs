@@ -1,7 +1,7 @@
 //! `hearth serve` end to end over real HTTP: OpenAI-shaped errors for bad input, outputs equal to
 //! `hearth run` (batching and the prefix cache do not change results, so greedy and seeded
 //! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
-//! /v1/models, /health, /metrics, speculative decoding (`--lookup`, `--draft-model`: the same
+//! /v1/models, /health, /metrics, speculative decoding (`--lookup`, `--draft-model`, both: the same
 //! greedy answers, drafts counted), and the official `openai` Python client.
 
 mod serve_support;
@@ -352,13 +352,11 @@ fn lookup_keeps_outputs_and_reports_accepted_drafts() {
     assert!(value("hearth_draft_tokens_total") >= value("hearth_draft_tokens_accepted_total"));
 }
 
-/// `--draft-model` (here the model itself, whose drafts are mostly kept): concurrent requests
-/// draft in shared passes and verify in shared steps, with the answers of `hearth run`.
-#[test]
-fn a_draft_model_keeps_the_answers_of_concurrent_requests() {
-    let server = Server::start(&["--draft-model", MODEL, "--max-batch", "3"]);
+/// Concurrent greedy chat requests to a server started with `server_args`: each answer is
+/// `hearth run`'s, and drafts were accepted.
+fn concurrent_answers_equal_hearth_run(server_args: &[&str], questions: &[&str]) {
+    let server = Server::start(server_args);
     let addr = server.addr.clone();
-    let questions = [QUESTION, "Write a Python function that sums a list.", "What is a hash map? One sentence."];
     let expected: Vec<String> = questions
         .iter()
         .map(|q| {
@@ -382,21 +380,27 @@ fn a_draft_model_keeps_the_answers_of_concurrent_requests() {
     });
     let mut accepted = 0;
     for (i, answer) in answers.iter().enumerate() {
-        assert_eq!(answer["choices"][0]["message"]["content"], expected[i], "request {i}: the draft model changed it");
+        assert_eq!(answer["choices"][0]["message"]["content"], expected[i], "request {i}: drafting changed it");
         accepted += answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64().unwrap_or(0);
     }
     assert!(accepted > 0, "no draft was accepted: {answers:?}");
 }
 
+/// `--draft-model` (here the model itself, whose drafts are mostly kept): concurrent requests
+/// draft in shared passes and verify in shared steps, with the answers of `hearth run`.
 #[test]
-fn lookup_with_a_draft_model_is_refused_by_serve() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["serve", "-m", MODEL, "--port", "0", "--lookup", "--draft-model", MODEL])
-        .output()
-        .expect("spawn hearth serve");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--lookup") && stderr.contains("--draft-model"), "{stderr}");
+fn a_draft_model_keeps_the_answers_of_concurrent_requests() {
+    let questions = [QUESTION, "Write a Python function that sums a list.", "What is a hash map? One sentence."];
+    concurrent_answers_equal_hearth_run(&["--draft-model", MODEL, "--max-batch", "3"], &questions);
+}
+
+/// `--lookup --draft-model`: each request drafts by prompt lookup where its answer copies the
+/// prompt and with the draft model elsewhere, verified in shared steps: `hearth run`'s answers.
+#[test]
+fn lookup_then_a_draft_model_keeps_the_answers_of_concurrent_requests() {
+    let copy = "Repeat exactly: def add(a, b):\n    return a + b";
+    let questions = [copy, "What is a hash map? One sentence."];
+    concurrent_answers_equal_hearth_run(&["--lookup", "--draft-model", MODEL, "--max-batch", "2"], &questions);
 }
 
 #[test]

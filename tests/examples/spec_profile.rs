@@ -14,12 +14,13 @@
 //! starts from the policy the previous one ended with, as in `hearth serve` and `hearth chat`.
 
 use hearth_core::chat::ChatMessage;
-use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::sampling::SamplingParams;
+use hearth_core::scheduler::Drafting;
 use hearth_core::speculative::{
-    DraftModel, DraftPolicy, Drafter, LookupThen, PromptLookup, Proposal, SpeculativeOptions, VerificationOutcome,
+    BatchedDraftModel, DraftPolicy, PromptLookup, Proposal, SpeculativeOptions, VerificationOutcome,
 };
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
@@ -50,42 +51,7 @@ fn chat_prompt(engine: &Engine, user: &str) -> Vec<u32> {
     engine.tokenizer().encode(&text, false, true).expect("encode")
 }
 
-/// Times the inner drafter.
-struct Timed<'a> {
-    inner: &'a mut dyn Drafter,
-    ms: f64,
-    calls: usize,
-}
-
-impl Drafter for Timed<'_> {
-    fn propose(
-        &mut self,
-        context: &[u32],
-        max_tokens: usize,
-        sampling: &SamplingParams,
-    ) -> hearth_core::Result<Proposal> {
-        let t = Instant::now();
-        let p = self.inner.propose(context, max_tokens, sampling);
-        self.ms += t.elapsed().as_secs_f64() * 1e3;
-        self.calls += 1;
-        p
-    }
-
-    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> hearth_core::speculative::PrepareFuture<'a> {
-        self.inner.prepare_async(context)
-    }
-
-    fn free_proposal_limit(&self) -> usize {
-        self.inner.free_proposal_limit()
-    }
-
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
-        self.inner.propose_free(context, max_tokens)
-    }
-}
-
-fn pass_costs(engine: &mut Engine, prompt: &[u32], label: &str, max_n: usize) {
-    let session = engine.session_mut();
+fn pass_costs(session: &mut Session, prompt: &[u32], label: &str, max_n: usize) {
     session.reset();
     session.eval(prompt, LogitsMode::Last).expect("prefill");
     let base = session.history().len();
@@ -137,7 +103,10 @@ fn main() {
     let draft_tok = Tokenizer::from_gguf(&draft_file.metadata).expect("tok");
     if std::env::var("HEARTH_SKIP_PASSES").is_err() {
         let widest = std::env::var("HEARTH_PASS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
-        pass_costs(&mut target, &prompt, "1.5B", widest);
+        let (runner, tokenizer, template) = target.into_parts();
+        let mut session = Session::from_runner(runner, 256);
+        pass_costs(&mut session, &prompt, "1.5B", widest);
+        target = Engine::from_parts(session.into_runner(), tokenizer, template, &EngineOptions::default());
         if std::env::var("HEARTH_PASSES_ONLY").is_ok() {
             return;
         }
@@ -155,7 +124,9 @@ fn main() {
         }
         eprintln!("0.5B one token (Last): {best:.1} ms");
     }
-    let mut draft = DraftModel::new(draft_session, &draft_tok, target.tokenizer()).expect("draft");
+    let draft =
+        BatchedDraftModel::new(draft_session.into_runner(), &draft_tok, target.tokenizer(), 256).expect("draft");
+    target.set_draft_model(draft, SpeculativeOptions::default());
     let options0 = GenerateOptions {
         max_tokens,
         sampling: SamplingParams::default(),
@@ -173,8 +144,8 @@ fn main() {
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
         for user in [user.as_str(), PROSE] {
             let prompt = chat_prompt(&target, user);
-            target.session_mut().reset();
-            let plain = target.generate(&prompt, &options0, &mut |_| true).expect("generate");
+            target.clear_prefix_cache();
+            let plain = target.generate_with(&prompt, &options0, Drafting::None, &mut |_| true).expect("generate");
             eprintln!("{:?}", &user[..20]);
             for cap in [1usize, 3, 7, 15] {
                 let (passes, proposed, accepted, ms) =
@@ -205,11 +176,10 @@ fn main() {
         ignore_eos: true,
         logprobs: None,
     };
-    target.session_mut().reset();
-    let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
+    target.clear_prefix_cache();
+    let plain = target.generate_with(&prompt, &options, Drafting::None, &mut |_| true).expect("generate");
     eprintln!("plain: {:.1} tok/s decode ({} tokens)", plain.timings.decode_tok_s, plain.tokens.len());
-    // (label, drafter, max draft tokens, adaptive, draft min confidence)
-    let mut lookup = PromptLookup::default();
+    // (label, max draft tokens, adaptive, draft min confidence)
     let mut runs: Vec<(String, usize, bool, f32)> = vec![("lookup".into(), 15, true, 0.0)];
     let configs = std::env::var("HEARTH_DRAFT_CONFIGS").unwrap_or_else(|_| "5:0,5:0.6,3:0.6,7:0.6".into());
     // K:CONF a draft model, LK:CONF prompt lookup first and the draft model where nothing matches.
@@ -219,30 +189,25 @@ fn main() {
         runs.push((format!("{prefix} k {k} conf {conf}"), k.parse().expect("k"), true, conf.parse().expect("conf")));
     }
     for (label, k, adaptive, conf) in runs {
-        target.session_mut().reset();
-        draft.min_confidence = conf;
-        let mut both;
-        let inner: &mut dyn Drafter = if label == "lookup" {
-            &mut lookup
+        target.clear_prefix_cache();
+        let options = SpeculativeOptions { max_draft_tokens: k, adaptive };
+        let drafting = if label == "lookup" {
+            Drafting::Lookup { reference: Vec::new(), options }
         } else if label.starts_with("lookup+draft") {
-            both = LookupThen::new(&mut draft);
-            &mut both
+            Drafting::LookupThenDraftModel { options, min_confidence: conf }
         } else {
-            &mut draft
+            Drafting::DraftModel { options, min_confidence: conf }
         };
-        let mut timed = Timed { inner, ms: 0.0, calls: 0 };
-        let spec_opts = SpeculativeOptions { max_draft_tokens: k, adaptive };
         let t = Instant::now();
-        let g = target.generate_speculative(&prompt, &options, &mut timed, &spec_opts, &mut |_| true).expect("spec");
+        let g = target.generate_with(&prompt, &options0, drafting, &mut |_| true).expect("spec");
         let total = t.elapsed().as_secs_f64() * 1e3;
         let m = g.speculative.expect("metrics");
         assert_eq!(g.tokens, plain.tokens, "{label}: output differs from plain greedy");
         eprintln!(
-            "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}), drafting {:.0} ms in {} calls; {} passes, {}/{} accepted ({:.2}/pass); free {} passes {}/{}",
+            "{label}: {:.1} tok/s decode; total {total:.0} ms (prompt {:.0}, draft reading it {:.0}); {} passes, {}/{} accepted ({:.2}/pass); free {} passes {}/{}",
             g.timings.decode_tok_s,
             g.timings.prompt_ms,
-            timed.ms,
-            timed.calls,
+            m.drafter_prepare_ms,
             m.target_forward_passes,
             m.accepted,
             m.proposed,
@@ -272,8 +237,8 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
     let mut carried: Option<DraftPolicy> = None;
     for path in paths {
         let prompt = chat_prompt(target, &std::fs::read_to_string(&path).expect("prompt"));
-        target.session_mut().reset();
-        let plain = target.generate(&prompt, &options, &mut |_| true).expect("generate");
+        target.clear_prefix_cache();
+        let plain = target.generate_with(&prompt, &options, Drafting::None, &mut |_| true).expect("generate");
         let plain_ms = (plain.tokens.len() - 1) as f64 * costs[0];
         if let Ok(dump) = std::env::var("HEARTH_DUMP_DIR") {
             let name = path.file_stem().unwrap_or_default().to_string_lossy().to_string();

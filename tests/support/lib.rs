@@ -6,6 +6,8 @@ pub mod golden;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::runner::Runner;
+use hearth_core::speculative::BatchedDraftModel;
+use hearth_core::tokenizer::Tokenizer;
 pub use hearth_cpu::Numerics;
 use hearth_cpu::{CpuBackend, CpuOptions};
 use std::path::PathBuf;
@@ -164,4 +166,17 @@ pub fn chunk_nlls(stem: &str, kv_type: hearth_core::kv::KvType, max_chunks: usiz
         chunks.push((nll, N_CTX / 2 - 1));
     }
     (chunks, tokens.len())
+}
+
+/// `file` loaded onto `backend` with `options` as a draft model for `target` (whose vocabulary
+/// it must share).
+pub fn draft_model(
+    file: &GgufFile,
+    backend: Box<dyn hearth_core::backend::Backend>,
+    options: &EngineOptions,
+    target: &Tokenizer,
+) -> BatchedDraftModel {
+    let runner = Runner::load(file, backend, options, &mut |_, _| {}).expect("load draft model");
+    let draft_tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
+    BatchedDraftModel::new(runner, &draft_tokenizer, target, options.prefill_chunk).expect("same vocabulary")
 }

@@ -248,8 +248,7 @@ impl WasmEngine {
             options,
         };
         state.requests.borrow_mut().insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None });
-        let queue = if EngineHost::runs_alone(&pending.options) { &state.speculative } else { &state.inbox };
-        queue.borrow_mut().push_back(pending);
+        state.inbox.borrow_mut().push_back(pending);
         if !state.driving.get() {
             state.driving.set(true);
             spawn_local(drive(state));

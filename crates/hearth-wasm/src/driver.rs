@@ -93,9 +93,8 @@ pub(crate) struct JsRequest {
 #[derive(Default)]
 pub(crate) struct State {
     pub loaded: RefCell<Option<Rc<Loaded>>>,
-    /// Calls not yet submitted (non-speculative first in line; speculative ones wait for idle).
+    /// Calls not yet submitted.
     pub inbox: RefCell<VecDeque<Pending>>,
-    pub speculative: RefCell<VecDeque<Pending>>,
     pub requests: RefCell<HashMap<u32, JsRequest>>,
     /// Scheduler request id → the caller's key.
     pub keys: RefCell<HashMap<RequestId, u32>>,
@@ -147,8 +146,7 @@ impl State {
     }
 
     fn reject_all_queued(&self, error: impl Fn() -> JsValue) {
-        let queued: Vec<u32> =
-            self.inbox.borrow_mut().drain(..).chain(self.speculative.borrow_mut().drain(..)).map(|p| p.key).collect();
+        let queued: Vec<u32> = self.inbox.borrow_mut().drain(..).map(|p| p.key).collect();
         for key in queued {
             self.settle(key, Err(error()));
         }
@@ -169,50 +167,47 @@ pub(crate) async fn drive(state: Rc<State>) {
         submit_queued(&state, &loaded, &mut host);
         apply_cancels(&state, &mut host);
         if host.is_idle() {
-            let next = state.speculative.borrow_mut().pop_front();
-            let Some(pending) = next else { break };
-            run_speculative(&state, &loaded, &mut host, pending).await;
-        } else {
-            // Failures are settled after the step, once the device had a chance to say why.
-            let mut failed: Vec<(u32, WasmError)> = Vec::new();
-            let stepped = host
-                .step_async(&mut |event| match event {
-                    HostEvent::Text { id, delta } => {
-                        if let Some(&key) = state.keys.borrow().get(&id) {
-                            state.stream(key, &delta);
-                        }
+            break;
+        }
+        // Failures are settled after the step, once the device had a chance to say why.
+        let mut failed: Vec<(u32, WasmError)> = Vec::new();
+        let stepped = host
+            .step_async(&mut |event| match event {
+                HostEvent::Text { id, delta } => {
+                    if let Some(&key) = state.keys.borrow().get(&id) {
+                        state.stream(key, &delta);
                     }
-                    HostEvent::Finished { id, report } => {
-                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            state.settle(key, Ok(*report));
-                        }
-                    }
-                    HostEvent::Failed { id, error } => {
-                        if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                            failed.push((key, error));
-                        }
-                    }
-                })
-                .await;
-            if !failed.is_empty() || stepped.is_err() {
-                wait_for_device_fault(&loaded).await;
-            }
-            for (key, error) in failed {
-                state.settle(key, Err(js_error(loaded.classify(error))));
-            }
-            if let Err(error) = stepped {
-                // The scheduler reports request failures as events; this is the backend itself.
-                let message = loaded.classify(error);
-                let (code, text) = (message.code(), message.to_string());
-                let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
-                for (id, key) in keys {
-                    host.cancel(id);
-                    state.settle(key, Err(coded_error(code, &text)));
                 }
+                HostEvent::Finished { id, report } => {
+                    if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                        state.settle(key, Ok(*report));
+                    }
+                }
+                HostEvent::Failed { id, error } => {
+                    if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                        failed.push((key, error));
+                    }
+                }
+            })
+            .await;
+        if !failed.is_empty() || stepped.is_err() {
+            wait_for_device_fault(&loaded).await;
+        }
+        for (key, error) in failed {
+            state.settle(key, Err(js_error(loaded.classify(error))));
+        }
+        if let Err(error) = stepped {
+            // The scheduler reports request failures as events; this is the backend itself.
+            let message = loaded.classify(error);
+            let (code, text) = (message.code(), message.to_string());
+            let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
+            for (id, key) in keys {
+                host.cancel(id);
+                state.settle(key, Err(coded_error(code, &text)));
             }
         }
         state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
-        let done = host.is_idle() && state.inbox.borrow().is_empty() && state.speculative.borrow().is_empty();
+        let done = host.is_idle() && state.inbox.borrow().is_empty();
         drop(host);
         if done {
             // Stop before yielding: the callers of the requests just settled may unload or load
@@ -245,33 +240,8 @@ fn apply_cancels(state: &State, host: &mut EngineHost) {
             if let Some(report) = host.cancel(id) {
                 state.settle(key, Ok(report));
             }
-            continue;
-        }
-        // A speculative request still waiting for its turn.
-        let waiting = state.speculative.borrow().iter().position(|p| p.key == key);
-        if let Some(i) = waiting {
-            state.speculative.borrow_mut().remove(i);
-            state.settle(key, Err(coded_error("aborted", "the request was cancelled before it started")));
         }
     }
-}
-
-/// Runs a speculative request to its end, streaming as it goes. On WebGPU each verification pass
-/// awaits the device (other calls queue meanwhile and start once it ends); on the CPU it never awaits.
-async fn run_speculative(state: &State, loaded: &Loaded, host: &mut EngineHost, p: Pending) {
-    let Some(speculative) = p.options.speculative().cloned() else { return };
-    let mut on_text = |delta: &str| {
-        state.stream(p.key, delta);
-        !state.cancels.borrow().contains(&p.key)
-    };
-    let result = host
-        .generate_speculative_async(&p.input, &p.options, &speculative, p.seed, Some(p.now_unix), &mut on_text)
-        .await;
-    state.cancels.borrow_mut().retain(|&k| k != p.key);
-    if result.is_err() {
-        wait_for_device_fault(loaded).await;
-    }
-    state.settle(p.key, result.map_err(|e| js_error(loaded.classify(e))));
 }
 
 /// How long a failed WebGPU step waits for the device's own reason: turns of this many ms.

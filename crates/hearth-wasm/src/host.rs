@@ -1,22 +1,21 @@
 //! The platform-independent half of the bindings: bytes → GGUF → a [`Scheduler`] on a backend;
 //! requests are submitted and advanced together by [`EngineHost::step_async`] (continuous
-//! batching, speculative requests included, their drafts from prompt lookup or the scheduler's
-//! draft model), or, for lookup then the draft model, run alone. Plain Rust, so it is tested natively;
+//! batching, speculative requests included: their drafts come from prompt lookup, the
+//! scheduler's draft model, or lookup then the draft model). Plain Rust, so it is tested natively;
 //! `bindings.rs` only converts JS values and drives the steps on the JS event loop.
 
 use crate::error::{Result, WasmError};
 use crate::request::{LoadOptions, RequestOptions};
 use hearth_core::backend::Backend;
 use hearth_core::chat::ChatTemplate;
-use hearth_core::engine::{Engine, EngineOptions, FinishReason, Generation, Session};
+use hearth_core::engine::{EngineOptions, FinishReason, Generation};
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::request::response::{chat_logprobs, completion_logprobs};
-use hearth_core::request::{Endpoint, Prompt, Speculation, SpeculativeMode};
+use hearth_core::request::{Endpoint, Prompt, SpeculativeMode};
 use hearth_core::runner::Runner;
 use hearth_core::scheduler::{Drafting, RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{
-    check_vocab_compatible, default_draft_vocab, BatchedDraftModel, DraftModel, LookupThen, PolicyMemory,
-    SpeculativeMetrics, SpeculativeOptions,
+    check_vocab_compatible, default_draft_vocab, BatchedDraftModel, SpeculativeMetrics, SpeculativeOptions,
 };
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -126,8 +125,7 @@ pub enum HostEvent {
 }
 
 pub struct EngineHost {
-    /// `None` only while a speculative generation borrows the runner (inside one call).
-    scheduler: Option<Scheduler>,
+    scheduler: Scheduler,
     chat_template: Option<ChatTemplate>,
     engine_options: EngineOptions,
     info: ModelInfo,
@@ -135,10 +133,6 @@ pub struct EngineHost {
     /// log-probabilities are reported).
     seeds: HashMap<RequestId, (u64, Option<Endpoint>)>,
     stats: BatchStats,
-    /// What the last lookup-then-draft request learnt (pass costs, how far copies run), for the
-    /// next one: a chat's follow-up starts from its earlier turns. (The scheduler keeps the same
-    /// for the requests it drafts for.)
-    lookup_then_memory: PolicyMemory,
 }
 
 fn no_draft_model() -> WasmError {
@@ -196,66 +190,39 @@ impl EngineHost {
             SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() },
         );
         let stats = BatchStats { max_batch, ..BatchStats::default() };
-        Ok(EngineHost {
-            scheduler: Some(scheduler),
-            chat_template,
-            engine_options,
-            info,
-            seeds: HashMap::new(),
-            stats,
-            lookup_then_memory: PolicyMemory::default(),
-        })
+        Ok(EngineHost { scheduler, chat_template, engine_options, info, seeds: HashMap::new(), stats })
     }
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
 
-    fn scheduler(&self) -> Result<&Scheduler> {
-        self.scheduler.as_ref().ok_or_else(|| {
-            WasmError::Core(hearth_core::CoreError::InvalidArgument(
-                "the engine is busy with a speculative generation".into(),
-            ))
-        })
-    }
-
-    fn scheduler_mut(&mut self) -> Result<&mut Scheduler> {
-        self.scheduler.as_mut().ok_or_else(|| {
-            WasmError::Core(hearth_core::CoreError::InvalidArgument(
-                "the engine is busy with a speculative generation".into(),
-            ))
-        })
-    }
-
     pub fn backend_memory_bytes(&self) -> u64 {
-        self.scheduler.as_ref().map_or(0, |s| s.runner().backend().memory_bytes())
+        self.scheduler.runner().backend().memory_bytes()
     }
 
     pub fn batch_stats(&self) -> BatchStats {
         let mut stats = self.stats;
-        if let Some(scheduler) = &self.scheduler {
-            let s = scheduler.stats();
-            (stats.running, stats.waiting, stats.kv_blocks_used, stats.kv_blocks_total, stats.preemptions) =
-                (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions);
-        }
+        let s = self.scheduler.stats();
+        (stats.running, stats.waiting, stats.kv_blocks_used, stats.kv_blocks_total, stats.preemptions) =
+            (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions);
         stats
     }
 
     /// No request is queued or running.
     pub fn is_idle(&self) -> bool {
-        self.scheduler.as_ref().is_none_or(|s| s.is_idle())
+        self.scheduler.is_idle()
     }
 
     /// Token ids → text, special tokens included (tests, debugging).
     pub fn decode(&self, ids: &[u32]) -> String {
-        self.scheduler().ok().and_then(|s| s.tokenizer().decode(ids, false).ok()).unwrap_or_default()
+        self.scheduler.tokenizer().decode(ids, false).unwrap_or_default()
     }
 
     /// Prompt → token ids, by the core's one rule ([`Prompt::tokenize`]): chat messages through
     /// the model's template at `now_unix`, tokenized without a second BOS.
     pub fn tokenize(&self, input: &Prompt, now_unix: Option<i64>) -> Result<Vec<u32>> {
-        let tokenizer = self.scheduler()?.tokenizer();
-        Ok(input.tokenize(tokenizer, self.chat_template.as_ref(), now_unix)?)
+        Ok(input.tokenize(self.scheduler.tokenizer(), self.chat_template.as_ref(), now_unix)?)
     }
 
     /// The prompt's tokens and checked options of one request.
@@ -275,8 +242,7 @@ impl EngineHost {
         Ok((prompt, generate_options))
     }
 
-    /// Queues a request for the batch, speculative ones included, but those drafting by prompt
-    /// lookup then the draft model ([`EngineHost::runs_alone`]).
+    /// Queues a request for the batch, speculative ones included.
     pub fn submit(
         &mut self,
         input: &Prompt,
@@ -284,12 +250,6 @@ impl EngineHost {
         default_seed: u64,
         now_unix: Option<i64>,
     ) -> Result<RequestId> {
-        if Self::runs_alone(options) {
-            return Err(WasmError::bad_request(
-                "generation options",
-                "speculative requests with lookup then the draft model run alone (generate_speculative)",
-            ));
-        }
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
         let drafting = match (options.speculative(), options.prediction()) {
@@ -297,38 +257,39 @@ impl EngineHost {
                 Drafting::Lookup { reference: Vec::new(), options: s.options.clone() }
             }
             (Some(s), _) => {
-                if self.scheduler()?.draft_model().is_none() {
+                if self.scheduler.draft_model().is_none() {
                     return Err(no_draft_model());
                 }
-                Drafting::DraftModel { options: s.options.clone(), min_confidence: s.draft_min_p }
+                let (options, min_confidence) = (s.options.clone(), s.draft_min_p);
+                if s.lookup_first {
+                    Drafting::LookupThenDraftModel { options, min_confidence }
+                } else {
+                    Drafting::DraftModel { options, min_confidence }
+                }
             }
             // A predicted output reads as text inside the answer: no special tokens, no BOS.
             (None, Some(text)) => Drafting::Lookup {
-                reference: self.scheduler()?.tokenizer().encode(text, false, false)?,
+                reference: self.scheduler.tokenizer().encode(text, false, false)?,
                 options: SpeculativeOptions::lookup(),
             },
             (None, None) => Drafting::None,
         };
-        let id = self.scheduler_mut()?.submit_with(prompt, generate_options, drafting)?;
+        let id = self.scheduler.submit_with(prompt, generate_options, drafting)?;
         self.seeds.insert(id, (seed, options.endpoint()));
         Ok(id)
     }
 
     /// Ends a request now and frees its KV blocks; its report (finish reason `cancelled`).
     pub fn cancel(&mut self, id: RequestId) -> Option<Report> {
-        let scheduler = self.scheduler.as_mut()?;
-        let generation = scheduler.cancel(id)?;
+        let generation = self.scheduler.cancel(id)?;
         let (seed, endpoint) = self.seeds.remove(&id).unwrap_or_default();
-        Some(Report::new(generation, seed, scheduler.tokenizer(), endpoint))
+        Some(Report::new(generation, seed, self.scheduler.tokenizer(), endpoint))
     }
 
     /// One batched forward pass over every running request (admitting waiting ones first).
     /// Returns false when there was nothing to do.
     pub async fn step_async(&mut self, on_event: &mut dyn FnMut(HostEvent)) -> Result<bool> {
-        let scheduler = self
-            .scheduler
-            .as_mut()
-            .ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
+        let scheduler = &mut self.scheduler;
         let seeds = &mut self.seeds;
         // Reported after the step, which holds the tokenizer their log-probabilities need.
         let mut finished = Vec::new();
@@ -361,8 +322,10 @@ impl EngineHost {
         Ok(stepped)
     }
 
-    /// Runs one request alone; `on_text(delta)` streams text, returning false interrupts (the
-    /// report then says `cancelled`). Synchronous: [`EngineHost::generate_async`] polled once.
+    /// Runs one request (speculative or not) to its end; `on_text(delta)` streams text,
+    /// returning false interrupts (the report then says `cancelled`). Synchronous:
+    /// [`EngineHost::generate_async`] polled once (the backend must finish steps inside
+    /// `submit`: the CPU backend; natively every backend).
     pub fn generate(
         &mut self,
         input: &Prompt,
@@ -371,17 +334,13 @@ impl EngineHost {
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
-        if let Some(speculative) = options.speculative() {
-            let speculative = speculative.clone();
-            return self.generate_speculative(input, options, &speculative, default_seed, now_unix, on_text);
-        }
         // The inner result is the request's; the outer one fails only if the backend was async.
         hearth_core::block_on::block_on(async {
             Ok(self.generate_async(input, options, default_seed, now_unix, on_text).await)
         })?
     }
 
-    /// [`EngineHost::generate`] (not speculative) for backends whose logits arrive later:
+    /// [`EngineHost::generate`] for backends whose logits arrive later:
     /// submits the request and steps until it ends.
     pub async fn generate_async(
         &mut self,
@@ -418,9 +377,7 @@ impl EngineHost {
         backend: Box<dyn Backend>,
         on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
-        self.scheduler_mut()?.take_draft_model();
-        // Another draft model costs what it costs: nothing learnt about the last one carries.
-        self.lookup_then_memory = PolicyMemory::default();
+        self.scheduler.take_draft_model();
         let file = GgufFile::read(source)?;
         let draft_tokenizer = self.check_draft_vocabulary(&file)?;
         // A shortlisted head where the vocabulary allows, as `hearth run --draft-model`; a
@@ -433,7 +390,7 @@ impl EngineHost {
             ..self.engine_options.clone()
         };
         let runner = Runner::load(&file, backend, &options, on_progress)?;
-        let scheduler = self.scheduler_mut()?;
+        let scheduler = &mut self.scheduler;
         let draft = BatchedDraftModel::new(runner, &draft_tokenizer, scheduler.tokenizer(), options.prefill_chunk)?;
         scheduler.set_draft_model(draft, SpeculativeOptions::default());
         Ok(())
@@ -443,112 +400,23 @@ impl EngineHost {
     /// reads only the GGUF header, so it runs before a large draft is copied anywhere.
     pub fn check_draft_vocabulary(&self, draft: &GgufFile) -> Result<Tokenizer> {
         let draft_tokenizer = Tokenizer::from_gguf(&draft.metadata)?;
-        check_vocab_compatible(self.scheduler()?.tokenizer(), &draft_tokenizer)
+        check_vocab_compatible(self.scheduler.tokenizer(), &draft_tokenizer)
             .map_err(|e| WasmError::bad_request("draft model", format!("it cannot draft for this model: {e}")))?;
         Ok(draft_tokenizer)
     }
 
     /// Frees the draft model (and its backend).
     pub fn unload_draft(&mut self) {
-        if let Some(scheduler) = self.scheduler.as_mut() {
-            scheduler.take_draft_model();
-        }
+        self.scheduler.take_draft_model();
     }
 
     pub fn has_draft(&self) -> bool {
-        self.scheduler.as_ref().is_some_and(|s| s.draft_model().is_some())
+        self.scheduler.draft_model().is_some()
     }
 
     /// The draft model's backend ("wgpu", "cpu") and its memory in bytes, when one is loaded.
     pub fn draft_backend(&self) -> Option<(String, u64)> {
-        let backend = self.scheduler.as_ref()?.draft_model()?.runner().backend();
+        let backend = self.scheduler.draft_model()?.runner().backend();
         Some((backend.name().to_string(), backend.memory_bytes()))
-    }
-
-    /// Whether a request runs alone, not batched: speculative decoding by prompt lookup then the
-    /// draft model (`lookup: true`), whose drafter the batching scheduler does not have.
-    pub fn runs_alone(options: &RequestOptions) -> bool {
-        options.speculative().is_some_and(|s| s.mode == SpeculativeMode::DraftModel && s.lookup_first)
-    }
-
-    /// One request with speculative decoding to its end: through the batch for lookup or the draft
-    /// model, alone (while nothing else runs) for lookup then the draft model. Synchronous:
-    /// [`EngineHost::generate_speculative_async`] polled once
-    /// (the backend must finish steps inside `submit`: the CPU backend; natively every backend).
-    pub fn generate_speculative(
-        &mut self,
-        input: &Prompt,
-        options: &RequestOptions,
-        speculative: &Speculation,
-        default_seed: u64,
-        now_unix: Option<i64>,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<Report> {
-        // The inner result is the request's; the outer one fails only if the backend was async.
-        let run = async {
-            Ok(self.generate_speculative_async(input, options, speculative, default_seed, now_unix, on_text).await)
-        };
-        hearth_core::block_on::block_on(run)?
-    }
-
-    /// [`EngineHost::generate_speculative`] on any backend (WebGPU in a browser: the target's
-    /// forward passes are awaited, and so are the draft model's, on its own backend).
-    /// The returned future must be run to completion: the scheduler is lent to the generation
-    /// and given back at its end.
-    pub async fn generate_speculative_async(
-        &mut self,
-        input: &Prompt,
-        options: &RequestOptions,
-        speculative: &Speculation,
-        default_seed: u64,
-        now_unix: Option<i64>,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<Report> {
-        if !Self::runs_alone(options) {
-            // Lookup or the draft model alone: the scheduler drafts for it.
-            return self.generate_async(input, options, default_seed, now_unix, on_text).await;
-        }
-        if !self.is_idle() {
-            return Err(WasmError::bad_request("state", "speculative requests run when no other request is running"));
-        }
-        let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
-        let seed = generate_options.sampling.seed;
-        let speculative_options = speculative.options.clone();
-        let Some((batched, draft_bounds)) = self.scheduler_mut()?.take_draft_model() else {
-            return Err(no_draft_model());
-        };
-        let mut draft = DraftModel::from_batched(batched);
-        draft.min_confidence = speculative.draft_min_p;
-        let mut drafter = LookupThen::new(&mut draft);
-        let scheduler = self
-            .scheduler
-            .take()
-            .ok_or_else(|| WasmError::bad_request("state", "a speculative generation is running"))?;
-        let max_batch = self.stats.max_batch;
-        let (runner, tokenizer) = scheduler.into_parts();
-        let session = Session::from_runner(runner, self.engine_options.prefill_chunk);
-        let mut engine = Engine::from_parts(session, tokenizer, None);
-        let memory = &mut self.lookup_then_memory;
-        let result = engine
-            .generate_speculative_with_async(
-                &prompt,
-                &generate_options,
-                &mut drafter,
-                &speculative_options,
-                memory,
-                on_text,
-            )
-            .await;
-        let (session, tokenizer, _) = engine.into_parts();
-        let scheduler_options = SchedulerOptions {
-            max_batch,
-            prefill_chunk: self.engine_options.prefill_chunk,
-            ..SchedulerOptions::default()
-        };
-        let report = result.map(|g| Report::new(g, seed, &tokenizer, None));
-        let mut scheduler = Scheduler::new(session.into_runner(), tokenizer, scheduler_options);
-        scheduler.set_draft_model(draft.into_batched(), draft_bounds);
-        self.scheduler = Some(scheduler);
-        Ok(report?)
     }
 }

@@ -150,7 +150,7 @@ impl RequestOptions {
         })
     }
 
-    /// The speculative decoding asked for (such a request runs alone).
+    /// The speculative decoding asked for.
     pub fn speculative(&self) -> Option<&Speculation> {
         self.speculative.as_ref()
     }

@@ -5,13 +5,13 @@
 
 mod common;
 
-use hearth_core::engine::{Engine, EngineOptions, GenerateOptions};
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Session};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::runner::{BatchEntry, Runner};
 use hearth_core::sampling::{argmax, Sampler, SamplingParams};
-use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
-use hearth_core::speculative::{PromptLookup, SpeculativeOptions};
+use hearth_core::scheduler::{Drafting, RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
+use hearth_core::speculative::SpeculativeOptions;
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::{model_path, GEMMA_270M};
 use hearth_wgpu::WgpuOptions;
@@ -133,14 +133,14 @@ fn gemma_270m_greedy_verification_reads_back_the_argmax_per_row() {
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let file = GgufFile::open(&model_path(GEMMA_270M)).expect("open model");
     let options = EngineOptions { n_ctx: N_CTX, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
-    let mut engine = Engine::load(&file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu");
+    let engine = Engine::load(&file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu");
     let text = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,";
     let prompt = engine.tokenizer().encode(text, true, false).expect("encode");
     let max_tokens = 10;
 
     // Full logits: whole rows, host argmax.
-    let session = engine.session_mut();
-    session.reset();
+    let (runner, tokenizer, _) = engine.into_parts();
+    let mut session = Session::from_runner(runner, options.prefill_chunk);
     let mut logits = session.eval(&prompt, LogitsMode::Last).expect("eval").to_vec();
     let mut want = Vec::new();
     while want.len() < max_tokens {
@@ -149,19 +149,16 @@ fn gemma_270m_greedy_verification_reads_back_the_argmax_per_row() {
         logits = session.eval(&[token], LogitsMode::Last).expect("eval").to_vec();
     }
 
-    engine.session_mut().reset();
+    let mut engine = Engine::from_parts(session.into_runner(), tokenizer, None, &options);
+    engine.clear_prefix_cache();
     let greedy = GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::default() };
-    let before = engine.session().backend().counters().bytes_read_back;
-    let spec = engine
-        .generate_speculative(
-            &prompt,
-            &greedy,
-            &mut PromptLookup::default(),
-            &SpeculativeOptions { max_draft_tokens: 15, adaptive: false },
-            &mut |_| true,
-        )
-        .expect("generate_speculative");
-    let bytes = engine.session().backend().counters().bytes_read_back - before;
+    let before = engine.backend().counters().bytes_read_back;
+    let lookup = Drafting::Lookup {
+        reference: Vec::new(),
+        options: SpeculativeOptions { max_draft_tokens: 15, adaptive: false },
+    };
+    let spec = engine.generate_with(&prompt, &greedy, lookup, &mut |_| true).expect("speculative generate");
+    let bytes = engine.backend().counters().bytes_read_back - before;
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("{metrics:?}: {bytes} bytes read back\nfull logits: {want:?}\nspeculative: {:?}", spec.tokens);
     assert_eq!(spec.tokens, want, "greedy verification from the device argmax differs from the full-logits path");

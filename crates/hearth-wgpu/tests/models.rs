@@ -323,7 +323,8 @@ fn gemma_270m_batched_steps_match_cpu() {
 #[test]
 fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     use hearth_core::engine::{Engine, GenerateOptions};
-    use hearth_core::speculative::{PromptLookup, SpeculativeOptions};
+    use hearth_core::scheduler::Drafting;
+    use hearth_core::speculative::SpeculativeOptions;
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let file = GgufFile::open(&model_path(GEMMA_270M)).expect("open model");
     let options = EngineOptions { n_ctx: 256, ..EngineOptions::default() };
@@ -332,18 +333,14 @@ fn gemma_270m_prompt_lookup_greedy_equals_plain_greedy() {
     let prompt = "Add type hints:\ndef area(width, height):\n    return width * height\n\ndef area(width: float, height: float) -> float:\n    return width * height\n\nAdd type hints:\ndef perimeter(width, height):\n    return 2 * (width + height)\n\n";
     let prompt = engine.tokenizer().encode(prompt, true, false).expect("encode");
     let greedy = GenerateOptions { max_tokens: 16, ignore_eos: true, ..GenerateOptions::default() };
-    engine.session_mut().reset();
     let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
-    engine.session_mut().reset();
-    let spec = engine
-        .generate_speculative(
-            &prompt,
-            &greedy,
-            &mut PromptLookup::default(),
-            &SpeculativeOptions { max_draft_tokens: 5, adaptive: false },
-            &mut |_| true,
-        )
-        .expect("generate_speculative");
+    // From scratch again: the prompt evaluated in the same steps as the plain run's.
+    engine.clear_prefix_cache();
+    let lookup = Drafting::Lookup {
+        reference: Vec::new(),
+        options: SpeculativeOptions { max_draft_tokens: 5, adaptive: false },
+    };
+    let spec = engine.generate_with(&prompt, &greedy, lookup, &mut |_| true).expect("speculative generate");
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("wgpu lookup: {metrics:?}\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
     assert_eq!(spec.tokens, plain.tokens, "speculative greedy differs from greedy on wgpu");
@@ -362,17 +359,18 @@ fn gemma_270m_device_sampling_equals_full_logits_path() {
     let Some(gpu) = common::open(WgpuOptions::from_env()) else { return };
     let file = GgufFile::open(&model_path(GEMMA_270M)).expect("open model");
     let options = EngineOptions { n_ctx: N_CTX, ..EngineOptions::default() };
-    let mut engine = Engine::load(&file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu");
+    let engine = Engine::load(&file, Box::new(gpu), &options, &mut |_, _| {}).expect("load on wgpu");
     let prompt = engine.tokenizer().encode("Once upon a time, in a small village,", true, false).expect("encode");
     let n = 12;
     let greedy = SamplingParams::default();
     let top_k = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 1234, ..SamplingParams::default() };
+    // The same runner serves both paths: a session that evaluates directly, then an engine.
+    let (mut runner, mut tokenizer, _) = engine.into_parts();
     for params in [greedy, top_k] {
         let mut sampler = Sampler::new(params.clone());
         assert!(matches!(sampler.readback(&prompt), Readback::TopK(_)), "{params:?} should use device candidates");
         // The full-logits path: every step reads back the whole row.
-        let session = engine.session_mut();
-        session.reset();
+        let mut session = Session::from_runner(runner, options.prefill_chunk);
         session.clear_prefix_cache();
         let mut logits = session.eval(&prompt, LogitsMode::Last).expect("eval").to_vec();
         let mut want = Vec::new();
@@ -382,24 +380,28 @@ fn gemma_270m_device_sampling_equals_full_logits_path() {
             logits = session.eval(&[token], LogitsMode::Last).expect("eval").to_vec();
         }
         // The engine's loop: candidates from the device.
-        engine.session_mut().reset();
-        engine.session_mut().clear_prefix_cache();
-        let before = engine.session().backend().counters();
+        let mut engine = Engine::from_parts(session.into_runner(), tokenizer, None, &options);
+        engine.clear_prefix_cache();
+        let before = engine.backend().counters();
         let gen =
             GenerateOptions { max_tokens: n, sampling: params.clone(), ignore_eos: true, ..GenerateOptions::default() };
         let got = engine.generate(&prompt, &gen, &mut |_| true).expect("generate");
-        let after = engine.session().backend().counters();
+        let after = engine.backend().counters();
         eprintln!("{params:?}\nfull logits: {want:?}\ncandidates:  {:?}\n{:?}", got.tokens, after);
         assert_eq!(got.tokens, want, "device candidates and full logits give different tokens");
         // Prompt + n - 1 decode steps, each reading back k (id, logit) pairs.
         let Readback::TopK(k) = sampler.readback(&prompt) else { unreachable!() };
         assert_eq!(after.bytes_read_back - before.bytes_read_back, (n * k * 8) as u64);
+        (runner, tokenizer, _) = engine.into_parts();
     }
     // A warmed-up candidate step creates nothing and submits once.
-    let before = engine.session().backend().counters();
-    let token = *engine.session().history().last().expect("history");
-    engine.session_mut().eval_for(&[token], Readback::TopK(40)).expect("decode");
-    let after = engine.session().backend().counters();
+    let mut session = Session::from_runner(runner, options.prefill_chunk);
+    session.eval(&prompt, LogitsMode::Last).expect("eval");
+    let token = *session.history().last().expect("history");
+    session.eval_for(&[token], Readback::TopK(40)).expect("warm-up decode");
+    let before = session.backend().counters();
+    session.eval_for(&[token], Readback::TopK(40)).expect("decode");
+    let after = session.backend().counters();
     assert_eq!(after.pipelines_created, before.pipelines_created, "a decode step created pipelines");
     assert_eq!(after.bind_groups_created, before.bind_groups_created, "a decode step created bind groups");
     assert_eq!(after.submits, before.submits + 1);

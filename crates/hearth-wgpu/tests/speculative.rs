@@ -3,17 +3,17 @@
 //! and rolls rejected ones back; every wgpu kernel computes a row the same way whatever the batch
 //! (one attention path, row-wise mat-muls), so any difference is a verification or rollback bug.
 //! Few tokens each: lavapipe runs the 1.5B at a few tokens per second.
-//! The draft model runs on wgpu too (a device of its own), its proposals awaited through
-//! `Drafter::propose_async` as in a browser.
+//! The draft model runs on wgpu too (a device of its own), its proposals awaited through the
+//! scheduler's async step as in a browser.
 
 mod common;
 
 use hearth_core::block_on::block_on;
-use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation, Session};
+use hearth_core::engine::{Engine, EngineOptions, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
-use hearth_core::speculative::{DraftModel, Drafter, LookupThen, PromptLookup, SpeculativeOptions};
-use hearth_core::tokenizer::Tokenizer;
-use hearth_tests::{as_ids, fixtures_dir, model_path, read_json, QWEN_05B, QWEN_15B};
+use hearth_core::scheduler::Drafting;
+use hearth_core::speculative::SpeculativeOptions;
+use hearth_tests::{as_ids, draft_model, fixtures_dir, model_path, read_json, QWEN_05B, QWEN_15B};
 use hearth_wgpu::WgpuOptions;
 
 const N_CTX: usize = 256;
@@ -37,19 +37,16 @@ fn wgpu_engine(stem: &str) -> Option<Engine> {
 fn assert_same_as_greedy(
     engine: &mut Engine,
     prompt: &str,
-    drafter: &mut dyn Drafter,
-    speculative: &SpeculativeOptions,
+    drafting: Drafting,
     max_tokens: usize,
     label: &str,
 ) -> Generation {
     let prompt = engine.tokenizer().encode(prompt, true, false).expect("encode");
     let greedy = GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::default() };
-    engine.session_mut().reset();
-    let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
-    engine.session_mut().reset();
-    let spec = engine
-        .generate_speculative(&prompt, &greedy, drafter, speculative, &mut |_| true)
-        .expect("generate_speculative");
+    engine.clear_prefix_cache();
+    let plain = engine.generate_with(&prompt, &greedy, Drafting::None, &mut |_| true).expect("generate");
+    engine.clear_prefix_cache();
+    let spec = engine.generate_with(&prompt, &greedy, drafting, &mut |_| true).expect("speculative generate");
     let metrics = spec.speculative.clone().expect("metrics");
     eprintln!("{label}: {metrics:?}\nplain: {:?}\nspec:  {:?}", plain.text, spec.text);
     assert_eq!(plain.tokens.len(), max_tokens, "{label}: plain generation length");
@@ -63,33 +60,19 @@ fn assert_same_as_greedy(
 #[test]
 fn qwen_05b_prompt_lookup_greedy_equals_plain_greedy() {
     let Some(mut engine) = wgpu_engine(QWEN_05B) else { return };
-    assert_same_as_greedy(
-        &mut engine,
-        REWRITE,
-        &mut PromptLookup::default(),
-        &SpeculativeOptions { max_draft_tokens: 15, adaptive: false },
-        16,
-        "wgpu qwen 0.5B lookup",
-    );
+    let lookup = SpeculativeOptions { max_draft_tokens: 15, adaptive: false };
+    let drafting = Drafting::Lookup { reference: Vec::new(), options: lookup };
+    assert_same_as_greedy(&mut engine, REWRITE, drafting, 16, "wgpu qwen 0.5B lookup");
     // Prompt lookup first, a draft model where nothing matches (`--lookup --draft-model`; the
     // draft, the 0.5B itself with a shortlisted head, on the CPU): both kinds of drafts verified on wgpu.
     let draft_file = GgufFile::open(&model_path(QWEN_05B)).expect("open draft model");
     let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
-    let session =
-        Session::load(&draft_file, Box::new(backend), &options, &mut |_, _| {}).expect("load draft on the CPU");
-    let draft_tokenizer = Tokenizer::from_gguf(&draft_file.metadata).expect("draft tokenizer");
-    let mut draft = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("same vocabulary");
-    draft.min_confidence = 0.0;
+    let draft = draft_model(&draft_file, Box::new(backend), &options, engine.tokenizer());
     let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
-    let spec = assert_same_as_greedy(
-        &mut engine,
-        REWRITE,
-        &mut LookupThen::new(draft),
-        &speculative,
-        16,
-        "wgpu qwen 0.5B lookup then draft",
-    );
+    engine.set_draft_model(draft, speculative.clone());
+    let drafting = Drafting::LookupThenDraftModel { options: speculative, min_confidence: 0.0 };
+    let spec = assert_same_as_greedy(&mut engine, REWRITE, drafting, 16, "wgpu qwen 0.5B lookup then draft");
     let m = spec.speculative.expect("metrics");
     assert!(
         m.free_accepted > 0 && m.accepted > m.free_accepted,
@@ -105,18 +88,17 @@ fn qwen_15b_with_qwen_05b_draft_greedy_equals_plain_greedy() {
     // A shortlisted head, as `hearth run --draft-model` loads it by default: its weight is the
     // first rows of the tied embedding, its top-k taken over 65,536 logits.
     let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
-    let session = Session::load(&draft_file, Box::new(gpu), &options, &mut |_, _| {}).expect("load draft on wgpu");
-    let draft_tokenizer = Tokenizer::from_gguf(&draft_file.metadata).expect("draft tokenizer");
-    let mut drafter = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("compatible vocabularies");
+    let draft = draft_model(&draft_file, Box::new(gpu), &options, engine.tokenizer());
     // Full-length drafts (no confidence stop): a 5-token verification pass. (On this prompt all 4
     // drafts are accepted; rollback after a rejection on wgpu is covered by the lookup test.)
-    drafter.min_confidence = 0.0;
     let speculative = SpeculativeOptions { max_draft_tokens: 4, adaptive: false };
-    assert_same_as_greedy(&mut engine, NEXT_FUNCTION, &mut drafter, &speculative, 6, "wgpu qwen 1.5B + 0.5B draft");
+    engine.set_draft_model(draft, speculative.clone());
+    let drafting = Drafting::DraftModel { options: speculative, min_confidence: 0.0 };
+    assert_same_as_greedy(&mut engine, NEXT_FUNCTION, drafting, 6, "wgpu qwen 1.5B + 0.5B draft");
 }
 
 /// The tiny synthetic qwen2 model (f32 weights) drafting for itself, both on wgpu, through the
-/// async path (`generate_speculative_async` awaiting `DraftModel::propose_async`): the tokens are
+/// async path (`Engine::generate_with_async` awaiting the draft's passes): the tokens are
 /// plain greedy's and the native CPU backend's (the browser fixture of webgpu-speculative.test.js,
 /// every step decisive by at least 0.6 nats), and every draft is accepted, since the draft computes
 /// each row exactly as the verification pass does.
@@ -130,30 +112,26 @@ fn synthetic_model_drafting_for_itself_on_wgpu_through_the_async_path() {
     let Some(target_gpu) = common::open(WgpuOptions::from_env()) else { return };
     let mut engine = Engine::load(&file, Box::new(target_gpu), &options, &mut |_, _| {}).expect("load target on wgpu");
     let Some(draft_gpu) = common::open(WgpuOptions::from_env()) else { return };
-    let session = Session::load(&file, Box::new(draft_gpu), &options, &mut |_, _| {}).expect("load draft on wgpu");
-    let draft_tokenizer = Tokenizer::from_gguf(&file.metadata).expect("draft tokenizer");
-    let mut drafter = DraftModel::new(session, &draft_tokenizer, engine.tokenizer()).expect("same vocabulary");
-    // A random-weights model is rarely confident: draft the full length.
-    drafter.min_confidence = 0.0;
+    let draft = draft_model(&file, Box::new(draft_gpu), &options, engine.tokenizer());
 
     let greedy = GenerateOptions { max_tokens: expected.len(), ignore_eos: true, ..GenerateOptions::default() };
-    let plain = engine.generate(&prompt, &greedy, &mut |_| true).expect("generate");
+    let plain = engine.generate_with(&prompt, &greedy, Drafting::None, &mut |_| true).expect("generate");
     assert_eq!(plain.tokens, expected, "wgpu greedy vs the CPU backend");
-    engine.session_mut().reset();
+    engine.clear_prefix_cache();
     let speculative = SpeculativeOptions { max_draft_tokens: 3, adaptive: false };
-    let spec = block_on(engine.generate_speculative_async(&prompt, &greedy, &mut drafter, &speculative, &mut |_| true))
-        .expect("speculative");
+    engine.set_draft_model(draft, speculative.clone());
+    // A random-weights model is rarely confident: draft the full length.
+    let drafting = Drafting::DraftModel { options: speculative, min_confidence: 0.0 };
+    let spec = block_on(engine.generate_with_async(&prompt, &greedy, drafting, &mut |_| true)).expect("speculative");
     let metrics = spec.speculative.expect("metrics");
     eprintln!("wgpu self-drafting synthetic qwen2: {metrics:?}");
     assert_eq!(spec.tokens, expected, "speculative greedy with a wgpu draft");
     assert!(metrics.proposed > 0, "{metrics:?}");
     assert_eq!(metrics.accepted, metrics.proposed, "a model drafting for itself: {metrics:?}");
     assert_eq!(1 + metrics.accepted + metrics.target_forward_passes, expected.len(), "{metrics:?}");
-    // The draft session holds the accepted context (it rolls back to it and moves on lazily).
-    let history = drafter.history();
-    assert!(history.len() > prompt.len() && history[..prompt.len()] == prompt[..], "draft history {history:?}");
     // Greedy drafting reads back one candidate and the row's log-sum-exp per step (12 bytes;
     // reading the prompt, one candidate: 8), never the logits (4 bytes per vocabulary entry).
+    let drafter = engine.scheduler().draft_model().expect("draft model");
     let counters = drafter.runner().backend().counters();
     let n_vocab = drafter.runner().config().n_vocab as u64;
     assert!(counters.steps_executed > 0, "{counters:?}");

@@ -14,7 +14,7 @@ mod worker;
 use crate::load;
 use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use api::Endpoint;
 use clap::Args;
 use error::ApiError;
@@ -53,9 +53,10 @@ pub struct ServeArgs {
     pub max_stall: f64,
     // Speculative decoding for every request (greedy outputs are unchanged): `--lookup` copies
     // drafts from the request's prompt and output, `--draft-model` drafts with a smaller model
-    // of the same vocabulary (every request's drafts in shared passes); each step verifies as
-    // many as pay at the measured pass costs, weighed across the requests of the step. A
-    // request with a prediction drafts from it by prompt lookup either way.
+    // of the same vocabulary (every request's drafts in shared passes), both draft by lookup
+    // where the output copies and with the model elsewhere; each step verifies as many as pay
+    // at the measured pass costs, weighed across the requests of the step. A request with a
+    // prediction drafts from it by prompt lookup either way.
     #[command(flatten)]
     pub speculative: SpeculativeArgs,
     /// The model's id in /v1/models and responses (default: the built-in name given to -m, or
@@ -68,12 +69,8 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The scheduler's lookup settings; a flag that would be ignored is an error.
     fn lookup(&self) -> Result<Option<SpeculativeOptions>> {
-        let speculative = &self.speculative;
-        speculative.check()?;
-        if speculative.lookup && speculative.draft_model.is_some() {
-            bail!("hearth serve drafts with --lookup or with --draft-model, not both yet: drop one of them");
-        }
-        Ok(speculative.lookup.then(|| speculative.options()))
+        self.speculative.check()?;
+        Ok(self.speculative.lookup_options())
     }
 }
 

@@ -118,8 +118,7 @@ export interface SamplingRequest {
   user?: string;
   /** Speculative decoding (greedy output is unchanged; sampling keeps the target's distribution),
    * as `hearth run --lookup` / `--draft-model` / `--draft-tokens K`, on the WebGPU or the CPU
-   * engine. Batched with other requests, but `lookup: true` (lookup, then the draft model), which
-   * runs alone. */
+   * engine. Batched with other requests, each verifying its drafts in the shared pass. */
   speculative?: SpeculativeRequest;
   signal?: AbortSignal;
   model?: string;

@@ -1,13 +1,14 @@
 //! Speculative decoding inside the batching scheduler: each decoding request's drafts, verified
-//! in the pass that decodes it. The drafts come from prompt lookup (`hearth serve --lookup`, or a
-//! request with a predicted output: copied from the request's own prompt and output, and its
-//! prediction) or from a draft model (`hearth serve --draft-model`: every request's drafts made
-//! in shared passes of the draft model, [`BatchedDraftModel`](crate::speculative::BatchedDraftModel)).
+//! in the pass that decodes it. The drafts come from prompt lookup (`--lookup`, or a request with
+//! a predicted output: copied from the request's own prompt and output, and its prediction), from
+//! a draft model (`--draft-model`: every request's drafts made in shared passes of the draft
+//! model, [`BatchedDraftModel`](crate::speculative::BatchedDraftModel)), or from both (`--lookup
+//! --draft-model`: lookup's free drafts where the output copies, the draft model elsewhere).
 //!
 //! Requests draft in steps that only decode (no prompt chunk). A request alone in the step
-//! verifies the prefix its [`DraftPolicy`] chooses, as in `Engine::generate_speculative`. With
-//! several, [`joint_lengths`] weighs every request's drafts against the whole step's cost: a row
-//! that verifies a draft costs the same whichever request it serves, and the pass is shared.
+//! verifies the prefix its [`DraftPolicy`] chooses. With several, [`joint_lengths`] weighs every
+//! request's drafts against the whole step's cost: a row that verifies a draft costs the same
+//! whichever request it serves, and the pass is shared.
 
 use crate::backend::Readback;
 use crate::engine::{ms, Instant};
@@ -16,8 +17,15 @@ use crate::runner::StepOutput;
 use crate::sampling::{Sampler, Xoshiro256StarStar};
 use crate::speculative::verify::{verification_rng, verify_proposal, Distribution, VerificationOutcome};
 use crate::speculative::{
-    verify_readback, DraftPolicy, DraftSequence, PromptLookup, Proposal, SpeculativeMetrics, SpeculativeOptions,
+    verify_readback, CatchUp, DraftPolicy, DraftSequence, PromptLookup, Proposal, SpeculativeMetrics,
+    SpeculativeOptions,
 };
+
+/// Free proposals from matches shorter than this give way to a draft model that is ready to
+/// draft: a prompt lookup's guess after a one-token match is kept ~30% of the time, a draft
+/// model's drafts ~95%. (With the draft model waiting to repay its catch-up, the guesses keep
+/// the steps in between from being plain: a 2-row pass costs about a 1-row one on a CPU.)
+const FREE_OVER_COSTLY_MIN_MATCH: usize = 2;
 
 /// Where a request's drafts come from.
 pub(super) enum DraftSource {
@@ -33,14 +41,46 @@ pub(super) enum DraftSource {
 pub(super) enum DraftKind {
     Lookup,
     Model,
+    LookupThenModel,
+}
+
+/// Prompt lookup's drafts ahead of a draft model's: they cost nothing to make, so they are judged
+/// by a policy of their own (the draft model's pauses never stop them), and the draft model
+/// drafts again only once the gain forgone since they stopped pays for reading what they copied
+/// ([`CatchUp`]).
+pub(super) struct FreeLookup {
+    lookup: PromptLookup,
+    policy: DraftPolicy,
+    catch_up: CatchUp,
+    /// Whether the planned step verifies the free drafts (else the draft model's, or none).
+    planned_free: bool,
+}
+
+impl FreeLookup {
+    /// For a request whose prompt has `prompt_len` tokens, with lookup's own `policy`.
+    pub fn new(policy: DraftPolicy, prompt_len: usize) -> Self {
+        FreeLookup { lookup: PromptLookup::default(), policy, catch_up: CatchUp::new(prompt_len), planned_free: false }
+    }
+}
+
+/// How a request with free drafts ([`FreeLookup`]) drafts this step.
+pub(super) enum FreeStep {
+    /// The step is planned: it verifies free drafts, or none while the draft model waits.
+    Planned,
+    /// The draft model drafts.
+    Costly,
 }
 
 pub(super) struct RequestDrafts {
     pub source: DraftSource,
+    /// Prompt lookup's free drafts ahead of the draft model's (`None`: one drafter).
+    pub free: Option<FreeLookup>,
     /// The draft bounds the request asked for (its policy's, which the next request with the
     /// same bounds starts from).
     pub options: SpeculativeOptions,
     policy: DraftPolicy,
+    /// Whether the draft model has read the prompt ([`Self::needs_prompt_read`]).
+    prompt_read: bool,
     pub metrics: SpeculativeMetrics,
     /// Accepts or rejects drafts when sampling (unused when greedy).
     rng: Xoshiro256StarStar,
@@ -59,11 +99,19 @@ pub(super) struct RequestDrafts {
 }
 
 impl RequestDrafts {
-    pub fn new(source: DraftSource, options: SpeculativeOptions, policy: DraftPolicy, seed: u64) -> Self {
+    pub fn new(
+        source: DraftSource,
+        free: Option<FreeLookup>,
+        options: SpeculativeOptions,
+        policy: DraftPolicy,
+        seed: u64,
+    ) -> Self {
         RequestDrafts {
             source,
+            free,
             options,
             policy,
+            prompt_read: false,
             metrics: SpeculativeMetrics::default(),
             rng: verification_rng(seed),
             batch: Vec::new(),
@@ -76,15 +124,70 @@ impl RequestDrafts {
     }
 
     pub fn kind(&self) -> DraftKind {
-        match self.source {
-            DraftSource::Lookup { .. } => DraftKind::Lookup,
-            DraftSource::Model(_) => DraftKind::Model,
+        match (&self.source, &self.free) {
+            (DraftSource::Lookup { .. }, _) => DraftKind::Lookup,
+            (DraftSource::Model(_), None) => DraftKind::Model,
+            (DraftSource::Model(_), Some(_)) => DraftKind::LookupThenModel,
         }
     }
 
-    /// The policy, to start the next request from what this one learnt.
-    pub fn policy(&self) -> &DraftPolicy {
-        &self.policy
+    /// The policies (the drafter's, and the free drafts' when there are any), to start the next
+    /// request from what this one learnt.
+    pub fn policies(&self) -> (&DraftPolicy, Option<&DraftPolicy>) {
+        (&self.policy, self.free.as_ref().map(|f| &f.policy))
+    }
+
+    /// The policy that judges the planned step's drafts.
+    fn planned_policy(&self) -> &DraftPolicy {
+        match &self.free {
+            Some(free) if free.planned_free => &free.policy,
+            _ => &self.policy,
+        }
+    }
+
+    /// Whether its draft model still has to read the prompt before it drafts: it reads it after
+    /// the first token (which streams first), before the first decode step, which the policy
+    /// then times without it.
+    pub fn needs_prompt_read(&self) -> bool {
+        matches!(self.source, DraftSource::Model(_)) && !self.prompt_read
+    }
+
+    /// The draft model read the prompt in `read_ms`.
+    pub fn prompt_was_read(&mut self, read_ms: f64) {
+        self.prompt_read = true;
+        self.metrics.drafter_prepare_ms += read_ms;
+    }
+
+    /// With free drafts: prompt lookup's proposal for `context` verified when it pays (at most
+    /// `room`, beside `other_rows` rows of other requests), else the draft model's turn if it is
+    /// ready to draft, else a plain step. `None`: no free drafts.
+    pub fn plan_free(&mut self, context: &[u32], room: usize, other_rows: usize) -> Option<FreeStep> {
+        let free = self.free.as_mut()?;
+        // (A fixed draft length keeps the fixed wait: nothing there is judged by its cost.)
+        let gain_ms = if self.options.adaptive { self.policy.drafting_gain_ms() } else { f64::INFINITY };
+        let costly_ready = free.catch_up.costly_ready(context.len(), gain_ms);
+        let budget = free.policy.request_beside(other_rows).min(room);
+        let drafting = Instant::now();
+        let mut proposal = if budget > 0 { free.lookup.proposal(context, budget) } else { Proposal::default() };
+        free.policy.observe_draft(budget, ms(drafting));
+        proposal.tokens.truncate(budget);
+        let (length, matched) = (proposal.tokens.len(), proposal.matched);
+        // A guess from a one-token match gives way to a draft model ready to draft.
+        let yields = costly_ready && matched.unwrap_or(0) < FREE_OVER_COSTLY_MIN_MATCH;
+        let from_free = free.policy.verify_length(length, matched) > 0 && !yields;
+        if !from_free {
+            free.policy.track_unverified(length, matched, 0, &proposal.tokens);
+        }
+        free.catch_up.start_step(from_free, context.len());
+        free.planned_free = from_free;
+        if from_free {
+            self.set_plan(context, proposal, budget);
+        } else if costly_ready {
+            return Some(FreeStep::Costly);
+        } else {
+            self.set_plan(context, Proposal::default(), 0);
+        }
+        Some(FreeStep::Planned)
     }
 
     /// How many drafts to ask for this step, at most `room` (the policy's choice for a pass
@@ -107,11 +210,21 @@ impl RequestDrafts {
     /// asked with `budget` and made in `drafting_ms`; [`Self::commit`] then says how many the
     /// pass verifies.
     pub fn plan(&mut self, context: &[u32], proposal: Proposal, budget: usize, drafting_ms: f64) {
-        let Some(&pending) = context.last() else { return };
         match &proposal.timing {
-            Some(timing) => self.policy.observe_draft_timing(timing),
+            Some(timing) => {
+                self.policy.observe_draft_timing(timing);
+                if let Some(free) = self.free.as_mut() {
+                    // The first pass read what the free drafts copied since the model last drafted.
+                    free.catch_up.observe_catch_up(context.len(), drafting_ms - timing.later_ms);
+                }
+            }
             None => self.policy.observe_draft(budget, drafting_ms),
         }
+        self.set_plan(context, proposal, budget);
+    }
+
+    fn set_plan(&mut self, context: &[u32], proposal: Proposal, budget: usize) {
+        let Some(&pending) = context.last() else { return };
         (self.unverified, self.distributions, self.matched, self.budget, self.planned) =
             (proposal.tokens, proposal.distributions, proposal.matched, budget, true);
         self.batch.clear();
@@ -120,19 +233,20 @@ impl RequestDrafts {
 
     /// How many of the proposal a pass of this request alone verifies (the policy's choice).
     pub fn solo_length(&self) -> usize {
-        self.policy.verify_length(self.unverified.len(), self.matched)
+        self.planned_policy().verify_length(self.unverified.len(), self.matched)
     }
 
     /// The proposal as [`joint_lengths`] weighs it in a step of `plain_width` rows without
     /// drafts: the length the policy forces, if any, and each draft's estimated reach.
     pub fn weighed(&self, plain_width: usize) -> (Option<usize>, Vec<f64>) {
         let available = self.unverified.len();
-        (self.policy.forced_length(available, plain_width), self.policy.draft_reach(available, self.matched))
+        let policy = self.planned_policy();
+        (policy.forced_length(available, plain_width), policy.draft_reach(available, self.matched))
     }
 
     /// The estimated ms of a pass of `width` rows, as this request's policy measured them.
     pub fn pass_ms(&self, width: usize) -> f64 {
-        self.policy.pass_ms(width)
+        self.planned_policy().pass_ms(width)
     }
 
     /// The pass verifies the first `verify` drafts of the proposal: [`Self::batch`] holds the
@@ -195,7 +309,7 @@ impl RequestDrafts {
         verify_proposal(drafts, distributions, &mut target, &mut self.rng)
     }
 
-    /// What the verification step reads back (see `Engine::generate_speculative`).
+    /// What the verification step reads back: candidates where the sampler allows them.
     pub fn readback(&self, sampler: &Sampler, context: &[u32]) -> Readback {
         verify_readback(sampler, context, &self.batch[1..])
     }
@@ -203,6 +317,9 @@ impl RequestDrafts {
     /// The prompt's pass chose the first token.
     pub fn observe_first_token(&mut self, token: u32) {
         self.policy.observe_token(token);
+        if let Some(free) = self.free.as_mut() {
+            free.policy.observe_token(token);
+        }
     }
 
     /// A decode step of this request ended with `outcome`; the step had `step_rows` rows over
@@ -211,12 +328,36 @@ impl RequestDrafts {
     /// tokens count).
     pub fn observe_step(&mut self, outcome: &VerificationOutcome, step_rows: usize, step_ms: f64) {
         self.metrics.record(outcome);
-        if !std::mem::take(&mut self.planned) {
+        let planned = std::mem::take(&mut self.planned);
+        let drafts = &self.batch[1.min(self.batch.len())..];
+        // The step's tokens, which the policy that did not judge it scores its model by.
+        let step_tokens =
+            drafts[..outcome.accepted.min(drafts.len())].iter().copied().chain([outcome.continuation_token]);
+        let Some(free) = self.free.as_mut() else {
+            if planned {
+                self.policy.observe_pass(step_rows, step_ms);
+                self.policy.observe_step(outcome, drafts, &self.unverified, self.matched, self.budget);
+            } else {
+                self.policy.observe_token(outcome.continuation_token);
+            }
+            return;
+        };
+        if !planned {
             self.policy.observe_token(outcome.continuation_token);
+            free.policy.observe_token(outcome.continuation_token);
             return;
         }
         self.policy.observe_pass(step_rows, step_ms);
-        self.policy.observe_step(outcome, &self.batch[1..], &self.unverified, self.matched, self.budget);
+        free.policy.observe_pass(step_rows, step_ms);
+        if std::mem::take(&mut free.planned_free) {
+            self.metrics.record_free(outcome);
+            free.policy.observe_step(outcome, drafts, &self.unverified, self.matched, self.budget);
+            step_tokens.for_each(|t| self.policy.observe_token(t));
+        } else {
+            free.catch_up.observe_accepted(outcome.accepted);
+            self.policy.observe_step(outcome, drafts, &self.unverified, self.matched, self.budget);
+            step_tokens.for_each(|t| free.policy.observe_token(t));
+        }
     }
 
     /// Whether [`Self::plan`] planned this step for the request.

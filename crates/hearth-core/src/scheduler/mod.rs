@@ -10,9 +10,10 @@
 //! Results do not depend on batching or chunking: every op is row-independent on the backends,
 //! and attention gives a key the same weight whichever step stored it (tests/kv_paging.rs).
 //!
-//! With [`SchedulerOptions::lookup`] or a draft model ([`Scheduler::set_draft_model`]), in steps
-//! that only decode each request also verifies drafts, weighed across the step's requests
-//! ([`drafts`]); greedy outputs stay the same token for token.
+//! With [`SchedulerOptions::lookup`] or a draft model ([`Scheduler::set_draft_model`]), or both,
+//! in steps that only decode each request also verifies drafts, weighed across the step's
+//! requests ([`drafts`]); greedy outputs stay the same token for token. One request alone is
+//! [`crate::engine::Engine::generate_with`]: the same loop.
 
 mod drafts;
 mod request;
@@ -30,7 +31,7 @@ use crate::sampling::TokenLogprob;
 use crate::speculative::verify::VerificationOutcome;
 use crate::speculative::{BatchedDraftModel, DraftPolicy, DraftRequest, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
-use drafts::{DraftKind, DraftSource, RequestDrafts};
+use drafts::{DraftKind, DraftSource, FreeLookup, FreeStep, RequestDrafts};
 use request::Active;
 use std::collections::VecDeque;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
@@ -50,7 +51,8 @@ pub struct SchedulerOptions {
     /// a newly arrived prompt causes. 1.0 admits a single 16-token granule per step.
     pub max_stall: f64,
     /// Speculative decoding by prompt lookup for every request, with these draft bounds (None:
-    /// off). Requests draft in the steps that only decode; see [`drafts`].
+    /// off); with a draft model as well, lookup drafts first and the draft model where nothing
+    /// is copied. Requests draft in the steps that only decode; see [`drafts`].
     pub lookup: Option<SpeculativeOptions>,
 }
 
@@ -63,8 +65,9 @@ impl Default for SchedulerOptions {
 /// How a submitted request drafts for speculative decoding.
 #[derive(Clone, Debug)]
 pub enum Drafting {
-    /// As the scheduler is set up: its draft model ([`Scheduler::set_draft_model`]), else prompt
-    /// lookup with [`SchedulerOptions::lookup`], else not at all.
+    /// As the scheduler is set up: prompt lookup then its draft model when it has both
+    /// ([`SchedulerOptions::lookup`], [`Scheduler::set_draft_model`]), else the one it has, else
+    /// not at all.
     Default,
     /// Not at all.
     None,
@@ -74,6 +77,10 @@ pub enum Drafting {
     /// The scheduler's draft model within `options`' bounds, stopping where its top token is less
     /// likely than `min_confidence`.
     DraftModel { options: SpeculativeOptions, min_confidence: f32 },
+    /// Prompt lookup's free drafts where the output copies (at most
+    /// [`SpeculativeOptions::lookup`]'s draft length, judged by a policy of their own), the
+    /// scheduler's draft model elsewhere, within `options`' bounds and `min_confidence`.
+    LookupThenDraftModel { options: SpeculativeOptions, min_confidence: f32 },
 }
 
 /// What the last step carried, and the prompt budget it was planned with.
@@ -142,7 +149,8 @@ pub struct Scheduler {
     /// The draft policy the last request of each drafter and draft bounds ended with: the next
     /// one with the same starts from what it measured (pass costs) and learnt (how far copies
     /// run, how often drafts are kept). Bounds differ per request in the browser.
-    policies: Vec<(DraftKind, SpeculativeOptions, DraftPolicy)>,
+    /// (With free drafts ahead of a draft model, their policy too.)
+    policies: Vec<LearntPolicy>,
     /// The draft model every request without a prediction drafts with, and its draft bounds.
     draft_model: Option<(BatchedDraftModel, SpeculativeOptions)>,
 }
@@ -187,17 +195,29 @@ impl Scheduler {
         self.draft_model.as_ref().map(|(draft, _)| draft)
     }
 
-    /// The policy a new request of `kind` with draft bounds `options` starts from: what the last
-    /// one with the same learnt, or fresh.
-    fn policy_for(&self, kind: DraftKind, options: &SpeculativeOptions) -> DraftPolicy {
-        self.policies
-            .iter()
-            .find(|(k, o, _)| *k == kind && o == options)
-            .map_or_else(|| DraftPolicy::new(options), |(_, _, policy)| policy.for_next_request())
+    /// The policies a new request of `kind` with draft bounds `options` starts from (the free
+    /// drafts' for [`DraftKind::LookupThenModel`]): what the last one with the same learnt, or
+    /// fresh.
+    fn policies_for(&self, kind: DraftKind, options: &SpeculativeOptions) -> (DraftPolicy, Option<DraftPolicy>) {
+        let free_options = SpeculativeOptions { adaptive: options.adaptive, ..SpeculativeOptions::lookup() };
+        let fresh_free = (kind == DraftKind::LookupThenModel).then(|| DraftPolicy::new(&free_options));
+        match self.policies.iter().find(|l| l.kind == kind && l.options == *options) {
+            Some(learnt) => (
+                learnt.policy.for_next_request(),
+                learnt.free_policy.as_ref().map(DraftPolicy::for_next_request).or(fresh_free),
+            ),
+            None => (DraftPolicy::new(options), fresh_free),
+        }
     }
 
     pub fn runner(&self) -> &Runner {
         &self.runner
+    }
+
+    /// The runner, to measure or reset it between requests (its KV holds only the running
+    /// requests' sequences and the prefix cache).
+    pub fn runner_mut(&mut self) -> &mut Runner {
+        &mut self.runner
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -247,7 +267,10 @@ impl Scheduler {
         }
         let drafting = match drafting {
             Drafting::Default => match (&self.draft_model, &self.options.lookup) {
-                (Some((draft, options)), _) => {
+                (Some((draft, options)), Some(_)) => {
+                    Drafting::LookupThenDraftModel { options: options.clone(), min_confidence: draft.min_confidence }
+                }
+                (Some((draft, options)), None) => {
                     Drafting::DraftModel { options: options.clone(), min_confidence: draft.min_confidence }
                 }
                 (None, Some(options)) => Drafting::Lookup { reference: Vec::new(), options: options.clone() },
@@ -255,26 +278,35 @@ impl Scheduler {
             },
             other => other,
         };
+        let (kind, speculative, min_confidence) = match drafting {
+            Drafting::Default | Drafting::None => (None, SpeculativeOptions::default(), 0.0),
+            Drafting::Lookup { ref options, .. } => (Some(DraftKind::Lookup), options.clone(), 0.0),
+            Drafting::DraftModel { ref options, min_confidence } => {
+                (Some(DraftKind::Model), options.clone(), min_confidence)
+            }
+            Drafting::LookupThenDraftModel { ref options, min_confidence } => {
+                (Some(DraftKind::LookupThenModel), options.clone(), min_confidence)
+            }
+        };
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        let (source, speculative) = match drafting {
-            Drafting::Default | Drafting::None => return self.queue(active),
-            Drafting::Lookup { reference, options } => {
-                (DraftSource::Lookup { lookup: Default::default(), reference }, options)
-            }
-            Drafting::DraftModel { options, min_confidence } => {
+        let Some(kind) = kind else { return self.queue(active) };
+        let source = match drafting {
+            Drafting::Lookup { reference, .. } => DraftSource::Lookup { lookup: Default::default(), reference },
+            _ => {
                 let Some((draft, _)) = self.draft_model.as_mut() else {
                     return Err(CoreError::InvalidArgument("drafting with a draft model needs one loaded".into()));
                 };
                 let mut sequence = draft.add_sequence(&active.options.sampling);
                 sequence.min_confidence = min_confidence;
-                (DraftSource::Model(Box::new(sequence)), options)
+                DraftSource::Model(Box::new(sequence))
             }
         };
-        let kind = if matches!(source, DraftSource::Model(_)) { DraftKind::Model } else { DraftKind::Lookup };
-        let policy = self.policy_for(kind, &speculative);
-        active.drafts = Some(Box::new(RequestDrafts::new(source, speculative, policy, active.options.sampling.seed)));
+        let (policy, free_policy) = self.policies_for(kind, &speculative);
+        let free = free_policy.map(|policy| FreeLookup::new(policy, active.prompt_len));
+        let seed = active.options.sampling.seed;
+        active.drafts = Some(Box::new(RequestDrafts::new(source, free, speculative, policy, seed)));
         self.queue(active)
     }
 
@@ -329,9 +361,15 @@ impl Scheduler {
             let kind = drafts.kind();
             // (A request that never decoded learnt nothing: it keeps no older snapshot.)
             if drafts.metrics.target_forward_passes > 0 {
-                let policy = drafts.policy().for_next_request();
-                self.policies.retain(|(k, o, _)| !(*k == kind && *o == drafts.options));
-                self.policies.push((kind, drafts.options.clone(), policy));
+                let (policy, free_policy) = drafts.policies();
+                let learnt = LearntPolicy {
+                    kind,
+                    options: drafts.options.clone(),
+                    policy: policy.for_next_request(),
+                    free_policy: free_policy.map(DraftPolicy::for_next_request),
+                };
+                self.policies.retain(|l| !(l.kind == kind && l.options == drafts.options));
+                self.policies.push(learnt);
             }
             generation.speculative = Some(drafts.metrics.clone());
             if let (DraftSource::Model(sequence), Some((draft, _))) = (drafts.source, &mut self.draft_model) {
@@ -506,11 +544,19 @@ impl Scheduler {
                 }
                 Err(CoreError::KvExhausted { .. }) if self.running.len() > 1 => self.preempt_newest(),
                 Err(error) => {
-                    // Nothing else is running: this request alone does not fit.
-                    for active in std::mem::take(&mut self.running) {
+                    // Nothing else is running: this request alone does not fit. (The last one
+                    // gets the error itself: a request alone learns exactly what went wrong.)
+                    let mut running = std::mem::take(&mut self.running);
+                    let last = running.pop();
+                    for active in running {
                         let id = active.id;
                         self.retire(active, FinishReason::Cancelled);
                         events(SchedulerEvent::Failed { id, error: clone_error(&error) });
+                    }
+                    if let Some(active) = last {
+                        let id = active.id;
+                        self.retire(active, FinishReason::Cancelled);
+                        events(SchedulerEvent::Failed { id, error });
                     }
                     return Ok(true);
                 }
@@ -580,7 +626,20 @@ impl Scheduler {
             // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
             let room =
                 active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
-            let budget = drafts.budget(room.min(MAX_DRAFT_ROWS), plan.len() - 1);
+            let room = room.min(MAX_DRAFT_ROWS);
+            if drafts.needs_prompt_read() {
+                if let (DraftSource::Model(sequence), Some((draft, _))) =
+                    (&mut drafts.source, self.draft_model.as_mut())
+                {
+                    let started = Instant::now();
+                    draft.prepare(sequence, &active.tokens[..active.prompt_len]).await?;
+                    drafts.prompt_was_read(crate::engine::ms(started));
+                }
+            }
+            if let Some(FreeStep::Planned) = drafts.plan_free(&active.tokens, room, plan.len() - 1) {
+                continue;
+            }
+            let budget = drafts.budget(room, plan.len() - 1);
             match drafts.lookup_proposal(&active.tokens, budget) {
                 Some((proposal, drafting_ms)) => drafts.plan(&active.tokens, proposal, budget, drafting_ms),
                 None => from_model.push((*i, budget)),
@@ -783,6 +842,15 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// What the last request of a drafter and draft bounds ended with, for the next one.
+struct LearntPolicy {
+    kind: DraftKind,
+    options: SpeculativeOptions,
+    policy: DraftPolicy,
+    /// The free drafts' policy ([`DraftKind::LookupThenModel`]).
+    free_policy: Option<DraftPolicy>,
 }
 
 /// Errors are not Clone (they may hold io::Error); the scheduler reports one per request.

@@ -2,9 +2,9 @@
 //! (`hearth serve --draft-model`). Each request keeps a [`DraftSequence`] in the draft model's
 //! own paged KV pool. A step's proposals are drafted in shared passes: the first reads every
 //! request's new context tokens, each later one the last draft of every request still drafting,
-//! so k draft tokens for n requests cost about k passes, not n·k. Each row is read and drawn as
-//! [`DraftModel`](super::DraftModel) does it (shared vocabulary, confidence stop, the target's
-//! sampling), so a request drafts the same tokens alone or in a batch.
+//! so k draft tokens for n requests cost about k passes, not n·k. Each row is read and drawn the
+//! same way for every request (shared vocabulary, confidence stop, the target's sampling), so a
+//! request drafts the same tokens alone or in a batch.
 
 use super::draft_model::{check_vocab_compatible, draft_readback, draft_rng, DraftRow, DEFAULT_MIN_CONFIDENCE};
 use super::verify::Distribution;
@@ -28,7 +28,12 @@ pub struct BatchedDraftModel {
     shared_vocab: usize,
     /// Context tokens one catch-up pass reads at most (a prompt the draft has not seen).
     prefill_chunk: usize,
-    /// Where new sequences stop drafting, as [`DraftModel::min_confidence`](super::DraftModel::min_confidence).
+    /// Where new sequences stop drafting: where the draft's most likely next token has a
+    /// probability below this (0 never stops). An unsure drafter is usually wrong, and each wrong
+    /// draft costs a drafter pass and a row of verification. The output does not depend on it
+    /// (greedy: same tokens; sampling: same distribution, since the stop is decided before the
+    /// draw). Greedy: the plain softmax probability of the top token; sampling: the top
+    /// probability after the filters.
     pub min_confidence: f32,
 }
 
@@ -38,7 +43,7 @@ pub struct DraftSequence {
     sampler: Sampler,
     rng: Xoshiro256StarStar,
     row: DraftRow,
-    /// Where this request's drafting stops (see [`DraftModel::min_confidence`](super::DraftModel::min_confidence)).
+    /// Where this request's drafting stops (see [`BatchedDraftModel::min_confidence`]).
     pub min_confidence: f32,
 }
 
@@ -114,16 +119,21 @@ impl BatchedDraftModel {
     }
 
     /// Reads `context` (a prompt) into `sequence` ahead of its first proposal, which then reads
-    /// only what came after. A context the draft cannot hold is left to the proposal (which then
-    /// proposes nothing).
+    /// only what came after. Full blocks the draft's prefix cache holds (an earlier turn of the
+    /// conversation, a shared system prompt) are not read again. A context the draft cannot hold
+    /// is left to the proposal (which then proposes nothing).
     pub async fn prepare(&mut self, sequence: &mut DraftSequence, context: &[u32]) -> Result<()> {
         let seq = sequence.seq;
+        let n_ctx = self.runner.n_ctx();
         let kv = self.runner.kv_mut();
         let mut common = kv.tokens(seq).iter().zip(context).take_while(|(a, b)| a == b).count();
         if !kv.can_truncate(seq, common) {
             common = 0;
         }
         kv.truncate(seq, common)?;
+        if context.len() > common && n_ctx >= context.len() {
+            common += kv.reuse_cached_prefix(seq, context)?;
+        }
         if context.len() == common || self.runner.n_ctx() < context.len() {
             return Ok(());
         }

@@ -1,4 +1,4 @@
-//! When the costly drafter of a [`super::LookupThen`] drafts again after prompt lookup's drafts.
+//! When a draft model drafting after prompt lookup (`--lookup --draft-model`) drafts again.
 //!
 //! A draft model has not read the tokens the lookup copied: before it drafts again it reads all
 //! of them in one pass (~3 ms a token for Qwen2.5-Coder-0.5B on 2 CPU cores, ~30 ms after a
@@ -21,7 +21,7 @@ const MIN_MEASURED_BACKLOG: usize = 8;
 const NEW_WEIGHT: f64 = 0.25;
 
 #[derive(Clone, Debug)]
-pub(super) struct CatchUp {
+pub(crate) struct CatchUp {
     /// Context tokens the costly drafter has read (or proposed and seen accepted).
     read: usize,
     /// Steps since free drafts were last verified (`usize::MAX`: never).
@@ -33,7 +33,7 @@ pub(super) struct CatchUp {
 }
 
 impl CatchUp {
-    /// The costly drafter has read the prompt (`Drafter::prepare_async`).
+    /// The costly drafter has read the prompt.
     pub fn new(prompt_len: usize) -> Self {
         CatchUp { read: prompt_len, steps_without_free: usize::MAX, debt_tokens: 0, ms_per_token: None }
     }

@@ -1,14 +1,12 @@
-//! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B).
+//! A smaller model of the same family as the drafter (e.g. Qwen2.5-Coder-0.5B for the 1.5B): the
+//! vocabulary check, the default shortlist, and how one draft row is read and drawn.
 
 use super::verify::{sample_from, Distribution};
-use super::{BatchedDraftModel, DraftRequest, DraftSequence, Drafter, PrepareFuture, Proposal, ProposalFuture};
 use crate::backend::Readback;
-use crate::block_on::block_on;
-use crate::engine::Session;
 use crate::error::{CoreError, Result};
 use crate::gguf::Metadata;
-use crate::runner::{Runner, StepOutput};
-use crate::sampling::{Sampler, SamplingParams, Xoshiro256StarStar};
+use crate::runner::StepOutput;
+use crate::sampling::{Sampler, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
 
 /// Vocabulary sizes may differ by this many tokens (padding / added tokens at the end), as in
@@ -36,21 +34,6 @@ pub fn check_vocab_compatible(target: &Tokenizer, draft: &Tokenizer) -> Result<u
     Ok(shared)
 }
 
-/// Drafts with a second model for one sequence: a [`BatchedDraftModel`] holding a single
-/// [`DraftSequence`]. Its KV cache follows the accepted tokens lazily: each
-/// [`propose`](Drafter::propose) rolls back to the longest prefix it shares with the context
-/// (dropping rejected drafts) and evaluates only what is new.
-pub struct DraftModel {
-    model: BatchedDraftModel,
-    sequence: DraftSequence,
-    /// Drafting stops where the drafter's most likely next token has a probability below this (0
-    /// never stops): an unsure drafter is usually wrong, and each wrong draft costs a drafter pass
-    /// and a row of verification. The output does not depend on it (greedy: same tokens; sampling:
-    /// same distribution, since the stop is decided before the draw). Greedy: the plain softmax
-    /// probability of the top token; sampling: the top probability after the filters.
-    pub min_confidence: f32,
-}
-
 /// How many of the first token ids a draft model's head computes by default (its
 /// `EngineOptions::logits_vocab`; `hearth run --draft-vocab`), for byte-level BPE vocabularies
 /// only (see [`default_draft_vocab`]). Qwen2.5-Coder-0.5B drafting for the 1.5B on 2 CPU
@@ -71,75 +54,10 @@ pub fn default_draft_vocab(metadata: &Metadata) -> Option<usize> {
     (bpe && n_vocab > DEFAULT_DRAFT_VOCAB).then_some(DEFAULT_DRAFT_VOCAB)
 }
 
-/// Default of [`DraftModel::min_confidence`] (llama.cpp's `--draft-p-min` default is 0.75). On
+/// Default of [`BatchedDraftModel::min_confidence`](super::BatchedDraftModel::min_confidence) (llama.cpp's `--draft-p-min` default is 0.75). On
 /// the code edit of `scripts/bench-speculative.sh` (5 drafts at most) it cut drafting time by a
 /// quarter for 3 fewer accepted tokens out of 51; other thresholds were not measured.
 pub const DEFAULT_MIN_CONFIDENCE: f32 = 0.6;
-
-impl DraftModel {
-    /// `session`: the draft model, loaded; the tokenizers of both models are compared first.
-    pub fn new(session: Session, draft_tokenizer: &Tokenizer, target_tokenizer: &Tokenizer) -> Result<Self> {
-        let prefill_chunk = session.prefill_chunk();
-        let model = BatchedDraftModel::new(session.into_runner(), draft_tokenizer, target_tokenizer, prefill_chunk)?;
-        Ok(Self::from_batched(model))
-    }
-
-    /// One sequence of `model` (e.g. the scheduler's draft model, lent to a single generation).
-    pub fn from_batched(mut model: BatchedDraftModel) -> Self {
-        let sequence = model.add_sequence(&SamplingParams::default());
-        DraftModel { min_confidence: model.min_confidence, model, sequence }
-    }
-
-    /// The model back, without this drafter's sequence.
-    pub fn into_batched(mut self) -> BatchedDraftModel {
-        self.model.remove_sequence(self.sequence);
-        self.model
-    }
-
-    pub fn runner(&self) -> &Runner {
-        self.model.runner()
-    }
-
-    /// The tokens in the draft's KV cache.
-    pub fn history(&self) -> &[u32] {
-        self.model.tokens(&self.sequence)
-    }
-}
-
-impl Drafter for DraftModel {
-    /// Synchronous: [`DraftModel::propose_now`] polled once (see [`crate::block_on`]), so the
-    /// draft's backend must finish steps synchronously (the CPU; natively every backend).
-    fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
-        block_on(self.propose_now(context, max_tokens, sampling))
-    }
-
-    /// Awaits the draft's forward passes (WebGPU in a browser).
-    fn propose_async<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        max_tokens: usize,
-        sampling: &'a SamplingParams,
-    ) -> ProposalFuture<'a> {
-        Box::pin(self.propose_now(context, max_tokens, sampling))
-    }
-
-    /// Evaluates the prompt into the draft's KV cache (the next proposal then reads only the
-    /// tokens accepted since).
-    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
-        Box::pin(self.model.prepare(&mut self.sequence, context))
-    }
-}
-
-impl DraftModel {
-    /// The proposal of both [`Drafter`] methods: one pass for the new context tokens, then one
-    /// per draft token but the last.
-    async fn propose_now(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
-        self.sequence.set_sampling(sampling);
-        self.sequence.min_confidence = self.min_confidence;
-        let mut requests = [DraftRequest { sequence: &mut self.sequence, context, max_tokens }];
-        Ok(self.model.propose(&mut requests).await?.pop().unwrap_or_default())
-    }
-}
 
 /// The draft's random stream for a request seeded `seed`, apart from the target's verification
 /// stream.

@@ -2,47 +2,37 @@
 //! scores the last accepted token plus all of them in one forward pass (`LogitsMode::All`), the
 //! longest valid prefix is kept and the target's KV cache is rolled back past the rest.
 //!
-//! - [`BatchedDraftModel`]: a draft model drafting for every request of the batching scheduler
-//!   in shared passes.
-//! - [`Drafter`]: who proposes. [`DraftModel`] (a second, smaller [`Session`](crate::engine::Session)
-//!   with the same vocabulary), [`PromptLookup`] (n-gram copy from the prompt and output), or
-//!   [`LookupThen`] both: the free lookup where the output copies, the draft model elsewhere.
+//! - Who proposes: [`BatchedDraftModel`] (a second, smaller model with the same vocabulary,
+//!   drafting for every request of the batch in shared passes), [`PromptLookup`] (n-gram copy
+//!   from the prompt and output), or both: the free lookup where the output copies, the draft
+//!   model elsewhere ([`CatchUp`] decides when the draft model drafts again).
 //! - [`verify`]: who decides. Greedy keeps exactly the target's greedy output; with sampling it
 //!   is the rejection sampling of Leviathan et al. 2023 / Chen et al. 2023, so the output follows
 //!   the target's (post-filter) distribution whatever the drafter proposes.
 //! - [`DraftPolicy`]: how many tokens to draft and verify each step, from the running acceptance
 //!   rate and the measured costs of drafting and of verification passes by width (none, where
 //!   speculation would be slower than plain decoding).
-//! - `Engine::generate_speculative` (in `generate.rs`): the loop, with the streaming, stop-string
-//!   and timing behaviour of `Engine::generate`.
+//! - The loop is the batching scheduler's (`scheduler/drafts.rs`): a request drafts and verifies
+//!   in the steps that decode it, alone (`Engine::generate_with`) or batched.
 
 mod batched_draft;
 mod catch_up;
 mod draft_model;
-mod generate;
-mod lookup_then;
-mod memory;
 mod policy;
 mod prompt_lookup;
 pub mod verify;
-pub(crate) use generate::verify_readback;
+pub(crate) use catch_up::CatchUp;
+pub(crate) use verify::verify_readback;
 
 pub use batched_draft::{BatchedDraftModel, DraftRequest, DraftSequence};
 pub use draft_model::{
-    check_vocab_compatible, default_draft_vocab, DraftModel, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE,
-    MAX_VOCAB_SIZE_DIFFERENCE,
+    check_vocab_compatible, default_draft_vocab, DEFAULT_DRAFT_VOCAB, DEFAULT_MIN_CONFIDENCE, MAX_VOCAB_SIZE_DIFFERENCE,
 };
-pub use lookup_then::LookupThen;
-pub use memory::PolicyMemory;
 pub use policy::{DraftPolicy, PROBE_EVERY};
 pub use prompt_lookup::PromptLookup;
 pub use verify::{Distribution, VerificationOutcome};
 
-use crate::error::Result;
-use crate::sampling::SamplingParams;
 use serde::Serialize;
-use std::future::Future;
-use std::pin::Pin;
 
 /// Tokens a drafter guesses will follow the context.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -73,86 +63,6 @@ pub struct DraftTiming {
     pub later_passes: usize,
     pub later_ms: f64,
 }
-
-/// The future of [`Drafter::propose_async`]: boxed so that the trait stays object-safe (the
-/// generation loop takes `&mut dyn Drafter`); not `Send` (a WebGPU drafter in a browser is not).
-pub type ProposalFuture<'a> = Pin<Box<dyn Future<Output = Result<Proposal>> + 'a>>;
-
-/// Proposes continuations. Called once per verification step with everything accepted so far,
-/// so a stateful drafter can resynchronise itself (e.g. roll its KV cache back to the common prefix).
-pub trait Drafter {
-    /// At most `max_tokens` tokens likely to follow `context` (prompt and accepted output, oldest
-    /// first). `sampling` is the target's sampling configuration: a model drafter draws from the
-    /// same filtered distribution so its proposals are accepted as often as possible.
-    fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal>;
-
-    /// [`Drafter::propose`] for drafters whose work completes later (a [`DraftModel`] on WebGPU
-    /// in a browser awaits its forward passes); what `Engine::generate_speculative_async` awaits.
-    /// The default is the synchronous `propose`, ready at once (prompt lookup computes nothing).
-    fn propose_async<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        max_tokens: usize,
-        sampling: &'a SamplingParams,
-    ) -> ProposalFuture<'a> {
-        Box::pin(std::future::ready(self.propose(context, max_tokens, sampling)))
-    }
-
-    /// Reads `context` (the prompt) ahead of the first proposal, during the prompt phase: a
-    /// draft model evaluates it into its own KV cache here, so that the first decode step does
-    /// not pay for it. The default does nothing (prompt lookup keeps no state).
-    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
-        let _ = context;
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    /// The most tokens [`Drafter::propose_free`] may offer per step; 0 (the default): the
-    /// drafter has nothing free to offer.
-    fn free_proposal_limit(&self) -> usize {
-        0
-    }
-
-    /// Drafts that cost nothing to make (a [`LookupThen`] drafter's prompt lookup), at most
-    /// `max_tokens`, offered every step before [`Drafter::propose`]: the loop verifies them when
-    /// that pays and then skips `propose` for the step. Judged apart from the costly proposals
-    /// (a draft policy of their own), so that the costly drafter's pauses never stop them.
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
-        let _ = (context, max_tokens);
-        Proposal::default()
-    }
-}
-
-/// A borrowed drafter drafts as the drafter it borrows (so a [`LookupThen`] can wrap a draft
-/// model that its owner keeps).
-impl<T: Drafter + ?Sized> Drafter for &mut T {
-    fn propose(&mut self, context: &[u32], max_tokens: usize, sampling: &SamplingParams) -> Result<Proposal> {
-        (**self).propose(context, max_tokens, sampling)
-    }
-
-    fn propose_async<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        max_tokens: usize,
-        sampling: &'a SamplingParams,
-    ) -> ProposalFuture<'a> {
-        (**self).propose_async(context, max_tokens, sampling)
-    }
-
-    fn prepare_async<'a>(&'a mut self, context: &'a [u32]) -> PrepareFuture<'a> {
-        (**self).prepare_async(context)
-    }
-
-    fn free_proposal_limit(&self) -> usize {
-        (**self).free_proposal_limit()
-    }
-
-    fn propose_free(&mut self, context: &[u32], max_tokens: usize) -> Proposal {
-        (**self).propose_free(context, max_tokens)
-    }
-}
-
-/// The future of [`Drafter::prepare_async`] (boxed, not `Send`, as [`ProposalFuture`]).
-pub type PrepareFuture<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpeculativeOptions {
@@ -192,14 +102,14 @@ pub struct SpeculativeMetrics {
     pub acceptance_rate: f64,
     /// Accepted draft tokens per target pass; each pass also yields one token of the target's own.
     pub mean_accepted_per_step: f64,
-    /// Of `proposed`, `accepted` and `target_forward_passes`: the free drafts'
-    /// ([`Drafter::propose_free`]: the prompt lookup of a [`LookupThen`]; 0 for other drafters).
+    /// Of `proposed`, `accepted` and `target_forward_passes`: the free drafts' (prompt lookup's,
+    /// drafting ahead of a draft model; 0 for one drafter).
     pub free_proposed: usize,
     pub free_accepted: usize,
     pub free_passes: usize,
-    /// ms the drafter took to read the prompt ([`Drafter::prepare_async`]: a draft model's
-    /// prefill; about 0 for prompt lookup). It comes after the first token, so it is part of
-    /// the first inter-token gap and of the decode time, not of TTFT.
+    /// ms the draft model took to read the prompt (0 for prompt lookup). It comes after the
+    /// first token, so it is part of the first inter-token gap and of the decode time, not of
+    /// TTFT.
     pub drafter_prepare_ms: f64,
 }
 

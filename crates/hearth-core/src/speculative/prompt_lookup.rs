@@ -9,9 +9,7 @@
 //! guess, six tokens into a copied function body the copy nearly always goes on) and verifies
 //! the prefix that pays at this machine's pass costs.
 
-use super::{Drafter, Proposal};
-use crate::error::Result;
-use crate::sampling::SamplingParams;
+use super::Proposal;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PromptLookup {
@@ -122,12 +120,6 @@ impl PromptLookup {
             }
             _ => self.proposal(context, max_tokens),
         }
-    }
-}
-
-impl Drafter for PromptLookup {
-    fn propose(&mut self, context: &[u32], max_tokens: usize, _sampling: &SamplingParams) -> Result<Proposal> {
-        Ok(self.proposal(context, max_tokens))
     }
 }
 

@@ -7,8 +7,9 @@
 //! Distributions are sparse `(token, probability)` lists as returned by
 //! [`Sampler::distribution`](crate::sampling::Sampler::distribution): tokens absent have probability 0.
 
+use crate::backend::Readback;
 use crate::error::Result;
-use crate::sampling::Xoshiro256StarStar;
+use crate::sampling::{Sampler, Xoshiro256StarStar};
 use std::collections::HashMap;
 
 /// Sparse probability distribution over token ids: `(token, probability)`, probabilities sum to 1.
@@ -131,6 +132,19 @@ pub fn verify_proposal(
     let p = target(drafts.len())?;
     let bonus = sample_from(&p, rng).or_else(|| drafts.last().copied()).unwrap_or(0);
     Ok(VerificationOutcome { accepted: drafts.len(), proposed: drafts.len(), continuation_token: bonus })
+}
+
+/// What a verification step over `drafts` reads back: the candidates of the most demanding row
+/// (row i is sampled after `context` + `drafts[..i]`), or the whole rows when one needs them.
+pub(crate) fn verify_readback(sampler: &Sampler, context: &[u32], drafts: &[u32]) -> Readback {
+    let mut k = 1;
+    for i in 0..=drafts.len() {
+        match sampler.readback_after(context, &drafts[..i]) {
+            Readback::TopK(row_k) | Readback::TopKAndLogSumExp(row_k) => k = k.max(row_k),
+            Readback::Logits => return Readback::Logits,
+        }
+    }
+    Readback::TopK(k)
 }
 
 #[cfg(test)]
