@@ -163,7 +163,9 @@ fn gemma_270m_greedy_verification_reads_back_the_argmax_per_row() {
     eprintln!("{metrics:?}: {bytes} bytes read back\nfull logits: {want:?}\nspeculative: {:?}", spec.tokens);
     assert_eq!(spec.tokens, want, "greedy verification from the device argmax differs from the full-logits path");
     assert!(metrics.accepted > 0, "no draft was accepted, so no multi-row verification happened: {metrics:?}");
-    // The prompt step and each verification step (1 + proposed rows) read one (id, logit) pair per row.
-    let rows = 1 + metrics.target_forward_passes + metrics.proposed;
+    // Each prompt chunk's step (its last row: nothing samples before the prompt's end) and each
+    // verification step (1 + proposed rows) read one (id, logit) pair per row.
+    let prompt_steps = prompt.len().div_ceil(PREFILL_CHUNK);
+    let rows = prompt_steps + metrics.target_forward_passes + metrics.proposed;
     assert_eq!(bytes, (rows * 8) as u64);
 }
