@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Decode speed of `hearth serve` plain, with `--lookup` and with `--draft-model`, one request at a
-time (an editor or a chat client talking to its own server): qwen2.5-coder-1.5b (the 0.5B drafts),
+"""Decode speed of `hearth serve` plain, with `--lookup`, with `--draft-model` and with both, one
+request at a time (an editor or a chat client talking to its own server): qwen2.5-coder-1.5b (the 0.5B drafts),
 greedy, streaming.
 
 The servers run side by side; each prompt of scripts/speculative-prompts/ goes to each in turn,
@@ -12,7 +12,8 @@ request, as in real use.
 With HEARTH_CONCURRENCY=C (C > 1) in the environment, each server instead gets all the code prompts at
 once, C in flight at a time, and a row reports its throughput: the answers' tokens over the wall
 time from the first request to the last answer (prompt reads included), the best of REPS.
-HEARTH_MODES=plain,lookup (a comma-separated subset of plain, lookup, draft-model) picks the servers.
+HEARTH_MODES=plain,lookup (a comma-separated subset of plain, lookup, draft-model, lookup-draft-model)
+picks the servers.
 
 Usage: [HEARTH_CONCURRENCY=C] [HEARTH_MODES=...] scripts/bench_serve_speculative.py [path/to/hearth] [max tokens] [reps] [system prompt]
 """
@@ -32,7 +33,8 @@ MAX_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 400
 REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 SYSTEM = sys.argv[4] if len(sys.argv) > 4 else None
 MODEL = "qwen2.5-coder-1.5b"
-SERVERS = {"plain": [], "lookup": ["--lookup"], "draft-model": ["--draft-model", "qwen2.5-coder-0.5b"]}
+DRAFT = ["--draft-model", "qwen2.5-coder-0.5b"]
+SERVERS = {"plain": [], "lookup": ["--lookup"], "draft-model": DRAFT, "lookup-draft-model": ["--lookup", *DRAFT]}
 MODES = [m for m in os.environ.get("HEARTH_MODES", ",".join(SERVERS)).split(",") if m]
 
 
