@@ -89,7 +89,7 @@ fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
         let v = X[row * k + c];
         s += v * v;
     }
-    let first = 1.0 / sqrt(workgroup_sum(tid, s) / f32(k) + bitcast<f32>(P[4]));
+    let first = div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[4])));
     s = 0.0;
     for (var c = tid; c < k; c += WG) {
         let i = row * k + c;
@@ -113,7 +113,7 @@ fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
         s += v * v;
     }
 #endif
-    return 1.0 / sqrt(workgroup_sum(tid, s) / f32(k) + bitcast<f32>(P[2]));
+    return div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[2])));
 }
 #endif
 
@@ -204,19 +204,19 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
 #ifdef Q8_0
     var id = 0.0;
     if (amax != 0.0) {
-        id = 127.0 / amax;
+        id = div_rn(127.0, amax);
     }
     let q = vec4<i32>(round(x * id));
-    let d = round_f16(amax / 127.0);
+    let d = round_f16(div_rn(amax, 127.0));
     let block_len = 32u;
 #endif
 #ifdef Q8_K
     var q = vec4<i32>(0);
     var d = 0.0;
     if (amax != 0.0) {
-        let iscale = -127.0 / vmax;
+        let iscale = div_rn(-127.0, vmax);
         q = vec4<i32>(min(round(iscale * x), vec4<f32>(127.0)));
-        d = 1.0 / iscale;
+        d = div_rn(1.0, iscale);
     }
     let block_len = 256u;
 #endif

@@ -98,15 +98,15 @@ fn round_row(t: u32, k: u32, tid: u32) {
 #ifdef ROUND_Q8_0
         var id = 0.0;
         if (amax != 0.0) {
-            id = 127.0 / amax;
+            id = div_rn(127.0, amax);
         }
-        let d = round_f16(amax / 127.0);
+        let d = round_f16(div_rn(amax, 127.0));
 #else
         var iscale = 0.0;
         var d = 0.0;
         if (amax != 0.0) {
-            iscale = -127.0 / vmax;
-            d = 1.0 / iscale;
+            iscale = div_rn(-127.0, vmax);
+            d = div_rn(1.0, iscale);
         }
 #endif
         for (var w = 0u; w < ROUND_BLOCK / 4u; w++) {

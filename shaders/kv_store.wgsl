@@ -192,10 +192,10 @@ fn store_unit(t: u32, u: u32, width: u32) {
     for (var j = 0u; j < 32u; j++) {
         amax = max(amax, abs(x[j]));
     }
-    let d = amax / 127.0;
+    let d = div_rn(amax, 127.0);
     var id = 0.0;
     if (d != 0.0) {
-        id = 1.0 / d;
+        id = div_rn(1.0, d);
     }
     for (var w = 0u; w < 8u; w++) {
         var word = 0u;
@@ -214,10 +214,10 @@ fn store_unit(t: u32, u: u32, width: u32) {
             vmax = x[j];
         }
     }
-    let d = vmax / -8.0;
+    let d = div_rn(vmax, -8.0);
     var id = 0.0;
     if (d != 0.0) {
-        id = 1.0 / d;
+        id = div_rn(1.0, d);
     }
     for (var w = 0u; w < 4u; w++) {
         var word = 0u;
@@ -340,7 +340,7 @@ fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
             }
             workgroupBarrier();
         }
-        let scale = 1.0 / sqrt(partial[0] / f32(hd) + bitcast<f32>(p(10u)));
+        let scale = div_rn(1.0, sqrt(div_rn(partial[0], f32(hd)) + bitcast<f32>(p(10u))));
         for (var i = lid.x; i < hd; i += HEAD_THREADS) {
             head[i] = head[i] * scale * constant(norm_at + i);
         }

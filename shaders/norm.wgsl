@@ -83,7 +83,7 @@ fn rms_norm(
     if (!valid) {
         return;
     }
-    let scale = 1.0 / sqrt(total / f32(group) + bitcast<f32>(P[3]));
+    let scale = div_rn(1.0, sqrt(div_rn(total, f32(group)) + bitcast<f32>(P[3])));
     for (var i = lid.x; i < group; i += 256u) {
         var v = load(base + i) * scale;
 #ifdef WEIGHT

@@ -34,16 +34,19 @@ impl ShaderFile {
     }
 
     /// The file's text, and the shared functions appended to it (elementwise activations, the
-    /// KV cache's layout, RoPE's rotation).
+    /// KV cache's layout, RoPE's rotation, exactly rounded division).
     pub fn source(self) -> String {
         const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
+        const FLOAT_FNS: &str = include_str!("../../../shaders/float_fns.wgsl");
         const KV_CACHE: &str = include_str!("../../../shaders/kv_cache.wgsl");
         const ROPE_FNS: &str = include_str!("../../../shaders/rope_fns.wgsl");
         match self {
-            ShaderFile::ActQuant | ShaderFile::Elementwise => format!("{}\n{ACTIVATION_FNS}", self.own_source()),
+            ShaderFile::ActQuant => format!("{}\n{ACTIVATION_FNS}\n{FLOAT_FNS}", self.own_source()),
+            ShaderFile::Elementwise => format!("{}\n{ACTIVATION_FNS}", self.own_source()),
+            ShaderFile::Norm => format!("{}\n{FLOAT_FNS}", self.own_source()),
             ShaderFile::Rope => format!("{}\n{ROPE_FNS}", self.own_source()),
-            ShaderFile::KvStore => format!("{}\n{KV_CACHE}\n{ROPE_FNS}", self.own_source()),
-            ShaderFile::Attention => format!("{}\n{KV_CACHE}\n{ACTIVATION_FNS}", self.own_source()),
+            ShaderFile::KvStore => format!("{}\n{KV_CACHE}\n{ROPE_FNS}\n{FLOAT_FNS}", self.own_source()),
+            ShaderFile::Attention => format!("{}\n{KV_CACHE}\n{ACTIVATION_FNS}\n{FLOAT_FNS}", self.own_source()),
             _ => self.own_source().to_string(),
         }
     }
@@ -234,6 +237,122 @@ impl PipelineCache {
 #[cfg(test)]
 mod tests {
     use super::preprocess;
+
+    /// `div_rn` (float_fns.wgsl) gives IEEE 754's quotient bit for bit, on the adapter at hand:
+    /// the divisions the roundings make (127 / amax, amax / 127, -127 / max, 1 / iscale, max / -8,
+    /// a sum / its length) and random operands across the exponent range.
+    #[test]
+    fn div_rn_divides_as_ieee_754() {
+        use wgpu::util::DeviceExt;
+        let gpu = match crate::device::open(&crate::WgpuOptions::default()) {
+            Ok(gpu) => gpu,
+            Err(e) => {
+                let require = std::env::var("HEARTH_REQUIRE_GPU").is_ok_and(|v| v == "1");
+                let allow = std::env::var("HEARTH_ALLOW_NO_GPU").is_ok_and(|v| v == "1");
+                eprintln!("\n!!!!!!!! NO WEBGPU ADAPTER: {e}\n");
+                assert!(!require && allow, "no WebGPU adapter: {e}");
+                return;
+            }
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // A float with a random significand and sign, its exponent in [lo, hi).
+        let mut random = |lo: i32, hi: i32| {
+            let r = next();
+            let e = (lo + (r >> 32) as i32 % (hi - lo)) as u32;
+            f32::from_bits(((r as u32) & 0x807f_ffff) | ((e + 127) << 23))
+        };
+        let mut pairs = Vec::new();
+        for _ in 0..8192 {
+            let amax = random(-20, 20).abs();
+            pairs.extend([(127.0, amax), (amax, 127.0), (-127.0, random(-20, 20)), (1.0, random(-20, 20))]);
+            pairs.extend([
+                (random(-20, 20), -8.0),
+                (random(-10, 30).abs(), [64.0, 896.0, 1536.0, 8960.0][pairs.len() % 4]),
+            ]);
+            pairs.push((random(-60, 60), random(-60, 60)));
+        }
+        // Quotients past f32's normal range, and operands the device divides itself.
+        pairs.extend([(1e30, 1e-30), (1e-30, 1e30), (0.0, 3.0), (3.0, 0.0), (f32::INFINITY, 2.0)]);
+        let n = pairs.len();
+        let input: Vec<f32> = pairs.iter().flat_map(|&(a, b)| [a, b]).collect();
+        let source = format!(
+            "@group(0) @binding(0) var<storage, read> AB: array<vec2<f32>>;\n\
+             @group(0) @binding(1) var<storage, read_write> Q: array<f32>;\n\
+             @compute @workgroup_size(64)\n\
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
+                 let i = id.x;\n\
+                 if (i < arrayLength(&Q)) {{ Q[i] = div_rn(AB[i].x, AB[i].y); }}\n\
+             }}\n{}",
+            include_str!("../../../shaders/float_fns.wgsl")
+        );
+        let device = &gpu.device;
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("div_rn"),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("div_rn"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let ab = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents: bytemuck::cast_slice(&input),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let bytes = (n * 4) as u64;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        let q = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes,
+            usage,
+            mapped_at_creation: false,
+        });
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes,
+            usage,
+            mapped_at_creation: false,
+        });
+        let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: ab.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 1, resource: q.as_entire_binding() },
+            ],
+        });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(n.div_ceil(64) as u32, 1, 1);
+        }
+        encoder.copy_buffer_to_buffer(&q, 0, &staging, 0, bytes);
+        gpu.queue.submit([encoder.finish()]);
+        staging.slice(..).map_async(wgpu::MapMode::Read, |r| r.expect("map"));
+        device.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
+        let got: Vec<f32> = bytemuck::cast_slice(&staging.slice(..).get_mapped_range().expect("mapped")).to_vec();
+        let wrong: Vec<String> = pairs
+            .iter()
+            .zip(&got)
+            .filter(|(&(a, b), &q)| q.to_bits() != (a / b).to_bits() && !(q.is_nan() && (a / b).is_nan()))
+            .take(8)
+            .map(|(&(a, b), &q)| format!("{a:e} / {b:e}: {q:e}, IEEE {:e}", a / b))
+            .collect();
+        assert!(wrong.is_empty(), "div_rn on {}: {wrong:?}", gpu.info.adapter_name);
+    }
 
     #[test]
     fn ifdef_else_endif_nesting() {
