@@ -5,6 +5,7 @@
 # compiler and PyPI. Debian 12's Vulkan headers lack VK_EXT_layer_settings, which ggml-vulkan.cpp
 # uses only to configure validation layers at instance creation; that block is dropped.
 # Usage: scripts/build-llama-vulkan.sh [OUT_DIR]   (default ~/.cache/hearth/llama-vulkan; ~30 min on 2 cores)
+#        HEARTH_LLAMA_PORTABLE=1 scripts/build-llama-vulkan.sh ~/.cache/hearth/llama-vulkan-portable
 set -euo pipefail
 OUT=${1:-${HEARTH_CACHE_DIR:-$HOME/.cache/hearth}/llama-vulkan}
 SRC="$OUT/src"
@@ -24,7 +25,11 @@ s = s.replace("layers, extensions, &layer_setting_info);", "layers, extensions, 
 open(p, "w").write(s)
 PY
 fi
-cmake -S "$SRC" -B "$OUT/build" -DGGML_VULKAN=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=ON \
-  -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+# HEARTH_LLAMA_PORTABLE=1: static binaries for any x86-64 CPU, to carry to the GPU machine
+# (scripts/gpu-check.sh prepare).
+native=ON shared=ON
+if [ "${HEARTH_LLAMA_PORTABLE:-0}" = 1 ]; then native=OFF shared=OFF; fi
+cmake -S "$SRC" -B "$OUT/build" -DGGML_VULKAN=ON -DGGML_NATIVE=$native -DBUILD_SHARED_LIBS=$shared -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$OUT/build" -j "${HEARTH_JOBS:-$(nproc)}" --target llama-bench test-backend-ops
 echo "$OUT/build/bin/llama-bench"
