@@ -18,9 +18,9 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
 for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU_NO_F16=1 HEARTH_WGPU_NO_SUBGROUPS=1"; do
     env $switches cargo test --release -p hearth-wgpu --test conformance
 done
-# The real models' greedy tokens with sibling mat-muls in one dispatch, as GPUs run them (a CPU
-# adapter runs them separately by default).
-HEARTH_WGPU_SIBLINGS=fused cargo test --release -p hearth-wgpu --test models
+# The real models' greedy tokens with the kernels shaped as GPUs run them (sibling mat-muls in one
+# dispatch, attention's batched loads); a CPU adapter runs its own shapes by default.
+HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --test models
 scripts/build-web.sh
 node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.

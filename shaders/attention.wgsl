@@ -13,7 +13,9 @@
 //     does; with ROUND_Q8_0 or ROUND_Q8_K it writes the row rounded for the output projection
 //     instead (no rounding dispatch of its own).
 // Capability variants: SHADER_F16 reads an f16 cache as WGSL f16 (exact, as unpack2x16float);
-// SUBGROUPS takes each key tile's maximum score with subgroupMax instead of a serial scan.
+// SUBGROUPS takes each key tile's maximum score with subgroupMax instead of a serial scan;
+// GPU_SHAPES (a GPU adapter) cuts shorter splits and issues each thread's key and value loads
+// several at a time (same arithmetic, same order).
 #ifdef SHADER_F16
 enable f16;
 #endif
@@ -33,8 +35,13 @@ enable subgroups;
 
 // Splits of a query's keys: at most MAX_SPLITS of a multiple of WG keys, at least SPLIT_KEYS
 // keys each where there are that many.
-const MAX_SPLITS: u32 = 16u;
+const MAX_SPLITS: u32 = 32u;
+#ifdef GPU_SHAPES
+// Shorter splits fill a GPU: a decode step has a workgroup per (split, head group) only.
+const SPLIT_KEYS: u32 = 128u;
+#else
 const SPLIT_KEYS: u32 = 256u;
+#endif
 // Floats of one split's partial: the head's unnormalised output, then m and l.
 fn partial_len() -> u32 {
     return P[3] + 2u;
@@ -214,6 +221,16 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 // head dimensions tid + u * WG (head_dim <= WG * DIMS_PER_THREAD) of every head of the group.
 const MAX_GROUP: u32 = 8u;
 const DIMS_PER_THREAD: u32 = 4u;
+// Keys whose values a thread loads before folding them in, and key values loaded at a time for
+// the scores: on a GPU each load would otherwise wait out the memory latency alone; a CPU adapter
+// pays for the registers instead.
+#ifdef GPU_SHAPES
+const V_BATCH: u32 = 8u;
+const K_CHUNK: u32 = 16u;
+#else
+const V_BATCH: u32 = 1u;
+const K_CHUNK: u32 = 8u;
+#endif
 // [group, head_dim] the group's queries
 var<workgroup> q_sh: array<f32, 1024>;
 // [MAX_GROUP, WG] a key tile's scores per head, then their softmax weights exp(score - max)
@@ -304,20 +321,31 @@ fn group_dots(row: u32, col: u32, hd: u32, width: u32, group: u32) -> array<f32,
     var kb_at = 0xffffffffu;
 #endif
     let full = hd / 8u * 8u;
-    for (var i0 = 0u; i0 < full; i0 += 8u) {
-        var k: array<f32, 8>;
-        for (var lane = 0u; lane < 8u; lane++) {
+    // K_CHUNK values loaded at a time, folded in 8 at a time.
+    for (var i0 = 0u; i0 < full; i0 += K_CHUNK) {
+        var k: array<f32, K_CHUNK>;
+        for (var lane = 0u; lane < K_CHUNK; lane++) {
+            k[lane] = 0.0;
+            if (i0 + lane < full) {
 #ifdef KV_Q8_0 || KV_Q4_0
-            k[lane] = k_cached(row, col + i0 + lane, width, &kb, &kb_at);
+                k[lane] = k_cached(row, col + i0 + lane, width, &kb, &kb_at);
 #else
-            k[lane] = k_at(row, col + i0 + lane, width);
+                k[lane] = k_at(row, col + i0 + lane, width);
 #endif
+            }
         }
         for (var g = 0u; g < MAX_GROUP; g++) {
             if (g < group) {
                 for (var lane = 0u; lane < 8u; lane++) {
                     acc[g][lane] += q_sh[g * hd + i0 + lane] * k[lane];
                 }
+#ifdef GPU_SHAPES
+                if (i0 + 8u < full) {
+                    for (var lane = 0u; lane < 8u; lane++) {
+                        acc[g][lane] += q_sh[g * hd + i0 + 8u + lane] * k[8u + lane];
+                    }
+                }
+#endif
             }
         }
     }
@@ -392,6 +420,11 @@ fn attention(
     }
     if (!valid) {
         end_split = first_split;
+    }
+    // The grid is sized for the most splits; a workgroup past its token's splits has nothing to
+    // do (the whole workgroup leaves together).
+    if (end_split <= first_split) {
+        return;
     }
     let last_key = step_token_pos(t) + 1u;
     let scale = bitcast<f32>(P[4]);
@@ -510,44 +543,69 @@ fn attention(
             let first_block = col / 32u;
             let n_vblocks = (col + hd + 31u) / 32u - first_block;
 #endif
-            for (var r = 0u; r < count; r++) {
+            // V_BATCH keys at a time: their values' loads issued together (GPU_SHAPES), then the
+            // keys folded in one at a time, in order.
+            for (var r0 = 0u; r0 < count; r0 += V_BATCH) {
 #ifdef KV_Q8_0 || KV_Q4_0
-                if (r % V_KEYS == 0u) {
-                    // Keys r .. r + V_KEYS: each thread decodes some (key, block) pairs.
-                    workgroupBarrier();
-                    for (var p = tid; p < V_KEYS * n_vblocks; p += WG) {
-                        let key = p / n_vblocks;
-                        let b = p % n_vblocks;
-                        if (r + key < count) {
-                            let x = v_block(rows[r + key], first_block + b, kv_width);
-                            for (var i = 0u; i < 32u; i++) {
-                                v_sh[key * V_SPAN + b * 32u + i] = x[i];
-                            }
-                        }
-                    }
-                    workgroupBarrier();
-                }
-#endif
-                // Key r's weight for each head, read once for the sum and every dimension.
-                var w: array<f32, MAX_GROUP>;
-                for (var g = 0u; g < MAX_GROUP; g++) {
-                    if (g < group) {
-                        w[g] = scores[g * WG + r];
-                        l[g] += w[g];
-                    }
-                }
-                let vrow = rows[r];
+#else
+#ifdef GPU_SHAPES
+                var vb: array<array<f32, V_BATCH>, DIMS_PER_THREAD>;
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                     let d = tid + u * WG;
                     if (d < hd) {
-#ifdef KV_Q8_0 || KV_Q4_0
-                        let v = v_sh[(r % V_KEYS) * V_SPAN + col + d - first_block * 32u];
-#else
-                        let v = v_at(vrow, col + d, kv_width);
+                        // Keys past the tile's read its last one again, unused.
+                        for (var b = 0u; b < V_BATCH; b++) {
+                            vb[u][b] = v_at(rows[min(r0 + b, count - 1u)], col + d, kv_width);
+                        }
+                    }
+                }
 #endif
+#endif
+                for (var b = 0u; b < V_BATCH; b++) {
+                    let r = r0 + b;
+                    if (r < count) {
+#ifdef KV_Q8_0 || KV_Q4_0
+                        if (r % V_KEYS == 0u) {
+                            // Keys r .. r + V_KEYS: each thread decodes some (key, block) pairs.
+                            workgroupBarrier();
+                            for (var p = tid; p < V_KEYS * n_vblocks; p += WG) {
+                                let key = p / n_vblocks;
+                                let block = p % n_vblocks;
+                                if (r + key < count) {
+                                    let x = v_block(rows[r + key], first_block + block, kv_width);
+                                    for (var i = 0u; i < 32u; i++) {
+                                        v_sh[key * V_SPAN + block * 32u + i] = x[i];
+                                    }
+                                }
+                            }
+                            workgroupBarrier();
+                        }
+#endif
+                        // Key r's weight for each head, read once for the sum and every dimension.
+                        var w: array<f32, MAX_GROUP>;
                         for (var g = 0u; g < MAX_GROUP; g++) {
                             if (g < group) {
-                                acc[u][g] += w[g] * v;
+                                w[g] = scores[g * WG + r];
+                                l[g] += w[g];
+                            }
+                        }
+                        for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+                            let d = tid + u * WG;
+                            if (d < hd) {
+#ifdef KV_Q8_0 || KV_Q4_0
+                                let v = v_sh[(r % V_KEYS) * V_SPAN + col + d - first_block * 32u];
+#else
+#ifdef GPU_SHAPES
+                                let v = vb[u][b];
+#else
+                                let v = v_at(rows[r], col + d, kv_width);
+#endif
+#endif
+                                for (var g = 0u; g < MAX_GROUP; g++) {
+                                    if (g < group) {
+                                        acc[u][g] += w[g] * v;
+                                    }
+                                }
                             }
                         }
                     }

@@ -386,7 +386,7 @@ fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
         "shader_f16": i.shader_f16,
         "subgroups": i.subgroups,
         "packed_dot": i.packed_dot,
-        "fused_siblings": i.fused_siblings,
+        "gpu_shapes": i.gpu_shapes,
         "variant": i.variant(),
         "max_storage_buffer_binding_size": i.max_storage_binding,
         "max_buffer_size": i.max_buffer_size,

@@ -19,7 +19,7 @@ const KV_STORE_PARAMS: usize = 20;
 
 /// attention.wgsl's most splits of a query's keys (MAX_SPLITS), and the most tokens of a step
 /// that get a workgroup per split (longer steps loop over the splits in a workgroup per head).
-const ATTENTION_MAX_SPLITS: usize = 16;
+const ATTENTION_MAX_SPLITS: usize = 32;
 pub(crate) const GRID_SPLIT_TOKENS: usize = 16;
 
 /// attention.wgsl's most query heads a workgroup computes (MAX_GROUP) and most values of them
@@ -812,7 +812,9 @@ impl Builder<'_> {
                 // scales after the codes).
                 let (gx, gy) = fold(rows);
                 params[7] = gx;
-                let mut defines = vec!["REDUCE"];
+                // The device's defines too: the reduce plans the splits as attention does.
+                let mut defines = self.gpu.info.defines();
+                defines.push("REDUCE");
                 let mut entries = vec![(1, Res::Buf(self.step.clone())), (6, Res::Buf(partials))];
                 match fusion {
                     Fusion::RoundsOutput { rounding: rounding @ ActRounding::Q8 { define } } => {
@@ -952,7 +954,7 @@ pub(crate) fn compile(
         params: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
-    let plan = fusion_plan(graph, weights, gpu.info.fused_siblings);
+    let plan = fusion_plan(graph, weights, gpu.info.gpu_shapes);
     for (i, (op, fusion)) in graph.ops.iter().zip(plan).enumerate() {
         if let Op::Embed { table, .. } = op {
             let rows = b.weight(*table)?.desc.n_rows();

@@ -5,7 +5,7 @@ use crate::WgpuError;
 use std::sync::{Arc, Mutex};
 
 /// How to open the GPU. `from_env` reads `HEARTH_WGPU_NO_F16=1`, `HEARTH_WGPU_NO_SUBGROUPS=1`,
-/// `HEARTH_WGPU_NO_DOT4=1`, `HEARTH_WGPU_PROFILE=1` and `HEARTH_WGPU_SIBLINGS=fused|separate`.
+/// `HEARTH_WGPU_NO_DOT4=1`, `HEARTH_WGPU_PROFILE=1` and `HEARTH_WGPU_SHAPES=gpu|cpu|auto`.
 #[derive(Clone, Debug, Default)]
 pub struct WgpuOptions {
     /// Do not request `shader-f16` even when the adapter has it: the kernels then read f16
@@ -23,22 +23,24 @@ pub struct WgpuOptions {
     /// Caps the bytes bound per weight buffer below the device limit, so tests can exercise the
     /// row-range split of large tensors with small ones.
     pub max_binding_bytes: Option<u64>,
-    /// Whether sibling mat-muls (q/k/v, gate/up) run in one dispatch.
-    pub sibling_matmuls: SiblingMatmuls,
+    /// The kind of adapter the kernels are shaped for.
+    pub kernel_shapes: KernelShapes,
 }
 
-/// How mat-muls that read the same input with weights of one type are dispatched.
+/// What the kernels are shaped for. On a GPU, dispatches and memory latency cost the most: sibling
+/// mat-muls (q/k/v, gate/up; same input, one weight type) run in one dispatch (matmul_q8.wgsl
+/// SEGMENTS), and attention cuts shorter splits and issues its loads several at a time
+/// (attention.wgsl GPU_SHAPES). On a CPU adapter (lavapipe, SwiftShader) every instruction and
+/// register costs while dispatches and latency barely do: siblings one dispatch each (the fused
+/// kernel measured about 10% slower there), attention's loads one at a time (the batched ones
+/// measured 1.8x slower). Results are the same bits either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SiblingMatmuls {
-    /// Fused on GPUs; separate on CPU adapters (lavapipe, SwiftShader), where the fused kernel
-    /// measured about 10% slower per token and dispatches cost little.
+pub enum KernelShapes {
+    /// By the adapter's device type.
     #[default]
     Auto,
-    /// One dispatch for all of them (matmul_q8.wgsl SEGMENTS): fewer dispatches, and the small
-    /// k/v products no longer leave most of a large GPU idle.
-    Fused,
-    /// One dispatch each.
-    Separate,
+    Gpu,
+    Cpu,
 }
 
 impl WgpuOptions {
@@ -51,13 +53,13 @@ impl WgpuOptions {
             no_packed_dot: on("HEARTH_WGPU_NO_DOT4"),
             profile: on("HEARTH_WGPU_PROFILE"),
             max_binding_bytes: None,
-            sibling_matmuls: match std::env::var("HEARTH_WGPU_SIBLINGS").as_deref() {
-                Ok("fused") => SiblingMatmuls::Fused,
-                Ok("separate") => SiblingMatmuls::Separate,
-                Ok("auto") | Err(_) => SiblingMatmuls::Auto,
+            kernel_shapes: match std::env::var("HEARTH_WGPU_SHAPES").as_deref() {
+                Ok("gpu") => KernelShapes::Gpu,
+                Ok("cpu") => KernelShapes::Cpu,
+                Ok("auto") | Err(_) => KernelShapes::Auto,
                 Ok(other) => {
-                    eprintln!("HEARTH_WGPU_SIBLINGS={other} is not one of fused, separate, auto: using auto");
-                    SiblingMatmuls::Auto
+                    eprintln!("HEARTH_WGPU_SHAPES={other} is not one of gpu, cpu, auto: using auto");
+                    KernelShapes::Auto
                 }
             },
         }
@@ -78,8 +80,8 @@ pub struct DeviceInfo {
     pub packed_dot: bool,
     /// Dispatches are timed (`WgpuOptions::profile` on an adapter that can).
     pub timestamps: bool,
-    /// Sibling mat-muls run in one dispatch (`WgpuOptions::sibling_matmuls` resolved).
-    pub fused_siblings: bool,
+    /// The kernels are shaped for a GPU (`WgpuOptions::kernel_shapes` resolved; `KernelShapes`).
+    pub gpu_shapes: bool,
     pub max_storage_binding: u64,
     pub max_buffer_size: u64,
 }
@@ -96,7 +98,7 @@ impl DeviceInfo {
     }
 
     /// The shader defines of the variant (see `shaders/`): `SHADER_F16`, `SUBGROUPS` (and in a
-    /// browser `SUBGROUPS_DIRECTIVE`), `DOT4`.
+    /// browser `SUBGROUPS_DIRECTIVE`), `DOT4`, `GPU_SHAPES`.
     pub fn defines(&self) -> Vec<&'static str> {
         let mut defines = Vec::new();
         if self.shader_f16 {
@@ -111,6 +113,9 @@ impl DeviceInfo {
         }
         if self.packed_dot {
             defines.push("DOT4");
+        }
+        if self.gpu_shapes {
+            defines.push("GPU_SHAPES");
         }
         defines
     }
@@ -247,10 +252,10 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
         subgroups,
         packed_dot,
         timestamps,
-        fused_siblings: match options.sibling_matmuls {
-            SiblingMatmuls::Fused => true,
-            SiblingMatmuls::Separate => false,
-            SiblingMatmuls::Auto => ai.device_type != wgpu::DeviceType::Cpu,
+        gpu_shapes: match options.kernel_shapes {
+            KernelShapes::Gpu => true,
+            KernelShapes::Cpu => false,
+            KernelShapes::Auto => ai.device_type != wgpu::DeviceType::Cpu,
         },
         max_storage_binding,
         max_buffer_size,

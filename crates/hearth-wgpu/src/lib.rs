@@ -30,7 +30,7 @@ use kv::GpuKv;
 use shader::PipelineCache;
 use weights::GpuWeight;
 
-pub use device::{DeviceInfo, FaultWatch, SiblingMatmuls, WgpuOptions};
+pub use device::{DeviceInfo, FaultWatch, KernelShapes, WgpuOptions};
 
 /// Errors of this crate; they reach callers as [`CoreError::Device`] (device lost, out of
 /// memory), [`CoreError::Unsupported`] or [`CoreError::Backend`].

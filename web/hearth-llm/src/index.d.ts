@@ -265,8 +265,9 @@ export interface AdapterInfo {
   subgroups: boolean;
   /** The 8-bit mat-mul uses WGSL's `dot4I8Packed` (the browser lists `packed_4x8_integer_dot_product`). */
   packed_dot: boolean;
-  /** The q/k/v and the gate/up mat-muls share one dispatch each (on GPUs; not on software adapters). */
-  fused_siblings: boolean;
+  /** The kernels are shaped for a GPU (on GPUs; not on software adapters): the q/k/v and the gate/up
+   * mat-muls share one dispatch each, attention issues its loads several at a time. */
+  gpu_shapes: boolean;
   /** The kernel variant in use: 'f16+subgroups', 'f16', 'subgroups' or 'f32'. */
   variant: 'f16+subgroups' | 'f16' | 'subgroups' | 'f32';
   max_storage_buffer_binding_size: number;

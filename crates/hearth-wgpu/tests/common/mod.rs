@@ -1,7 +1,7 @@
 //! Shared by the wgpu tests: opening the backend (never skipping silently), the conformance subject.
 #![allow(dead_code)]
 
-use hearth_wgpu::{SiblingMatmuls, WgpuBackend, WgpuOptions};
+use hearth_wgpu::{KernelShapes, WgpuBackend, WgpuOptions};
 
 /// Opens the wgpu backend. Without an adapter the test fails unless `HEARTH_ALLOW_NO_GPU=1`
 /// (then it returns None after a loud message); `HEARTH_REQUIRE_GPU=1` makes it fail regardless.
@@ -23,8 +23,8 @@ pub fn open(options: WgpuOptions) -> Option<WgpuBackend> {
 
 /// One backend per kernel variant the adapter supports (`DeviceInfo::variant`): `options` as
 /// given, then with `shader-f16` and/or subgroups forced off (the last, `f32`, also without
-/// `dot4I8Packed`: the plainest WGSL a browser may offer), sibling mat-muls fused in the variants
-/// with subgroups and separate in the others; the env switches
+/// `dot4I8Packed`: the plainest WGSL a browser may offer), the kernels shaped for a GPU in the
+/// variants with subgroups and for a CPU adapter in the others (`KernelShapes`); the env switches
 /// `HEARTH_WGPU_NO_F16=1` / `HEARTH_WGPU_NO_SUBGROUPS=1` / `HEARTH_WGPU_NO_DOT4=1` force them off
 /// in all. Each opened
 /// device must honour what was asked. Empty only when no adapter opens and that is allowed
@@ -38,8 +38,8 @@ pub fn open_variants(options: WgpuOptions) -> Vec<WgpuBackend> {
             no_f16: options.no_f16 || env.no_f16 || no_f16,
             no_subgroups: options.no_subgroups || env.no_subgroups || no_subgroups,
             no_packed_dot: options.no_packed_dot || env.no_packed_dot || (no_f16 && no_subgroups),
-            // Both ways of running sibling mat-muls, whatever the adapter would choose.
-            sibling_matmuls: if no_subgroups { SiblingMatmuls::Separate } else { SiblingMatmuls::Fused },
+            // Both kernel shapes, whatever the adapter would choose.
+            kernel_shapes: if no_subgroups { KernelShapes::Cpu } else { KernelShapes::Gpu },
             ..options.clone()
         };
         let Some(backend) = open(asked.clone()) else { return backends };
