@@ -116,6 +116,14 @@ run() {
   # The kernels' own unit tests (exact division on this device among them).
   "$bin/wgpu-unit" >>"$OUT/conformance.log" 2>&1 || status=$?
   grep -E "wgpu adapter|test result|FAILED|panicked" "$OUT/conformance.log" | sort -u | head -20
+  # The clocks while the benchmarks run: a GPU that stays at a low clock between small kernels
+  # makes every dispatch look slow.
+  local sampler=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv -lms 250 \
+      >"$OUT/clocks.csv" 2>/dev/null &
+    sampler=$!
+  fi
   for m in $models; do
     echo "== $m"
     "$bin/hearth" bench -m "$work/$m.gguf" --backend wgpu -p "$P" -n "$N" -r 2 --quiet --json >"$OUT/$m.wgpu.json" 2>>"$OUT/bench.log" || status=$?
@@ -138,6 +146,10 @@ run() {
         >"$OUT/$m.llama-vulkan.json" 2>>"$OUT/llama-bench.log" || echo "llama-bench failed on $m (llama-bench.log)"
     done
   fi
+  if [ -n "$sampler" ]; then
+    kill "$sampler" 2>/dev/null || true
+    echo "== SM clock while benchmarking (MHz): $(awk -F', ' 'NR > 1 {print $2}' "$OUT/clocks.csv" | sort -n | uniq -c | sort -rn | head -5 | tr '\n' ' ')"
+  fi
   echo "== summary (tok/s: prefill / decode)"
   for m in $models; do
     local w c
@@ -145,7 +157,7 @@ run() {
     c=$(tr -d '\n ' <"$OUT/$m.cpu.json" | sed -n 's/.*"prefill_tok_s":{"mean":\([0-9.e+-]*\).*"decode_tok_s":{"mean":\([0-9.e+-]*\).*/\1 \2/p')
     local l=""
     if [ -s "$OUT/$m.llama-vulkan.json" ]; then
-      l=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(" ".join("%.1f" % x["avg_ts"] for x in r))' \
+      l=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(" ".join("%.1f" % x["avg_ts"] for x in r), r[0].get("backends"), r[0].get("gpu_info"))' \
         "$OUT/$m.llama-vulkan.json" 2>/dev/null || true)
       l="  llama.cpp-vulkan $l"
     fi
