@@ -81,30 +81,14 @@ fn workgroup_sum(tid: u32, s: f32) -> f32 {
     return total;
 }
 
-// This invocation's sum of the squares of X's values tid, tid + WG, ... of row `row`, in that
-// order; 4 values loaded at a time (one memory latency for them; a value past the row adds 0).
-fn sum_of_squares(row: u32, k: u32, tid: u32) -> f32 {
-    var s = 0.0;
-    for (var c0 = tid; c0 < k; c0 += 4u * WG) {
-        var v: array<f32, 4>;
-        for (var j = 0u; j < 4u; j++) {
-            v[j] = 0.0;
-            if (c0 + j * WG < k) {
-                v[j] = X[row * k + c0 + j * WG];
-            }
-        }
-        for (var j = 0u; j < 4u; j++) {
-            s += v[j] * v[j];
-        }
-    }
-    return s;
-}
-
 // The RMS factor of row `row` of the norm's input (SUM: after writing that input, the sum).
 fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
     var s = 0.0;
 #ifdef SUM
-    s = sum_of_squares(row, k, tid);
+    for (var c = tid; c < k; c += WG) {
+        let v = X[row * k + c];
+        s += v * v;
+    }
     let first = div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[4])));
     s = 0.0;
     for (var c = tid; c < k; c += WG) {
@@ -124,7 +108,10 @@ fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
     // The rounding reads values of S other invocations wrote.
     storageBarrier();
 #else
-    s = sum_of_squares(row, k, tid);
+    for (var c = tid; c < k; c += WG) {
+        let v = X[row * k + c];
+        s += v * v;
+    }
 #endif
     return div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[2])));
 }

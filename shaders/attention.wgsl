@@ -143,8 +143,6 @@ fn round_row(t: u32, k: u32, tid: u32) {
 @group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
 #endif
 
-const REDUCE_BATCH: u32 = 8u;
-
 // One workgroup per token: each value of its row merges the splits of its head in order.
 @compute @workgroup_size(128)
 fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -162,23 +160,11 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         let first = (t * n_head + h) * MAX_SPLITS * partial_len();
         var merged = vec2<f32>(-3.0e38, 0.0);
         var acc = 0.0;
-        // REDUCE_BATCH splits' partials loaded at a time (one memory latency for them all),
-        // then merged one at a time, in order.
-        for (var s0 = 0u; s0 < n_splits; s0 += REDUCE_BATCH) {
-            var ml: array<vec2<f32>, REDUCE_BATCH>;
-            var part: array<f32, REDUCE_BATCH>;
-            for (var b = 0u; b < REDUCE_BATCH; b++) {
-                let at = first + min(s0 + b, n_splits - 1u) * partial_len();
-                ml[b] = vec2<f32>(PART[at + hd], PART[at + hd + 1u]);
-                part[b] = PART[at + d];
-            }
-            for (var b = 0u; b < REDUCE_BATCH; b++) {
-                if (s0 + b < n_splits) {
-                    let w = merge_weights(merged, ml[b]);
-                    acc = acc * w.z + part[b] * w.w;
-                    merged = w.xy;
-                }
-            }
+        for (var s = 0u; s < n_splits; s++) {
+            let at = first + s * partial_len();
+            let w = merge_weights(merged, vec2<f32>(PART[at + hd], PART[at + hd + 1u]));
+            acc = acc * w.z + PART[at + d] * w.w;
+            merged = w.xy;
         }
         var v = acc * (1.0 / merged.y);
 #ifdef KV_OFFSET

@@ -21,9 +21,7 @@
 // Variants: DOT4 uses dot4I8Packed (the WGSL packed_4x8_integer_dot_product language feature;
 // native, or Naga's polyfill where the device lacks it), otherwise bytes are unpacked by shifts.
 // SUBGROUPS sums partial results with subgroupAdd, otherwise through a shared-memory tree. DECODE
-// is the single-token tile; DECODE_PAIRS (with it, on a GPU: KernelShapes) loads two blocks per
-// row before folding either in, where a CPU adapter pays for the registers (1.6x slower on
-// lavapipe). RESIDUAL / RESIDUAL_IN_PLACE add the residual stream (from RESID,
+// is the single-token tile. RESIDUAL / RESIDUAL_IN_PLACE add the residual stream (from RESID,
 // or what OUT holds) to the result, as the Add this epilogue replaces computes it.
 // SEGMENTS (SEGMENT3 for a third) computes the products of sibling mat-muls, which read the same
 // activations with weights of the same family and row length (q/k/v, gate/up), in one dispatch:
@@ -325,37 +323,6 @@ fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid:
     for (var o = 0u; o < OUTPUTS; o++) {
         acc[o] = 0.0;
     }
-#ifdef DECODE_PAIRS
-    // Two blocks per row at a time: every load of both issued before either is folded in (one
-    // memory latency for them), the blocks still added in order.
-    for (var block = tid / THREADS; block < n_blocks; block += 2u * BLOCKS_AT_ONCE) {
-        let next = block + BLOCKS_AT_ONCE;
-        let both = next < n_blocks;
-        let act0 = load_act_$S(t0, block, slot);
-        var act1 = act0;
-        if (both) {
-            act1 = load_act_$S(t0, next, slot);
-        }
-        var w0: array<Weights, ROWS>;
-        var w1: array<Weights, ROWS>;
-        for (var r = 0u; r < ROWS; r++) {
-            if (first_row + r < rows) {
-                w0[r] = load_weights_$S((first_row + r) * n_blocks + block, scales_at, slot);
-                if (both) {
-                    w1[r] = load_weights_$S((first_row + r) * n_blocks + next, scales_at, slot);
-                }
-            }
-        }
-        for (var r = 0u; r < ROWS; r++) {
-            if (first_row + r < rows) {
-                acc[r] += block_dot_$S(w0[r], act0);
-                if (both) {
-                    acc[r] += block_dot_$S(w1[r], act1);
-                }
-            }
-        }
-    }
-#else
     for (var block = tid / THREADS; block < n_blocks; block += BLOCKS_AT_ONCE) {
         var act: array<Act, TILE_T>;
         for (var t = 0u; t < TILE_T; t++) {
@@ -374,7 +341,6 @@ fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid:
             }
         }
     }
-#endif
     return acc;
 }
 #endforeach

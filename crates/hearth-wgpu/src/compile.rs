@@ -421,9 +421,6 @@ impl Builder<'_> {
         }
         let tile = if rows == 1 {
             defines.push("DECODE");
-            if self.gpu.info.gpu_shapes {
-                defines.push("DECODE_PAIRS");
-            }
             1
         } else {
             8
