@@ -35,11 +35,13 @@ enable subgroups;
 
 // Splits of a query's keys: at most MAX_SPLITS of a multiple of WG keys, at least SPLIT_KEYS
 // keys each where there are that many.
-const MAX_SPLITS: u32 = 32u;
+// Shorter splits fill a GPU: a decode step has a workgroup per (split, head group) only. A CPU
+// adapter launches the grid's empty split workgroups at a cost (compile.rs attention_max_splits).
 #ifdef GPU_SHAPES
-// Shorter splits fill a GPU: a decode step has a workgroup per (split, head group) only.
+const MAX_SPLITS: u32 = 32u;
 const SPLIT_KEYS: u32 = 128u;
 #else
+const MAX_SPLITS: u32 = 16u;
 const SPLIT_KEYS: u32 = 256u;
 #endif
 // Floats of one split's partial: the head's unnormalised output, then m and l.

@@ -17,9 +17,19 @@ const MAX_GROUPS: u32 = 65535;
 /// Words of kv_store.wgsl's parameter uniform.
 const KV_STORE_PARAMS: usize = 20;
 
-/// attention.wgsl's most splits of a query's keys (MAX_SPLITS), and the most tokens of a step
-/// that get a workgroup per split (longer steps loop over the splits in a workgroup per head).
-const ATTENTION_MAX_SPLITS: usize = 32;
+/// attention.wgsl's most splits of a query's keys (MAX_SPLITS): 32 of at least 128 keys with the
+/// GPU shapes, 16 of at least 256 on a CPU adapter, which launches the grid's empty split
+/// workgroups at a cost.
+fn attention_max_splits(gpu_shapes: bool) -> usize {
+    if gpu_shapes {
+        32
+    } else {
+        16
+    }
+}
+
+/// The most tokens of a step that get a workgroup per split (longer steps loop over the splits
+/// in a workgroup per head).
 pub(crate) const GRID_SPLIT_TOKENS: usize = 16;
 
 /// attention.wgsl's most query heads a workgroup computes (MAX_GROUP) and most values of them
@@ -133,7 +143,7 @@ struct Builder<'a> {
     rounded: Vec<(BufId, ActRounding, usize)>,
     /// The slot the next rounding writes.
     next_slot: usize,
-    /// [n_tokens, n_head, ATTENTION_MAX_SPLITS, head_dim + 2] f32 for the widest attention of a
+    /// [n_tokens, n_head, attention_max_splits, head_dim + 2] f32 for the widest attention of a
     /// step of at most GRID_SPLIT_TOKENS tokens (longer steps merge their splits in the attention
     /// dispatch): each split's partial result, shared by the layers (each reduce reads it before
     /// the next layer's attention writes it).
@@ -754,7 +764,7 @@ impl Builder<'_> {
                 // what fills the device, then a reduce; else one per head looping over them and
                 // merging them itself (attention.wgsl MERGED).
                 let merged = rows > GRID_SPLIT_TOKENS;
-                let grid_splits = if merged { 1 } else { ATTENTION_MAX_SPLITS };
+                let grid_splits = if merged { 1 } else { attention_max_splits(self.gpu.info.gpu_shapes) };
                 let group = attention_group(p.n_head, p.n_head_kv, p.head_dim);
                 let (gx, gy) = fold(rows * (p.n_head / group) * grid_splits);
                 let kv_width = p.n_head_kv * p.head_dim;
@@ -921,7 +931,7 @@ pub(crate) fn compile(
                 .bufs
                 .get(q.0 as usize)
                 .filter(|d| d.rows <= GRID_SPLIT_TOKENS)
-                .map(|d| d.rows * params.n_head * ATTENTION_MAX_SPLITS * (params.head_dim + 2)),
+                .map(|d| d.rows * params.n_head * attention_max_splits(gpu.info.gpu_shapes) * (params.head_dim + 2)),
             _ => None,
         })
         .max();
