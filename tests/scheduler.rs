@@ -9,7 +9,7 @@ use hearth_core::graph::LogitsMode;
 use hearth_core::runner::BatchEntry;
 use hearth_core::sampling::{Sampler, SamplingParams, TokenLogprob};
 use hearth_core::scheduler::step_budget::PROMPT_GRANULE;
-use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
+use hearth_core::scheduler::{Drafting, RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{BatchedDraftModel, SpeculativeOptions, DEFAULT_MIN_CONFIDENCE};
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
@@ -633,4 +633,61 @@ fn mixed_sampling_from_candidates_equals_full_logits() {
             requests[i].sampling
         );
     }
+}
+
+#[test]
+fn the_choices_of_one_prompt_share_its_blocks_and_sample_as_requests_seeded_in_turn() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    // Several prompt chunks, ending inside a KV block.
+    let prompt = prompts(&tokenizer, 8)[7].clone();
+    let sampled = |seed| GenerateOptions {
+        max_tokens: 12,
+        ignore_eos: true,
+        sampling: SamplingParams { temperature: 0.9, top_k: 40, seed, ..SamplingParams::default() },
+        ..GenerateOptions::default()
+    };
+    let n = 4;
+    let want: Vec<Vec<u32>> = (0..n as u64).map(|i| full_logits_tokens(&prompt, &sampled(5 + i))).collect();
+    assert!(want.windows(2).any(|w| w[0] != w[1]), "the seeds should give different choices");
+
+    let mut s = scheduler(8, None);
+    let ids = s.submit_choices(prompt.clone(), sampled(5), Drafting::None, n).expect("submit");
+    let mut cached = HashMap::new();
+    let mut most_blocks = 0;
+    loop {
+        let mut events = Vec::new();
+        let busy = s.step(&mut |e| events.push(e)).expect("step");
+        most_blocks = most_blocks.max(s.stats().kv_blocks_used);
+        for e in events {
+            match e {
+                SchedulerEvent::Started { id, cached_tokens, .. } => {
+                    cached.insert(id, cached_tokens);
+                }
+                SchedulerEvent::Finished { id, generation } => {
+                    let i = ids.iter().position(|&c| c == id).expect("a choice");
+                    assert_eq!(generation.tokens, want[i], "choice {i} differs from a request seeded {}", 5 + i);
+                }
+                SchedulerEvent::Failed { id, error } => panic!("choice {id} failed: {error}"),
+                SchedulerEvent::Text { .. } => {}
+            }
+        }
+        if !busy {
+            break;
+        }
+    }
+    // The first choice evaluates the prompt; the others only its last token.
+    assert_eq!(cached[&ids[0]], 0);
+    for id in &ids[1..] {
+        assert_eq!(cached[id], prompt.len() - 1, "choice {id} should share the prompt's blocks");
+    }
+    // The prompt's full blocks are held once: each choice adds at most its own tail.
+    let block = s.runner().kv().block_size();
+    let prompt_blocks = prompt.len() / block;
+    let per_choice = (prompt.len() % block + 12).div_ceil(block) + 1;
+    assert!(
+        most_blocks <= prompt_blocks + n * per_choice,
+        "{most_blocks} blocks at most for {n} choices of a {prompt_blocks}-block prompt"
+    );
+    assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }

@@ -93,7 +93,7 @@ fn bad_input_gets_openai_errors() {
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), "tools"),
         (json!({"echo": true}), "echo"),
-        (json!({"n": 2}), "n"),
+        (json!({"n": 0}), "n"),
         (json!({"speculative": {"mode": "lookup"}}), "speculative"),
     ] {
         assert_error(&post(addr, chat, &chat_body(4, extra)), 400, None, Some(param));
@@ -231,6 +231,58 @@ fn seeded_sampling_is_deterministic_and_matches_hearth_run() {
         "0",
     ]);
     assert_eq!(run["text"].as_str(), Some(first.as_str()));
+}
+
+#[test]
+fn n_choices_are_the_answers_of_requests_seeded_in_turn_streaming_and_not() {
+    let addr = server();
+    let body = |seed: u64, extra: Value| {
+        let mut body = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": seed});
+        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        body
+    };
+    let single: Vec<String> = (0..3)
+        .map(|i| {
+            let r = post(addr, "/v1/completions", &body(42 + i, json!({})));
+            r.json()["choices"][0]["text"].as_str().expect("text").to_string()
+        })
+        .collect();
+    assert!(single.windows(2).any(|w| w[0] != w[1]), "the seeds should give different texts");
+    let r = post(addr, "/v1/completions", &body(42, json!({"n": 3})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    let choices = answer["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        assert_eq!(choice["text"].as_str(), Some(single[i].as_str()), "choice {i}");
+    }
+    assert_eq!(answer["usage"]["completion_tokens"], 36, "{answer}");
+    // The prompt is evaluated once; the other choices find it in KV.
+    assert_eq!(answer["usage"]["prompt_tokens"], answer["usage"]["total_tokens"].as_u64().unwrap_or(0) - 36);
+
+    let r = post(addr, "/v1/chat/completions", &{
+        let mut chat = chat_body(8, json!({"n": 2, "temperature": 1.0, "seed": 3, "stream": true}));
+        chat["stream_options"] = json!({"include_usage": true});
+        chat
+    });
+    let (_, _, chunks) = streamed(&r);
+    let mut texts = [String::new(), String::new()];
+    let mut finished = [false, false];
+    for chunk in &chunks {
+        for choice in chunk["choices"].as_array().expect("choices") {
+            let i = choice["index"].as_u64().expect("index") as usize;
+            texts[i] += choice["delta"]["content"].as_str().unwrap_or("");
+            finished[i] |= choice["finish_reason"].as_str() == Some("length");
+        }
+    }
+    assert_eq!(finished, [true, true], "each choice ends with its finish_reason");
+    let usage = &chunks.last().expect("a usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], 16, "{usage}");
+    for (i, text) in texts.iter().enumerate() {
+        let alone = post(addr, "/v1/chat/completions", &chat_body(8, json!({"temperature": 1.0, "seed": 3 + i})));
+        assert_eq!(Some(text.as_str()), alone.json()["choices"][0]["message"]["content"].as_str(), "choice {i}");
+    }
 }
 
 #[test]

@@ -106,6 +106,8 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       // Asked-for features that do not exist are refused, never ignored.
       responseFormat: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } })),
       tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
+      // Several choices per request are a server feature for now.
+      choices: await describe(engine.completions.create({ prompt: 'x', n: 2 })),
       // JSON would carry NaN as null ("not given"): refused before it leaves JS.
       temperatureNaN: await describe(engine.completions.create({ prompt: 'x', temperature: NaN })),
       // A refused streaming request rejects at create(), as a server's 400 comes before any event.
@@ -122,12 +124,14 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
     responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
+    choices: /one choice per request \(n = 1\)/,
     temperatureNaN: /`temperature` must be a finite number, got NaN/, streamRefused: /temperature must be between 0 and 2, got 5/,
   })) assertError(result[name], 'bad-argument', pattern);
   // The refused field is named, as `hearth serve` names it in its 400s.
   for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN']) assert.equal(result[name].param, 'temperature', name);
   assert.equal(result.messagesNotArray.param, 'messages');
   assert.equal(result.lookupMinP.param, 'speculative');
+  assert.equal(result.choices.param, 'n');
   assertError(result.afterUnload, 'not-loaded', /unloaded/);
 });
 

@@ -119,6 +119,12 @@ impl RequestOptions {
     fn from_request(request: Request, endpoint: Option<Endpoint>) -> Result<Self> {
         // Every value is checked now; the seed is chosen per call.
         request.generation_options(0)?;
+        if request.n.is_some_and(|n| n != 1) {
+            return Err(WasmError::bad_request(
+                "n",
+                "the browser engine generates one choice per request (n = 1); submit the request again for another",
+            ));
+        }
         let speculative = request.speculation()?;
         let prediction = request.prediction_text()?;
         let logprobs = match endpoint {

@@ -35,14 +35,14 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
             return respond_error(request, &e);
         }
     }
-    let (stream, include_usage) = (parsed.stream, parsed.include_usage);
+    let (stream, include_usage, choices) = (parsed.stream, parsed.include_usage, parsed.n);
     let (prompt, options, prediction) =
         match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
             Ok(prepared) => prepared,
             Err(e) => return respond_error(request, &e),
         };
     let (sender, events) = mpsc::channel();
-    if let Err(e) = state.queue.submit(Job { prompt, prediction, options, events: sender, received }) {
+    if let Err(e) = state.queue.submit(Job { prompt, prediction, options, choices, events: sender, received }) {
         return respond_error(request, &e);
     }
     // Nothing is sent before the scheduler admits the prompt, so its errors keep their status.
@@ -61,17 +61,17 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         tokenizer: &state.prompter.tokenizer,
     };
     if stream {
-        stream_events(request, &reply, &events, tokens, include_usage)
+        stream_events(request, &reply, &events, tokens, include_usage, choices)
     } else {
-        let mut generation = None;
+        let mut generations: Vec<Option<Generation>> = (0..choices).map(|_| None).collect();
         for event in events.iter() {
             match event {
-                Event::Done(g) => generation = Some(g),
+                Event::Done { choice, generation } => generations[choice] = Some(generation),
                 Event::Failed(e) => return respond_error(request, &e),
                 Event::Started { .. } | Event::Delta { .. } => {}
             }
         }
-        match generation {
+        match generations.into_iter().collect::<Option<Vec<_>>>() {
             Some(g) => respond_json(request, 200, &reply.full(&g, tokens)),
             None => respond_error(request, &ApiError::internal("The engine stopped before finishing.")),
         }
@@ -101,35 +101,43 @@ impl Reply<'_> {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
     }
 
-    /// The non-streaming answer.
-    fn full(&self, g: &Generation, prompt: PromptTokens) -> Value {
-        let finish = finish_reason(g.finish_reason);
-        let logprobs = g.logprobs.as_deref().map_or(Value::Null, |l| self.logprobs(l, 0).0);
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish})
-            }
-            Endpoint::Completions => json!({"index": 0, "text": g.text, "logprobs": logprobs, "finish_reason": finish}),
-        };
-        let mut body = self.envelope(false, json!([choice]));
-        body["usage"] = usage(prompt, g);
+    /// The non-streaming answer: one choice per generation, in order.
+    fn full(&self, generations: &[Generation], prompt: PromptTokens) -> Value {
+        let choices: Vec<Value> = generations
+            .iter()
+            .enumerate()
+            .map(|(index, g)| {
+                let finish = finish_reason(g.finish_reason);
+                let logprobs = g.logprobs.as_deref().map_or(Value::Null, |l| self.logprobs(l, 0).0);
+                match self.endpoint {
+                    Endpoint::Chat => json!({"index": index, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish}),
+                    Endpoint::Completions => {
+                        json!({"index": index, "text": g.text, "logprobs": logprobs, "finish_reason": finish})
+                    }
+                }
+            })
+            .collect();
+        let mut body = self.envelope(false, Value::Array(choices));
+        body["usage"] = usage(prompt, generations);
         body
     }
 
-    /// One streamed chunk carrying `text` (and `finish_reason` on the last), with `logprobs`
-    /// (null, or the log-probabilities of the tokens since the last chunk).
-    fn chunk(&self, text: &str, role: bool, finish: Option<&str>, logprobs: Value) -> Value {
+    /// One streamed chunk of choice `index` carrying `text` (and `finish_reason` on its last),
+    /// with `logprobs` (null, or the log-probabilities of the tokens since its last chunk).
+    fn chunk(&self, index: usize, text: &str, role: bool, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat if role => {
-                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat if finish.is_some() => {
-                json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat => {
-                json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": finish})
             }
-            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
+            Endpoint::Completions => {
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
         };
         self.envelope(true, json!([choice]))
     }
@@ -151,20 +159,24 @@ struct PromptTokens {
     cached: usize,
 }
 
-/// OpenAI's usage object; with speculative decoding (`--lookup`, `--draft-model`, a predicted
-/// output), the draft tokens accepted and rejected go where OpenAI reports a prediction's.
-fn usage(prompt: PromptTokens, g: &Generation) -> Value {
-    let completion = g.tokens.len();
+/// OpenAI's usage object over every choice (the prompt counted once); with speculative decoding
+/// (`--lookup`, `--draft-model`, a predicted output), the draft tokens accepted and rejected go
+/// where OpenAI reports a prediction's.
+fn usage(prompt: PromptTokens, generations: &[Generation]) -> Value {
+    let completion: usize = generations.iter().map(|g| g.tokens.len()).sum();
     let mut usage = json!({
         "prompt_tokens": prompt.total,
         "completion_tokens": completion,
         "total_tokens": prompt.total + completion,
         "prompt_tokens_details": {"cached_tokens": prompt.cached},
     });
-    if let Some(speculative) = &g.speculative {
+    let drafts: Vec<_> = generations.iter().filter_map(|g| g.speculative.as_ref()).collect();
+    if !drafts.is_empty() {
+        let accepted: usize = drafts.iter().map(|s| s.accepted).sum();
+        let proposed: usize = drafts.iter().map(|s| s.proposed).sum();
         usage["completion_tokens_details"] = json!({
-            "accepted_prediction_tokens": speculative.accepted,
-            "rejected_prediction_tokens": speculative.proposed - speculative.accepted,
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": proposed - accepted,
         });
     }
     usage
@@ -186,44 +198,49 @@ fn stream_events(
     events: &Receiver<Event>,
     prompt_tokens: PromptTokens,
     include_usage: bool,
+    choices: usize,
 ) -> u16 {
     let mut out = SseWriter { inner: request.into_writer() };
     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
     if out.raw(head.as_bytes()).is_err() {
         return 200;
     }
-    let first = match reply.endpoint {
-        Endpoint::Chat => Some(reply.chunk("", true, None, Value::Null)),
-        Endpoint::Completions => None,
-    };
-    if first.is_some_and(|c| out.event(&c.to_string()).is_err()) {
-        return 200;
+    if reply.endpoint == Endpoint::Chat {
+        for index in 0..choices {
+            if out.event(&reply.chunk(index, "", true, None, Value::Null).to_string()).is_err() {
+                return 200;
+            }
+        }
     }
-    // Log-probabilities sent so far, and (completions) the text offset reached.
-    let (mut logprobs_sent, mut text_offset) = (0, 0);
-    // The worker drops its sender after the final event, which ends this loop.
+    // Per choice: log-probabilities sent so far, and (completions) the text offset reached.
+    let (mut logprobs_sent, mut text_offset) = (vec![0; choices], vec![0; choices]);
+    let mut ended = Vec::new();
+    // The worker drops its senders after each choice's final event, which ends this loop.
     for event in events.iter() {
         let sent = match event {
-            Event::Delta { text, logprobs } => {
+            Event::Delta { choice, text, logprobs } => {
                 let logprobs = if logprobs.is_empty() {
                     Value::Null
                 } else {
-                    logprobs_sent += logprobs.len();
-                    let (value, offset) = reply.logprobs(&logprobs, text_offset);
-                    text_offset = offset;
+                    logprobs_sent[choice] += logprobs.len();
+                    let (value, offset) = reply.logprobs(&logprobs, text_offset[choice]);
+                    text_offset[choice] = offset;
                     value
                 };
-                out.event(&reply.chunk(&text, false, None, logprobs).to_string())
+                out.event(&reply.chunk(choice, &text, false, None, logprobs).to_string())
             }
-            Event::Done(g) => {
+            Event::Done { choice, generation: g } => {
                 // The tokens whose text came last (held back, then released at the end).
-                let rest = g.logprobs.as_deref().map(|l| &l[logprobs_sent.min(l.len())..]).unwrap_or_default();
-                let logprobs = if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset).0 };
+                let sent = logprobs_sent[choice];
+                let rest = g.logprobs.as_deref().map(|l| &l[sent.min(l.len())..]).unwrap_or_default();
+                let logprobs =
+                    if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset[choice]).0 };
                 let finish = Some(finish_reason(g.finish_reason));
-                let mut last = out.event(&reply.chunk("", false, finish, logprobs).to_string());
-                if include_usage && last.is_ok() {
+                let mut last = out.event(&reply.chunk(choice, "", false, finish, logprobs).to_string());
+                ended.push(g);
+                if include_usage && ended.len() == choices && last.is_ok() {
                     let mut chunk = reply.envelope(true, json!([]));
-                    chunk["usage"] = usage(prompt_tokens, &g);
+                    chunk["usage"] = usage(prompt_tokens, &ended);
                     last = out.event(&chunk.to_string());
                 }
                 last

@@ -54,7 +54,8 @@ pub struct Metrics {
     /// Draft tokens verified, and accepted (`--lookup`, `--draft-model`, predicted outputs).
     pub draft_tokens: AtomicU64,
     pub draft_tokens_accepted: AtomicU64,
-    /// Requests accepted and not yet answered (queued, waiting or generating).
+    /// Choices accepted and not yet answered (queued, waiting or generating; a request with `n`
+    /// choices counts `n`).
     pub accepted: AtomicI64,
     /// Jobs in the bounded queue, not yet taken by the engine thread.
     pub queue_depth: AtomicI64,

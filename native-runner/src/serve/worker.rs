@@ -20,8 +20,11 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What happens to a request's choices (`choice` is the index in `choices[]`), in order per
+/// choice; the channel closes after every choice ended.
 pub enum Event {
-    /// Admitted into the batch; `cached_tokens` of the prompt came from the prefix cache.
+    /// The first choice was admitted into the batch; `cached_tokens` of the prompt came from the
+    /// prefix cache. (The others start once it holds the prompt.)
     Started {
         prompt_tokens: usize,
         cached_tokens: usize,
@@ -29,10 +32,14 @@ pub enum Event {
     /// Streamed text, and the log-probabilities of the tokens chosen since the last delta when
     /// the request asked for them.
     Delta {
+        choice: usize,
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
-    Done(Generation),
+    Done {
+        choice: usize,
+        generation: Generation,
+    },
     Failed(ApiError),
 }
 
@@ -42,6 +49,8 @@ pub struct Job {
     /// The predicted output's tokens, if the request gave one.
     pub prediction: Option<Vec<u32>>,
     pub options: GenerateOptions,
+    /// Choices to generate (`n`).
+    pub choices: usize,
     pub events: Sender<Event>,
     pub received: Instant,
 }
@@ -113,16 +122,25 @@ impl Queue {
         Queue { sender, max_queue, limit: max_batch + max_queue, metrics }
     }
 
+    /// Queues a job; each of its choices takes one of the `max_batch + max_queue` places.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        if self.metrics.accepted.fetch_add(1, Ordering::SeqCst) >= self.limit as i64 {
-            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+        let places = job.choices as i64;
+        if places > self.limit as i64 {
+            return Err(ApiError::bad_request(
+                format!("n = {places} is more choices than this server runs and queues at once ({}).", self.limit),
+                Some("n"),
+                None,
+            ));
+        }
+        if self.metrics.accepted.fetch_add(places, Ordering::SeqCst) + places > self.limit as i64 {
+            self.metrics.accepted.fetch_sub(places, Ordering::SeqCst);
             return Err(ApiError::queue_full(self.max_queue));
         }
         self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
         let result = self.sender.try_send(job);
         if result.is_err() {
             self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
-            self.metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.accepted.fetch_sub(places, Ordering::SeqCst);
         }
         match result {
             Ok(()) => Ok(()),
@@ -132,9 +150,11 @@ impl Queue {
     }
 }
 
-/// A request inside the scheduler.
+/// A choice of a request inside the scheduler.
 struct InFlight {
     events: Sender<Event>,
+    /// Its index in the request's `choices[]`.
+    choice: usize,
     /// Time spent in the queue before the scheduler got it (TTFT counts it).
     queued_s: f64,
     prompt_tokens: usize,
@@ -193,13 +213,16 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
 fn submit(scheduler: &mut Scheduler, in_flight: &mut HashMap<RequestId, InFlight>, job: Job, metrics: &Metrics) {
     metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
     let prompt_tokens = job.prompt.len();
-    match scheduler.submit_predicted(job.prompt, job.options, job.prediction) {
-        Ok(id) => {
+    let drafting = scheduler.predicted_drafting(job.prediction);
+    match scheduler.submit_choices(job.prompt, job.options, drafting, job.choices) {
+        Ok(ids) => {
             let queued_s = job.received.elapsed().as_secs_f64();
-            in_flight.insert(id, InFlight { events: job.events, queued_s, prompt_tokens });
+            for (choice, id) in ids.into_iter().enumerate() {
+                in_flight.insert(id, InFlight { events: job.events.clone(), choice, queued_s, prompt_tokens });
+            }
         }
         Err(e) => {
-            metrics.accepted.fetch_sub(1, Ordering::SeqCst);
+            metrics.accepted.fetch_sub(job.choices as i64, Ordering::SeqCst);
             let _ = job.events.send(Event::Failed(api_error(&e, metrics)));
         }
     }
@@ -214,16 +237,17 @@ fn route(
 ) {
     match event {
         SchedulerEvent::Started { id, prompt_tokens, cached_tokens } => {
-            let sent = in_flight
-                .get(&id)
-                .is_some_and(|r| r.events.send(Event::Started { prompt_tokens, cached_tokens }).is_ok());
+            let sent = in_flight.get(&id).is_some_and(|r| {
+                r.choice > 0 || r.events.send(Event::Started { prompt_tokens, cached_tokens }).is_ok()
+            });
             if !sent {
                 gone.push(id);
             }
         }
         SchedulerEvent::Text { id, delta, logprobs } => {
-            let sent =
-                in_flight.get(&id).is_some_and(|r| r.events.send(Event::Delta { text: delta, logprobs }).is_ok());
+            let sent = in_flight
+                .get(&id)
+                .is_some_and(|r| r.events.send(Event::Delta { choice: r.choice, text: delta, logprobs }).is_ok());
             if !sent {
                 gone.push(id);
             }
@@ -234,7 +258,7 @@ fn route(
             // The scheduler's TTFT runs from its submit; add the time spent in the queue.
             let ttft = (!generation.tokens.is_empty()).then(|| request.queued_s + generation.timings.ttft_ms / 1e3);
             metrics.record_generation(request.prompt_tokens, &generation, ttft);
-            let _ = request.events.send(Event::Done(generation));
+            let _ = request.events.send(Event::Done { choice: request.choice, generation });
         }
         SchedulerEvent::Failed { id, error } => {
             if let Some(request) = in_flight.remove(&id) {

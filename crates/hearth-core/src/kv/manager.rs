@@ -192,6 +192,32 @@ impl KvManager {
         Ok(gained)
     }
 
+    /// A new sequence holding what `source` holds of `prompt`, leaving at least one prompt token
+    /// to evaluate, its blocks shared with `source` (a write into a shared partial block copies it
+    /// first, [`Self::reserve`]): the choices of one prompt (`n` > 1) read it once. Where a
+    /// sliding window has already released keys that position needs, it shares nothing. Returns
+    /// the sequence and the tokens gained; records the prompt for the hit-rate metric.
+    pub fn share_prefix(&mut self, source: SeqId, prompt: &[u32]) -> Result<(SeqId, usize)> {
+        let bs = self.block_size;
+        let s = self.seq(source)?;
+        let common = s.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let len = common.min(prompt.len().saturating_sub(1));
+        let len = if self.can_truncate(source, len) { len } else { 0 };
+        let shared = Sequence {
+            tokens: s.tokens[..len].to_vec(),
+            tables: s.tables.iter().map(|t| t[..len.div_ceil(bs)].to_vec()).collect(),
+            hashes: s.hashes[..len / bs].to_vec(),
+        };
+        for (pool, table) in self.pools.iter_mut().zip(&shared.tables) {
+            table.iter().filter(|&&b| b != NO_BLOCK).for_each(|&b| pool.retain(b));
+        }
+        let id = self.add_sequence();
+        self.seqs.insert(id, shared);
+        self.prompt_tokens += prompt.len() as u64;
+        self.cached_prompt_tokens += len as u64;
+        Ok((id, len))
+    }
+
     /// Attaches, in every group, a cached partial block continuing `seq` (at a block boundary)
     /// with a prefix of `tokens`; the sequence's next write into it copies it first
     /// ([`Self::reserve`]). Returns the positions gained.

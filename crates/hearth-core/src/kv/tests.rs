@@ -190,3 +190,30 @@ fn partial_blocks_are_reused_only_where_every_group_holds_them() {
     kv.remove_sequence(b);
     assert!(idle(&kv));
 }
+
+#[test]
+fn a_shared_prefix_holds_the_sources_blocks_until_either_writes() {
+    let mut kv = global(8);
+    let a = kv.add_sequence();
+    let prompt: Vec<u32> = (0..6).collect();
+    append(&mut kv, a, &prompt);
+    append(&mut kv, a, &[42]);
+    // Everything but the prompt's last token, the partial second block included.
+    let (b, gained) = kv.share_prefix(a, &prompt).expect("share");
+    assert_eq!(gained, 5);
+    assert_eq!(kv.tokens(b), &prompt[..5]);
+    assert_eq!(kv.block_tables(b)[0][..], kv.block_tables(a)[0][..2]);
+    assert_eq!(kv.pool_stats()[0].used, 2, "no block was allocated");
+    // b writes its prompt's last token into the shared partial block: it copies it first.
+    let plan = append(&mut kv, b, &prompt[5..]);
+    assert_eq!(plan.copies.len(), 1);
+    assert_eq!((plan.copies[0].src, plan.copies[0].n_positions), (kv.block_tables(a)[0][1], 1));
+    assert_eq!(kv.block_tables(b)[0][0], kv.block_tables(a)[0][0], "full blocks stay shared");
+    // A prompt that parts from the source early shares up to where they part.
+    let (c, gained) = kv.share_prefix(a, &[0, 1, 9, 9]).expect("share");
+    assert_eq!((gained, kv.tokens(c)), (2, &[0u32, 1][..]));
+    for s in [a, b, c] {
+        kv.remove_sequence(s);
+    }
+    assert!(idle(&kv));
+}

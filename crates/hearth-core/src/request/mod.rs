@@ -34,6 +34,8 @@ pub enum Endpoint {
 /// The ranges requests are checked against.
 pub const MAX_TEMPERATURE: f32 = 2.0;
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 /// Most draft tokens one speculative step may verify (the KV rollback margin).
 pub const MAX_DRAFT_TOKENS: usize = crate::runner::ROLLBACK_MARGIN;
 
@@ -139,10 +141,10 @@ pub struct Request {
     /// each; completions: the number of alternatives (0 … 20).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
-    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
-    // refused by name; their neutral values (n = 1, a text response format, no tools) are
-    // accepted.
+    /// Choices to generate for the prompt, sharing its KV blocks (1 … 16).
     pub n: Option<i64>,
+    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
+    // refused by name; their neutral values (a text response format, no tools) are accepted.
     pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
@@ -168,6 +170,8 @@ pub struct ValidRequest {
     /// Text the answer is expected to repeat: drafts are copied from it.
     pub prediction: Option<String>,
     pub speculative: Option<Speculation>,
+    /// Choices to generate (`n`); choice `i` samples with the seed + `i`.
+    pub n: usize,
 }
 
 impl ValidRequest {
@@ -247,6 +251,11 @@ impl Request {
                 "prediction drafts by prompt lookup on its own; send it without speculative, or speculative without it.",
             ));
         }
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => return Err(bad("n", format!("n must be between 1 and {MAX_CHOICES}, got {n}."))),
+        };
         let stream = self.stream.unwrap_or(false);
         Ok(ValidRequest {
             model: self.model.clone(),
@@ -258,6 +267,7 @@ impl Request {
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
             prediction,
             speculative,
+            n,
         })
     }
 
@@ -390,9 +400,6 @@ impl Request {
     /// OpenAI parameters with no implementation yet: refused unless they hold their neutral value.
     fn refuse_unimplemented(&self) -> Result<(), CoreError> {
         let unsupported = |param: &str, what: &str| bad(param, format!("{param} is not supported yet: {what}."));
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(unsupported("n", "one choice per request (n = 1)"));
-        }
         if self.best_of.as_ref().is_some_and(|v| !v.is_null() && v.as_i64() != Some(1)) {
             return Err(unsupported("best_of", "one candidate per request"));
         }

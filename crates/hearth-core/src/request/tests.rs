@@ -100,7 +100,6 @@ fn wrong_types_and_unknown_fields_name_the_field() {
 #[test]
 fn unimplemented_parameters_are_refused_unless_neutral() {
     for (body, param) in [
-        (json!({"n": 2}), "n"),
         (json!({"echo": true}), "echo"),
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
@@ -122,6 +121,16 @@ fn unimplemented_parameters_are_refused_unless_neutral() {
         json!({"user": "u-1"}),
     ] {
         chat(neutral.clone()).unwrap_or_else(|e| panic!("{neutral} refused: {e}"));
+    }
+}
+
+#[test]
+fn choices_are_counted_from_one_to_the_limit() {
+    assert_eq!(chat(json!({})).expect("valid").n, 1);
+    assert_eq!(chat(json!({"n": 3})).expect("valid").n, 3);
+    for n in [0, -1, MAX_CHOICES as i64 + 1] {
+        let (param, message) = refused(chat(json!({ "n": n })));
+        assert_eq!(param.as_deref(), Some("n"), "{message}");
     }
 }
 

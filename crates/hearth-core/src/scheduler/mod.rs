@@ -26,6 +26,7 @@ use crate::block_on::block_on;
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
+use crate::kv::SeqId;
 use crate::runner::{BatchEntry, Runner, StepOutput, ROLLBACK_MARGIN};
 use crate::sampling::TokenLogprob;
 use crate::speculative::verify::VerificationOutcome;
@@ -81,6 +82,16 @@ pub enum Drafting {
     /// [`SpeculativeOptions::lookup`]'s draft length, judged by a policy of their own), the
     /// scheduler's draft model elsewhere, within `options`' bounds and `min_confidence`.
     LookupThenDraftModel { options: SpeculativeOptions, min_confidence: f32 },
+}
+
+/// Where the first choice of a prompt is, for the others ([`Scheduler::submit_choices`]).
+enum PromptHolder {
+    /// Queued, or its prompt is not all in KV yet: the others wait.
+    Evaluating,
+    /// Running, with the prompt in this sequence.
+    Holds(SeqId),
+    /// Ended (its blocks are in the prefix cache) or cancelled.
+    Gone,
 }
 
 /// What the last step carried, and the prompt budget it was planned with.
@@ -238,18 +249,59 @@ impl Scheduler {
         options: GenerateOptions,
         prediction: Option<Vec<u32>>,
     ) -> Result<RequestId> {
-        let drafting = match prediction {
+        let drafting = self.predicted_drafting(prediction);
+        self.submit_with(prompt, options, drafting)
+    }
+
+    /// How a request with `prediction` drafts (see [`Self::submit_predicted`]); without one, as
+    /// the scheduler is set up.
+    pub fn predicted_drafting(&self, prediction: Option<Vec<u32>>) -> Drafting {
+        match prediction {
             Some(reference) => Drafting::Lookup {
                 reference,
                 options: self.options.lookup.clone().unwrap_or_else(SpeculativeOptions::lookup),
             },
             None => Drafting::Default,
-        };
-        self.submit_with(prompt, options, drafting)
+        }
     }
 
     /// [`Self::submit`], drafting as `drafting` says.
     pub fn submit_with(&mut self, prompt: Vec<u32>, options: GenerateOptions, drafting: Drafting) -> Result<RequestId> {
+        let active = self.prepare(prompt, options, drafting)?;
+        self.queue(active)
+    }
+
+    /// `n` choices of one prompt (OpenAI's `n`), choice `i` sampling with the seed + `i` (so the
+    /// first is what [`Self::submit_with`] would give). The first evaluates the prompt; the others
+    /// are admitted once it holds the prompt in KV and share its blocks, evaluating only the
+    /// prompt's last token. Returns the choices' ids in order.
+    pub fn submit_choices(
+        &mut self,
+        prompt: Vec<u32>,
+        options: GenerateOptions,
+        drafting: Drafting,
+        n: usize,
+    ) -> Result<Vec<RequestId>> {
+        let mut choices: Vec<Active> = Vec::with_capacity(n);
+        for i in 0..n.max(1) {
+            let mut options = options.clone();
+            options.sampling.seed = options.sampling.seed.wrapping_add(i as u64);
+            let mut active = match self.prepare(prompt.clone(), options, drafting.clone()) {
+                Ok(active) => active,
+                Err(e) => {
+                    // (Frees the draft model's sequences of the choices prepared before.)
+                    choices.into_iter().for_each(|a| drop(self.retire(a, FinishReason::Cancelled)));
+                    return Err(e);
+                }
+            };
+            active.shares_prompt_of = choices.first().map(|first| first.id);
+            choices.push(active);
+        }
+        choices.into_iter().map(|active| self.queue(active)).collect()
+    }
+
+    /// A request's state, checked against the model, with its drafter.
+    fn prepare(&mut self, prompt: Vec<u32>, options: GenerateOptions, drafting: Drafting) -> Result<Active> {
         if prompt.is_empty() {
             return Err(CoreError::InvalidArgument("the prompt is empty".into()));
         }
@@ -291,7 +343,7 @@ impl Scheduler {
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        let Some(kind) = kind else { return self.queue(active) };
+        let Some(kind) = kind else { return Ok(active) };
         let source = match drafting {
             Drafting::Lookup { reference, .. } => DraftSource::Lookup { lookup: Default::default(), reference },
             _ => {
@@ -307,7 +359,7 @@ impl Scheduler {
         let free = free_policy.map(|policy| FreeLookup::new(policy, active.prompt_len));
         let seed = active.options.sampling.seed;
         active.drafts = Some(Box::new(RequestDrafts::new(source, free, speculative, policy, seed)));
-        self.queue(active)
+        Ok(active)
     }
 
     /// The draft model back (its sequences stay with their requests: call this when idle), e.g.
@@ -383,12 +435,25 @@ impl Scheduler {
     fn admit(&mut self, events: &mut dyn FnMut(SchedulerEvent)) {
         while self.running.len() < self.options.max_batch {
             let Some(mut active) = self.waiting.pop_front() else { break };
+            let source = match active.shares_prompt_of.map(|first| self.prompt_holder(first)) {
+                Some(PromptHolder::Evaluating) => {
+                    self.waiting.push_front(active);
+                    break;
+                }
+                Some(PromptHolder::Holds(seq)) => Some(seq),
+                Some(PromptHolder::Gone) | None => None,
+            };
             let kv = self.runner.kv_mut();
-            let seq = kv.add_sequence();
-            let cached = match kv.reuse_cached_prefix(seq, &active.tokens) {
-                Ok(n) => n,
+            let shared = match source {
+                Some(source) => kv.share_prefix(source, &active.tokens),
+                None => {
+                    let seq = kv.add_sequence();
+                    kv.reuse_cached_prefix(seq, &active.tokens).map(|n| (seq, n)).inspect_err(|_| kv.remove_sequence(seq))
+                }
+            };
+            let (seq, cached) = match shared {
+                Ok(shared) => shared,
                 Err(error) => {
-                    kv.remove_sequence(seq);
                     events(SchedulerEvent::Failed { id: active.id, error });
                     continue;
                 }
@@ -428,6 +493,18 @@ impl Scheduler {
             }
             active.admitted = Some(Instant::now());
             self.running.push(active);
+        }
+    }
+
+    /// Where request `id`'s prompt is, for the other choices of it.
+    fn prompt_holder(&self, id: RequestId) -> PromptHolder {
+        if self.waiting.iter().any(|a| a.id == id) {
+            return PromptHolder::Evaluating;
+        }
+        let Some(first) = self.running.iter().find(|a| a.id == id) else { return PromptHolder::Gone };
+        match first.seq {
+            Some(seq) if self.runner.kv().len(seq) >= first.prompt_len => PromptHolder::Holds(seq),
+            _ => PromptHolder::Evaluating,
         }
     }
 

@@ -39,6 +39,9 @@ pub(super) struct Active {
     pub logprobs_sent: usize,
     /// Its drafter and draft policy, when it speculates.
     pub drafts: Option<Box<RequestDrafts>>,
+    /// The first choice of the same prompt (`n` > 1): admitted once that one holds the prompt
+    /// in KV, sharing its blocks.
+    pub shares_prompt_of: Option<RequestId>,
 }
 
 impl Active {
@@ -66,6 +69,7 @@ impl Active {
             logprobs: Vec::new(),
             logprobs_sent: 0,
             drafts: None,
+            shares_prompt_of: None,
         }
     }
 
