@@ -691,3 +691,46 @@ fn the_choices_of_one_prompt_share_its_blocks_and_sample_as_requests_seeded_in_t
     );
     assert_eq!(s.stats().kv_blocks_used, 0, "KV blocks leaked");
 }
+
+/// Prompt scoring (completions' `echo` with `logprobs`): each prompt token's log-probability from
+/// the row before it equals the whole-logits path's, in a batch with another request whose tokens
+/// do not change; the prompt is scored again when its blocks are already cached.
+#[test]
+fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let prompts = prompts(&tokenizer, 8);
+    // Longer than a prefill chunk: scored over several steps.
+    let (scored, other) = (prompts[7].clone(), prompts[2].clone());
+    assert!(scored.len() > PREFILL_CHUNK);
+    let engine_options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
+    let (_, mut runner) = cpu_runner(QWEN_05B, &engine_options);
+    let seq = runner.kv_mut().add_sequence();
+    let mut rows: Vec<f32> = Vec::new();
+    for chunk in scored.chunks(PREFILL_CHUNK) {
+        rows.extend_from_slice(runner.step(&[BatchEntry { seq, tokens: chunk }], LogitsMode::All).expect("prefill"));
+    }
+    let n_vocab = rows.len() / scored.len();
+    let want: Vec<TokenLogprob> = (0..scored.len() - 1)
+        .map(|k| TokenLogprob::from_logits(&rows[k * n_vocab..(k + 1) * n_vocab], scored[k + 1], 3))
+        .collect();
+    let solo = solo_outputs(&[scored.clone(), other.clone()], 6);
+
+    let mut s = scheduler(4, None);
+    let echo = GenerateOptions { prompt_logprobs: Some(3), ..greedy(6) };
+    for round in 0..2 {
+        let ids = [s.submit(scored.clone(), echo.clone()).expect("submit"), s.submit(other.clone(), greedy(6)).expect("submit")];
+        let (done, _) = run(&mut s, |_, _| {});
+        assert_eq!(done[&ids[0]].tokens, solo[0], "round {round}: scoring changed the tokens");
+        assert_eq!(done[&ids[1]].tokens, solo[1], "round {round}: the other request's tokens changed");
+        assert!(done[&ids[1]].prompt_logprobs.is_none());
+        let got = done[&ids[0]].prompt_logprobs.as_ref().expect("prompt logprobs");
+        assert_eq!(got.len(), want.len(), "round {round}: one per prompt token after the first");
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.token, w.token);
+            assert!((g.logprob - w.logprob).abs() < 1e-3, "round {round}, token {k}: {g:?} vs {w:?}");
+            assert_eq!(g.top.len(), 3);
+            assert!((g.top[0].1 - w.top[0].1).abs() < 1e-3, "round {round}, token {k}: {g:?} vs {w:?}");
+        }
+    }
+}

@@ -92,7 +92,6 @@ fn bad_input_gets_openai_errors() {
     for (extra, param) in [
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), "tools"),
-        (json!({"echo": true}), "echo"),
         (json!({"n": 0}), "n"),
         (json!({"speculative": {"mode": "lookup"}}), "speculative"),
     ] {
@@ -538,6 +537,76 @@ fn completion_logprobs_match_llama_cpp() {
     eprintln!("{compared} log-probabilities against llama.cpp's: mean |error| {mean:.4}, max {max_err:.4}");
     assert!(compared >= 60, "only {compared} log-probabilities compared");
     assert!(mean < 0.08 && max_err < 0.6, "mean |error| {mean:.4}, max {max_err:.4}");
+}
+
+/// Completions' `echo` with `logprobs: 5` and `max_tokens: 0`, as lm-evaluation-harness scores a
+/// continuation: the golden prompts followed by llama.cpp's first greedy tokens, scored as prompt
+/// tokens, against llama.cpp's log-probabilities of those tokens (the tolerances of
+/// `completion_logprobs_match_llama_cpp`). The echoed answer is the prompt, with a null first
+/// entry; echo with `max_tokens` > 0 continues after it.
+#[test]
+fn echoed_prompt_logprobs_match_llama_cpp() {
+    let addr = server();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/golden/qwen2.5-coder-0.5b-instruct-q4_k_m.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("json");
+    let (mut err_sum, mut compared, mut max_err) = (0.0f64, 0usize, 0.0f64);
+    const SCORED: usize = 8;
+    for case in golden["cases"].as_array().expect("cases").iter().filter(|c| c["id"] != "d") {
+        let steps = &case["top5_logprobs_per_step"].as_array().expect("steps")[..SCORED];
+        let continuation: String = steps.iter().map(|s| s["token"].as_str().expect("token")).collect();
+        let prompt = format!("{}{continuation}", case["prompt"].as_str().expect("prompt"));
+        let body = json!({"prompt": prompt, "max_tokens": 0, "temperature": 0, "logprobs": 5, "echo": true});
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let answer = r.json();
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["text"].as_str(), Some(prompt.as_str()), "max_tokens 0: the prompt alone");
+        let logprobs = &choice["logprobs"];
+        let tokens = logprobs["tokens"].as_array().expect("tokens");
+        assert_eq!(tokens.len() as u64, answer["usage"]["prompt_tokens"].as_u64().expect("usage"));
+        let text: String = tokens.iter().map(|t| t.as_str().expect("token text")).collect();
+        assert_eq!(text, prompt, "the tokens spell the prompt");
+        assert!(logprobs["token_logprobs"][0].is_null() && logprobs["top_logprobs"][0].is_null());
+        let first_scored = tokens.len() - SCORED;
+        let ours: Vec<&str> = tokens[first_scored..].iter().filter_map(Value::as_str).collect();
+        let theirs: Vec<&str> = steps.iter().filter_map(|s| s["token"].as_str()).collect();
+        if ours != theirs {
+            continue; // the continuation's text tokenizes differently from llama.cpp's tokens
+        }
+        for (i, step) in steps.iter().enumerate() {
+            let at = first_scored + i;
+            let top = logprobs["top_logprobs"][at].as_object().expect("top_logprobs entry");
+            assert_eq!(top.len(), 5, "token {at}: {top:?}");
+            let lp = logprobs["token_logprobs"][at].as_f64().expect("token_logprob");
+            let mut errors = vec![(lp - step["logprob"].as_f64().expect("logprob")).abs()];
+            for t in step["top"].as_array().expect("top") {
+                if let Some(lp) = top.get(t["token"].as_str().expect("token")).and_then(Value::as_f64) {
+                    errors.push((lp - t["logprob"].as_f64().expect("logprob")).abs());
+                }
+            }
+            for e in errors {
+                (err_sum, compared, max_err) = (err_sum + e, compared + 1, max_err.max(e));
+            }
+        }
+        // With a completion after it: the same prompt entries, then the completion's.
+        let body = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 1, "echo": true});
+        let longer = post(addr, "/v1/completions", &body).json();
+        let longer_choice = &longer["choices"][0];
+        assert!(longer_choice["text"].as_str().expect("text").starts_with(&prompt));
+        let longer_logprobs = longer_choice["logprobs"]["token_logprobs"].as_array().expect("token_logprobs");
+        assert_eq!(longer_logprobs.len(), tokens.len() + 2);
+        assert_eq!(longer_logprobs[first_scored], logprobs["token_logprobs"][first_scored]);
+    }
+    let mean = err_sum / compared.max(1) as f64;
+    eprintln!("{compared} prompt log-probabilities against llama.cpp's: mean |error| {mean:.4}, max {max_err:.4}");
+    assert!(compared >= 60, "only {compared} log-probabilities compared");
+    assert!(mean < 0.08 && max_err < 0.6, "mean |error| {mean:.4}, max {max_err:.4}");
+    // Echo is a completions parameter, not streamed yet; max_tokens 0 goes with it.
+    let chat = chat_body(4, json!({"echo": true}));
+    assert_error(&post(addr, "/v1/chat/completions", &chat), 400, None, Some("echo"));
+    let streamed = json!({"prompt": "x", "max_tokens": 1, "echo": true, "stream": true});
+    assert_error(&post(addr, "/v1/completions", &streamed), 400, None, Some("echo"));
+    assert_error(&post(addr, "/v1/completions", &json!({"prompt": "x", "max_tokens": 0})), 400, None, Some("max_tokens"));
 }
 
 /// Chat's `logprobs: true, top_logprobs: 3`: one entry per token, spelling the answer, the chosen

@@ -132,7 +132,7 @@ fn main() {
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         ignore_eos: true,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     if let (Ok(dir), Ok(costs)) = (std::env::var("HEARTH_REPLAY_DIR"), std::env::var("HEARTH_SIMULATE")) {
         let costs: Vec<f64> = costs.split(',').map(|c| c.parse().expect("cost")).collect();
@@ -174,7 +174,7 @@ fn main() {
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         ignore_eos: true,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     target.clear_prefix_cache();
     let plain = target.generate_with(&prompt, &options, Drafting::None, &mut |_| true).expect("generate");
@@ -229,7 +229,7 @@ fn replay_dir(target: &mut Engine, dir: &str, max_tokens: usize, costs: &[f64]) 
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         ignore_eos: false,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     let mut paths: Vec<_> = std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     paths.sort();

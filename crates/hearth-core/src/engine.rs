@@ -67,6 +67,11 @@ pub struct GenerateOptions {
     /// (`None`: none; see [`crate::sampling::TokenLogprob`]). Such a request decodes without
     /// drafts.
     pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability given the tokens before it (the first has
+    /// none) and this many alternatives (`None`: none): completions' `echo` with `logprobs`. The
+    /// prompt is then evaluated whole, never taken from the prefix cache, and the steps that
+    /// evaluate it read back every row's logits.
+    pub prompt_logprobs: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -124,6 +129,10 @@ pub struct Generation {
     /// One per token of `tokens` when the request asked for them ([`GenerateOptions::logprobs`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// One per prompt token after the first when the request asked for them
+    /// ([`GenerateOptions::prompt_logprobs`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A model loaded on a backend with one sequence in its KV pool: evaluates tokens, keeps them in

@@ -6,7 +6,8 @@ use super::error::ApiError;
 use super::worker::{Event, Job};
 use super::{respond_error, respond_json, State};
 use hearth_core::engine::{FinishReason, Generation};
-use hearth_core::request::response::{chat_logprobs, completion_logprobs};
+use hearth_core::request::response::{chat_logprobs, completion_logprobs, echoed_completion_logprobs};
+use hearth_core::request::Prompt;
 use hearth_core::sampling::TokenLogprob;
 use hearth_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -36,6 +37,10 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         }
     }
     let (stream, include_usage, choices) = (parsed.stream, parsed.include_usage, parsed.n);
+    let echo = match &parsed.prompt {
+        Prompt::Text(text) if parsed.echo => Some(text.clone()),
+        _ => None,
+    };
     let (prompt, options, prediction) =
         match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
             Ok(prepared) => prepared,
@@ -59,6 +64,7 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         model: state.model_id.clone(),
         created: unix_now(),
         tokenizer: &state.prompter.tokenizer,
+        echo,
     };
     if stream {
         stream_events(request, &reply, &events, tokens, include_usage, choices)
@@ -86,6 +92,8 @@ struct Reply<'a> {
     created: u64,
     /// For the tokens' text in `logprobs`.
     tokenizer: &'a Tokenizer,
+    /// Completions' `echo`: the prompt's text, which each choice's text starts with.
+    echo: Option<String>,
 }
 
 impl Reply<'_> {
@@ -103,16 +111,25 @@ impl Reply<'_> {
 
     /// The non-streaming answer: one choice per generation, in order.
     fn full(&self, generations: &[Generation], prompt: PromptTokens) -> Value {
+        // (The first choice scored the prompt for all of them.)
+        let prompt_scores = generations.first().and_then(|g| Some((&g.prompt_tokens, g.prompt_logprobs.as_deref()?)));
         let choices: Vec<Value> = generations
             .iter()
             .enumerate()
             .map(|(index, g)| {
                 let finish = finish_reason(g.finish_reason);
-                let logprobs = g.logprobs.as_deref().map_or(Value::Null, |l| self.logprobs(l, 0).0);
+                let logprobs = match (g.logprobs.as_deref(), prompt_scores) {
+                    (Some(l), Some((tokens, scores))) if self.echo.is_some() => {
+                        echoed_completion_logprobs(self.tokenizer, tokens, scores, l)
+                    }
+                    (Some(l), _) => self.logprobs(l, 0).0,
+                    (None, _) => Value::Null,
+                };
                 match self.endpoint {
                     Endpoint::Chat => json!({"index": index, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish}),
                     Endpoint::Completions => {
-                        json!({"index": index, "text": g.text, "logprobs": logprobs, "finish_reason": finish})
+                        let text = format!("{}{}", self.echo.as_deref().unwrap_or(""), g.text);
+                        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
                     }
                 }
             })

@@ -143,9 +143,11 @@ pub struct Request {
     pub top_logprobs: Option<Value>,
     /// Choices to generate for the prompt, sharing its KV blocks (1 … 16).
     pub n: Option<i64>,
+    /// Completions: the prompt's text before the completion's, and with `logprobs` the prompt
+    /// tokens' log-probabilities before the completion's.
+    pub echo: Option<Value>,
     // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
     // refused by name; their neutral values (a text response format, no tools) are accepted.
-    pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
     pub response_format: Option<Value>,
@@ -172,6 +174,9 @@ pub struct ValidRequest {
     pub speculative: Option<Speculation>,
     /// Choices to generate (`n`); choice `i` samples with the seed + `i`.
     pub n: usize,
+    /// Completions' `echo`: the answer starts with the prompt (and its tokens' log-probabilities
+    /// when `options.prompt_logprobs` asks for them).
+    pub echo: bool,
 }
 
 impl ValidRequest {
@@ -241,8 +246,14 @@ impl Request {
                 Prompt::from_completion(self.prompt.as_ref())?
             }
         };
-        let (max_tokens, mut options) = self.generation_options(default_seed)?;
+        let echo = self.echo_for(endpoint)?;
+        let (max_tokens, mut options) = self.checked_options(default_seed)?;
+        if max_tokens == Some(0) && !echo {
+            let param = if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+            return Err(bad(param, format!("{param} must be at least 1 (0 goes with echo: the prompt scored alone).")));
+        }
         options.logprobs = self.logprobs_for(endpoint)?;
+        options.prompt_logprobs = options.logprobs.filter(|_| echo);
         let speculative = self.speculation()?;
         let prediction = self.prediction_text()?;
         if prediction.is_some() && speculative.is_some() {
@@ -268,20 +279,51 @@ impl Request {
             prediction,
             speculative,
             n,
+            echo,
         })
+    }
+
+    /// Whether the request echoes its prompt: completions only, not streamed yet.
+    fn echo_for(&self, endpoint: Endpoint) -> Result<bool, CoreError> {
+        if !self.echoes() {
+            return Ok(false);
+        }
+        match endpoint {
+            Endpoint::Chat => Err(bad("echo", "echo belongs to completions; a chat answer has no prompt text to repeat.")),
+            Endpoint::Completions if self.stream == Some(true) => {
+                Err(bad("echo", "echo is not supported with stream yet: send it without stream."))
+            }
+            Endpoint::Completions => Ok(true),
+        }
+    }
+
+    fn echoes(&self) -> bool {
+        self.echo.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
     }
 
     /// The length limit (`None`: the rest of the context) and the generation options
     /// (`max_tokens` 0) of the request, whatever its prompt; `default_seed` is used when it gives
     /// none. `hearth run` checks its flags with this.
     pub fn generation_options(&self, default_seed: u64) -> Result<(Option<usize>, GenerateOptions), CoreError> {
+        if self.echoes() {
+            return Err(bad("echo", "echo is not supported here: the prompt is not echoed outside completions requests."));
+        }
+        let (max_tokens, options) = self.checked_options(default_seed)?;
+        if let Some(0) = max_tokens {
+            return Err(bad("max_tokens", "max_tokens must be at least 1."));
+        }
+        Ok((max_tokens, options))
+    }
+
+    /// [`Self::generation_options`] with `max_tokens` 0 allowed (echo's prompt scoring).
+    fn checked_options(&self, default_seed: u64) -> Result<(Option<usize>, GenerateOptions), CoreError> {
         self.refuse_unimplemented()?;
         let (max_tokens, max_param) = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) => (Some(n), "max_completion_tokens"),
             (None, n) => (n, "max_tokens"),
         };
         let max_tokens = match max_tokens {
-            Some(n) if n < 1 => return Err(bad(max_param, format!("{max_param} must be at least 1, got {n}."))),
+            Some(n) if n < 0 => return Err(bad(max_param, format!("{max_param} must be at least 1, got {n}."))),
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
             None => None,
         };
@@ -338,6 +380,7 @@ impl Request {
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs: None,
+            prompt_logprobs: None,
         };
         Ok((max_tokens, options))
     }
@@ -402,10 +445,6 @@ impl Request {
         let unsupported = |param: &str, what: &str| bad(param, format!("{param} is not supported yet: {what}."));
         if self.best_of.as_ref().is_some_and(|v| !v.is_null() && v.as_i64() != Some(1)) {
             return Err(unsupported("best_of", "one candidate per request"));
-        }
-        let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false));
-        if set(&self.echo) {
-            return Err(unsupported("echo", "the prompt is not echoed"));
         }
         if self.store == Some(true) {
             return Err(unsupported("store", "completions are not stored"));

@@ -100,7 +100,6 @@ fn wrong_types_and_unknown_fields_name_the_field() {
 #[test]
 fn unimplemented_parameters_are_refused_unless_neutral() {
     for (body, param) in [
-        (json!({"echo": true}), "echo"),
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
         (json!({"tool_choice": "required"}), "tool_choice"),
@@ -132,6 +131,25 @@ fn choices_are_counted_from_one_to_the_limit() {
         let (param, message) = refused(chat(json!({ "n": n })));
         assert_eq!(param.as_deref(), Some("n"), "{message}");
     }
+}
+
+#[test]
+fn echo_is_a_completions_parameter_and_allows_no_completion() {
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "Once"});
+        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        request(body).expect("parse").validate(Endpoint::Completions, 0)
+    };
+    let echoed = completion(json!({"echo": true, "logprobs": 2, "max_tokens": 0})).expect("valid");
+    assert!(echoed.echo);
+    assert_eq!((echoed.max_tokens, echoed.options.prompt_logprobs), (Some(0), Some(2)));
+    assert_eq!(completion(json!({"echo": true})).expect("valid").options.prompt_logprobs, None);
+    assert_eq!(refused(completion(json!({"max_tokens": 0}))).0.as_deref(), Some("max_tokens"));
+    assert_eq!(refused(completion(json!({"echo": true, "stream": true}))).0.as_deref(), Some("echo"));
+    assert_eq!(refused(chat(json!({"echo": true}))).0.as_deref(), Some("echo"));
+    // Surfaces without a prompt to echo (the CLI's flags, the browser) refuse it.
+    let flags = request(json!({"echo": true})).expect("parse");
+    assert!(matches!(flags.generation_options(0), Err(CoreError::BadRequest { param: Some(p), .. }) if p == "echo"));
 }
 
 #[test]

@@ -286,6 +286,10 @@ impl Scheduler {
         for i in 0..n.max(1) {
             let mut options = options.clone();
             options.sampling.seed = options.sampling.seed.wrapping_add(i as u64);
+            if i > 0 {
+                // (The same prompt's: the first choice reports them.)
+                options.prompt_logprobs = None;
+            }
             let mut active = match self.prepare(prompt.clone(), options, drafting.clone()) {
                 Ok(active) => active,
                 Err(e) => {
@@ -435,6 +439,8 @@ impl Scheduler {
     fn admit(&mut self, events: &mut dyn FnMut(SchedulerEvent)) {
         while self.running.len() < self.options.max_batch {
             let Some(mut active) = self.waiting.pop_front() else { break };
+            // A request scoring its prompt evaluates all of it: nothing comes from the cache.
+            let scores_prompt = active.options.prompt_logprobs.is_some();
             let source = match active.shares_prompt_of.map(|first| self.prompt_holder(first)) {
                 Some(PromptHolder::Evaluating) => {
                     self.waiting.push_front(active);
@@ -446,6 +452,7 @@ impl Scheduler {
             let kv = self.runner.kv_mut();
             let shared = match source {
                 Some(source) => kv.share_prefix(source, &active.tokens),
+                None if scores_prompt => Ok((kv.add_sequence(), 0)),
                 None => {
                     let seq = kv.add_sequence();
                     kv.reuse_cached_prefix(seq, &active.tokens).map(|n| (seq, n)).inspect_err(|_| kv.remove_sequence(seq))
@@ -594,21 +601,26 @@ impl Scheduler {
                 })
                 .collect();
             let rows = entries.iter().map(|e| e.tokens.len()).sum();
-            // With drafts, every row's logits: each draft's row is checked.
+            // With drafts, every row's logits: each draft's row is checked. A prompt scored
+            // (echo) reads every row's whole logits.
+            let scoring = plan.iter().any(|(i, range)| self.running[*i].scores_prompt(range));
             let (mode, readback) = if drafting {
                 (LogitsMode::All, self.drafting_readback(&plan))
+            } else if scoring {
+                (LogitsMode::All, Readback::Logits)
             } else {
                 (LogitsMode::Last, self.readback(&plan))
             };
+            let all_rows = mode == LogitsMode::All;
             let started = Instant::now();
             match self.runner.step_for_async(&entries, mode, readback).await {
                 Ok(_) => {
                     let step_ms = started.elapsed().as_secs_f64() * 1e3;
-                    if !drafting {
+                    if !all_rows {
                         // (Only steps of one row per request: the prompt budget's model.)
                         self.step_cost.observe(rows, step_ms);
                     }
-                    break self.after_step(&plan, drafting, readback, (rows, step_ms), events);
+                    break self.after_step(&plan, all_rows, readback, (rows, step_ms), events);
                 }
                 Err(CoreError::KvExhausted { .. }) if drafting => {
                     // No room for the drafts: the step goes without them.
@@ -798,7 +810,13 @@ impl Scheduler {
             let active = &mut self.running[*i];
             let drafted = active.drafts.as_ref().filter(|l| all_rows && l.planned()).map(|l| l.batch.len());
             let first_row = if all_rows { next_row } else { entry };
+            // The entry's rows in the output: its drafts' or its tokens' (all rows), else one.
+            let entry_rows = if all_rows { drafted.unwrap_or(range.len()) } else { 1 };
             next_row += drafted.unwrap_or(range.len());
+            if all_rows && drafted.is_none() && active.scores_prompt(range) {
+                let logits = self.runner.last_logits();
+                active.score_prompt(range.clone(), &logits[first_row * n_logits..], n_logits);
+            }
             if range.end < active.tokens.len() {
                 continue; // more prompt to evaluate
             }
@@ -843,7 +861,7 @@ impl Scheduler {
                     // the step's outputs stay as they are until every row is read (truncating a
                     // request's KV leaves them). Every sampling row asked for at most the step's
                     // k candidates; more changes nothing.
-                    let row = first_row + drafted.unwrap_or(1) - 1;
+                    let row = first_row + entry_rows - 1;
                     let top_logprobs = active.options.logprobs;
                     let (token, logprob) = match output {
                         StepOutput::TopK(top) => {

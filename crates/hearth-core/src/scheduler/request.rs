@@ -37,6 +37,9 @@ pub(super) struct Active {
     /// with text events.
     pub logprobs: Vec<TokenLogprob>,
     pub logprobs_sent: usize,
+    /// With [`GenerateOptions::prompt_logprobs`]: entry `k` is prompt token `k + 1`'s, scored
+    /// from the row of position `k`.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     /// Its drafter and draft policy, when it speculates.
     pub drafts: Option<Box<RequestDrafts>>,
     /// The first choice of the same prompt (`n` > 1): admitted once that one holds the prompt
@@ -68,6 +71,7 @@ impl Active {
             pending_logprob: None,
             logprobs: Vec::new(),
             logprobs_sent: 0,
+            prompt_logprobs: Vec::new(),
             drafts: None,
             shares_prompt_of: None,
         }
@@ -118,6 +122,25 @@ impl Active {
         }
     }
 
+    /// Whether the step evaluating `range` of its tokens scores prompt tokens (reads every row).
+    pub fn scores_prompt(&self, range: &std::ops::Range<usize>) -> bool {
+        self.options.prompt_logprobs.is_some() && range.start + 1 < self.prompt_len
+    }
+
+    /// Keeps the log-probabilities of the prompt tokens that positions `range` predict, from
+    /// their rows' logits `[range.len(), n_vocab]` (once each: a preempted request evaluates its
+    /// prompt again).
+    pub fn score_prompt(&mut self, range: std::ops::Range<usize>, logits: &[f32], n_vocab: usize) {
+        let Some(top) = self.options.prompt_logprobs else { return };
+        for (row, position) in range.enumerate() {
+            if position == self.prompt_logprobs.len() && position + 1 < self.prompt_len {
+                let target = self.tokens[position + 1];
+                let row_logits = &logits[row * n_vocab..(row + 1) * n_vocab];
+                self.prompt_logprobs.push(TokenLogprob::from_logits(row_logits, target, top));
+            }
+        }
+    }
+
     /// The log-probabilities kept since the last call (for a text event).
     pub fn unsent_logprobs(&mut self) -> Vec<TokenLogprob> {
         let unsent = self.logprobs[self.logprobs_sent.min(self.logprobs.len())..].to_vec();
@@ -133,7 +156,18 @@ impl Active {
         let prompt_tokens = self.tokens[..self.prompt_len].to_vec();
         let (tail, tokens, text) = self.stream.finish();
         let logprobs = self.options.logprobs.map(|_| self.logprobs);
-        (tail, Generation { prompt_tokens, tokens, text, finish_reason: reason, timings, speculative: None, logprobs })
+        let prompt_logprobs = self.options.prompt_logprobs.map(|_| self.prompt_logprobs);
+        let generation = Generation {
+            prompt_tokens,
+            tokens,
+            text,
+            finish_reason: reason,
+            timings,
+            speculative: None,
+            logprobs,
+            prompt_logprobs,
+        };
+        (tail, generation)
     }
 }
 
