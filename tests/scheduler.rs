@@ -719,7 +719,10 @@ fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
     let mut s = scheduler(4, None);
     let echo = GenerateOptions { prompt_logprobs: Some(3), ..greedy(6) };
     for round in 0..2 {
-        let ids = [s.submit(scored.clone(), echo.clone()).expect("submit"), s.submit(other.clone(), greedy(6)).expect("submit")];
+        let ids = [
+            s.submit(scored.clone(), echo.clone()).expect("submit"),
+            s.submit(other.clone(), greedy(6)).expect("submit"),
+        ];
         let (done, _) = run(&mut s, |_, _| {});
         assert_eq!(done[&ids[0]].tokens, solo[0], "round {round}: scoring changed the tokens");
         assert_eq!(done[&ids[1]].tokens, solo[1], "round {round}: the other request's tokens changed");

@@ -383,7 +383,8 @@ fn sampled_speculation_is_reproducible_and_consistent() {
     let mut engine = cpu_engine(QWEN_05B);
     let prompt = chat_prompt(&engine, CODE_EDIT);
     let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 42, ..SamplingParams::default() };
-    let options = GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true, ..GenerateOptions::default() };
+    let options =
+        GenerateOptions { max_tokens: 32, sampling, stop: Vec::new(), ignore_eos: true, ..GenerateOptions::default() };
     let first = engine.generate_with(&prompt, &options, lookup(fixed_length(15)), &mut |_| true).expect("first");
     engine.clear_prefix_cache(); // same numerics as the first run (see assert_same_as_greedy)
     let second = engine.generate_with(&prompt, &options, lookup(fixed_length(15)), &mut |_| true).expect("second");

@@ -606,7 +606,12 @@ fn echoed_prompt_logprobs_match_llama_cpp() {
     assert_error(&post(addr, "/v1/chat/completions", &chat), 400, None, Some("echo"));
     let streamed = json!({"prompt": "x", "max_tokens": 1, "echo": true, "stream": true});
     assert_error(&post(addr, "/v1/completions", &streamed), 400, None, Some("echo"));
-    assert_error(&post(addr, "/v1/completions", &json!({"prompt": "x", "max_tokens": 0})), 400, None, Some("max_tokens"));
+    assert_error(
+        &post(addr, "/v1/completions", &json!({"prompt": "x", "max_tokens": 0})),
+        400,
+        None,
+        Some("max_tokens"),
+    );
 }
 
 /// Chat's `logprobs: true, top_logprobs: 3`: one entry per token, spelling the answer, the chosen

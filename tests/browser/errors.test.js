@@ -108,6 +108,8 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
       // Several choices per request are a server feature for now.
       choices: await describe(engine.completions.create({ prompt: 'x', n: 2 })),
+      // A limit past the context is refused as the server refuses it (no limit: to its end).
+      pastContext: await describe(engine.completions.create({ prompt: 'x', max_tokens: 1_000_000 })),
       // JSON would carry NaN as null ("not given"): refused before it leaves JS.
       temperatureNaN: await describe(engine.completions.create({ prompt: 'x', temperature: NaN })),
       // A refused streaming request rejects at create(), as a server's 400 comes before any event.
@@ -132,6 +134,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
   assert.equal(result.messagesNotArray.param, 'messages');
   assert.equal(result.lookupMinP.param, 'speculative');
   assert.equal(result.choices.param, 'n');
+  assertError(result.pastContext, 'context-overflow', /context overflow: 100000\d tokens needed/);
   assertError(result.afterUnload, 'not-loaded', /unloaded/);
 });
 

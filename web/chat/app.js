@@ -268,12 +268,14 @@ function updateButtons() {
 function buildRequest(messages, signal) {
   const maxTokens = Number(ui.maxTokens.value);
   const temperature = Number(ui.temperature.value);
+  // No limit by default: the answer ends at the model's end of turn or the end of the context.
+  // A limit past the context is refused (context-overflow), as a server refuses it.
   const sampling = {
     stream: true,
     signal,
-    max_tokens: Number.isInteger(maxTokens) && maxTokens > 0 ? maxTokens : 512,
     temperature: Number.isFinite(temperature) && temperature >= 0 ? temperature : 0.7,
   };
+  if (ui.maxTokens.value !== '' && Number.isInteger(maxTokens) && maxTokens > 0) sampling.max_tokens = maxTokens;
   // Prompt lookup drafts tokens copied from the conversation (no second model); verification
   // keeps the model's output distribution (at temperature 0, its very text). It pays where an
   // answer repeats code from the chat.

@@ -3,6 +3,7 @@
 //! and against the templates stored in the real GGUFs.
 
 use hearth_core::chat::{python_float_repr, ChatMessage, ChatTemplate};
+#[cfg(feature = "real-models")]
 use hearth_core::gguf::GgufFile;
 use hearth_core::CoreError;
 use serde_json::Value as Json;
@@ -17,6 +18,7 @@ fn read_fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read fixture {}: {e}", path.display()))
 }
 
+#[cfg(feature = "real-models")]
 fn models_dir() -> PathBuf {
     let dir = std::env::var_os("HEARTH_MODELS_DIR")
         .map(PathBuf::from)
@@ -29,6 +31,7 @@ fn models_dir() -> PathBuf {
     dir
 }
 
+#[cfg(feature = "real-models")]
 fn open_model(file: &str) -> GgufFile {
     let path = models_dir().join(file);
     GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open model {}: {e}", path.display()))
@@ -133,6 +136,7 @@ fn gemma_matches_llama_cpp_golden_prompt() {
 }
 
 #[test]
+#[cfg(feature = "real-models")]
 fn qwen_gguf_template_and_tokens() {
     for (file, fixture) in [
         ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-0.5b.jinja"),
@@ -151,6 +155,7 @@ fn qwen_gguf_template_and_tokens() {
 }
 
 #[test]
+#[cfg(feature = "real-models")]
 fn gemma_base_gguf_has_no_template_but_its_tokens_fill_a_supplied_one() {
     let gguf = open_model("gemma-3-270m-q4_k_m.gguf");
     assert!(ChatTemplate::from_gguf(&gguf.metadata).expect("from_gguf").is_none());

@@ -234,11 +234,7 @@ impl EngineHost {
         now_unix: Option<i64>,
     ) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
         let prompt = self.tokenize(input, now_unix)?;
-        let n_ctx = self.info.n_ctx;
-        if prompt.len() >= n_ctx {
-            return Err(hearth_core::CoreError::ContextOverflow { needed: prompt.len() + 1, capacity: n_ctx }.into());
-        }
-        let generate_options = options.generate_options(n_ctx - prompt.len(), default_seed)?;
+        let generate_options = options.generate_options(prompt.len(), self.info.n_ctx, default_seed)?;
         Ok((prompt, generate_options))
     }
 

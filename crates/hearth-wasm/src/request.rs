@@ -6,7 +6,7 @@
 use crate::error::{Result, WasmError};
 use hearth_core::engine::{EngineOptions, GenerateOptions};
 use hearth_core::kv::KvType;
-use hearth_core::request::{Endpoint, Prompt, Request, Speculation};
+use hearth_core::request::{completion_limit, Endpoint, Prompt, Request, Speculation};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,10 +120,11 @@ impl RequestOptions {
         // Every value is checked now; the seed is chosen per call.
         request.generation_options(0)?;
         if request.n.is_some_and(|n| n != 1) {
-            return Err(WasmError::bad_request(
-                "n",
-                "the browser engine generates one choice per request (n = 1); submit the request again for another",
-            ));
+            return Err(hearth_core::CoreError::BadRequest {
+                param: Some("n".into()),
+                message: "n is not supported in the browser yet: one choice per request (n = 1); submit the request again for another.".into(),
+            }
+            .into());
         }
         let speculative = request.speculation()?;
         let prediction = request.prediction_text()?;
@@ -145,12 +146,13 @@ impl RequestOptions {
         self.endpoint
     }
 
-    /// The generation options; `max_tokens` absent = up to the end of the context
-    /// (`remaining_context`), `seed` absent = `default_seed`.
-    pub fn generate_options(&self, remaining_context: usize, default_seed: u64) -> Result<GenerateOptions> {
+    /// The generation options after a prompt of `prompt_len` tokens in a context of `n_ctx`, as
+    /// the server makes them: `max_tokens` absent = up to the end of the context, past it = a
+    /// context overflow; `seed` absent = `default_seed`.
+    pub fn generate_options(&self, prompt_len: usize, n_ctx: usize, default_seed: u64) -> Result<GenerateOptions> {
         let (max_tokens, options) = self.request.generation_options(default_seed)?;
         Ok(GenerateOptions {
-            max_tokens: max_tokens.unwrap_or(remaining_context.max(1)),
+            max_tokens: completion_limit(max_tokens, prompt_len, n_ctx)?,
             logprobs: self.logprobs,
             ..options
         })

@@ -108,8 +108,11 @@ fn bad_inputs_are_errors_with_clear_messages() {
         (r#"{"response_format": {"type": "json_object"}}"#, "response_format is not supported"),
         (r#"{"messages": []}"#, "prompt argument"),
     ] {
-        let message =
-            RequestOptions::parse(json).and_then(|o| o.generate_options(10, 0).map(|_| ())).err().unwrap().to_string();
+        let message = RequestOptions::parse(json)
+            .and_then(|o| o.generate_options(1, 16, 0).map(|_| ()))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(message.contains(needle), "{json}: {message}");
     }
     for (json, needle) in
@@ -122,7 +125,8 @@ fn bad_inputs_are_errors_with_clear_messages() {
     for (kind, json, needle) in [
         ("chat", r#"{"prompt": "x"}"#, "belongs to completions"),
         ("text", r#"{"messages": [{"role": "user", "content": "x"}]}"#, "belongs to chat"),
-        ("text", r#"{"prompt": "x", "n": 2}"#, "n is not supported"),
+        ("text", r#"{"prompt": "x", "n": 2}"#, "one choice per request"),
+        ("text", r#"{"prompt": "x", "echo": true}"#, "echo is not supported here"),
         ("json", r#"{"prompt": "x"}"#, "'chat' or 'text'"),
     ] {
         let message = parse_request(kind, json).err().unwrap().to_string();
@@ -130,7 +134,12 @@ fn bad_inputs_are_errors_with_clear_messages() {
     }
     let (prompt, options) = parse_request("chat", r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "temperature": 0, "max_tokens": 3}"#).unwrap();
     assert_eq!(prompt, Prompt::Chat(vec![serde_json::json!({"role": "user", "content": "hi"})]));
-    assert_eq!(options.generate_options(10, 0).unwrap().max_tokens, 3);
+    assert_eq!(options.generate_options(1, 16, 0).unwrap().max_tokens, 3);
+    // As on the server: no limit is the rest of the context, a limit past it an overflow.
+    let unlimited = RequestOptions::parse(r#"{"temperature": 0}"#).unwrap();
+    assert_eq!(unlimited.generate_options(10, 16, 0).unwrap().max_tokens, 6);
+    let message = options.generate_options(14, 16, 0).err().unwrap().to_string();
+    assert!(message.contains("context"), "{message}");
 }
 
 #[test]

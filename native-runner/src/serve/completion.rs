@@ -250,8 +250,7 @@ fn stream_events(
                 // The tokens whose text came last (held back, then released at the end).
                 let sent = logprobs_sent[choice];
                 let rest = g.logprobs.as_deref().map(|l| &l[sent.min(l.len())..]).unwrap_or_default();
-                let logprobs =
-                    if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset[choice]).0 };
+                let logprobs = if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset[choice]).0 };
                 let finish = Some(finish_reason(g.finish_reason));
                 let mut last = out.event(&reply.chunk(choice, "", false, finish, logprobs).to_string());
                 ended.push(g);

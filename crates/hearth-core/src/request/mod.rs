@@ -184,14 +184,21 @@ impl ValidRequest {
     /// `max_tokens` as asked, else the rest of the context. A prompt that leaves no room, or a
     /// `max_tokens` past the context, is a [`CoreError::ContextOverflow`].
     pub fn options_for(&self, prompt_len: usize, n_ctx: usize) -> Result<GenerateOptions, CoreError> {
-        let room = n_ctx.saturating_sub(prompt_len);
-        let max_tokens = match self.max_tokens {
-            _ if room == 0 => return Err(CoreError::ContextOverflow { needed: prompt_len + 1, capacity: n_ctx }),
-            Some(n) if n > room => return Err(CoreError::ContextOverflow { needed: prompt_len + n, capacity: n_ctx }),
-            Some(n) => n,
-            None => room,
-        };
+        let max_tokens = completion_limit(self.max_tokens, prompt_len, n_ctx)?;
         Ok(GenerateOptions { max_tokens, ..self.options.clone() })
+    }
+}
+
+/// The tokens a completion may generate after a prompt of `prompt_len` in a context of `n_ctx`:
+/// `max_tokens` as asked, else the rest of the context. A prompt that leaves no room, or a
+/// `max_tokens` past the context, is a [`CoreError::ContextOverflow`] on every surface.
+pub fn completion_limit(max_tokens: Option<usize>, prompt_len: usize, n_ctx: usize) -> Result<usize, CoreError> {
+    let room = n_ctx.saturating_sub(prompt_len);
+    match max_tokens {
+        _ if room == 0 => Err(CoreError::ContextOverflow { needed: prompt_len + 1, capacity: n_ctx }),
+        Some(n) if n > room => Err(CoreError::ContextOverflow { needed: prompt_len + n, capacity: n_ctx }),
+        Some(n) => Ok(n),
+        None => Ok(room),
     }
 }
 
@@ -289,7 +296,9 @@ impl Request {
             return Ok(false);
         }
         match endpoint {
-            Endpoint::Chat => Err(bad("echo", "echo belongs to completions; a chat answer has no prompt text to repeat.")),
+            Endpoint::Chat => {
+                Err(bad("echo", "echo belongs to completions; a chat answer has no prompt text to repeat."))
+            }
             Endpoint::Completions if self.stream == Some(true) => {
                 Err(bad("echo", "echo is not supported with stream yet: send it without stream."))
             }
@@ -306,7 +315,10 @@ impl Request {
     /// none. `hearth run` checks its flags with this.
     pub fn generation_options(&self, default_seed: u64) -> Result<(Option<usize>, GenerateOptions), CoreError> {
         if self.echoes() {
-            return Err(bad("echo", "echo is not supported here: the prompt is not echoed outside completions requests."));
+            return Err(bad(
+                "echo",
+                "echo is not supported here: the prompt is not echoed outside completions requests.",
+            ));
         }
         let (max_tokens, options) = self.checked_options(default_seed)?;
         if let Some(0) = max_tokens {

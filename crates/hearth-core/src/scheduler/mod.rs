@@ -107,6 +107,8 @@ pub struct StepPlanStats {
 }
 
 /// What happened to a request during a step.
+// (`Finished` carries the whole result, a few hundred bytes, once per request: not worth a box.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum SchedulerEvent {
     /// Admitted: its prompt starts evaluating (`cached_tokens` of it were already in KV).
@@ -455,7 +457,9 @@ impl Scheduler {
                 None if scores_prompt => Ok((kv.add_sequence(), 0)),
                 None => {
                     let seq = kv.add_sequence();
-                    kv.reuse_cached_prefix(seq, &active.tokens).map(|n| (seq, n)).inspect_err(|_| kv.remove_sequence(seq))
+                    kv.reuse_cached_prefix(seq, &active.tokens)
+                        .map(|n| (seq, n))
+                        .inspect_err(|_| kv.remove_sequence(seq))
                 }
             };
             let (seq, cached) = match shared {
