@@ -31,23 +31,30 @@ REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 EXTRA = [a for a in sys.argv[4:] if a != "--follow-up"]
 FOLLOW_UP = "--follow-up" in sys.argv[4:]
 DRAFT = ["--draft-model", "qwen2.5-coder-0.5b"]
-MODES = [
-    ("no speculation", []),
-    ("draft model", DRAFT),
-    ("prompt lookup", ["--lookup"]),
-    ("lookup, then draft model", ["--lookup", *DRAFT]),
+# (name, hearth run arguments, environment). The last two start the draft policy from nothing
+# (HEARTH_PASS_COSTS=off) instead of the pass costs measured once and kept: the A/B of that.
+LEARNT = {"HEARTH_PASS_COSTS": "off"}
+ALL_MODES = [
+    ("no speculation", [], {}),
+    ("draft model", DRAFT, {}),
+    ("prompt lookup", ["--lookup"], {}),
+    ("lookup, then draft model", ["--lookup", *DRAFT], {}),
+    ("draft model, costs learnt online", DRAFT, LEARNT),
+    ("prompt lookup, costs learnt online", ["--lookup"], LEARNT),
 ]
+MODES = ALL_MODES[:4]
 # HEARTH_MODES=0,2 runs those modes only (by index; 0, no speculation, is every ratio's baseline).
 if os.environ.get("HEARTH_MODES"):
-    MODES = [MODES[int(i)] for i in os.environ["HEARTH_MODES"].split(",")]
+    MODES = [ALL_MODES[int(i)] for i in os.environ["HEARTH_MODES"].split(",")]
 
 
-def run(prompt, args):
+def run(prompt, args, env=None):
     """`prompt`: the user's message, or the path of a conversation file (`--messages`)."""
     source = ["--messages", str(prompt)] if isinstance(prompt, pathlib.Path) else ["--chat", "-p", prompt]
     cmd = [HEARTH, "run", "-m", "qwen2.5-coder-1.5b", "-t", "2", "--quiet", "--temperature", "0",
            "-n", str(MAX_TOKENS), "--json", *source, *args, *EXTRA]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    env = {**os.environ, **(env or {})}
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
 
 
 def follow_up_conversations(folder):
@@ -81,8 +88,8 @@ def measure(prompts):
         for path in prompts:
             prompt = path if path.suffix == ".json" else path.read_text()
             plain_tokens = None
-            for mode, args in MODES:
-                r = run(prompt, args)
+            for mode, args, env in MODES:
+                r = run(prompt, args, env)
                 if plain_tokens is None:
                     plain_tokens = r["tokens"]
                 elif r["tokens"] != plain_tokens:
@@ -98,7 +105,7 @@ def measure(prompts):
     totals = {}  # (kind, mode) -> [tokens, decode seconds]
     for path in prompts:
         plain = best[(path.stem, MODES[0][0])]
-        for mode, _ in MODES:
+        for mode, _, _ in MODES:
             r = best[(path.stem, mode)]
             s = r.get("speculative") or {}
             n = len(r["tokens"])
@@ -118,7 +125,7 @@ def measure(prompts):
     print("|---|---|---|---|---|---|---|")
     for kind in sorted({kind for kind, _ in totals}):
         plain_rate = totals[(kind, MODES[0][0])][0] / totals[(kind, MODES[0][0])][1]
-        for mode, _ in MODES:
+        for mode, _, _ in MODES:
             n, sec, prepare = totals[(kind, mode)]
             rate, without = n / sec, n / (sec - prepare)
             print(f"| {kind} | {mode} | {n} | {rate:.1f} | {rate / plain_rate:.2f}x | {without:.1f} | {without / plain_rate:.2f}x |")
@@ -129,7 +136,7 @@ def measure(prompts):
     print("| paired within each rep: kind | mode | vs plain, rep by rep | median |")
     print("|---|---|---|---|")
     for kind in sorted({kind for kind, _ in totals}):
-        for mode, _ in MODES[1:]:
+        for mode, _, _ in MODES[1:]:
             ratios = sorted(rep[(kind, MODES[0][0])][1] / rep[(kind, mode)][1] for rep in paired)
             each = ", ".join(f"{rep[(kind, MODES[0][0])][1] / rep[(kind, mode)][1]:.2f}x" for rep in paired)
             print(f"| {kind} | {mode} | {each} | {ratios[len(ratios) // 2]:.2f}x |")

@@ -6,6 +6,7 @@ mod bench_server;
 mod chat;
 mod fetch;
 mod load;
+mod pass_costs;
 mod run;
 mod serve;
 mod speculative;

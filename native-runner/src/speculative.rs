@@ -99,20 +99,35 @@ impl SpeculativeArgs {
     /// Sets `engine` up for the drafting asked for (loading `--draft-model` on the target's
     /// backend settings) and returns how its requests draft: prompt lookup, the draft model,
     /// both (lookup first), or not at all.
+    /// Its policies start from the pass costs kept for these models and settings (measured
+    /// the first time, see [`crate::pass_costs`]).
     pub fn set_up(&self, target: &ModelArgs, engine: &mut Engine) -> Result<Drafting> {
         let options = self.options();
-        let Some(model) = self.batched_draft_model(target, engine.tokenizer(), 1)? else {
-            if self.lookup {
-                return Ok(Drafting::Lookup { reference: Vec::new(), options });
+        let drafting = match self.batched_draft_model(target, engine.tokenizer(), 1)? {
+            None if self.lookup => Drafting::Lookup { reference: Vec::new(), options },
+            None => return Ok(Drafting::None),
+            Some(model) => {
+                let min_confidence = model.min_confidence;
+                engine.set_draft_model(model, options.clone());
+                match self.lookup {
+                    true => Drafting::LookupThenDraftModel { options, min_confidence },
+                    false => Drafting::DraftModel { options, min_confidence },
+                }
             }
-            return Ok(Drafting::None);
         };
-        let min_confidence = model.min_confidence;
-        engine.set_draft_model(model, options.clone());
-        Ok(match self.lookup {
-            true => Drafting::LookupThenDraftModel { options, min_confidence },
-            false => Drafting::DraftModel { options, min_confidence },
-        })
+        // What the costs depend on: the models, the backend (with its threads) and the KV type.
+        let key = format!(
+            "{}|{:?}|{}|{:?}|{:?}|{:?}|{}",
+            target.model,
+            self.draft_model,
+            engine.backend().name(),
+            target.threads,
+            target.kv_type,
+            target.numerics,
+            target.ctx_size
+        );
+        crate::pass_costs::start_from_kept(engine.scheduler_mut(), &key, target.quiet)?;
+        Ok(drafting)
     }
 
     /// The draft model for a batching scheduler (a KV pool for `max_sequences` requests), if

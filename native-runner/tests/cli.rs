@@ -131,6 +131,36 @@ fn same_seed_same_tokens() {
     assert_eq!(a["seed"], 7);
 }
 
+/// A speculating run measures the pass costs its policy starts from once and keeps them in the
+/// cache: the next run with the same models and settings reads them instead (same tokens).
+#[test]
+fn pass_costs_are_measured_once_and_kept() {
+    let cache = std::env::temp_dir().join(format!("hearth-pass-costs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let model = hearth_tests::model_path(hearth_tests::QWEN_05B);
+    let model = model.to_str().expect("utf-8 path");
+    let args = ["run", "-m", model, "-p", "def add(a, b):", "-n", "8", "--temperature", "0", "--lookup", "--json"];
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(args)
+            .env("HEARTH_CACHE_DIR", &cache)
+            .output()
+            .expect("spawn hearth");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        (json["tokens"].clone(), stderr.contains("verification pass ms by rows"))
+    };
+    let (first, measured) = run();
+    assert!(measured, "the first run measures");
+    let kept: Vec<_> = std::fs::read_dir(cache.join("pass-costs")).expect("kept costs").collect();
+    assert_eq!(kept.len(), 1);
+    let (second, measured_again) = run();
+    assert!(!measured_again, "the second run reads them");
+    assert_eq!(first, second);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
 /// `--lookup --draft-model`: prompt lookup where the output copies the prompt, the draft model
 /// elsewhere; greedy gives plain greedy's tokens, and the JSON report counts the lookup's share.
 #[test]

@@ -96,10 +96,7 @@ fn run_cli(params: &Value) -> Result<(Vec<u64>, String), String> {
 }
 
 fn model_bytes() -> Vec<u8> {
-    let dir = std::env::var("HEARTH_MODELS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hearth/models")
-    });
-    let path = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let path = hearth_tests::model_path(hearth_tests::QWEN_05B);
     std::fs::read(&path)
         .unwrap_or_else(|e| panic!("{} ({e}): run `hearth models fetch qwen2.5-coder-0.5b`", path.display()))
 }

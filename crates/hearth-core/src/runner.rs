@@ -160,6 +160,42 @@ impl Runner {
         Ok(id)
     }
 
+    /// The milliseconds of one step of `width` tokens of one sequence after a short context, for
+    /// each of `widths`, in `mode` reading back one candidate a row: what a verification pass
+    /// (`LogitsMode::All`) or a draft model's pass costs on this machine. Each is the faster of
+    /// two runs (the first also compiles the step's graph). Runs on a sequence of its own, removed
+    /// after; a width the context cannot hold is left out.
+    pub async fn time_passes(&mut self, widths: &[usize], mode: LogitsMode) -> Result<Vec<(usize, f64)>> {
+        let seq = self.kv.add_sequence();
+        let result = self.time_passes_on(seq, widths, mode).await;
+        self.kv.remove_sequence(seq);
+        result
+    }
+
+    async fn time_passes_on(&mut self, seq: SeqId, widths: &[usize], mode: LogitsMode) -> Result<Vec<(usize, f64)>> {
+        const CONTEXT: usize = 32;
+        let n_vocab = self.model.config.n_vocab.max(1) as u32;
+        let context: Vec<u32> = (0..CONTEXT as u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+        let n_ctx = self.n_ctx();
+        let mut costs = Vec::new();
+        if CONTEXT >= n_ctx {
+            return Ok(costs);
+        }
+        self.step_for_async(&[BatchEntry { seq, tokens: &context }], mode, Readback::TopK(1)).await?;
+        for &width in widths.iter().filter(|&&w| (1..=CONTEXT).contains(&w) && CONTEXT + w <= n_ctx) {
+            let mut fastest = f64::INFINITY;
+            for _ in 0..2 {
+                self.kv.truncate(seq, CONTEXT)?;
+                let started = Instant::now();
+                let tokens = &context[..width];
+                self.step_for_async(&[BatchEntry { seq, tokens }], mode, Readback::TopK(1)).await?;
+                fastest = fastest.min(started.elapsed().as_secs_f64() * 1e3);
+            }
+            costs.push((width, fastest));
+        }
+        Ok(costs)
+    }
+
     /// Appends each entry's tokens to its sequence in one forward pass and returns the logits:
     /// `[batch.len(), n_vocab]` (the last token of each entry) or `[total tokens, n_vocab]`.
     /// On error no sequence changes. Synchronous: [`Runner::step_async`] polled once.

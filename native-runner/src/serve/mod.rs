@@ -147,6 +147,12 @@ fn spawn_worker(
                 if let Some(draft) = draft {
                     scheduler.set_draft_model(draft, speculative.options());
                 }
+                // Drafting requests' policies start from the costs of this machine's passes.
+                let drafts = speculative.lookup || speculative.draft_model.is_some();
+                if let Err(e) = drafts.then(|| crate::pass_costs::measure(&mut scheduler, args.quiet)).transpose() {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
                 metrics.set_scheduler(scheduler.stats());
                 // A path given to -m is not an id to show clients; the file's stem is.
                 let given_a_path =

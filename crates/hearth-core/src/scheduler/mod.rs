@@ -16,9 +16,11 @@
 //! [`crate::engine::Engine::generate_with`]: the same loop.
 
 mod drafts;
+mod pass_costs;
 mod request;
 pub mod step_budget;
 
+pub use pass_costs::PassCosts;
 pub use request::RequestId;
 
 use crate::backend::Readback;
@@ -166,6 +168,9 @@ pub struct Scheduler {
     policies: Vec<LearntPolicy>,
     /// The draft model every request without a prediction drafts with, and its draft bounds.
     draft_model: Option<(BatchedDraftModel, SpeculativeOptions)>,
+    /// What passes cost on this machine, measured or given at load: fresh policies start from
+    /// them.
+    pass_costs: Option<PassCosts>,
 }
 
 impl Scheduler {
@@ -193,6 +198,7 @@ impl Scheduler {
             last_step: StepPlanStats::default(),
             policies: Vec::new(),
             draft_model: None,
+            pass_costs: None,
         }
     }
 
@@ -210,16 +216,23 @@ impl Scheduler {
 
     /// The policies a new request of `kind` with draft bounds `options` starts from (the free
     /// drafts' for [`DraftKind::LookupThenModel`]): what the last one with the same learnt, or
-    /// fresh.
+    /// fresh from the pass costs measured at load.
     fn policies_for(&self, kind: DraftKind, options: &SpeculativeOptions) -> (DraftPolicy, Option<DraftPolicy>) {
+        let fresh = |options: &SpeculativeOptions, with_draft: bool| {
+            let mut policy = DraftPolicy::new(options);
+            if let Some(costs) = &self.pass_costs {
+                costs.seed(&mut policy, with_draft);
+            }
+            policy
+        };
         let free_options = SpeculativeOptions { adaptive: options.adaptive, ..SpeculativeOptions::lookup() };
-        let fresh_free = (kind == DraftKind::LookupThenModel).then(|| DraftPolicy::new(&free_options));
+        let fresh_free = (kind == DraftKind::LookupThenModel).then(|| fresh(&free_options, false));
         match self.policies.iter().find(|l| l.kind == kind && l.options == *options) {
             Some(learnt) => (
                 learnt.policy.for_next_request(),
                 learnt.free_policy.as_ref().map(DraftPolicy::for_next_request).or(fresh_free),
             ),
-            None => (DraftPolicy::new(options), fresh_free),
+            None => (fresh(options, kind != DraftKind::Lookup), fresh_free),
         }
     }
 

@@ -101,6 +101,13 @@ impl BatchedDraftModel {
         &self.runner
     }
 
+    /// The milliseconds of one draft pass of one token on this machine (see
+    /// [`Runner::time_passes`]); `None` where its context cannot hold the measurement.
+    pub async fn time_pass(&mut self) -> Result<Option<f64>> {
+        let costs = self.runner.time_passes(&[1], LogitsMode::Last).await?;
+        Ok(costs.first().map(|&(_, ms)| ms))
+    }
+
     /// A sequence for a request sampled with `sampling` (the draft draws from the same filtered
     /// distribution, from a random stream of its own), stopping at [`Self::min_confidence`].
     pub fn add_sequence(&mut self, sampling: &SamplingParams) -> DraftSequence {
