@@ -18,10 +18,21 @@
 // all of the row's blocks, so every value of S is written by the invocation that read its
 // residual (S may be the residual itself) and the row's sum is complete before it is normalised.
 
-// [k, scales_at, eps (f32 bits, NORM), chunks, eps of the first norm (f32 bits, SUM)]:
-// k (row length) a multiple of 32 for Q8_0 / Q8_K; scales_at = the word where the scales start
-// (rows * k / 4); chunks = 256-value chunks of a row each workgroup rounds
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct ActQuantParams {
+    // row length, a multiple of 32 for Q8_0 / Q8_K
+    k: u32,
+    // the word of OUT where the scales start (rows * k / 4)
+    scales_at: u32,
+    // NORM's epsilon
+    eps: f32,
+    // 256-value chunks of a row each workgroup rounds
+    chunks: u32,
+    // SUM: the first norm's epsilon
+    first_eps: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: ActQuantParams;
 // [rows, k] f32: the input (SWIGLU / GEGLU: the gate; SUM: the first norm's input)
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 // Q8_0 / Q8_K: [rows * k / 4] u32, 4 codes each (value 4i + j in byte j), then
@@ -89,7 +100,7 @@ fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
         let v = X[row * k + c];
         s += v * v;
     }
-    let first = div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[4])));
+    let first = div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + P.first_eps));
     s = 0.0;
     for (var c = tid; c < k; c += WG) {
         let i = row * k + c;
@@ -113,7 +124,7 @@ fn row_scale(row: u32, k: u32, tid: u32) -> f32 {
         s += v * v;
     }
 #endif
-    return div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + bitcast<f32>(P[2])));
+    return div_rn(1.0, sqrt(div_rn(workgroup_sum(tid, s), f32(k)) + P.eps));
 }
 #endif
 
@@ -146,14 +157,14 @@ fn value(i: u32, col: u32, scale: f32) -> f32 {
 @compute @workgroup_size(64)
 fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let tid = lid.x;
-    let k = P[0];
+    let k = P.k;
     let row = wg.y;
     var scale = 1.0;
 #ifdef NORM
     // The row's sum of squares, in the same order by every workgroup of the row.
     scale = row_scale(row, k, tid);
 #endif
-    let chunks = P[3];
+    let chunks = P.chunks;
     let end = min(chunks * (wg.x + 1u), (k + 255u) / 256u);
     for (var chunk = chunks * wg.x; chunk < end; chunk++) {
         round_chunk(row, k, 256u * chunk, tid, scale);
@@ -223,7 +234,7 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
     if (valid) {
         OUT[i / 4u] = pack_codes(q);
         if (tid % GROUP == 0u) {
-            OUT[P[1] + i / block_len] = bitcast<u32>(d);
+            OUT[P.scales_at + i / block_len] = bitcast<u32>(d);
         }
     }
 #endif

@@ -24,10 +24,30 @@ enable f16;
 enable subgroups;
 #endif
 
-// [n_tokens, n_head, n_head_kv, head_dim, scale (f32 bits), window (0 = none),
-//  softcap (f32 bits, 0 = none), groups_x, layer, grid_splits (MAX_SPLITS or 1), group (query
-//  heads a workgroup computes, of one KV head), then for the reduce's rounding its scales' word]
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct AttentionParams {
+    n_tokens: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    // multiplies q·k before the softmax
+    scale: f32,
+    // sliding window (0 = none)
+    window: u32,
+    // tanh soft-cap of the scores (0 = none)
+    softcap: f32,
+    // the folded grid's x width
+    groups_x: u32,
+    layer: u32,
+    // splits in the grid (MAX_SPLITS, or 1 where MERGED)
+    grid_splits: u32,
+    // query heads a workgroup computes, of one KV head
+    group: u32,
+    // ROUND_Q8_0 / ROUND_Q8_K (the reduce): the word of XQ where the scales start
+    scales_at: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: AttentionParams;
 // see STEP in kv_cache.wgsl
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
 // see TABLES in kv_cache.wgsl (unused by the reduce, which binds nothing there)
@@ -46,7 +66,7 @@ const SPLIT_KEYS: u32 = 256u;
 #endif
 // Floats of one split's partial: the head's unnormalised output, then m and l.
 fn partial_len() -> u32 {
-    return P[3] + 2u;
+    return P.head_dim + 2u;
 }
 
 // Token t's keys: (first key, keys per split, number of splits), from its position and the
@@ -54,7 +74,7 @@ fn partial_len() -> u32 {
 fn split_plan(t: u32) -> vec3<u32> {
     let pos = step_token_pos(t);
     var lo = 0u;
-    let window = P[5];
+    let window = P.window;
     if (window != 0u && pos + 1u > window) {
         lo = pos + 1u - window;
     }
@@ -81,7 +101,7 @@ fn merge_weights(merged: vec2<f32>, split: vec2<f32>) -> vec4<f32> {
 #ifdef REDUCE
 #ifdef ROUND_Q8_0 || ROUND_Q8_K
 // The merged row rounded for the mat-muls that read it, as act_quant.wgsl rounds (and lays out)
-// activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P[11] the f32 scale
+// activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P.scales_at the f32 scale
 // of each block of ROUND_BLOCK values.
 @group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
 // One token's merged row.
@@ -131,7 +151,7 @@ fn round_row(t: u32, k: u32, tid: u32) {
 #endif
             XQ[(t * k + at) / 4u] = pack_codes(q);
         }
-        XQ[P[11] + (t * k) / ROUND_BLOCK + b] = bitcast<u32>(d);
+        XQ[P.scales_at + (t * k) / ROUND_BLOCK + b] = bitcast<u32>(d);
     }
 }
 #else
@@ -148,12 +168,12 @@ fn round_row(t: u32, k: u32, tid: u32) {
 // One workgroup per token: each value of its row merges the splits of its head in order.
 @compute @workgroup_size(128)
 fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let t = wg.y * P[7] + wg.x;
-    if (t >= P[0]) {
+    let t = wg.y * P.groups_x + wg.x;
+    if (t >= P.n_tokens) {
         return;
     }
-    let n_head = P[1];
-    let hd = P[3];
+    let n_head = P.n_head;
+    let hd = P.head_dim;
     let q_width = n_head * hd;
     let n_splits = split_plan(t).z;
     for (var i = lid.x; i < q_width; i += WG) {
@@ -171,7 +191,7 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         var v = acc * (1.0 / merged.y);
 #ifdef KV_OFFSET
         // The weights sum to 1: the values' offset comes back whole.
-        let kvh = h / (n_head / P[2]);
+        let kvh = h / (n_head / P.n_head_kv);
         v = acc * (1.0 / merged.y) + V_OFFSET[kvh * hd + d];
 #endif
 #ifdef ROUND_Q8_0 || ROUND_Q8_K
@@ -218,7 +238,7 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 @group(0) @binding(6) var<storage, read_write> PART: array<f32>;
 #endif
 
-// A workgroup computes `group` (P[10]) query heads of one KV head, at most MAX_GROUP of them
+// A workgroup computes `group` (P.group) query heads of one KV head, at most MAX_GROUP of them
 // (group * head_dim <= 1024), so every key and value it reads serves them all; a thread owns
 // head dimensions tid + u * WG (head_dim <= WG * DIMS_PER_THREAD) of every head of the group.
 const MAX_GROUP: u32 = 8u;
@@ -372,7 +392,7 @@ fn group_dots(row: u32, col: u32, hd: u32, width: u32, group: u32) -> array<f32,
 }
 
 fn softcapped(s: f32) -> f32 {
-    let c = bitcast<f32>(P[6]);
+    let c = P.softcap;
     if (c == 0.0) {
         return s;
     }
@@ -396,21 +416,21 @@ fn attention(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let id = wg.y * P[7] + wg.x;
-    let n_head = P[1];
-    let group = P[10];
+    let id = wg.y * P.groups_x + wg.x;
+    let n_head = P.n_head;
+    let group = P.group;
     let n_groups = n_head / group;
-    let grid_splits = P[9];
-    let valid = id < P[0] * n_groups * grid_splits;
+    let grid_splits = P.grid_splits;
+    let valid = id < P.n_tokens * n_groups * grid_splits;
     // The group's first query head; all its heads read KV head kvh.
     let h0 = id % n_groups * group;
-    let t = min(id / n_groups / grid_splits, P[0] - 1u);
-    let hd = P[3];
-    let kvh = h0 / (n_head / P[2]);
+    let t = min(id / n_groups / grid_splits, P.n_tokens - 1u);
+    let hd = P.head_dim;
+    let kvh = h0 / (n_head / P.n_head_kv);
     let q_width = n_head * hd;
-    let kv_width = P[2] * hd;
+    let kv_width = P.n_head_kv * hd;
     let words = row_words(kv_width);
-    let layer = P[8];
+    let layer = P.layer;
     let seq = step_token_seq(t);
     let plan = split_plan(t);
     // The splits this workgroup computes: its own (or none past the token's), or all of them.
@@ -429,7 +449,7 @@ fn attention(
         return;
     }
     let last_key = step_token_pos(t) + 1u;
-    let scale = bitcast<f32>(P[4]);
+    let scale = P.scale;
     let tid = lid.x;
     // One f32 numerics path for every query, as on the CPU oracle: a query's result never
     // depends on how many others share the step or its workgroup (batch invariance).

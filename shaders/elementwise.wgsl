@@ -1,11 +1,22 @@
 // Element-wise ops over f32 activations: add, scale, swiglu, geglu, last_rows.
 // Every entry point uses a 1-D grid of 256-thread workgroups folded into 2-D (x * y) when wider
-// than 65535 workgroups; P[1] holds the folded grid's x width.
+// than 65535 workgroups; P.groups_x holds the folded grid's x width.
 // INPLACE: the output is also the first operand (`out` may alias `a` / `gate`), so the first
 // operand is read from OUT and A is not bound. The activation functions are activation_fns.wgsl's.
 
-// [len, groups_x, ...] u32 (f32 params bitcast)
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct ElementwiseParams {
+    // values written
+    len: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // SCALE: the factor
+    factor: f32,
+    // LAST_ROWS: the row length
+    cols: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: ElementwiseParams;
 #ifdef INPLACE
 #else
 // [len] f32: first operand (a, gate, x)
@@ -19,7 +30,7 @@
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 
 fn index(wg: vec3<u32>, lid: vec3<u32>) -> u32 {
-    return (wg.y * P[1] + wg.x) * 256u + lid.x;
+    return (wg.y * P.groups_x + wg.x) * 256u + lid.x;
 }
 
 fn first(i: u32) -> f32 {
@@ -31,44 +42,41 @@ fn first(i: u32) -> f32 {
 }
 
 #ifdef ADD
-// P: [len, groups_x]
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
-    if (i < P[0]) {
+    if (i < P.len) {
         OUT[i] = first(i) + B[i];
     }
 }
 #endif
 
 #ifdef SCALE
-// P: [len, groups_x, factor]
 @compute @workgroup_size(256)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
-    if (i < P[0]) {
-        OUT[i] = OUT[i] * bitcast<f32>(P[2]);
+    if (i < P.len) {
+        OUT[i] = OUT[i] * P.factor;
     }
 }
 #endif
 
 #ifdef SWIGLU
-// P: [len, groups_x]
 @compute @workgroup_size(256)
 fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
-    if (i < P[0]) {
+    if (i < P.len) {
         OUT[i] = silu(first(i)) * B[i];
     }
 }
 #endif
 
 #ifdef GEGLU
-// P: [len, groups_x]. GELU as activation_fns.wgsl's gelu_ggml.
+// GELU as activation_fns.wgsl's gelu_ggml.
 @compute @workgroup_size(256)
 fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
-    if (i < P[0]) {
+    if (i < P.len) {
         OUT[i] = gelu_ggml(first(i)) * B[i];
     }
 }
@@ -79,13 +87,13 @@ fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
 // positions, then per sequence [pos0, n_tokens, first_token] (see attention.wgsl)
 @group(0) @binding(4) var<storage, read> STEP: array<u32>;
 
-// P: [n_seqs * cols, groups_x, cols]; A: [n_tokens, cols] f32, OUT: [n_seqs, cols] f32: row s is
+// len = n_seqs * cols; A: [n_tokens, cols] f32, OUT: [n_seqs, cols] f32: row s is
 // A's row of the last token of sequence s.
 @compute @workgroup_size(256)
 fn last_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = index(wg, lid);
-    if (i < P[0]) {
-        let cols = P[2];
+    if (i < P.len) {
+        let cols = P.cols;
         let s = i / cols;
         let info = 2u + 3u * STEP[0] + 3u * s;
         let row = STEP[info + 2u] + STEP[info + 1u] - 1u;

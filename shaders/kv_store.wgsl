@@ -8,14 +8,50 @@
 //     and Op::Scale compute it; then key and value heads are stored: everything between the
 //     q/k/v projections and attention in one dispatch.
 
-// store_kv: [n_tokens, width, groups_x, layer, width2 (SECOND), 0 ...]
-// prepare_heads: [n_tokens, n_q_heads, n_k_heads, n_v_heads,
-//   head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits),
-//   layer, groups_x, eps (f32 bits), q_scale (f32 bits),
-//   k_scale (f32 bits), q_norm_at, k_norm_at, freq_factors_at,
-//   k_offset_at, v_offset_at, 0, 0] (the *_at: where each vector starts in C)
-// A uniform, so that the storage bindings fit in WebGPU's 8 per stage.
-@group(0) @binding(0) var<uniform> P: array<vec4<u32>, 5>;
+// Mirror kernel_params.rs (a test checks the fields). Uniforms, so that the storage bindings
+// fit in WebGPU's 8 per stage.
+struct StoreKvParams {
+    n_tokens: u32,
+    // SRC's row length
+    width: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    layer: u32,
+    // SECOND: SRC2's row length
+    width2: u32,
+}
+
+struct HeadsParams {
+    n_tokens: u32,
+    n_q_heads: u32,
+    n_k_heads: u32,
+    n_v_heads: u32,
+    head_dim: u32,
+    // leading values of each head that are rotated
+    n_rot: u32,
+    // freq_base^(-2 / n_rot)
+    theta_scale: f32,
+    freq_scale: f32,
+    layer: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // the q/k norms' epsilon
+    eps: f32,
+    q_scale: f32,
+    k_scale: f32,
+    // where each vector starts in C
+    q_norm_at: u32,
+    k_norm_at: u32,
+    freq_factors_at: u32,
+    k_offset_at: u32,
+    v_offset_at: u32,
+}
+
+#ifdef HEADS
+@group(0) @binding(0) var<uniform> P: HeadsParams;
+#else
+@group(0) @binding(0) var<uniform> P: StoreKvParams;
+#endif
 // see STEP in kv_cache.wgsl
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
 // see TABLES in kv_cache.wgsl
@@ -68,10 +104,6 @@
 @group(0) @binding(10) var<uniform> C: array<vec4<f32>, 1024>;
 #endif
 
-fn p(i: u32) -> u32 {
-    return P[i / 4u][i % 4u];
-}
-
 // Whether this invocation stores the second buffer (uniform per workgroup only where the first
 // buffer's invocations fill whole workgroups; the accesses below branch per invocation).
 var<private> second: bool = false;
@@ -88,7 +120,7 @@ fn src_at(i: u32) -> f32 {
 #ifdef KV_OFFSET
 fn offset_at(i: u32) -> f32 {
 #ifdef HEADS
-    let at = select(p(16u), p(17u), second) + i;
+    let at = select(P.k_offset_at, P.v_offset_at, second) + i;
     return C[at / 4u][at % 4u];
 #else
 #ifdef SECOND
@@ -159,11 +191,7 @@ fn round_away(x: f32) -> f32 {
 }
 
 fn kv_layer() -> u32 {
-#ifdef HEADS
-    return p(8u);
-#else
-    return p(3u);
-#endif
+    return P.layer;
 }
 
 // Stores unit `u` of token `t`'s row of `width` values (of the first buffer, or of the second
@@ -239,25 +267,28 @@ fn store_unit(t: u32, u: u32, width: u32) {
 #endif
 }
 
+#ifdef HEADS
+#else
 // One invocation per (token, unit).
 @compute @workgroup_size(256)
 fn store_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    var i = (wg.y * p(2u) + wg.x) * 256u + lid.x;
-    var width = p(1u);
+    var i = (wg.y * P.groups_x + wg.x) * 256u + lid.x;
+    var width = P.width;
     var units = width / unit_len();
 #ifdef SECOND
-    if (i >= p(0u) * units) {
-        i -= p(0u) * units;
-        width = p(4u);
+    if (i >= P.n_tokens * units) {
+        i -= P.n_tokens * units;
+        width = P.width2;
         units = width / unit_len();
         second = true;
     }
 #endif
-    if (i >= p(0u) * units) {
+    if (i >= P.n_tokens * units) {
         return;
     }
     store_unit(i / units, i % units, width);
 }
+#endif
 
 #ifdef HEADS
 const HEAD_THREADS: u32 = 64u;
@@ -287,29 +318,29 @@ fn head_write(is_q: bool, i: u32, x: f32) {
 // One workgroup per (token, head): query heads, then key heads, then value heads.
 @compute @workgroup_size(64)
 fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let n_heads = p(1u) + p(2u) + p(3u);
-    let g = wg.y * p(9u) + wg.x;
-    if (g >= p(0u) * n_heads) {
+    let n_heads = P.n_q_heads + P.n_k_heads + P.n_v_heads;
+    let g = wg.y * P.groups_x + wg.x;
+    if (g >= P.n_tokens * n_heads) {
         return;
     }
     let t = g / n_heads;
-    let hd = p(4u);
+    let hd = P.head_dim;
     let units = hd / unit_len();
     var h = g % n_heads;
-    if (h >= p(1u) + p(2u)) {
+    if (h >= P.n_q_heads + P.n_k_heads) {
         // A value head: stored as it is.
         second = true;
-        h -= p(1u) + p(2u);
+        h -= P.n_q_heads + P.n_k_heads;
         for (var u = lid.x; u < units; u += HEAD_THREADS) {
-            store_unit(t, h * units + u, p(3u) * hd);
+            store_unit(t, h * units + u, P.n_v_heads * hd);
         }
         return;
     }
-    let is_q = h < p(1u);
+    let is_q = h < P.n_q_heads;
     if (!is_q) {
-        h -= p(1u);
+        h -= P.n_q_heads;
     }
-    let width = select(p(2u), p(1u), is_q) * hd;
+    let width = select(P.n_k_heads, P.n_q_heads, is_q) * hd;
     let base = t * width + h * hd;
     for (var i = lid.x; i < hd; i += HEAD_THREADS) {
         head[i] = head_load(is_q, base + i);
@@ -318,12 +349,12 @@ fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     var norm_at = 0xffffffffu;
 #ifdef Q_NORM
     if (is_q) {
-        norm_at = p(13u);
+        norm_at = P.q_norm_at;
     }
 #endif
 #ifdef K_NORM
     if (!is_q) {
-        norm_at = p(14u);
+        norm_at = P.k_norm_at;
     }
 #endif
     if (norm_at != 0xffffffffu) {
@@ -340,22 +371,22 @@ fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
             }
             workgroupBarrier();
         }
-        let scale = div_rn(1.0, sqrt(div_rn(partial[0], f32(hd)) + bitcast<f32>(p(10u))));
+        let scale = div_rn(1.0, sqrt(div_rn(partial[0], f32(hd)) + P.eps));
         for (var i = lid.x; i < hd; i += HEAD_THREADS) {
             head[i] = head[i] * scale * constant(norm_at + i);
         }
     }
     workgroupBarrier();
     // RoPE: each thread rotates its own pairs (the pairs partition the rotated values).
-    let half_rot = p(5u) / 2u;
-    let theta_scale = bitcast<f32>(p(6u));
+    let half_rot = P.n_rot / 2u;
+    let theta_scale = P.theta_scale;
     let pos = f32(step_token_pos(t));
     for (var i = lid.x; i < half_rot; i += HEAD_THREADS) {
         var ff = 1.0;
 #ifdef FREQ_FACTORS
-        ff = constant(p(15u) + i);
+        ff = constant(P.freq_factors_at + i);
 #endif
-        let cs = rope_cos_sin(pos, i, theta_scale, bitcast<f32>(p(7u)), ff);
+        let cs = rope_cos_sin(pos, i, theta_scale, P.freq_scale, ff);
 #ifdef NEOX
         let i0 = i;
         let i1 = i + half_rot;
@@ -368,7 +399,7 @@ fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         head[i1] = r.y;
     }
     workgroupBarrier();
-    let factor = bitcast<f32>(select(p(12u), p(11u), is_q));
+    let factor = select(P.k_scale, P.q_scale, is_q);
     for (var i = lid.x; i < hd; i += HEAD_THREADS) {
         head_write(is_q, base + i, head[i] * factor);
     }

@@ -34,11 +34,37 @@
 enable subgroups;
 #endif
 
-// [row0, rows_in_chunk, k, row_bytes (unread: blocks are found by index), n (out cols),
-//  n_tokens, groups_x, scales_at (of XQ), then per further segment s = 1, 2: first workgroup,
-//  rows, row_bytes, n]; a uniform (16 u32)
-// so that the storage bindings of three segments fit in WebGPU's 8 per stage
-@group(0) @binding(0) var<uniform> P: array<vec4<u32>, 4>;
+// Mirrors kernel_params.rs (a test checks the fields; quant.wgsl declares the same struct);
+// a uniform, so that the storage bindings of three segments fit in WebGPU's 8 per stage.
+struct MatMulParams {
+    // the chunk's first weight row (a tensor too large for one binding is split into row ranges)
+    row0: u32,
+    // weight rows in the chunk
+    rows: u32,
+    // k: values in a weight row (and an activation row)
+    row_len: u32,
+    // bytes of a weight row as the file stores it
+    row_bytes: u32,
+    // output columns (the weight's rows)
+    n: u32,
+    n_tokens: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // the word of the 8-bit activations where their scales start (act_quant.wgsl's layout)
+    scales_at: u32,
+    // SEGMENTS / SEGMENT3: per further segment, its first workgroup, weight rows, row bytes and
+    // output columns
+    seg1_first_group: u32,
+    seg1_rows: u32,
+    seg1_row_bytes: u32,
+    seg1_n: u32,
+    seg2_first_group: u32,
+    seg2_rows: u32,
+    seg2_row_bytes: u32,
+    seg2_n: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: MatMulParams;
 // [rows_in_chunk * k / BLOCK_LEN] blocks (see the top), padded to 4 bytes
 @group(0) @binding(1) var<storage, read> W0: array<u32>;
 // [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales
@@ -64,10 +90,6 @@ enable subgroups;
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
 #endif
-
-fn p(i: u32) -> u32 {
-    return P[i / 4u][i % 4u];
-}
 
 fn store_out(segment: u32, at: u32, v: f32) {
 #ifdef SEGMENT3
@@ -204,13 +226,13 @@ fn act_words_$S(slot: u32) -> vec4<u32> {
 }
 
 fn load_act_$S(token: u32, block: u32, slot: u32) -> Act {
-    let k = p(2u);
+    let k = P.row_len;
     let first = (token * k + block * BLOCK_LEN) / 4u;
     let at = act_words_$S(slot);
     var a: Act;
     a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
     a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
-    a.d = bitcast<f32>(XQ[p(7u) + (token * k) / BLOCK_LEN + block]);
+    a.d = bitcast<f32>(XQ[P.scales_at + (token * k) / BLOCK_LEN + block]);
     return a;
 }
 
@@ -362,35 +384,35 @@ fn matmul_q8(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let grid_group = wg.y * p(6u) + wg.x;
+    let grid_group = wg.y * P.groups_x + wg.x;
     // The segment of this workgroup, its first row in it and the segment's shape.
     var segment = 0u;
     var group = grid_group;
-    var rows = p(1u);
-    var n = p(4u);
+    var rows = P.rows;
+    var n = P.n;
     // Where this segment's bias starts in BIAS_W: after the earlier segments' outputs.
     var bias_at = 0u;
 #ifdef SEGMENTS
-    if (grid_group >= p(8u)) {
+    if (grid_group >= P.seg1_first_group) {
         segment = 1u;
-        group = grid_group - p(8u);
+        group = grid_group - P.seg1_first_group;
         bias_at = n;
-        rows = p(9u);
-        n = p(11u);
+        rows = P.seg1_rows;
+        n = P.seg1_n;
     }
 #endif
 #ifdef SEGMENT3
-    if (grid_group >= p(12u)) {
+    if (grid_group >= P.seg2_first_group) {
         segment = 2u;
-        group = grid_group - p(12u);
+        group = grid_group - P.seg2_first_group;
         bias_at += n;
-        rows = p(13u);
-        n = p(15u);
+        rows = P.seg2_rows;
+        n = P.seg2_n;
     }
 #endif
     let first_row = group * ROWS;
-    let k = p(2u);
-    let n_tokens = p(5u);
+    let k = P.row_len;
+    let n_tokens = P.n_tokens;
     let t0 = wg.z * TILE_T;
     let tid = lid.x;
     var acc: array<f32, OUTPUTS>;
@@ -443,7 +465,7 @@ fn matmul_q8(
     let r = tid / TILE_T;
     let t = tid % TILE_T;
     if (tid < OUTPUTS && first_row + r < rows && t0 + t < n_tokens) {
-        let row = p(0u) + first_row + r;
+        let row = P.row0 + first_row + r;
         var b = 0.0;
 #ifdef BIAS
         b = BIAS_W[bias_at + row];

@@ -10,8 +10,17 @@
 enable subgroups;
 #endif
 
-// [n_groups, groups_x, group, eps (f32 bits)] u32
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct NormParams {
+    n_groups: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // values per group
+    group: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: NormParams;
 #ifdef INPLACE
 #else
 // [rows, cols] f32
@@ -47,9 +56,9 @@ fn rms_norm(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let g = wg.y * P[1] + wg.x;
-    let valid = g < P[0];
-    let group = P[2];
+    let g = wg.y * P.groups_x + wg.x;
+    let valid = g < P.n_groups;
+    let group = P.group;
     let base = g * group;
     var s = 0.0;
     if (valid) {
@@ -83,7 +92,7 @@ fn rms_norm(
     if (!valid) {
         return;
     }
-    let scale = div_rn(1.0, sqrt(div_rn(total, f32(group)) + bitcast<f32>(P[3])));
+    let scale = div_rn(1.0, sqrt(div_rn(total, f32(group)) + P.eps));
     for (var i = lid.x; i < group; i += 256u) {
         var v = load(base + i) * scale;
 #ifdef WEIGHT

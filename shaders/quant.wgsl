@@ -22,8 +22,52 @@ enable f16;
 enable subgroups;
 #endif
 
-// Per-op parameters, see each entry point.
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct EmbedParams {
+    // the chunk's first row (a table too large for one binding is split into row ranges)
+    row0: u32,
+    // rows in the chunk
+    rows: u32,
+    // values in a row
+    row_len: u32,
+    // bytes of a row as the file stores it
+    row_bytes: u32,
+}
+
+// Mirrors kernel_params.rs (a test checks the fields; matmul_q8.wgsl declares the same struct).
+struct MatMulParams {
+    // the chunk's first weight row (a tensor too large for one binding is split into row ranges)
+    row0: u32,
+    // weight rows in the chunk
+    rows: u32,
+    // k: values in a weight row (and an activation row)
+    row_len: u32,
+    // bytes of a weight row as the file stores it
+    row_bytes: u32,
+    // output columns (the weight's rows)
+    n: u32,
+    n_tokens: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // the word of the 8-bit activations where their scales start (act_quant.wgsl's layout)
+    scales_at: u32,
+    // SEGMENTS / SEGMENT3: per further segment, its first workgroup, weight rows, row bytes and
+    // output columns
+    seg1_first_group: u32,
+    seg1_rows: u32,
+    seg1_row_bytes: u32,
+    seg1_n: u32,
+    seg2_first_group: u32,
+    seg2_rows: u32,
+    seg2_row_bytes: u32,
+    seg2_n: u32,
+}
+
+#ifdef EMBED
+@group(0) @binding(0) var<uniform> P: EmbedParams;
+#else
+@group(0) @binding(0) var<uniform> P: MatMulParams;
+#endif
 #ifdef F16_NATIVE
 // [rows_in_chunk * row_len] f16, padded to an even count
 @group(0) @binding(1) var<storage, read> W: array<vec2<f16>>;
@@ -57,16 +101,16 @@ fn i8_of(b: u32) -> i32 {
 #endif
 
 #ifdef Q4_0 || Q5_0 || Q8_0 || Q6_K
-// Block `bi`'s f16 scale, after the chunk's P[1] rows of P[2] / block_len bodies.
+// Block `bi`'s f16 scale, after the chunk's P.rows rows of P.row_len / block_len bodies.
 fn split_scale(bi: u32, body_words: u32, block_len: u32) -> f32 {
-    let scales_at = P[1] * (P[2] / block_len) * body_words;
+    let scales_at = P.rows * (P.row_len / block_len) * body_words;
     return unpack2x16float(W[scales_at + bi / 2u])[bi & 1u];
 }
 #endif
 
-// Value `i` of the chunk's row `row` (P[2] values of P[3] bytes a row).
+// Value `i` of the chunk's row `row` (P.row_len values of P.row_bytes bytes a row).
 fn dequant(row: u32, i: u32) -> f32 {
-    let base = row * P[3];
+    let base = row * P.row_bytes;
 #ifdef F32
     return bitcast<f32>(byte_at(base + 4u * i) | (byte_at(base + 4u * i + 1u) << 8u)
         | (byte_at(base + 4u * i + 2u) << 16u) | (byte_at(base + 4u * i + 3u) << 24u));
@@ -79,7 +123,7 @@ fn dequant(row: u32, i: u32) -> f32 {
 #endif
 #endif
 #ifdef Q4_0 || Q5_0 || Q8_0
-    let bi = row * (P[2] / 32u) + i / 32u;
+    let bi = row * (P.row_len / 32u) + i / 32u;
     let j = i % 32u;
 #endif
 #ifdef Q8_0
@@ -122,7 +166,7 @@ fn dequant(row: u32, i: u32) -> f32 {
 #endif
 #ifdef Q6_K
     // body of a super-block of 256: ql[128] low nibbles, qh[64] 2-bit highs, scales[16] i8
-    let bi = row * (P[2] / 256u) + i / 256u;
+    let bi = row * (P.row_len / 256u) + i / 256u;
     let b = bi * 208u;
     let j = i % 256u;
     let n = j / 128u;
@@ -148,20 +192,19 @@ fn dequant(row: u32, i: u32) -> f32 {
 fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.y;
     let c = gid.x;
-    let row_len = P[2];
+    let row_len = P.row_len;
     if (c >= row_len) {
         return;
     }
     let tok = STEP[2u + t];
-    if (tok < P[0] || tok >= P[0] + P[1]) {
+    if (tok < P.row0 || tok >= P.row0 + P.rows) {
         return;
     }
-    OUT[t * row_len + c] = dequant(tok - P[0], c);
+    OUT[t * row_len + c] = dequant(tok - P.row0, c);
 }
 #endif
 
 #ifdef MATMUL
-// P: [row0, rows_in_chunk, k, row_bytes, n (out cols), n_tokens, groups_x]
 // [n_tokens, k] f32
 @group(0) @binding(2) var<storage, read> X: array<f32>;
 // [n_tokens, n] f32
@@ -194,11 +237,11 @@ fn matmul(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let local_row = wg.y * P[6] + wg.x;
-    let rows = P[1];
-    let k = P[2];
-    let n = P[4];
-    let n_tokens = P[5];
+    let local_row = wg.y * P.groups_x + wg.x;
+    let rows = P.rows;
+    let k = P.row_len;
+    let n = P.n;
+    let n_tokens = P.n_tokens;
     let t0 = wg.z * TILE_T;
     let tid = lid.x;
     let valid = local_row < rows;
@@ -244,7 +287,7 @@ fn matmul(
     }
 #endif
     if (tid == 0u && valid) {
-        let row = P[0] + local_row;
+        let row = P.row0 + local_row;
         var b = 0.0;
 #ifdef BIAS
         b = BIAS_W[row];

@@ -3,9 +3,26 @@
 // pair's angle by a per-pair factor (llama 3). SECOND rotates a second buffer with the same
 // parameters in the same dispatch (k after q): its invocations follow the first buffer's.
 
-// [n_tokens, n_heads, head_dim, n_rot, theta_scale (f32 bits), freq_scale (f32 bits), cols, groups_x,
-//  n_heads2, cols2 (SECOND)]
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct RopeParams {
+    n_tokens: u32,
+    n_heads: u32,
+    head_dim: u32,
+    // leading values of each head that are rotated
+    n_rot: u32,
+    // freq_base^(-2 / n_rot)
+    theta_scale: f32,
+    freq_scale: f32,
+    // X's row length
+    cols: u32,
+    // the folded grid's x width
+    groups_x: u32,
+    // SECOND: X2's heads and row length
+    n_heads2: u32,
+    cols2: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: RopeParams;
 // [2 + 3 * n_tokens + 3 * n_seqs] u32: n_tokens, n_seqs, token ids, token sequences,
 // token positions, per-sequence info (see attention.wgsl)
 @group(0) @binding(1) var<storage, read> STEP: array<u32>;
@@ -22,20 +39,20 @@
 
 @compute @workgroup_size(64)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let half_rot = P[3] / 2u;
-    var id = (wg.y * P[7] + wg.x) * 64u + lid.x;
-    var per_token = P[1] * half_rot;
-    var cols = P[6];
+    let half_rot = P.n_rot / 2u;
+    var id = (wg.y * P.groups_x + wg.x) * 64u + lid.x;
+    var per_token = P.n_heads * half_rot;
+    var cols = P.cols;
     var second = false;
 #ifdef SECOND
-    if (id >= P[0] * per_token) {
-        id -= P[0] * per_token;
-        per_token = P[8] * half_rot;
-        cols = P[9];
+    if (id >= P.n_tokens * per_token) {
+        id -= P.n_tokens * per_token;
+        per_token = P.n_heads2 * half_rot;
+        cols = P.cols2;
         second = true;
     }
 #endif
-    if (id >= P[0] * per_token) {
+    if (id >= P.n_tokens * per_token) {
         return;
     }
     let t = id / per_token;
@@ -45,8 +62,8 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 #ifdef FREQ_FACTORS
     ff = FF[i];
 #endif
-    let cs = rope_cos_sin(f32(STEP[2u + 2u * STEP[0] + t]), i, bitcast<f32>(P[4]), bitcast<f32>(P[5]), ff);
-    let base = t * cols + h * P[2];
+    let cs = rope_cos_sin(f32(STEP[2u + 2u * STEP[0] + t]), i, P.theta_scale, P.freq_scale, ff);
+    let base = t * cols + h * P.head_dim;
 #ifdef NEOX
     let i0 = base + i;
     let i1 = base + i + half_rot;

@@ -14,8 +14,18 @@
 // chunks and writes max + log(sum) after the candidates. Matches the host reference
 // (hearth-core sampling::log_sum_exp_rows) to float rounding, not bit for bit.
 
-// [n_rows, n_vocab, chunk_len, n_chunks, k] u32
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Mirrors kernel_params.rs (a test checks the fields).
+struct TopKParams {
+    n_rows: u32,
+    n_vocab: u32,
+    // logits per chunk
+    chunk_len: u32,
+    n_chunks: u32,
+    // candidates kept per chunk and per row
+    k: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: TopKParams;
 #ifdef TOPK_CHUNKS
 // [n_rows, n_vocab] f32: the step's logits
 @group(0) @binding(1) var<storage, read> LOGITS: array<f32>;
@@ -180,11 +190,11 @@ fn reduce_log_sum(lid: u32, part: vec2<f32>) {
 #ifdef TOPK_CHUNKS
 @compute @workgroup_size(256)
 fn top_k_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let n_rows = P[0];
-    let n_vocab = P[1];
-    let chunk_len = P[2];
-    let n_chunks = P[3];
-    let k = P[4];
+    let n_rows = P.n_rows;
+    let n_vocab = P.n_vocab;
+    let chunk_len = P.chunk_len;
+    let n_chunks = P.n_chunks;
+    let k = P.k;
     let chunk = wg.x;
     let row = wg.y;
     let has_list = row < n_rows && chunk < n_chunks;
@@ -219,9 +229,9 @@ fn top_k_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 #ifdef TOPK_MERGE
 @compute @workgroup_size(256)
 fn top_k_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let n_rows = P[0];
-    let n_chunks = P[3];
-    let k = P[4];
+    let n_rows = P.n_rows;
+    let n_chunks = P.n_chunks;
+    let k = P.k;
     let row = wg.x;
     src_base = row * n_chunks * k;
     id_base = 0u;

@@ -2,6 +2,10 @@
 
 use crate::device::Gpu;
 use crate::fusion::{fusion_plan, Fusion, HeadsChain, MatMulPart, HEAD_CONSTANTS};
+use crate::kernel_params::{
+    uniform_bytes, ActQuantParams, AttentionParams, ElementwiseParams, EmbedParams, HeadsParams, KernelParams,
+    MatMulParams, NormParams, RopeParams, StoreKvParams,
+};
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
@@ -13,9 +17,6 @@ use wgpu::util::DeviceExt;
 
 /// Workgroups per grid dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: u32 = 65535;
-
-/// Words of kv_store.wgsl's parameter uniform.
-const KV_STORE_PARAMS: usize = 20;
 
 /// attention.wgsl's most splits of a query's keys (MAX_SPLITS): 32 of at least 128 keys with the
 /// GPU shapes, 16 of at least 256 on a CPU adapter, which launches the grid's empty split
@@ -246,20 +247,18 @@ impl Builder<'_> {
         Res::Buf(self.bufs[b.0 as usize].clone())
     }
 
-    fn push(
+    fn push<P: KernelParams>(
         &mut self,
         key: PipelineKey,
-        params: &[u32],
+        params: &P,
         mut entries: Vec<(u32, Res)>,
         groups: [u32; 3],
         kv_need: Option<KvNeed>,
     ) -> Result<(), WgpuError> {
         let params = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(key.entry),
-            contents: bytemuck::cast_slice(params),
-            // matmul_q8.wgsl and store_kv read their parameters as a uniform, the other kernels
-            // as storage.
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
+            contents: &uniform_bytes(params),
+            usage: wgpu::BufferUsages::UNIFORM,
         });
         self.params.push(params.clone());
         entries.insert(0, (0, Res::Buf(params)));
@@ -352,7 +351,7 @@ impl Builder<'_> {
         // (rows * k / 4 words).
         self.push(
             PipelineKey::new(ShaderFile::ActQuant, "act_quant", &defines),
-            &[k as u32, (rows * k / 4) as u32, eps.to_bits(), chunks as u32, first_eps.to_bits()],
+            &ActQuantParams { k: k as u32, scales_at: (rows * k / 4) as u32, eps, chunks: chunks as u32, first_eps },
             entries,
             [k.div_ceil(256 * chunks) as u32, rows as u32, 1],
             None,
@@ -460,7 +459,7 @@ impl Builder<'_> {
             let [chunk] = w.chunks.as_slice() else {
                 return Err(WgpuError::Execution(format!("sibling weight '{}' in several chunks", w.desc.name)));
             };
-            segment_params.extend([groups as u32, w.desc.n_rows() as u32, w.row_bytes as u32, w.desc.n_rows() as u32]);
+            segment_params.push([groups as u32, w.desc.n_rows() as u32, w.row_bytes as u32, w.desc.n_rows() as u32]);
             segment_entries.extend([(w_binding, Res::Buf(chunk.buffer.clone())), (out_binding, self.buf(part.out))]);
             groups += w.desc.n_rows().div_ceil(rows_per_group);
         }
@@ -480,11 +479,27 @@ impl Builder<'_> {
                 entries.push((5, self.buf(r)));
             }
             entries.extend(segment_entries.iter().map(|(b, r)| (*b, r.clone())));
-            let mut params =
-                vec![row0, chunk_rows as u32, k as u32, row_bytes, n_out as u32, rows as u32, gx, scales_at];
-            params.extend(&segment_params);
-            // matmul_q8.wgsl reads its parameters as a uniform of 16 words.
-            params.resize(params.len().max(16), 0);
+            let segment = |s: usize| segment_params.get(s).copied().unwrap_or_default();
+            let [seg1_first_group, seg1_rows, seg1_row_bytes, seg1_n] = segment(0);
+            let [seg2_first_group, seg2_rows, seg2_row_bytes, seg2_n] = segment(1);
+            let params = MatMulParams {
+                row0,
+                rows: chunk_rows as u32,
+                row_len: k as u32,
+                row_bytes,
+                n: n_out as u32,
+                n_tokens: rows as u32,
+                groups_x: gx,
+                scales_at,
+                seg1_first_group,
+                seg1_rows,
+                seg1_row_bytes,
+                seg1_n,
+                seg2_first_group,
+                seg2_rows,
+                seg2_row_bytes,
+                seg2_n,
+            };
             self.push(
                 PipelineKey::new(file, entry, &defines),
                 &params,
@@ -529,28 +544,26 @@ impl Builder<'_> {
             (10, Res::Buf(c)),
         ];
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let params = [
-            n as u32,
-            n_q as u32,
-            n_k as u32,
-            n_v as u32,
-            hd as u32,
-            p.n_rot as u32,
-            theta_scale.to_bits(),
-            p.freq_scale.to_bits(),
-            chain.layer as u32,
-            gx,
-            chain.eps.to_bits(),
-            chain.q_scale.to_bits(),
-            chain.k_scale.to_bits(),
-            constants.q_norm,
-            constants.k_norm,
-            constants.freq_factors,
-            constants.k_offset,
-            constants.v_offset,
-            0,
-            0,
-        ];
+        let params = HeadsParams {
+            n_tokens: n as u32,
+            n_q_heads: n_q as u32,
+            n_k_heads: n_k as u32,
+            n_v_heads: n_v as u32,
+            head_dim: hd as u32,
+            n_rot: p.n_rot as u32,
+            theta_scale,
+            freq_scale: p.freq_scale,
+            layer: chain.layer as u32,
+            groups_x: gx,
+            eps: chain.eps,
+            q_scale: chain.q_scale,
+            k_scale: chain.k_scale,
+            q_norm_at: constants.q_norm,
+            k_norm_at: constants.k_norm,
+            freq_factors_at: constants.freq_factors,
+            k_offset_at: constants.k_offset,
+            v_offset_at: constants.v_offset,
+        };
         let need = KvNeed {
             layer: chain.layer,
             k_width: Some(n_k * hd),
@@ -574,7 +587,7 @@ impl Builder<'_> {
         a: BufId,
         b: Option<BufId>,
         out: BufId,
-        extra: &[u32],
+        factor: f32,
     ) -> Result<(), WgpuError> {
         let (rows, cols) = self.shape(out);
         let len = rows * cols;
@@ -591,8 +604,7 @@ impl Builder<'_> {
             entries.push((2, self.buf(b)));
         }
         entries.push((3, self.buf(out)));
-        let mut params = vec![len as u32, gx];
-        params.extend_from_slice(extra);
+        let params = ElementwiseParams { len: len as u32, groups_x: gx, factor, cols: 0 };
         self.push(PipelineKey::new(ShaderFile::Elementwise, entry, &defines), &params, entries, [gx, gy, 1], None)
     }
 
@@ -611,7 +623,7 @@ impl Builder<'_> {
                     w.chunks.iter().map(|c| (c.row0 as u32, c.rows as u32, c.buffer.clone())).collect();
                 for (row0, rows, buffer) in chunks {
                     let entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(self.step.clone())), (3, self.buf(*out))];
-                    let params = [row0, rows, row_len as u32, row_bytes];
+                    let params = EmbedParams { row0, rows, row_len: row_len as u32, row_bytes };
                     self.push(
                         PipelineKey::new(ShaderFile::Quant, "embed", &["EMBED", ty]),
                         &params,
@@ -650,7 +662,7 @@ impl Builder<'_> {
                     }
                     None => {}
                 }
-                let params = [n_groups as u32, gx, *group as u32, eps.to_bits()];
+                let params = NormParams { n_groups: n_groups as u32, groups_x: gx, group: *group as u32, eps: *eps };
                 self.push(
                     PipelineKey::new(ShaderFile::Norm, "rms_norm", &defines),
                     &params,
@@ -695,18 +707,18 @@ impl Builder<'_> {
                     defines.push("SECOND");
                     entries.push((4, self.buf(b)));
                 }
-                let params = [
-                    rows as u32,
-                    n_heads as u32,
-                    p.head_dim as u32,
-                    p.n_rot as u32,
-                    theta_scale.to_bits(),
-                    p.freq_scale.to_bits(),
-                    cols as u32,
-                    gx,
-                    heads2 as u32,
-                    second.map_or(0, |(_, cols2)| cols2 as u32),
-                ];
+                let params = RopeParams {
+                    n_tokens: rows as u32,
+                    n_heads: n_heads as u32,
+                    head_dim: p.head_dim as u32,
+                    n_rot: p.n_rot as u32,
+                    theta_scale,
+                    freq_scale: p.freq_scale,
+                    cols: cols as u32,
+                    groups_x: gx,
+                    n_heads2: heads2 as u32,
+                    cols2: second.map_or(0, |(_, cols2)| cols2 as u32),
+                };
                 self.push(PipelineKey::new(ShaderFile::Rope, "rope", &defines), &params, entries, [gx, gy, 1], None)?;
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
@@ -743,9 +755,13 @@ impl Builder<'_> {
                     }
                     let (gx, gy) = fold(units.div_ceil(256));
                     let defines: &[&str] = if widths.len() == 2 { &["SECOND"] } else { &[] };
-                    let mut params = vec![n as u32, widths[0], gx, *layer as u32, widths.get(1).copied().unwrap_or(0)];
-                    // kv_store.wgsl reads its parameters as a uniform of 20 words.
-                    params.resize(KV_STORE_PARAMS, 0);
+                    let params = StoreKvParams {
+                        n_tokens: n as u32,
+                        width: widths[0],
+                        groups_x: gx,
+                        layer: *layer as u32,
+                        width2: widths.get(1).copied().unwrap_or(0),
+                    };
                     self.push(
                         PipelineKey::new(ShaderFile::KvStore, "store_kv", defines),
                         &params,
@@ -789,19 +805,20 @@ impl Builder<'_> {
                     entries.push((6, Res::Buf(partials.clone())));
                     Some(partials)
                 };
-                let mut params = vec![
-                    rows as u32,
-                    p.n_head as u32,
-                    p.n_head_kv as u32,
-                    p.head_dim as u32,
-                    p.scale.to_bits(),
-                    p.window.unwrap_or(0) as u32,
-                    p.softcap.unwrap_or(0.0).to_bits(),
-                    gx,
-                    p.layer as u32,
-                    grid_splits as u32,
-                    group as u32,
-                ];
+                let mut params = AttentionParams {
+                    n_tokens: rows as u32,
+                    n_head: p.n_head as u32,
+                    n_head_kv: p.n_head_kv as u32,
+                    head_dim: p.head_dim as u32,
+                    scale: p.scale,
+                    window: p.window.unwrap_or(0) as u32,
+                    softcap: p.softcap.unwrap_or(0.0),
+                    groups_x: gx,
+                    layer: p.layer as u32,
+                    grid_splits: grid_splits as u32,
+                    group: group as u32,
+                    scales_at: 0,
+                };
                 let need = KvNeed {
                     layer: p.layer,
                     k_width: Some(kv_width),
@@ -821,7 +838,7 @@ impl Builder<'_> {
                 // that read it, straight into its 8-bit rounding (act_quant.wgsl's layout: the
                 // scales after the codes).
                 let (gx, gy) = fold(rows);
-                params[7] = gx;
+                params.groups_x = gx;
                 // The device's defines too: the reduce plans the splits as attention does.
                 let mut defines = self.gpu.info.defines();
                 defines.push("REDUCE");
@@ -831,7 +848,7 @@ impl Builder<'_> {
                         let scratch = self.reserve_rounding(*out, rounding)?;
                         defines.push(if define == "Q8_K" { "ROUND_Q8_K" } else { "ROUND_Q8_0" });
                         entries.push((4, Res::Buf(scratch)));
-                        params.push((rows * p.n_head * p.head_dim / 4) as u32);
+                        params.scales_at = (rows * p.n_head * p.head_dim / 4) as u32;
                     }
                     _ => entries.push((3, self.buf(*out))),
                 }
@@ -859,17 +876,18 @@ impl Builder<'_> {
                     Op::SwiGlu { .. } => ("swiglu", "SWIGLU"),
                     _ => ("geglu", "GEGLU"),
                 };
-                self.elementwise(entry, define, *a, Some(*b), *out, &[])?;
+                self.elementwise(entry, define, *a, Some(*b), *out, 0.0)?;
             }
             Op::Scale { x, factor } => {
-                self.elementwise("scale", "SCALE", *x, None, *x, &[factor.to_bits()])?;
+                self.elementwise("scale", "SCALE", *x, None, *x, *factor)?;
             }
             Op::LastRows { x, out } => {
                 let (_, cols) = self.shape(*x);
                 let n_seqs = self.graph.n_seqs;
                 let (gx, gy) = fold((n_seqs * cols).div_ceil(256));
                 let entries = vec![(1, self.buf(*x)), (3, self.buf(*out)), (4, Res::Buf(self.step.clone()))];
-                let params = [(n_seqs * cols) as u32, gx, cols as u32];
+                let params =
+                    ElementwiseParams { len: (n_seqs * cols) as u32, groups_x: gx, factor: 0.0, cols: cols as u32 };
                 self.push(
                     PipelineKey::new(ShaderFile::Elementwise, "last_rows", &["LAST_ROWS"]),
                     &params,

@@ -11,6 +11,7 @@
 mod compile;
 mod device;
 mod fusion;
+mod kernel_params;
 mod kv;
 mod profile;
 mod replay;

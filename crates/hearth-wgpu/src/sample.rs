@@ -4,6 +4,7 @@
 
 use crate::compile::Res;
 use crate::device::Gpu;
+use crate::kernel_params::{uniform_bytes, TopKParams};
 use crate::replay::{make_bind_group, map_outcome, MapSignal};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::WgpuError;
@@ -93,11 +94,17 @@ impl TopKPlan {
         // [n_rows, n_chunks, 2] f32: each chunk's (max, sum) for the log-sum-exp.
         let partial_sums =
             log_sum_exp.then(|| storage("top-k chunk sums", n_rows * n_chunks * 8, wgpu::BufferUsages::STORAGE));
-        let params = [n_rows as u32, n_vocab as u32, CHUNK_LEN as u32, n_chunks as u32, k as u32];
+        let params = TopKParams {
+            n_rows: n_rows as u32,
+            n_vocab: n_vocab as u32,
+            chunk_len: CHUNK_LEN as u32,
+            n_chunks: n_chunks as u32,
+            k: k as u32,
+        };
         let params = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("top-k params"),
-            contents: bytemuck::cast_slice(&params),
-            usage: wgpu::BufferUsages::STORAGE,
+            contents: &uniform_bytes(&params),
+            usage: wgpu::BufferUsages::UNIFORM,
         });
         let pass = |pipelines: &mut PipelineCache,
                     entry,

@@ -19,6 +19,19 @@ pub enum ShaderFile {
 }
 
 impl ShaderFile {
+    #[cfg(test)]
+    pub const ALL: [ShaderFile; 9] = [
+        ShaderFile::Quant,
+        ShaderFile::MatmulQ8,
+        ShaderFile::ActQuant,
+        ShaderFile::Norm,
+        ShaderFile::Rope,
+        ShaderFile::KvStore,
+        ShaderFile::Attention,
+        ShaderFile::Elementwise,
+        ShaderFile::Sampling,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             ShaderFile::Quant => "quant.wgsl",
@@ -51,7 +64,8 @@ impl ShaderFile {
         }
     }
 
-    fn own_source(self) -> &'static str {
+    /// The file's own text, without the shared functions.
+    pub(crate) fn own_source(self) -> &'static str {
         match self {
             ShaderFile::Quant => include_str!("../../../shaders/quant.wgsl"),
             ShaderFile::MatmulQ8 => include_str!("../../../shaders/matmul_q8.wgsl"),
