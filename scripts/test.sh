@@ -22,7 +22,7 @@ for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU
 done
 # The real models' greedy tokens with the kernels shaped as GPUs run them (sibling mat-muls in one
 # dispatch, attention's batched loads); a CPU adapter runs its own shapes by default.
-HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --features real-models --test models
+HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --features real-models --test conformance models::
 scripts/build-web.sh
 node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.

@@ -15,6 +15,7 @@
 //! `CoreError::Unsupported`, the refusal model loading relies on, and says so in the test output.
 
 pub mod case;
+pub mod models;
 pub mod ops;
 pub mod paged_kv;
 pub mod tolerance;
@@ -30,6 +31,13 @@ pub trait Subject {
     /// Empty only where no device exists and the environment allows that (the caller decides:
     /// `HEARTH_REQUIRE_GPU=1` makes a missing GPU adapter a failure, never a skip).
     fn variants(&self) -> Vec<(String, Box<dyn Backend>)>;
+
+    /// The variant whole models run on (the model checks are too slow for every variant): the
+    /// one a user gets by default. A subject whose variants are costly to open all at once opens
+    /// just this one.
+    fn first_variant(&self) -> Option<(String, Box<dyn Backend>)> {
+        self.variants().into_iter().next()
+    }
 }
 
 /// The CPU backend as a subject: all cores with Q4_K repacking, and one thread reading the rows
@@ -50,7 +58,8 @@ impl Subject for CpuSubject {
 }
 
 /// Expands to one `#[test]` per conformance check, each run on `$subject` (an expression of a
-/// type implementing [`Subject`], evaluated per test).
+/// type implementing [`Subject`], evaluated per test); the whole-model checks (module `models`)
+/// only where the calling crate has a `real-models` feature and enables it.
 #[macro_export]
 macro_rules! conformance_suite {
     ($subject:expr) => {
@@ -75,6 +84,18 @@ macro_rules! conformance_suite {
             paged_kv::steady_state_batched_decode_builds_nothing,
             paged_kv::kv_memory_follows_the_storage_type,
         );
+        /// Whole real models, where the calling crate enables its `real-models` feature.
+        #[cfg(feature = "real-models")]
+        mod models {
+            use super::*;
+            $crate::conformance_suite!(@tests $subject;
+                models::greedy_tokens_match_the_cpu,
+                models::decisive_tokens_match_the_cpu,
+                models::quantized_kv_decisive_tokens_match_the_cpu,
+                models::batched_steps_match_the_cpu,
+                models::prompt_lookup_greedy_equals_plain_greedy,
+            );
+        }
     };
     (@tests $subject:expr; $($module:ident :: $check:ident),* $(,)?) => {
         $(

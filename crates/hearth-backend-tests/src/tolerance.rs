@@ -2,7 +2,7 @@
 //! difference a correct backend may have from the oracle; a wider bound would hide real bugs (a
 //! wrong block layout moves results by far more than any of these).
 //!
-//! Whole models are compared on a third tier, in each backend's model tests: greedy tokens must
+//! Whole models are compared on a third tier, in the suite's model checks (models.rs): greedy tokens must
 //! equal the CPU's wherever the CPU's top-1/top-2 logit margin is decisive, since an activation
 //! rounded one 8-bit step the other way (after a last-bit difference in a sum) moves logits by a
 //! few hundredths over the layers and can flip a near-tie, never a decisive step.

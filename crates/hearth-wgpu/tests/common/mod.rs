@@ -68,4 +68,20 @@ impl hearth_backend_tests::Subject for WgpuSubject {
             .map(|b| (b.info().variant().to_string(), Box::new(b) as Box<dyn hearth_core::backend::Backend>))
             .collect()
     }
+
+    /// The options as given with the environment's switches (`HEARTH_WGPU_SHAPES=gpu` runs the
+    /// models with the GPU's kernel shapes on a CPU adapter), one device.
+    fn first_variant(&self) -> Option<(String, Box<dyn hearth_core::backend::Backend>)> {
+        let env = WgpuOptions::from_env();
+        let options = WgpuOptions {
+            no_f16: self.0.no_f16 || env.no_f16,
+            no_subgroups: self.0.no_subgroups || env.no_subgroups,
+            no_packed_dot: self.0.no_packed_dot || env.no_packed_dot,
+            profile: self.0.profile || env.profile,
+            max_binding_bytes: self.0.max_binding_bytes,
+            kernel_shapes: env.kernel_shapes,
+        };
+        let backend = open(options)?;
+        Some((backend.info().variant().to_string(), Box::new(backend)))
+    }
 }
