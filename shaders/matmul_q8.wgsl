@@ -34,36 +34,8 @@
 enable subgroups;
 #endif
 
-// Mirrors kernel_params.rs (a test checks the fields; quant.wgsl declares the same struct);
-// a uniform, so that the storage bindings of three segments fit in WebGPU's 8 per stage.
-struct MatMulParams {
-    // the chunk's first weight row (a tensor too large for one binding is split into row ranges)
-    row0: u32,
-    // weight rows in the chunk
-    rows: u32,
-    // k: values in a weight row (and an activation row)
-    row_len: u32,
-    // bytes of a weight row as the file stores it
-    row_bytes: u32,
-    // output columns (the weight's rows)
-    n: u32,
-    n_tokens: u32,
-    // the folded grid's x width
-    groups_x: u32,
-    // the word of the 8-bit activations where their scales start (act_quant.wgsl's layout)
-    scales_at: u32,
-    // SEGMENTS / SEGMENT3: per further segment, its first workgroup, weight rows, row bytes and
-    // output columns
-    seg1_first_group: u32,
-    seg1_rows: u32,
-    seg1_row_bytes: u32,
-    seg1_n: u32,
-    seg2_first_group: u32,
-    seg2_rows: u32,
-    seg2_row_bytes: u32,
-    seg2_n: u32,
-}
-
+// MatMulParams: matmul_params.wgsl; a uniform, so that the storage bindings of three segments
+// fit in WebGPU's 8 per stage
 @group(0) @binding(0) var<uniform> P: MatMulParams;
 // [rows_in_chunk * k / BLOCK_LEN] blocks (see the top), padded to 4 bytes
 @group(0) @binding(1) var<storage, read> W0: array<u32>;

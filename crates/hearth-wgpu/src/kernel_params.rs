@@ -8,42 +8,46 @@ use bytemuck::{Pod, Zeroable};
 /// A kernel's parameter block (what `Builder::push` uploads).
 pub(crate) trait KernelParams: Pod {}
 
-/// How the shaders declare a parameter block, for the mirror test.
+/// How the shaders declare one parameter struct, for the mirror test.
 #[cfg(test)]
-trait WgslMirror {
-    /// The WGSL struct's name.
-    const WGSL_NAME: &'static str;
+struct Mirror {
+    name: &'static str,
+    size: usize,
     /// (name, WGSL type) of each field, in order.
-    const FIELDS: &'static [(&'static str, &'static str)];
+    fields: &'static [(&'static str, &'static str)],
     /// The shader files that declare the struct.
-    const FILES: &'static [&'static str];
+    files: &'static [&'static str],
 }
 
-/// Declares parameter structs: the Rust struct and its description for the mirror test. Fields
-/// are `u32` or `f32`, which WGSL spells the same way and lays out at the same offsets.
+/// Declares the parameter structs, and `MIRRORS` (what the mirror test compares with the
+/// shaders). Fields are `u32` or `f32`, which WGSL spells the same way and lays out at the same
+/// offsets.
 macro_rules! kernel_params {
     ($(
         $(#[doc = $doc:literal])*
         struct $name:ident in [$($file:literal),+] {
             $($(#[doc = $field_doc:literal])* $field:ident: $ty:ident,)*
         }
-    )*) => {$(
-        $(#[doc = $doc])*
-        #[repr(C)]
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-        pub(crate) struct $name {
-            $($(#[doc = $field_doc])* pub $field: $ty,)*
-        }
+    )*) => {
+        $(
+            $(#[doc = $doc])*
+            #[repr(C)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+            pub(crate) struct $name {
+                $($(#[doc = $field_doc])* pub $field: $ty,)*
+            }
 
-        impl KernelParams for $name {}
+            impl KernelParams for $name {}
+        )*
 
         #[cfg(test)]
-        impl WgslMirror for $name {
-            const WGSL_NAME: &'static str = stringify!($name);
-            const FIELDS: &'static [(&'static str, &'static str)] = &[$((stringify!($field), stringify!($ty)),)*];
-            const FILES: &'static [&'static str] = &[$($file),+];
-        }
-    )*};
+        const MIRRORS: &[Mirror] = &[$(Mirror {
+            name: stringify!($name),
+            size: std::mem::size_of::<$name>(),
+            fields: &[$((stringify!($field), stringify!($ty)),)*],
+            files: &[$($file),+],
+        },)*];
+    };
 }
 
 kernel_params! {
@@ -57,9 +61,10 @@ kernel_params! {
         row_bytes: u32,
     }
 
-    /// quant.wgsl `matmul` and matmul_q8.wgsl: one chunk of a weight, or sibling weights in
-    /// segments (q/k/v, gate/up) on the same activations.
-    struct MatMulParams in ["quant.wgsl", "matmul_q8.wgsl"] {
+    /// quant.wgsl `matmul` and matmul_q8.wgsl (declared in matmul_params.wgsl, appended to
+    /// both): one chunk of a weight, or sibling weights in segments (q/k/v, gate/up) on the same
+    /// activations.
+    struct MatMulParams in ["matmul_params.wgsl"] {
         row0: u32,
         rows: u32,
         /// k: values in a weight row and in an activation row.
@@ -203,9 +208,12 @@ pub(crate) fn uniform_bytes<P: KernelParams>(params: &P) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shader::ShaderFile;
+    use crate::shader::{ShaderFile, MATMUL_PARAMS};
 
-    const ALL_FILES: [ShaderFile; 9] = ShaderFile::ALL;
+    /// (name, text) of every WGSL file that may declare a parameter struct.
+    fn wgsl_files() -> Vec<(&'static str, &'static str)> {
+        ShaderFile::ALL.iter().map(|f| (f.name(), f.own_source())).chain([MATMUL_PARAMS]).collect()
+    }
 
     /// (name, type) of the fields of `struct name { ... }` in `source`, comments skipped; `None`
     /// when the file declares no such struct.
@@ -225,54 +233,34 @@ mod tests {
         )
     }
 
-    fn check<P: WgslMirror>() {
-        assert_eq!(std::mem::size_of::<P>(), 4 * P::FIELDS.len(), "{}: 4-byte fields only", P::WGSL_NAME);
-        let rust: Vec<(String, String)> = P::FIELDS.iter().map(|(f, t)| (f.to_string(), t.to_string())).collect();
-        let declaring: Vec<&str> = ALL_FILES
-            .iter()
-            .filter(|file| wgsl_fields(file.own_source(), P::WGSL_NAME).is_some())
-            .map(|file| file.name())
-            .collect();
-        assert_eq!(declaring, P::FILES, "the files that declare {}", P::WGSL_NAME);
-        for file in ALL_FILES.iter().filter(|file| P::FILES.contains(&file.name())) {
-            let wgsl = wgsl_fields(file.own_source(), P::WGSL_NAME).expect("declared");
-            assert_eq!(wgsl, rust, "{} in {} against kernel_params.rs", P::WGSL_NAME, file.name());
-        }
-    }
-
     #[test]
     fn every_wgsl_parameter_struct_mirrors_its_rust_struct() {
-        check::<EmbedParams>();
-        check::<MatMulParams>();
-        check::<ActQuantParams>();
-        check::<NormParams>();
-        check::<RopeParams>();
-        check::<StoreKvParams>();
-        check::<HeadsParams>();
-        check::<AttentionParams>();
-        check::<ElementwiseParams>();
-        check::<TopKParams>();
+        for mirror in MIRRORS {
+            assert_eq!(mirror.size, 4 * mirror.fields.len(), "{}: 4-byte fields only", mirror.name);
+            let rust: Vec<(String, String)> =
+                mirror.fields.iter().map(|(f, t)| (f.to_string(), t.to_string())).collect();
+            let declaring: Vec<(&str, Vec<(String, String)>)> = wgsl_files()
+                .into_iter()
+                .filter_map(|(file, text)| Some((file, wgsl_fields(text, mirror.name)?)))
+                .collect();
+            let names: Vec<&str> = declaring.iter().map(|(file, _)| *file).collect();
+            assert_eq!(names, mirror.files, "the files that declare {}", mirror.name);
+            for (file, wgsl) in declaring {
+                assert_eq!(wgsl, rust, "{} in {file} against kernel_params.rs", mirror.name);
+            }
+        }
     }
 
     #[test]
     fn every_shader_binds_its_parameters_as_a_declared_struct() {
         // A kernel that went back to positional words would bind an array at binding 0.
-        for file in ALL_FILES {
-            for line in file.own_source().lines().filter(|l| l.contains("@binding(0)")) {
+        for (file, text) in wgsl_files() {
+            for line in text.lines().filter(|l| l.contains("@binding(0)")) {
                 let ty = line.rsplit(':').next().unwrap_or("").trim().trim_end_matches(';');
-                let declared = [
-                    EmbedParams::WGSL_NAME,
-                    MatMulParams::WGSL_NAME,
-                    ActQuantParams::WGSL_NAME,
-                    NormParams::WGSL_NAME,
-                    RopeParams::WGSL_NAME,
-                    StoreKvParams::WGSL_NAME,
-                    HeadsParams::WGSL_NAME,
-                    AttentionParams::WGSL_NAME,
-                    ElementwiseParams::WGSL_NAME,
-                    TopKParams::WGSL_NAME,
-                ];
-                assert!(declared.contains(&ty), "{}: binding 0 is `{ty}`, not a kernel_params.rs struct", file.name());
+                assert!(
+                    MIRRORS.iter().any(|m| m.name == ty),
+                    "{file}: binding 0 is `{ty}`, not a kernel_params.rs struct"
+                );
             }
         }
     }

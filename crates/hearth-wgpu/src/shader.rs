@@ -46,8 +46,8 @@ impl ShaderFile {
         }
     }
 
-    /// The file's text, and the shared functions appended to it (elementwise activations, the
-    /// KV cache's layout, RoPE's rotation, exactly rounded division).
+    /// The file's text, and the shared declarations appended to it (elementwise activations, the
+    /// KV cache's layout, RoPE's rotation, exactly rounded division, the mat-muls' parameters).
     pub fn source(self) -> String {
         const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
         const FLOAT_FNS: &str = include_str!("../../../shaders/float_fns.wgsl");
@@ -60,6 +60,7 @@ impl ShaderFile {
             ShaderFile::Rope => format!("{}\n{ROPE_FNS}", self.own_source()),
             ShaderFile::KvStore => format!("{}\n{KV_CACHE}\n{ROPE_FNS}\n{FLOAT_FNS}", self.own_source()),
             ShaderFile::Attention => format!("{}\n{KV_CACHE}\n{ACTIVATION_FNS}\n{FLOAT_FNS}", self.own_source()),
+            ShaderFile::Quant | ShaderFile::MatmulQ8 => format!("{}\n{}", self.own_source(), MATMUL_PARAMS.1),
             _ => self.own_source().to_string(),
         }
     }
@@ -79,6 +80,10 @@ impl ShaderFile {
         }
     }
 }
+
+/// (file name, text) of the mat-muls' parameter struct, shared by quant.wgsl and matmul_q8.wgsl.
+pub(crate) const MATMUL_PARAMS: (&str, &str) =
+    ("matmul_params.wgsl", include_str!("../../../shaders/matmul_params.wgsl"));
 
 /// Keeps the lines whose enclosing `#ifdef` conditions hold for `defines`. Directives must stand
 /// alone on their line (leading whitespace allowed); nesting is supported; `#ifdef A || B` holds
