@@ -1,7 +1,8 @@
 //! The backend conformance suite, in the spirit of ggml's `test-backend-ops`: every graph op over
 //! many shapes and weight types, attention over the paged KV cache with every storage type, and
-//! the step protocol's error paths, each run on the backend under test and on the CPU backend (the
-//! oracle) and compared within a written [`Tolerance`].
+//! the step protocol's error paths, and whole real models (greedy tokens, quantized KV, batches,
+//! speculative decoding; models.rs), each run on the backend under test and on the CPU backend
+//! (the oracle) and compared within a written [`Tolerance`].
 //!
 //! A backend gets the whole suite with one line in a test file of its crate:
 //!
@@ -13,6 +14,8 @@
 //! fallbacks, say), each freshly opened. Ops, weight types and KV types the backend refuses through
 //! `Backend::supports` are not skipped: the suite asserts that `compile` then fails with
 //! `CoreError::Unsupported`, the refusal model loading relies on, and says so in the test output.
+//! The whole-model checks run where the crate defines a `real-models` feature and it is enabled
+//! (the models come from the cache: `hearth models fetch all`).
 
 pub mod case;
 pub mod models;
