@@ -9,23 +9,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
-cargo build --release -p hearth
-"$CARGO_TARGET_DIR/release/hearth" models fetch all
-cargo test --release --workspace --features real-models
+# Each step prints how long the run has taken so far, so a slow step shows in CI's log.
+step() {
+    echo "== [$(date -u +%T), ${SECONDS}s] $*" >&2
+    "$@"
+}
+step cargo build --release -p hearth
+step "$CARGO_TARGET_DIR/release/hearth" models fetch all
+# hearth-wgpu's whole-model checks run once, below, with the GPU's kernel shapes.
+step cargo test --release --workspace --exclude hearth-wgpu --features real-models
+step cargo test --release -p hearth-wgpu --features real-models -- --skip models::
 # The browser CPU engine's wasm simd128 kernels against the scalar reference, in node.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-    cargo test --release --target wasm32-unknown-unknown -p hearth-cpu --test wasm_kernels
-# The wgpu conformance suite again under the env switches that force the kernel fallbacks
-# (the run above already covers every variant the adapter offers; these check the switches).
-for switches in "HEARTH_WGPU_NO_F16=1" "HEARTH_WGPU_NO_SUBGROUPS=1" "HEARTH_WGPU_NO_F16=1 HEARTH_WGPU_NO_SUBGROUPS=1"; do
-    env $switches cargo test --release -p hearth-wgpu --test conformance
-done
-# The real models' greedy tokens with the kernels shaped as GPUs run them (sibling mat-muls in one
-# dispatch, attention's batched loads); a CPU adapter runs its own shapes by default.
-HEARTH_WGPU_SHAPES=gpu cargo test --release -p hearth-wgpu --features real-models --test conformance models::
-scripts/build-web.sh
-node --test tests/browser/
+    step cargo test --release --target wasm32-unknown-unknown -p hearth-cpu --test wasm_kernels
+# The wgpu conformance suite again with the env switches that force the kernel fallbacks off
+# (the runs above already cover every variant the adapter offers; this checks the switches).
+HEARTH_WGPU_NO_F16=1 HEARTH_WGPU_NO_SUBGROUPS=1 HEARTH_WGPU_NO_DOT4=1 \
+    step cargo test --release -p hearth-wgpu --test conformance
+# The real models' tokens with the kernels shaped as GPUs run them (sibling mat-muls in one
+# dispatch, attention's batched loads); a CPU adapter would run its own shapes by default.
+HEARTH_WGPU_SHAPES=gpu step cargo test --release -p hearth-wgpu --features real-models --test conformance models::
+step scripts/build-web.sh
+step node --test tests/browser/
 # A minimal Vite app that imports the built hearth-llm package must build.
 # `npm install`, not `npm ci`: npm 11 leaves vite 8's Windows-only optional dependency out of the
 # lock file on Linux and `npm ci` then refuses it; versions are still pinned by the lock file.
-(cd tests/vite-app && npm install --no-audit --no-fund && npm run build)
+build_vite_app() { (cd tests/vite-app && npm install --no-audit --no-fund && npm run build); }
+step build_vite_app
+echo "== all tests passed in ${SECONDS}s" >&2
