@@ -215,7 +215,9 @@ pub trait Backend: Send {
     /// weight or type it cannot handle ("mat_mul of weight 'blk.0.ffn_down.weight' (Q5_K)").
     fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String>;
 
-    /// Makes a weight available to graphs. Called once per tensor at load time.
+    /// Makes a weight available to graphs. Called once per tensor at load time. A weight with an
+    /// expert dimension ([`WeightDesc::n_experts`] > 1) is stored so that each expert's matrix
+    /// (`data`'s [`WeightDesc::expert_range`]) is addressed on its own.
     fn upload_weight(&mut self, desc: WeightDesc, data: WeightData) -> Result<WeightId>;
 
     /// Allocates the paged KV pool; the bookkeeping (block tables, rollback, prefix cache) lives in
@@ -252,8 +254,9 @@ pub trait Backend: Send {
     /// its failure.
     fn take(&mut self, logits: &mut Vec<f32>, top_k: &mut TopK) -> Result<()>;
 
-    /// Copies a buffer of the last execution of `graph` by name (debug taps, op conformance
-    /// tests); `None` where a readback cannot be waited for (a browser).
+    /// Copies an f32 buffer of the last execution of `graph` by name (debug taps, op conformance
+    /// tests); `None` for a buffer of another type, or where a readback cannot be waited for (a
+    /// browser).
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;
 
     fn counters(&self) -> BackendCounters;

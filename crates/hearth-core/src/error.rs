@@ -1,6 +1,7 @@
 //! The one error type of `hearth-core`. Variants are structured so callers (CLI, server, JS edge)
 //! can react to the kind of failure, and every message names the thing that was wrong.
 
+use crate::graph::BufType;
 use thiserror::Error;
 
 pub type Result<T, E = CoreError> = std::result::Result<T, E>;
@@ -67,6 +68,13 @@ pub enum CoreError {
     BadRequest { param: Option<String>, message: String },
     #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
     BadGraph { index: usize, op: &'static str, reason: String },
+    /// A graph op given a buffer of another element type than it reads or writes (every op but
+    /// those exchanging ids takes f32).
+    #[error("graph op #{index} ({op}) takes {expected} buffers; '{buffer}' holds {found}")]
+    BufTypeMismatch { index: usize, op: &'static str, buffer: String, expected: BufType, found: BufType },
+    /// A graph op given a weight that stacks several matrices (experts) where it reads one.
+    #[error("graph op #{index} ({op}) reads one matrix; weight '{weight}' stacks {n_experts} experts")]
+    ExpertWeight { index: usize, op: &'static str, weight: String, n_experts: usize },
     /// The backend cannot run this model or KV layout (asked through `Backend::supports` before
     /// anything compiles): another backend may.
     #[error("backend '{backend}' does not support {what}")]

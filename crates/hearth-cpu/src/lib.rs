@@ -16,7 +16,7 @@ mod weights;
 use hearth_core::backend::{
     Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK, WeightData,
 };
-use hearth_core::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{BufType, Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
@@ -226,7 +226,9 @@ impl Backend for CpuBackend {
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         graph.validate(|id| self.weights.get(id.0 as usize).map(|w| &w.desc))?;
-        let bufs = graph.bufs.iter().map(|b| vec![0f32; b.rows * b.cols]).collect();
+        // Each buffer as 4-byte words, [rows, cols]: an f32 buffer's values, a u32 buffer's ids as
+        // their bit patterns (`f32::to_bits`); every `BufType` is 4 bytes wide.
+        let bufs = graph.bufs.iter().map(|b| vec![0f32; b.bytes().div_ceil(4)]).collect();
         let id = self.graphs.insert(CompiledGraph { graph: graph.clone(), bufs, activations: Default::default() });
         self.counters.graphs_compiled += 1;
         Ok(id)
@@ -275,7 +277,7 @@ impl Backend for CpuBackend {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
         let compiled = self.graphs.get(graph)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
-        Some(compiled.bufs[index].clone())
+        (compiled.graph.bufs[index].dtype == BufType::F32).then(|| compiled.bufs[index].clone())
     }
 
     fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {

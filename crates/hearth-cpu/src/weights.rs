@@ -1,7 +1,9 @@
 //! Weights as the CPU sees them: bytes borrowed from the memory map when possible, plus an f32
 //! copy of small vectors (norm weights, biases) that every step reads whole. With AVX-512 VNNI,
 //! Q4_K matrices are repacked into tiles of 16 interleaved rows (kernels/q4k_x16.rs) at their
-//! first mat-mul, an owned copy; their mapped pages are then released.
+//! first mat-mul, an owned copy; their mapped pages are then released. A weight with an expert
+//! dimension is split at upload into one dense weight per expert, so that every kernel (and the
+//! x16 repacking) runs on one expert's matrix unchanged.
 
 use crate::kernels::q4k_x16;
 use crate::CpuError;
@@ -20,6 +22,8 @@ enum Bytes {
         len: usize,
     },
     Owned(Vec<u8>),
+    /// An expert weight's bytes are its experts' ([`CpuWeight::expert`]).
+    InExperts,
 }
 
 /// Q4_K rows repacked into x16 tiles (kernels/q4k_x16.rs).
@@ -42,6 +46,9 @@ pub(crate) struct CpuWeight {
     /// Dequantized copy for 1-D weights (norms, biases).
     pub f32: Option<Vec<f32>>,
     pub row_bytes: usize,
+    /// An expert weight's matrices, each a dense weight over its slice of the data
+    /// ([`WeightDesc::expert_range`]): `[n_rows, row_len]` each. Empty for a dense weight.
+    experts: Vec<CpuWeight>,
 }
 
 impl CpuWeight {
@@ -49,14 +56,37 @@ impl CpuWeight {
     /// their kernel, at the first mat-mul).
     pub fn new(desc: WeightDesc, data: WeightData, repack: bool) -> Result<Self> {
         let row_len = desc.row_len();
-        let row_bytes = desc.ty.row_bytes(row_len)?;
-        let expected = row_bytes * desc.n_rows();
+        let row_bytes = desc.row_bytes()?;
+        let expected = desc.n_bytes()?;
         if data.len != expected {
             return Err(CpuError::BadWeight {
                 name: desc.name.clone(),
                 reason: format!("{} bytes given, {:?} {} needs {expected}", data.len, desc.dims, desc.ty),
             }
             .into());
+        }
+        if desc.n_experts() > 1 {
+            // Each expert lent from the map, or read into a copy of its own.
+            let experts = (0..desc.n_experts())
+                .map(|e| {
+                    let range = desc.expert_range(e)?;
+                    let slice = WeightData {
+                        source: data.source.clone(),
+                        offset: data.offset + range.start as u64,
+                        len: range.len(),
+                    };
+                    CpuWeight::new(desc.expert(e), slice, repack)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(CpuWeight {
+                desc,
+                bytes: Bytes::InExperts,
+                repack,
+                x16: OnceLock::new(),
+                f32: None,
+                row_bytes,
+                experts,
+            });
         }
         let bytes = if data.source.slice(data.offset, data.len).is_some() {
             Bytes::Lent { source: data.source.clone(), offset: data.offset, len: data.len }
@@ -65,7 +95,7 @@ impl CpuWeight {
             data.source.read_at(data.offset, &mut buf)?;
             Bytes::Owned(buf)
         };
-        let mut w = CpuWeight { desc, bytes, repack, x16: OnceLock::new(), f32: None, row_bytes };
+        let mut w = CpuWeight { desc, bytes, repack, x16: OnceLock::new(), f32: None, row_bytes, experts: Vec::new() };
         if w.desc.dims.len() == 1 || matches!(w.desc.ty, GgmlType::F32) && w.desc.n_rows() == 1 {
             let mut v = vec![0f32; row_len * w.desc.n_rows()];
             dequantize_row(w.desc.ty, w.bytes(), &mut v)?;
@@ -81,7 +111,9 @@ impl CpuWeight {
             .get_or_init(|| {
                 let tiled_rows = self.desc.n_rows() / q4k_x16::TILE_ROWS * q4k_x16::TILE_ROWS;
                 let wanted =
-                    self.repack && self.desc.ty == GgmlType::Q4_K && self.desc.dims.len() >= 2 && tiled_rows > 0;
+                    self.repack && self.desc.ty == GgmlType::Q4_K && self.desc.dims.len() >= 2 && tiled_rows > 0
+                    // An expert weight's experts repack their own rows.
+                    && self.experts.is_empty();
                 if !wanted || !crate::kernels::q4k_x16_available() {
                     return None;
                 }
@@ -97,12 +129,24 @@ impl CpuWeight {
             .as_ref()
     }
 
+    /// Expert `e`'s matrix, a dense weight `[n_rows, row_len]`; a dense weight is its own expert 0.
+    #[cfg_attr(not(test), expect(dead_code, reason = "MoE mat-muls pick their matrix here; no op reads experts yet"))]
+    pub fn expert(&self, e: usize) -> Option<&CpuWeight> {
+        match &self.bytes {
+            Bytes::InExperts => self.experts.get(e),
+            Bytes::Lent { .. } | Bytes::Owned(_) => (e == 0).then_some(self),
+        }
+    }
+
+    /// The weight's bytes; empty for an expert weight, whose bytes are its experts'
+    /// (`Graph::validate` gives no op one).
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             // The range was checked in `new`; an empty slice can only mean a source that stopped
             // lending, which the mmap and memory sources never do.
             Bytes::Lent { source, offset, len } => source.slice(*offset, *len).unwrap_or(&[]),
             Bytes::Owned(v) => v,
+            Bytes::InExperts => &[],
         }
     }
 
@@ -120,6 +164,7 @@ impl CpuWeight {
         let own = match &self.bytes {
             Bytes::Lent { .. } => 0,
             Bytes::Owned(v) => v.len() as u64,
+            Bytes::InExperts => self.experts.iter().map(CpuWeight::owned_bytes).sum(),
         };
         let x16 = self.x16.get().and_then(Option::as_ref).map_or(0, |x| x.tiles.len() as u64);
         own + x16 + self.f32.as_ref().map_or(0, |v| v.len() as u64 * 4)
@@ -141,4 +186,95 @@ fn repack(bytes: &[u8], row_len: usize, row_bytes: usize, tiled_rows: usize) -> 
     #[cfg(target_arch = "wasm32")]
     tiles.chunks_exact_mut(tile_bytes).zip(source_rows).for_each(repack_tile);
     tiles
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CpuBackend;
+    use hearth_core::backend::{Backend, WeightData};
+    use hearth_core::gguf::{ByteSource, MemorySource};
+    use hearth_core::graph::{Graph, Op, WeightDesc, WeightId};
+    use hearth_core::quant::GgmlType;
+    use hearth_core::CoreError;
+    use std::sync::Arc;
+
+    /// A source that reads but cannot lend its bytes (a browser's file): each expert is a copy.
+    struct Unlent(MemorySource);
+
+    impl ByteSource for Unlent {
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> hearth_core::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+    }
+
+    /// GGML [k = 64, n = 3, 4 experts] of Q8_0 (68 bytes a row, 204 an expert), 10 bytes into a
+    /// file of other data.
+    const SKIP: usize = 10;
+
+    fn experts_desc() -> WeightDesc {
+        WeightDesc { name: "blk.0.ffn_gate_exps.weight".into(), ty: GgmlType::Q8_0, dims: vec![64, 3, 4] }
+    }
+
+    fn file() -> Vec<u8> {
+        (0..SKIP + 4 * 204 + 7).map(|i| (i * 7919 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn an_expert_weight_uploads_as_one_matrix_per_expert_the_files_slices() {
+        let bytes = file();
+        let lent: Arc<dyn ByteSource> = Arc::new(MemorySource::new(bytes.clone()));
+        let unlent: Arc<dyn ByteSource> = Arc::new(Unlent(MemorySource::new(bytes.clone())));
+        for (source, copied) in [(lent, 0), (unlent, 4 * 204)] {
+            let mut backend = CpuBackend::new(Some(1)).expect("backend");
+            let data = WeightData { source, offset: SKIP as u64, len: 4 * 204 };
+            let id = backend.upload_weight(experts_desc(), data).expect("upload");
+            let w = backend.weight(id).expect("uploaded");
+            for e in 0..4 {
+                let expert = w.expert(e).expect("expert");
+                assert_eq!(expert.desc.dims, [64, 3], "expert {e}");
+                assert_eq!(expert.desc.name, format!("blk.0.ffn_gate_exps.weight[{e}]"));
+                for row in 0..3 {
+                    let at = SKIP + e * 204 + row * 68;
+                    assert_eq!(expert.row(row), &bytes[at..at + 68], "expert {e} row {row}");
+                }
+            }
+            assert!(w.expert(4).is_none());
+            // Lent experts cost nothing; read ones are one copy of the weight, not two.
+            assert_eq!(backend.memory_bytes(), copied);
+        }
+    }
+
+    #[test]
+    fn a_dense_weight_is_its_own_only_expert() {
+        let bytes = file();
+        let mut backend = CpuBackend::new(Some(1)).expect("backend");
+        let desc = WeightDesc { name: "w".into(), ty: GgmlType::Q8_0, dims: vec![64, 3] };
+        let data = WeightData { source: Arc::new(MemorySource::new(bytes.clone())), offset: SKIP as u64, len: 204 };
+        let id = backend.upload_weight(desc, data).expect("upload");
+        let w = backend.weight(id).expect("uploaded");
+        assert_eq!(w.expert(0).map(|e| e.rows(0, 3)), Some(&bytes[SKIP..SKIP + 204]));
+        assert!(w.expert(1).is_none());
+    }
+
+    #[test]
+    fn an_expert_weight_of_the_wrong_size_or_in_a_mat_mul_is_refused() {
+        let source: Arc<dyn ByteSource> = Arc::new(MemorySource::new(file()));
+        let mut backend = CpuBackend::new(Some(1)).expect("backend");
+        let short = WeightData { source: source.clone(), offset: 0, len: 3 * 204 };
+        let err = backend.upload_weight(experts_desc(), short).expect_err("one expert short").to_string();
+        assert!(err.contains("needs 816"), "{err}");
+
+        let id = backend.upload_weight(experts_desc(), WeightData { source, offset: 0, len: 4 * 204 }).expect("upload");
+        let mut g = Graph::new(1, 1);
+        let x = g.buf("x", 1, 64);
+        g.logits = g.buf("out", 1, 3);
+        g.push(Op::MatMul { w: id, x, bias: None, out: g.logits });
+        let err = backend.compile(&g).expect_err("no op reads experts");
+        assert!(matches!(err, CoreError::ExpertWeight { op: "mat_mul", n_experts: 4, .. }), "{err:?}");
+        assert_eq!(id, WeightId(0), "the refused upload took no id");
+    }
 }

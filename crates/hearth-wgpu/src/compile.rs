@@ -918,7 +918,7 @@ pub(crate) fn compile(
         })
     };
     let bufs: Vec<wgpu::Buffer> =
-        graph.bufs.iter().map(|b| storage(&b.name, b.rows * b.cols * 4, wgpu::BufferUsages::COPY_SRC)).collect();
+        graph.bufs.iter().map(|b| storage(&b.name, b.bytes(), wgpu::BufferUsages::COPY_SRC)).collect();
     let step_len = 2 + 3 * graph.n_tokens + 3 * graph.n_seqs;
     let step = storage("step", step_len * 4, wgpu::BufferUsages::COPY_DST);
     let logits = graph.desc(graph.logits);

@@ -207,6 +207,23 @@ pub(crate) fn open(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
     pollster::block_on(open_async(options))
 }
 
+/// The adapter for a unit test that needs a device: without one the test fails unless
+/// `HEARTH_ALLOW_NO_GPU=1` (then `None`, after a loud message); `HEARTH_REQUIRE_GPU=1` makes it fail
+/// regardless. The integration tests' `common::open` applies the same rule to a whole backend.
+#[cfg(all(test, not(target_arch = "wasm32")))]
+pub(crate) fn open_for_test() -> Option<Gpu> {
+    match open(&WgpuOptions::default()) {
+        Ok(gpu) => Some(gpu),
+        Err(e) => {
+            let require = std::env::var("HEARTH_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            let allow = std::env::var("HEARTH_ALLOW_NO_GPU").is_ok_and(|v| v == "1");
+            eprintln!("\n!!!!!!!! NO WEBGPU ADAPTER: {e}\n");
+            assert!(!require && allow, "no WebGPU adapter: {e}");
+            None
+        }
+    }
+}
+
 pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> {
     let (adapter, packed_dot) = request_adapter_async().await?;
     let packed_dot = packed_dot && !options.no_packed_dot;

@@ -333,12 +333,11 @@ impl Backend for WgpuBackend {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>> {
         let compiled = self.graphs.get(graph)?;
         let index = compiled.graph.bufs.iter().position(|b| b.name == name)?;
-        replay::read_back(
-            &self.gpu,
-            &compiled.bufs[index],
-            compiled.graph.bufs[index].rows * compiled.graph.bufs[index].cols,
-        )
-        .ok()
+        let desc = &compiled.graph.bufs[index];
+        if desc.dtype != hearth_core::graph::BufType::F32 {
+            return None;
+        }
+        replay::read_back(&self.gpu, &compiled.bufs[index], desc.len()).ok()
     }
 
     fn counters(&self) -> BackendCounters {

@@ -263,16 +263,7 @@ mod tests {
     #[test]
     fn div_rn_divides_as_ieee_754() {
         use wgpu::util::DeviceExt;
-        let gpu = match crate::device::open(&crate::WgpuOptions::default()) {
-            Ok(gpu) => gpu,
-            Err(e) => {
-                let require = std::env::var("HEARTH_REQUIRE_GPU").is_ok_and(|v| v == "1");
-                let allow = std::env::var("HEARTH_ALLOW_NO_GPU").is_ok_and(|v| v == "1");
-                eprintln!("\n!!!!!!!! NO WEBGPU ADAPTER: {e}\n");
-                assert!(!require && allow, "no WebGPU adapter: {e}");
-                return;
-            }
-        };
+        let Some(gpu) = crate::device::open_for_test() else { return };
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             state ^= state << 13;
@@ -284,8 +275,8 @@ mod tests {
         // normal (a subnormal one takes the device's division, which may flush it to zero).
         let mut random = |lo: i32, hi: i32| {
             let r = next();
-            let e = (lo + ((r >> 32) % (hi - lo) as u64) as i32) as u32;
-            f32::from_bits(((r as u32) & 0x807f_ffff) | ((e + 127) << 23))
+            let e = lo + ((r >> 32) % (hi - lo) as u64) as i32;
+            f32::from_bits(((r as u32) & 0x807f_ffff) | (((e + 127) as u32) << 23))
         };
         let mut pairs = Vec::new();
         for _ in 0..8192 {

@@ -1,6 +1,8 @@
 //! Weights on the device: each tensor's GGUF bytes in storage buffers (the types whose blocks
 //! are not whole words with their scales moved out, `SplitScales`), split into row ranges when
-//! the tensor is larger than one storage binding may be.
+//! the tensor is larger than one storage binding may be. A weight with an expert dimension is
+//! chunked per expert: no chunk holds rows of two experts, so each expert's matrix is a list of
+//! chunks of its own, laid out as a dense weight's.
 
 use crate::device::Gpu;
 use crate::WgpuError;
@@ -9,8 +11,10 @@ use hearth_core::graph::{WeightDesc, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 
-/// Rows `row0 .. row0 + rows` of a weight, in their own buffer (bytes padded to 4).
+/// Rows `row0 .. row0 + rows` of a weight's expert `expert` (0 for a dense weight), in their own
+/// buffer (bytes padded to 4).
 pub(crate) struct WeightChunk {
+    pub expert: usize,
     pub row0: usize,
     pub rows: usize,
     pub buffer: wgpu::Buffer,
@@ -19,10 +23,19 @@ pub(crate) struct WeightChunk {
 pub(crate) struct GpuWeight {
     pub desc: WeightDesc,
     pub row_bytes: usize,
+    /// By expert, then by row.
     pub chunks: Vec<WeightChunk>,
 }
 
 impl GpuWeight {
+    /// The chunks of expert `e`'s matrix `[n_rows, row_len]` (all of a dense weight's for 0).
+    #[cfg_attr(not(test), expect(dead_code, reason = "MoE mat-muls pick their matrix here; no op reads experts yet"))]
+    pub fn expert_chunks(&self, e: usize) -> &[WeightChunk] {
+        let first = self.chunks.partition_point(|c| c.expert < e);
+        let end = self.chunks.partition_point(|c| c.expert <= e);
+        &self.chunks[first..end]
+    }
+
     pub fn bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.buffer.size()).sum()
     }
@@ -77,9 +90,9 @@ pub(crate) fn upload(
     if desc.dims.is_empty() || desc.dims.contains(&0) {
         return Err(bad(format!("dims {:?}", desc.dims)));
     }
-    let row_bytes = desc.ty.row_bytes(desc.row_len()).map_err(|e| bad(e.to_string()))?;
+    let row_bytes = desc.row_bytes().map_err(|e| bad(e.to_string()))?;
     let n_rows = desc.n_rows();
-    let expected = row_bytes.checked_mul(n_rows).ok_or_else(|| bad("size overflows".into()))?;
+    let expected = desc.n_bytes().map_err(|e| bad(e.to_string()))?;
     if data.len != expected {
         return Err(bad(format!("{} bytes given, {:?} {} needs {expected}", data.len, desc.dims, desc.ty.name())));
     }
@@ -90,10 +103,9 @@ pub(crate) fn upload(
     let split = split_scales(desc.ty);
     let mut chunks = Vec::new();
     let mut pieces = Pieces::new(UPLOAD_PIECE);
-    let mut row0 = 0;
-    while row0 < n_rows {
-        let rows = rows_per_chunk.min(n_rows - row0);
-        let offset = data.offset + (row0 * row_bytes) as u64;
+    for (expert, row0, rows) in chunk_rows(desc.n_experts(), n_rows, rows_per_chunk) {
+        let expert_at = desc.expert_range(expert).map_err(|e| bad(e.to_string()))?.start;
+        let offset = data.offset + (expert_at + row0 * row_bytes) as u64;
         let len = rows * row_bytes;
         let padded = len.div_ceil(4) * 4;
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
@@ -110,10 +122,17 @@ pub(crate) fn upload(
             None => pieces.write_raw(&mut write, &chunk, padded),
         }
         .map_err(bad)?;
-        chunks.push(WeightChunk { row0, rows, buffer });
-        row0 += rows;
+        chunks.push(WeightChunk { expert, row0, rows, buffer });
     }
     Ok(GpuWeight { desc, row_bytes, chunks })
+}
+
+/// (expert, first row, rows) of each chunk: every expert's `n_rows` rows in chunks of at most
+/// `rows_per_chunk` (> 0), expert after expert.
+fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..n_experts).flat_map(move |e| {
+        (0..n_rows).step_by(rows_per_chunk).map(move |row0| (e, row0, rows_per_chunk.min(n_rows - row0)))
+    })
 }
 
 /// The device layout of the weight types whose GGUF blocks are not whole u32 words (Q4_0, Q5_0,
@@ -343,6 +362,46 @@ mod tests {
         }
         .expect("write");
         out
+    }
+
+    #[test]
+    fn chunks_never_hold_rows_of_two_experts() {
+        let chunks: Vec<_> = chunk_rows(3, 5, 2).collect();
+        let per_expert = |e| [(e, 0, 2), (e, 2, 2), (e, 4, 1)];
+        assert_eq!(chunks, [per_expert(0), per_expert(1), per_expert(2)].concat());
+        assert_eq!(chunk_rows(1, 4, 4).collect::<Vec<_>>(), [(0, 0, 4)], "a dense weight in one chunk");
+    }
+
+    /// A weight of GGML dims [k, 5, 3 experts] uploaded with room for 2 rows a binding: each
+    /// expert's chunks on the device hold its own rows of the file, as a dense weight's would.
+    #[test]
+    fn an_expert_weight_uploads_per_expert() {
+        let Some(gpu) = crate::device::open_for_test() else { return };
+        let bytes: Vec<u8> = (0..2_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        let skip = 12;
+        // F32 rows are stored as they are; Q8_0's (34 bytes) with their scales moved out.
+        for (ty, k) in [(GgmlType::F32, 4usize), (GgmlType::Q8_0, 32)] {
+            let desc = WeightDesc { name: "blk.0.ffn_up_exps.weight".into(), ty, dims: vec![k as u64, 5, 3] };
+            let row_bytes = desc.row_bytes().expect("row bytes");
+            let len = desc.n_bytes().expect("bytes");
+            let source: Arc<dyn ByteSource> = Arc::new(MemorySource::new(bytes.clone()));
+            let data = WeightData { source, offset: skip as u64, len };
+            let w = upload(&gpu.device, &gpu.queue, 2 * row_bytes as u64, desc.clone(), data).expect("upload");
+            assert_eq!(w.chunks.len(), 9, "{ty:?}: three chunks an expert");
+            for e in 0..3 {
+                let chunks = w.expert_chunks(e);
+                let rows: Vec<_> = chunks.iter().map(|c| (c.row0, c.rows)).collect();
+                assert_eq!(rows, [(0, 2), (2, 2), (4, 1)], "{ty:?} expert {e}");
+                for c in chunks {
+                    let at = skip + desc.expert_range(e).expect("expert").start + c.row0 * row_bytes;
+                    let want = written(split_scales(ty), &bytes, at, c.rows, row_bytes, UPLOAD_PIECE);
+                    let words = crate::replay::read_back(&gpu, &c.buffer, want.len() / 4).expect("read back");
+                    let got: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    assert_eq!(got, want, "{ty:?} expert {e} rows {}..", c.row0);
+                }
+            }
+            assert!(w.expert_chunks(3).is_empty());
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The computation a model asks of a backend, recorded once and replayed per step.
 //!
-//! A [`Graph`] is a flat list of [`Op`]s over f32 activation buffers whose shapes are fixed when the
+//! A [`Graph`] is a flat list of [`Op`]s over activation buffers whose shapes and element types
+//! ([`BufType`]: f32 values, or u32 ids such as a router's chosen experts) are fixed when the
 //! graph is built (one graph per token-count, e.g. 1 for decode, the chunk size for prefill). What
 //! changes between steps — the token ids and the position of the first token — is passed in
 //! [`StepInput`], so a backend can compile the graph once (pipelines, bind groups, a CUDA graph) and
@@ -12,6 +13,7 @@
 mod validate;
 
 use crate::backend::KvLayout;
+use crate::error::{CoreError, Result};
 use crate::quant::GgmlType;
 
 /// A model weight uploaded to a backend.
@@ -22,7 +24,11 @@ pub struct WeightId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufId(pub u32);
 
-/// Shape and dtype of an uploaded weight. `dims` in GGML order: `dims[0]` is the row length.
+/// Shape and type of an uploaded weight. `dims` in GGML order: `dims[0]` is the row length,
+/// `dims[1]` the rows of one matrix, and the dims beyond the second (GGUF's outermost) stack
+/// matrices: a MoE layer's experts (`blk.N.ffn_gate_exps.weight`: `[n_embd, n_ff, n_expert]`), or
+/// MLA's per-head `attn_k_b`/`attn_v_b`. The experts lie one after another in the data, each
+/// `[n_rows, row_len]`; a dense weight is one expert.
 #[derive(Clone, Debug)]
 pub struct WeightDesc {
     pub name: String,
@@ -31,21 +37,116 @@ pub struct WeightDesc {
 }
 
 impl WeightDesc {
+    /// Values of a row.
     pub fn row_len(&self) -> usize {
-        self.dims[0] as usize
+        self.dims.first().copied().unwrap_or(1) as usize
     }
 
+    /// Rows of one expert's matrix (1 for a vector).
     pub fn n_rows(&self) -> usize {
-        self.dims.iter().skip(1).product::<u64>() as usize
+        self.dims.get(1).copied().unwrap_or(1) as usize
+    }
+
+    /// Matrices the weight stacks: the product of the dims beyond the second; 1 for a dense weight.
+    pub fn n_experts(&self) -> usize {
+        self.dims.iter().skip(2).product::<u64>() as usize
+    }
+
+    /// Bytes of a row of `ty`; an error when `row_len` is not a whole number of its blocks.
+    pub fn row_bytes(&self) -> Result<usize> {
+        self.ty.row_bytes(self.row_len())
+    }
+
+    /// Bytes of one expert's matrix.
+    pub fn expert_bytes(&self) -> Result<usize> {
+        self.row_bytes()?
+            .checked_mul(self.n_rows())
+            .ok_or_else(|| CoreError::InvalidArgument(format!("weight '{}' {:?} overflows", self.name, self.dims)))
+    }
+
+    /// Bytes of the whole weight, every expert.
+    pub fn n_bytes(&self) -> Result<usize> {
+        self.expert_bytes()?
+            .checked_mul(self.n_experts())
+            .ok_or_else(|| CoreError::InvalidArgument(format!("weight '{}' {:?} overflows", self.name, self.dims)))
+    }
+
+    /// Where expert `e`'s matrix lies in the weight's data (`WeightData` starts at 0).
+    pub fn expert_range(&self, e: usize) -> Result<std::ops::Range<usize>> {
+        if e >= self.n_experts() {
+            return Err(CoreError::InvalidArgument(format!(
+                "expert {e} of weight '{}', which has {}",
+                self.name,
+                self.n_experts()
+            )));
+        }
+        let bytes = self.expert_bytes()?;
+        Ok(e * bytes..(e + 1) * bytes)
+    }
+
+    /// Expert `e`'s matrix as a dense weight of its own (`name[e]`, dims `[row_len, n_rows]`), for
+    /// a backend that stores the experts apart.
+    pub fn expert(&self, e: usize) -> WeightDesc {
+        let mut dims = self.dims.clone();
+        dims.truncate(2);
+        WeightDesc { name: format!("{}[{e}]", self.name), ty: self.ty, dims }
     }
 }
 
-/// A row-major f32 activation buffer `[rows, cols]`.
+/// The element type of an activation buffer. Activations are f32; integers that ops exchange
+/// (a router's top-k expert ids, which MoE mat-muls read to pick their matrices) are u32, so that
+/// they stay exact and no backend mistakes them for values. Every type is 4 bytes wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufType {
+    F32,
+    U32,
+}
+
+impl BufType {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            BufType::F32 | BufType::U32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BufType::F32 => "f32",
+            BufType::U32 => "u32",
+        }
+    }
+}
+
+impl std::fmt::Display for BufType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A row-major activation buffer `[rows, cols]` of `dtype` elements.
 #[derive(Clone, Debug)]
 pub struct BufDesc {
     pub name: String,
+    pub dtype: BufType,
     pub rows: usize,
     pub cols: usize,
+}
+
+impl BufDesc {
+    /// Elements: rows * cols.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes a backend allocates for it.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -204,8 +305,14 @@ impl Graph {
         Graph { n_tokens, n_seqs, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX) }
     }
 
+    /// A new f32 buffer `[rows, cols]`.
     pub fn buf(&mut self, name: impl Into<String>, rows: usize, cols: usize) -> BufId {
-        self.bufs.push(BufDesc { name: name.into(), rows, cols });
+        self.typed_buf(name, BufType::F32, rows, cols)
+    }
+
+    /// A new buffer `[rows, cols]` of `dtype` elements.
+    pub fn typed_buf(&mut self, name: impl Into<String>, dtype: BufType, rows: usize, cols: usize) -> BufId {
+        self.bufs.push(BufDesc { name: name.into(), dtype, rows, cols });
         BufId(self.bufs.len() as u32 - 1)
     }
 
@@ -288,5 +395,44 @@ impl<'a> StepInput<'a> {
     /// (sequence index, position) of every token, in order.
     pub fn token_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.seqs.iter().enumerate().flat_map(|(i, s)| (0..s.n_tokens).map(move |t| (i, s.pos0 + t)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expert_weight_is_a_stack_of_matrices_one_after_another() {
+        // GGML [k = 64, n = 3, 5 experts] of Q8_0: 2 blocks of 34 bytes a row.
+        let w = WeightDesc { name: "blk.0.ffn_up_exps.weight".into(), ty: GgmlType::Q8_0, dims: vec![64, 3, 5] };
+        assert_eq!((w.row_len(), w.n_rows(), w.n_experts()), (64, 3, 5));
+        assert_eq!((w.row_bytes().expect("row"), w.expert_bytes().expect("expert")), (68, 204));
+        assert_eq!(w.n_bytes().expect("whole"), 1020);
+        assert_eq!(w.expert_range(2).expect("expert 2"), 408..612);
+        assert!(w.expert_range(5).is_err());
+        let e = w.expert(4);
+        assert_eq!(
+            (e.name.as_str(), e.dims.as_slice(), e.n_experts()),
+            ("blk.0.ffn_up_exps.weight[4]", &[64, 3][..], 1)
+        );
+
+        let dense = WeightDesc { name: "m".into(), ty: GgmlType::F32, dims: vec![8, 6] };
+        assert_eq!((dense.n_rows(), dense.n_experts(), dense.n_bytes().expect("bytes")), (6, 1, 192));
+        assert_eq!(dense.expert_range(0).expect("the one expert"), 0..192);
+        let vector = WeightDesc { name: "v".into(), ty: GgmlType::F32, dims: vec![8] };
+        assert_eq!((vector.row_len(), vector.n_rows(), vector.n_experts()), (8, 1, 1));
+        // Several outer dims stack as many matrices as their product.
+        let grid = WeightDesc { name: "g".into(), ty: GgmlType::F32, dims: vec![4, 2, 3, 2] };
+        assert_eq!(grid.n_experts(), 6);
+    }
+
+    #[test]
+    fn buffers_are_f32_unless_typed() {
+        let mut g = Graph::new(2, 1);
+        let x = g.buf("x", 2, 3);
+        let ids = g.typed_buf("ids", BufType::U32, 2, 4);
+        assert_eq!((g.desc(x).dtype, g.desc(ids).dtype), (BufType::F32, BufType::U32));
+        assert_eq!((g.desc(x).bytes(), g.desc(ids).bytes()), (24, 32));
     }
 }

@@ -1,21 +1,35 @@
 //! The one shape check of a [`Graph`], run by every backend's `compile`: after it, a backend may
 //! index buffers and weights without bounds checks of its own. The aliasing rules are the
 //! strictest any backend needs (a WebGPU dispatch cannot bind one buffer both as read-write
-//! output and as a second input), so a graph valid on one backend is valid on all.
+//! output and as a second input), so a graph valid on one backend is valid on all. Every op of
+//! the IR reads and writes f32 buffers and single-matrix weights; a u32 buffer or a weight with
+//! an expert dimension given to one is refused here, so no backend reads ids as values or an
+//! expert stack as one tall matrix.
 
-use super::{BufId, Graph, Op, WeightDesc, WeightId};
+use super::{BufId, BufType, Graph, Op, WeightDesc, WeightId};
 use crate::error::CoreError;
 
 impl Graph {
-    /// Checks every op against the buffer shapes and the shapes of the weights `weight` finds
-    /// (by the backend's ids); the first inconsistency is a [`CoreError::BadGraph`] naming the op.
+    /// Checks every op against the buffer shapes and types and the shapes of the weights `weight`
+    /// finds (by the backend's ids); the first inconsistency is an error naming the op
+    /// ([`CoreError::BadGraph`], [`CoreError::BufTypeMismatch`], [`CoreError::ExpertWeight`]).
     pub fn validate<'w>(&self, weight: impl Fn(WeightId) -> Option<&'w WeightDesc>) -> Result<(), CoreError> {
         let graph_error = |reason: String| CoreError::BadGraph { index: 0, op: "graph", reason };
         if self.n_seqs == 0 || self.n_seqs > self.n_tokens {
             return Err(graph_error(format!("{} sequences for {} tokens", self.n_seqs, self.n_tokens)));
         }
-        if self.bufs.get(self.logits.0 as usize).is_none() {
-            return Err(graph_error(format!("the logits buffer {} does not exist", self.logits.0)));
+        match self.bufs.get(self.logits.0 as usize) {
+            None => return Err(graph_error(format!("the logits buffer {} does not exist", self.logits.0))),
+            Some(d) if d.dtype != BufType::F32 => {
+                return Err(CoreError::BufTypeMismatch {
+                    index: 0,
+                    op: "graph",
+                    buffer: d.name.clone(),
+                    expected: BufType::F32,
+                    found: d.dtype,
+                })
+            }
+            Some(_) => {}
         }
         for (index, op) in self.ops.iter().enumerate() {
             OpCheck { graph: self, op, index, weight: &weight }.run()?;
@@ -36,13 +50,20 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
         CoreError::BadGraph { index: self.index, op: self.op.name(), reason }
     }
 
-    /// `[rows, cols]` of a buffer.
+    /// `[rows, cols]` of a buffer, which must be f32: every op reads and writes f32 (an op that
+    /// exchanges ids would check its u32 buffers apart).
     fn shape(&self, b: BufId) -> Result<(usize, usize), CoreError> {
-        self.graph
-            .bufs
-            .get(b.0 as usize)
-            .map(|d| (d.rows, d.cols))
-            .ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))
+        let d = self.graph.bufs.get(b.0 as usize).ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))?;
+        if d.dtype != BufType::F32 {
+            return Err(CoreError::BufTypeMismatch {
+                index: self.index,
+                op: self.op.name(),
+                buffer: d.name.clone(),
+                expected: BufType::F32,
+                found: d.dtype,
+            });
+        }
+        Ok((d.rows, d.cols))
     }
 
     fn same(&self, a: BufId, b: BufId) -> Result<(usize, usize), CoreError> {
@@ -62,8 +83,19 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
         Ok(cols)
     }
 
+    /// A weight read as one matrix or vector: every op reads one (an op that picks experts would
+    /// read an expert weight apart).
     fn weight(&self, id: WeightId) -> Result<&'w WeightDesc, CoreError> {
-        (self.weight)(id).ok_or_else(|| self.bad(format!("unknown weight {}", id.0)))
+        let d = (self.weight)(id).ok_or_else(|| self.bad(format!("unknown weight {}", id.0)))?;
+        if d.n_experts() != 1 {
+            return Err(CoreError::ExpertWeight {
+                index: self.index,
+                op: self.op.name(),
+                weight: d.name.clone(),
+                n_experts: d.n_experts(),
+            });
+        }
+        Ok(d)
     }
 
     /// A weight read as a plain vector of `len` values (norm weights, biases, offsets).
@@ -260,6 +292,74 @@ mod tests {
         let mut g = Graph::new(1, 2);
         g.logits = g.buf("logits", 2, 4);
         assert!(g.validate(|_| None).is_err());
+    }
+
+    #[test]
+    fn a_u32_buffer_in_an_f32_op_is_refused_naming_op_and_buffer() {
+        let g = graph_with(|g| {
+            let a = g.buf("a", 2, 4);
+            let ids = g.typed_buf("expert_ids", BufType::U32, 2, 4);
+            Op::Add { a, b: ids, out: a }
+        });
+        let err = g.validate(|_| None).expect_err("u32 operand");
+        assert!(
+            matches!(
+                &err,
+                CoreError::BufTypeMismatch { index: 0, op: "add", buffer, expected: BufType::F32, found: BufType::U32 }
+                    if buffer == "expert_ids"
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("'expert_ids' holds u32"), "{err}");
+
+        // Written as well as read: a mat-mul's output.
+        let w = matrix(3, 4);
+        let g = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            let out = g.typed_buf("out", BufType::U32, 2, 3);
+            Op::MatMul { w: WeightId(0), x, bias: None, out }
+        });
+        assert!(matches!(g.validate(|_| Some(&w)), Err(CoreError::BufTypeMismatch { op: "mat_mul", .. })));
+    }
+
+    #[test]
+    fn the_logits_are_f32() {
+        let mut g = Graph::new(1, 1);
+        g.logits = g.typed_buf("logits", BufType::U32, 1, 4);
+        assert!(matches!(g.validate(|_| None), Err(CoreError::BufTypeMismatch { op: "graph", .. })));
+        g.bufs[0].dtype = BufType::F32;
+        g.validate(|_| None).expect("f32 logits");
+    }
+
+    #[test]
+    fn an_expert_weight_is_refused_by_every_op_reading_a_matrix_or_vector() {
+        // [k = 4, n = 3, 8 experts]: each expert's matrix alone would fit the mat-mul.
+        let experts = WeightDesc { name: "blk.0.ffn_gate_exps.weight".into(), ty: GgmlType::F32, dims: vec![4, 3, 8] };
+        let mat_mul = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            let out = g.buf("out", 2, 3);
+            Op::MatMul { w: WeightId(0), x, bias: None, out }
+        });
+        let err = mat_mul.validate(|_| Some(&experts)).expect_err("expert weight");
+        assert!(
+            matches!(&err, CoreError::ExpertWeight { op: "mat_mul", weight, n_experts: 8, .. }
+                if weight == "blk.0.ffn_gate_exps.weight"),
+            "{err:?}"
+        );
+        let embed = graph_with(|g| {
+            let out = g.buf("out", 2, 4);
+            Op::Embed { table: WeightId(0), out }
+        });
+        assert!(matches!(embed.validate(|_| Some(&experts)), Err(CoreError::ExpertWeight { op: "embed", .. })));
+        // A vector of the right length, stacked: [2, 1, 2] holds the 4 values of the group.
+        let stacked = WeightDesc { name: "norm".into(), ty: GgmlType::F32, dims: vec![2, 1, 2] };
+        let norm = graph_with(|g| {
+            let x = g.buf("x", 2, 4);
+            Op::RmsNorm { x, weight: Some(WeightId(0)), eps: 1e-6, group: 4, out: x }
+        });
+        assert!(matches!(norm.validate(|_| Some(&stacked)), Err(CoreError::ExpertWeight { op: "rms_norm", .. })));
+        let flat = WeightDesc { dims: vec![4], ..stacked };
+        norm.validate(|_| Some(&flat)).expect("one vector");
     }
 
     #[test]
