@@ -46,18 +46,24 @@ pub enum KernelShapes {
 impl WgpuOptions {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_env() -> Self {
-        let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The options the variables `var` finds say (see [`WgpuOptions::from_env`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let on = |name: &str| var(name).is_some_and(|v| v == "1");
         WgpuOptions {
             no_f16: on("HEARTH_WGPU_NO_F16"),
             no_subgroups: on("HEARTH_WGPU_NO_SUBGROUPS"),
             no_packed_dot: on("HEARTH_WGPU_NO_DOT4"),
             profile: on("HEARTH_WGPU_PROFILE"),
             max_binding_bytes: None,
-            kernel_shapes: match std::env::var("HEARTH_WGPU_SHAPES").as_deref() {
-                Ok("gpu") => KernelShapes::Gpu,
-                Ok("cpu") => KernelShapes::Cpu,
-                Ok("auto") | Err(_) => KernelShapes::Auto,
-                Ok(other) => {
+            kernel_shapes: match var("HEARTH_WGPU_SHAPES").as_deref() {
+                Some("gpu") => KernelShapes::Gpu,
+                Some("cpu") => KernelShapes::Cpu,
+                Some("auto") | None => KernelShapes::Auto,
+                Some(other) => {
                     eprintln!("HEARTH_WGPU_SHAPES={other} is not one of gpu, cpu, auto: using auto");
                     KernelShapes::Auto
                 }
@@ -278,4 +284,30 @@ pub(crate) async fn open_async(options: &WgpuOptions) -> Result<Gpu, WgpuError> 
         max_buffer_size,
     };
     Ok(Gpu { device, queue, info, max_binding: max_binding / 4 * 4, faults })
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::{KernelShapes, WgpuOptions};
+
+    /// Each switch turns on its own option and nothing else; the tests' devices honour the options
+    /// (tests/common `open_variants`), so together a switch forces its fallback.
+    #[test]
+    fn each_environment_switch_sets_its_option() {
+        let with = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            WgpuOptions::from_vars(move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        };
+        let flags = |o: &WgpuOptions| (o.no_f16, o.no_subgroups, o.no_packed_dot, o.profile);
+        assert_eq!(flags(&with(&[])), (false, false, false, false));
+        assert_eq!(flags(&with(&[("HEARTH_WGPU_NO_F16", "1")])), (true, false, false, false));
+        assert_eq!(flags(&with(&[("HEARTH_WGPU_NO_SUBGROUPS", "1")])), (false, true, false, false));
+        assert_eq!(flags(&with(&[("HEARTH_WGPU_NO_DOT4", "1")])), (false, false, true, false));
+        assert_eq!(flags(&with(&[("HEARTH_WGPU_PROFILE", "1")])), (false, false, false, true));
+        assert_eq!(flags(&with(&[("HEARTH_WGPU_NO_F16", "0")])), (false, false, false, false), "only 1 switches on");
+        assert_eq!(with(&[]).kernel_shapes, KernelShapes::Auto);
+        assert_eq!(with(&[("HEARTH_WGPU_SHAPES", "gpu")]).kernel_shapes, KernelShapes::Gpu);
+        assert_eq!(with(&[("HEARTH_WGPU_SHAPES", "cpu")]).kernel_shapes, KernelShapes::Cpu);
+        assert_eq!(with(&[("HEARTH_WGPU_SHAPES", "tpu")]).kernel_shapes, KernelShapes::Auto);
+    }
 }

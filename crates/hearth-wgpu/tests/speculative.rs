@@ -57,14 +57,12 @@ fn assert_same_as_greedy(
     spec
 }
 
+/// Prompt lookup first, a draft model where nothing matches (`--lookup --draft-model`; the draft,
+/// the 0.5B itself with a shortlisted head, on the CPU): both kinds of drafts verified on wgpu.
+/// (Prompt lookup alone on wgpu is the conformance suite's `prompt_lookup_greedy_equals_plain_greedy`.)
 #[test]
-fn qwen_05b_prompt_lookup_greedy_equals_plain_greedy() {
+fn qwen_05b_lookup_then_draft_greedy_equals_plain_greedy() {
     let Some(mut engine) = wgpu_engine(QWEN_05B) else { return };
-    let lookup = SpeculativeOptions { max_draft_tokens: 15, adaptive: false };
-    let drafting = Drafting::Lookup { reference: Vec::new(), options: lookup };
-    assert_same_as_greedy(&mut engine, REWRITE, drafting, 16, "wgpu qwen 0.5B lookup");
-    // Prompt lookup first, a draft model where nothing matches (`--lookup --draft-model`; the
-    // draft, the 0.5B itself with a shortlisted head, on the CPU): both kinds of drafts verified on wgpu.
     let draft_file = GgufFile::open(&model_path(QWEN_05B)).expect("open draft model");
     let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
     let backend = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
@@ -90,7 +88,7 @@ fn qwen_15b_with_qwen_05b_draft_greedy_equals_plain_greedy() {
     let options = EngineOptions { n_ctx: N_CTX, logits_vocab: Some(65_536), ..EngineOptions::default() };
     let draft = draft_model(&draft_file, Box::new(gpu), &options, engine.tokenizer());
     // Full-length drafts (no confidence stop): a 5-token verification pass. (On this prompt all 4
-    // drafts are accepted; rollback after a rejection on wgpu is covered by the lookup test.)
+    // drafts are accepted; rollback after a rejection on wgpu is covered by the lookup tests.)
     let speculative = SpeculativeOptions { max_draft_tokens: 4, adaptive: false };
     engine.set_draft_model(draft, speculative.clone());
     let drafting = Drafting::DraftModel { options: speculative, min_confidence: 0.0 };

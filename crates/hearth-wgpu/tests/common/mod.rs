@@ -69,8 +69,10 @@ impl hearth_backend_tests::Subject for WgpuSubject {
             .collect()
     }
 
-    /// The options as given with the environment's switches (`HEARTH_WGPU_SHAPES=gpu` runs the
-    /// models with the GPU's kernel shapes on a CPU adapter), one device.
+    /// The options as given with the environment's switches, one device, its kernels shaped for a
+    /// GPU unless `HEARTH_WGPU_SHAPES` says otherwise: the whole models run as they run on the
+    /// devices they are for, also on a CPU adapter (whose own shapes the browser tests run on
+    /// SwiftShader, and the op checks on every variant).
     fn first_variant(&self) -> Option<(String, Box<dyn hearth_core::backend::Backend>)> {
         let env = WgpuOptions::from_env();
         let options = WgpuOptions {
@@ -79,7 +81,10 @@ impl hearth_backend_tests::Subject for WgpuSubject {
             no_packed_dot: self.0.no_packed_dot || env.no_packed_dot,
             profile: self.0.profile || env.profile,
             max_binding_bytes: self.0.max_binding_bytes,
-            kernel_shapes: env.kernel_shapes,
+            kernel_shapes: match env.kernel_shapes {
+                KernelShapes::Auto => KernelShapes::Gpu,
+                chosen => chosen,
+            },
         };
         let backend = open(options)?;
         Some((backend.info().variant().to_string(), Box::new(backend)))
