@@ -18,11 +18,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `hearth serve` with `--port 0` and reads the bound address from its stderr.
+    /// Starts `hearth serve` with `--port 0` and reads the bound address from its stderr. The
+    /// server runs under a shell that stops it when the shell's stdin closes: when the `Server`
+    /// drops, and when this test process ends (a server kept in a `static` is never dropped, and
+    /// would otherwise outlive the tests).
     pub fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        let mut child = Command::new("sh")
+            .args(["-c", r#""$@" & server=$!; read -r line; kill $server; wait $server"#, "sh"])
+            .arg(env!("CARGO_BIN_EXE_hearth"))
             .args(["serve", "-m", MODEL, "--backend", "cpu", "--quiet", "--port", "0", "-c", CTX, "--api-key", API_KEY])
             .args(extra)
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -43,8 +49,9 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// Closes the shell's stdin (it stops the server) and waits for both to end.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        drop(self.child.stdin.take());
         let _ = self.child.wait();
     }
 }
