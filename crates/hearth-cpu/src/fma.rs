@@ -5,6 +5,7 @@
 //! picks it when the CPU has FMA. Both copies compute the same correctly rounded results.
 
 /// Whether this CPU has FMA and AVX2 (always false off x86_64, where the portable copy runs).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline]
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]

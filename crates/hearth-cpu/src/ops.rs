@@ -101,6 +101,8 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// fork-join would cost more than the work. Chunks are a multiple of 16 values, so blockwise
 /// code (SwiGLU's blocks of 16 and libm tail) sees the same blocks as on the whole slice.
 fn for_each_chunk(gate: &mut [f32], up: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
+    // (A wasm build has one thread and no pool.)
+    #[cfg(not(target_arch = "wasm32"))]
     const CHUNK: usize = 16 * 1024;
     #[cfg(not(target_arch = "wasm32"))]
     if gate.len() > CHUNK {

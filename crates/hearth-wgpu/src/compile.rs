@@ -93,8 +93,10 @@ pub(crate) struct Dispatch {
     pub kv_need: Option<KvNeed>,
     pub bind_group: Option<wgpu::BindGroup>,
     pub groups: [u32; 3],
-    /// For profiles: the kernel family and the weight bytes the dispatch reads.
+    /// For profiles (native only): the kernel family and the weight bytes the dispatch reads.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub family: String,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub weight_bytes: u64,
 }
 

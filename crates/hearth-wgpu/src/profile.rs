@@ -1,6 +1,7 @@
 //! Device time per kernel family (`WgpuOptions::profile`): a timestamp before and after every
 //! dispatch of a step, read back once the step is done and summed by family. Natively only, on
 //! adapters with `TIMESTAMP_QUERY_INSIDE_PASSES` (browsers offer timestamps per pass at most).
+#![cfg_attr(target_arch = "wasm32", allow(unused_imports, dead_code))]
 
 use crate::device::Gpu;
 use crate::shader::PipelineKey;

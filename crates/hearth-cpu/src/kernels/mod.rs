@@ -77,7 +77,8 @@ pub fn has_simd_vec_dot(isa: Isa, ty: GgmlType) -> bool {
     }
 }
 
-/// Whether this CPU can run kernels of `isa`.
+/// Whether this CPU can run kernels of `isa` (asked by the x86_64 kernels' dispatch).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn isa_available(isa: Isa) -> bool {
     match isa {
         Isa::Scalar => true,
@@ -224,6 +225,8 @@ pub fn vec_dot_rows_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         // SAFETY: one whole weight row and `out.len()` whole activation rows (checked above).
         return unsafe { wasm::vec_dot_tile(ty, n, weights, weights.len(), activations, act_row, out) };
     }
+    // Advanced by the x86_64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_multi(ty) {
@@ -381,6 +384,8 @@ pub fn vec_dot_tile_with(isa: Isa, ty: GgmlType, n: usize, weights: &[u8], activ
         // SAFETY: whole weight and activation rows, one output per pair (sizes checked above).
         return unsafe { wasm::vec_dot_tile(ty, n, weights, w_row, activations, act_row, out) };
     }
+    // Advanced by the x86_64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut w_done = 0;
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa_available(isa) && x86::supports_tile(ty, rows, n) {
