@@ -110,13 +110,29 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       choices: await describe(engine.completions.create({ prompt: 'x', n: 2 })),
       // A limit past the context is refused as the server refuses it (no limit: to its end).
       pastContext: await describe(engine.completions.create({ prompt: 'x', max_tokens: 1_000_000 })),
-      // JSON would carry NaN as null ("not given"): refused before it leaves JS.
+      // The request crosses into wasm as a JS object: a non-finite number reaches the core's
+      // validation as it is (JSON would have carried it as null, "not given").
       temperatureNaN: await describe(engine.completions.create({ prompt: 'x', temperature: NaN })),
+      topPInfinity: await describe(engine.completions.create({ prompt: 'x', top_p: Infinity })),
+      logitBiasNaN: await describe(engine.completions.create({ prompt: 'x', logit_bias: { 5: NaN } })),
+      // A free-form field (a JSON value in the schema) has no NaN: refused by name, not read as null.
+      logprobsNaN: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], logprobs: NaN })),
+      contentInfinity: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x', weight: -Infinity }] })),
+      // Every property of a nested object is read, so a typo there is refused too.
+      nestedUnknownField: await describe(engine.completions.create({ prompt: 'x', speculative: { mode: 'lookup', draftTokns: 3 } })),
+      seedOutOfRange: await describe(engine.completions.create({ prompt: 'x', seed: 2n ** 70n })),
       // A refused streaming request rejects at create(), as a server's 400 comes before any event.
       streamRefused: await describe(engine.completions.create({ prompt: 'x', stream: true, temperature: 5 })),
     };
+    // An undefined property is an absent one, as in JSON; a BigInt seed is an integer.
+    const accepted = await engine.completions.create({ prompt: 'x', max_tokens: 1, ignore_eos: true, temperature: undefined, tempreature: undefined, seed: 7n });
+    out.undefinedAndBigInt = { tokens: accepted.usage.completion_tokens, seed: accepted.hearth.seed };
     await engine.unload();
     out.afterUnload = await describe(engine.completions.create({ prompt: 'x' }));
+    // Through the worker (structured clone) NaN still reaches the core as NaN.
+    const inWorker = await createEngine({ model: await (await fetch('/fixtures/synthetic/gemma3-swa-q8_0.gguf')).arrayBuffer(), worker: true });
+    out.temperatureNaNWorker = await describe(inWorker.completions.create({ prompt: 'x', temperature: NaN }));
+    await inWorker.unload();
     return out;
   });
   for (const [name, pattern] of Object.entries({
@@ -127,10 +143,19 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
     responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
     choices: /one choice per request \(n = 1\)/,
-    temperatureNaN: /`temperature` must be a finite number, got NaN/, streamRefused: /temperature must be between 0 and 2, got 5/,
+    temperatureNaN: /temperature must be between 0 and 2, got NaN\./, temperatureNaNWorker: /temperature must be between 0 and 2, got NaN\./,
+    topPInfinity: /top_p must be between 0 and 1, got inf\./, logitBiasNaN: /logit_bias values must be in \[-100, 100\], got NaN\./,
+    logprobsNaN: /logprobs: invalid value: floating point `NaN`, expected a finite number/,
+    contentInfinity: /messages\[0\]\.weight: invalid value: floating point `-inf`, expected a finite number/,
+    nestedUnknownField: /speculative\.draftTokns: unknown field `draftTokns`/, seedOutOfRange: /seed: .*BigInt/,
+    streamRefused: /temperature must be between 0 and 2, got 5/,
   })) assertError(result[name], 'bad-argument', pattern);
   // The refused field is named, as `hearth serve` names it in its 400s.
-  for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN']) assert.equal(result[name].param, 'temperature', name);
+  for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN', 'temperatureNaNWorker']) assert.equal(result[name].param, 'temperature', name);
+  for (const [name, param] of Object.entries({ topPInfinity: 'top_p', logitBiasNaN: 'logit_bias', logprobsNaN: 'logprobs', contentInfinity: 'messages', nestedUnknownField: 'speculative', seedOutOfRange: 'seed' })) {
+    assert.equal(result[name].param, param, name);
+  }
+  assert.deepEqual(result.undefinedAndBigInt, { tokens: 1, seed: 7 });
   assert.equal(result.messagesNotArray.param, 'messages');
   assert.equal(result.lookupMinP.param, 'speculative');
   assert.equal(result.choices.param, 'n');

@@ -6,12 +6,13 @@
 use crate::driver::{drive, DraftRuntime, JsRequest, Loaded, Pending, State};
 use crate::error::WasmError;
 use crate::gpu::classify;
-use crate::host::{EngineHost, OwnedBytes};
-use crate::request::{parse_request, LoadOptions};
+use crate::host::{BatchStats, EngineHost, ModelInfo, OwnedBytes};
+use crate::js;
 use crate::source::JsModel;
 use hearth_core::backend::{Backend, BackendKind};
 use hearth_core::CoreError;
 use hearth_wgpu::{DeviceInfo, WgpuBackend, WgpuOptions};
+use serde::Serialize;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -69,21 +70,22 @@ impl WasmEngine {
     /// (fails with code `no-webgpu` without an adapter), "cpu", or "auto" (WebGPU when a device
     /// opens, else CPU). On WebGPU the weights are read tensor by tensor from `model` into GPU
     /// buffers and the model is never copied into wasm memory; the CPU engine copies it once.
-    /// `options_json`: `{"n_ctx": 2048, "max_batch": 4}` or "". `on_progress(done_bytes,
-    /// total_bytes)`. Resolves to undefined; a reader's own exception is rethrown as is.
+    /// `options`: `{ n_ctx: 2048, max_batch: 4 }` (the fields of `request::LoadOptions`), or
+    /// undefined. `on_progress(done_bytes, total_bytes)`. Resolves to undefined; a reader's own
+    /// exception is rethrown as is.
     pub fn load(
         &self,
         model: &JsValue,
-        options_json: &str,
+        options: JsValue,
         backend: &str,
         on_progress: Option<js_sys::Function>,
     ) -> js_sys::Promise {
         let state = self.state.clone();
         let model = model.clone();
-        let options_json = options_json.to_string();
+        let options = js::load_options(options);
         let backend = backend.to_string();
         future_to_promise(async move {
-            let options = LoadOptions::parse(&options_json).map_err(js_error)?;
+            let options = options.map_err(js_error)?;
             let model = JsModel::from_js(&model).map_err(js_error)?;
             // A failed read: rethrow what the reader threw (a `network` error...), else `error`.
             let failed = |error: JsValue| model.take_failure().unwrap_or(error);
@@ -217,15 +219,15 @@ impl WasmEngine {
         })
     }
 
-    /// Generates for `request_json`, an OpenAI request of `kind` "chat" (with `messages`) or
-    /// "text" (with `prompt`), plus hearth's `speculative`: checked by the core's request schema,
-    /// so a refused field rejects with code `bad-argument` and `param` naming it.
-    /// `on_chunk(text)` receives each text delta; returning `false` cancels. `key` names the
-    /// request for [`WasmEngine::cancel`]. Resolves to the report as a JSON string. Concurrent
-    /// calls are batched.
-    pub fn generate(&self, kind: &str, request_json: &str, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
+    /// Generates for `request`, an OpenAI request object of `kind` "chat" (with `messages`) or
+    /// "text" (with `prompt`), plus hearth's `speculative`: decoded into the core's request
+    /// schema and checked by its validation, so a refused field rejects with code `bad-argument`
+    /// and `param` naming it. `on_chunk(text)` receives each text delta; returning `false`
+    /// cancels. `key` names the request for [`WasmEngine::cancel`]. Resolves to the report, an
+    /// object (`host::Report`). Concurrent calls are batched.
+    pub fn generate(&self, kind: &str, request: JsValue, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
         let state = self.state.clone();
-        let parsed = parse_request(kind, request_json);
+        let parsed = js::request(kind, request);
         let mut handlers = None;
         let promise = js_sys::Promise::new(&mut |resolve, reject| handlers = Some((resolve, reject)));
         let Some((resolve, reject)) = handlers else { return promise };
@@ -294,17 +296,12 @@ impl WasmEngine {
         }
     }
 
-    /// `{"backend": "webgpu" | "cpu-wasm", "adapter": {...} | null, "fallback_reason": string |
-    /// null, "simd128": bool, "threads": 1, "wasm_memory_bytes": n, "backend_memory_bytes": n,
-    /// "model": {...}, "batch": {...}, "draft_model": bool, "draft": null | {"backend": "webgpu" |
-    /// "cpu-wasm", "adapter": {...} | null, "fallback_reason": string | null,
-    /// "backend_memory_bytes": n | null}}`.
-    pub fn runtime_stats(&self) -> Result<String, JsValue> {
+    /// The runtime as a [`RuntimeStats`] object.
+    pub fn runtime_stats(&self) -> Result<JsValue, JsValue> {
         let loaded = self.state.loaded.borrow().clone();
         let memory = wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>();
         let wasm_memory_bytes = memory.buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length();
         let gpu = loaded.as_ref().and_then(|l| l.gpu.as_ref());
-        let adapter = gpu.map(|(_, i)| adapter_json(i));
         // During a step the driver holds the host: report the figures of the last step.
         let host = loaded.as_ref().and_then(|l| l.host.try_borrow().ok());
         let (backend_memory_bytes, batch) = match &host {
@@ -314,30 +311,96 @@ impl WasmEngine {
         // The draft's memory is read while the host is free (the driver holds it during a step).
         let draft_memory = host.as_ref().and_then(|h| h.draft_backend()).map(|(_, bytes)| bytes);
         let draft = loaded.as_ref().and_then(|l| {
-            let runtime = l.draft.borrow();
-            runtime.as_ref().map(|d| {
-                serde_json::json!({
-                    "backend": if d.gpu.is_some() { "webgpu" } else { "cpu-wasm" },
-                    "adapter": d.gpu.as_ref().map(|(_, i)| adapter_json(i)),
-                    "fallback_reason": d.fallback_reason,
-                    "backend_memory_bytes": draft_memory,
-                })
+            l.draft.borrow().as_ref().map(|d| DraftStats {
+                backend: backend_name(d.gpu.is_some()),
+                adapter: d.gpu.as_ref().map(|(_, i)| AdapterStats::new(i)),
+                fallback_reason: d.fallback_reason.clone(),
+                backend_memory_bytes: draft_memory,
             })
         });
-        let stats = serde_json::json!({
-            "backend": if gpu.is_some() { "webgpu" } else { "cpu-wasm" },
-            "adapter": adapter,
-            "fallback_reason": loaded.as_ref().and_then(|l| l.fallback_reason.clone()),
-            "simd128": cfg!(target_feature = "simd128"),
-            "threads": 1,
-            "wasm_memory_bytes": wasm_memory_bytes,
-            "backend_memory_bytes": loaded.as_ref().map(|_| backend_memory_bytes),
-            "model": host.as_ref().map(|h| h.info().clone()),
-            "batch": loaded.as_ref().map(|_| batch),
-            "draft_model": host.as_ref().is_some_and(|h| h.has_draft()),
-            "draft": draft,
-        });
-        Ok(stats.to_string())
+        js::to_js(&RuntimeStats {
+            backend: backend_name(gpu.is_some()),
+            adapter: gpu.map(|(_, i)| AdapterStats::new(i)),
+            fallback_reason: loaded.as_ref().and_then(|l| l.fallback_reason.clone()),
+            simd128: cfg!(target_feature = "simd128"),
+            threads: 1,
+            wasm_memory_bytes,
+            backend_memory_bytes: loaded.as_ref().map(|_| backend_memory_bytes),
+            model: host.as_ref().map(|h| h.info().clone()),
+            batch: loaded.as_ref().map(|_| batch),
+            draft_model: host.as_ref().is_some_and(|h| h.has_draft()),
+            draft,
+        })
+    }
+}
+
+/// What `runtime_stats` reports; a field that does not apply (no model loaded, no adapter) is
+/// null.
+#[derive(Serialize)]
+struct RuntimeStats {
+    /// "webgpu" or "cpu-wasm".
+    backend: &'static str,
+    adapter: Option<AdapterStats>,
+    /// backend 'auto' that fell back to the CPU: why.
+    fallback_reason: Option<String>,
+    simd128: bool,
+    threads: u32,
+    wasm_memory_bytes: u32,
+    backend_memory_bytes: Option<u64>,
+    model: Option<ModelInfo>,
+    batch: Option<BatchStats>,
+    /// Whether a draft model is loaded.
+    draft_model: bool,
+    draft: Option<DraftStats>,
+}
+
+/// Where the draft model runs.
+#[derive(Serialize)]
+struct DraftStats {
+    backend: &'static str,
+    adapter: Option<AdapterStats>,
+    fallback_reason: Option<String>,
+    /// Null while a step holds the engine.
+    backend_memory_bytes: Option<u64>,
+}
+
+/// The WebGPU adapter as `runtime_stats` reports it.
+#[derive(Serialize)]
+struct AdapterStats {
+    name: String,
+    backend: String,
+    device_type: String,
+    shader_f16: bool,
+    subgroups: bool,
+    packed_dot: bool,
+    gpu_shapes: bool,
+    variant: &'static str,
+    max_storage_buffer_binding_size: u64,
+    max_buffer_size: u64,
+}
+
+impl AdapterStats {
+    fn new(i: &DeviceInfo) -> Self {
+        AdapterStats {
+            name: i.adapter_name.clone(),
+            backend: i.backend.clone(),
+            device_type: i.device_type.clone(),
+            shader_f16: i.shader_f16,
+            subgroups: i.subgroups,
+            packed_dot: i.packed_dot,
+            gpu_shapes: i.gpu_shapes,
+            variant: i.variant(),
+            max_storage_buffer_binding_size: i.max_storage_binding,
+            max_buffer_size: i.max_buffer_size,
+        }
+    }
+}
+
+fn backend_name(on_gpu: bool) -> &'static str {
+    if on_gpu {
+        "webgpu"
+    } else {
+        "cpu-wasm"
     }
 }
 
@@ -374,22 +437,6 @@ async fn open_backend(kind: BackendKind) -> Result<(Option<WgpuBackend>, Option<
             Err(e) if auto => (None, Some(e.to_string())),
             Err(e) => return Err(js_error(WasmError::NoWebGpu(e.to_string()))),
         },
-    })
-}
-
-/// The adapter as `runtime_stats` reports it.
-fn adapter_json(i: &DeviceInfo) -> serde_json::Value {
-    serde_json::json!({
-        "name": i.adapter_name,
-        "backend": i.backend,
-        "device_type": i.device_type,
-        "shader_f16": i.shader_f16,
-        "subgroups": i.subgroups,
-        "packed_dot": i.packed_dot,
-        "gpu_shapes": i.gpu_shapes,
-        "variant": i.variant(),
-        "max_storage_buffer_binding_size": i.max_storage_binding,
-        "max_buffer_size": i.max_buffer_size,
     })
 }
 

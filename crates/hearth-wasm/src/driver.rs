@@ -106,7 +106,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Resolves (report JSON) or rejects the Promise of `key`.
+    /// Resolves (the report as an object) or rejects the Promise of `key`.
     fn settle(&self, key: u32, result: Result<Report, JsValue>) {
         let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
         let outcome = match (request.callback_error, result) {
@@ -115,9 +115,7 @@ impl State {
                     e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
                 Err(coded_error("internal", &format!("on_chunk threw: {message}")))
             }
-            (None, Ok(report)) => serde_json::to_string(&report)
-                .map(|json| JsValue::from_str(&json))
-                .map_err(|e| coded_error("internal", &format!("serializing the report: {e}"))),
+            (None, Ok(report)) => crate::js::to_js(&report),
             (None, Err(e)) => Err(e),
         };
         // A throwing then-handler is the caller's; nothing to do here.
@@ -156,6 +154,10 @@ impl State {
 /// Steps the batch until no request is left: submits new calls, applies cancels, runs one
 /// batched forward pass, streams and settles, then yields to the event loop (on the CPU a step
 /// never awaits; without the yield no message or timer could reach the engine).
+#[expect(
+    clippy::await_holding_refcell_ref,
+    reason = "the driver owns the host across a step's awaits; every other user checks `driving` or takes it with try_borrow, and reports busy"
+)]
 pub(crate) async fn drive(state: Rc<State>) {
     loop {
         let loaded = state.loaded.borrow().clone();

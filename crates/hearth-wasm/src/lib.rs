@@ -5,8 +5,10 @@
 //! WebGPU: Uint8Array (JS memory) or a JS range reader (Blob / OPFS file / HTTP ranges)
 //!         ──JsModel::source, range by range──> GgufFile ──> Engine on WgpuBackend
 //! CPU:    the same ──copy──> OwnedBytes ──> GgufFile ──> Engine on CpuBackend
-//! generate(prompt JSON, options JSON, on_chunk) ──await──> text deltas ──> report JSON (usage, ids)
+//! generate(kind, request object, on_chunk) ──await──> text deltas ──> report object (usage, ids)
 //! ```
+//!
+//! Requests, load options, reports and stats cross as JS objects, through serde (`js.rs`).
 
 pub mod error;
 pub mod host;
@@ -18,6 +20,8 @@ mod bindings;
 mod driver;
 #[cfg(target_arch = "wasm32")]
 mod gpu;
+#[cfg(target_arch = "wasm32")]
+mod js;
 #[cfg(target_arch = "wasm32")]
 mod source;
 

@@ -1,5 +1,7 @@
-//! What JS sends: load options, the prompt (text or chat messages) and the request's other
-//! fields, as JSON. The prompt and the request are the core's one schema
+//! What JS sends: load options and a request (the prompt, as text or chat messages, and the
+//! request's other fields). In the browser they arrive as JS objects, decoded by `js.rs` straight
+//! into these serde types; natively (the host tests, `native-runner`'s surfaces test) the same
+//! types are read from JSON text. The prompt and the request are the core's one schema
 //! ([`hearth_core::request`]), checked by its one validation, so the browser refuses and accepts
 //! exactly what `hearth serve` does. Parsed strictly: a typo is reported, never ignored.
 
@@ -73,17 +75,26 @@ pub fn parse_prompt(json: &str) -> Result<Prompt> {
     Ok(request?.prompt)
 }
 
-/// A whole request of kind "chat" (messages) or "text" (a completion prompt), as the JS API takes
-/// it: checked by the core's validation, then split into the prompt and the rest.
+/// The endpoint of a request kind as the JS API names it: "chat" (messages) or "text" (a
+/// completion prompt).
+pub fn endpoint(kind: &str) -> Result<Endpoint> {
+    match kind {
+        "chat" => Ok(Endpoint::Chat),
+        "text" => Ok(Endpoint::Completions),
+        other => Err(WasmError::bad_request("request kind", format!("expected 'chat' or 'text', got '{other}'"))),
+    }
+}
+
+/// A whole request of kind "chat" (messages) or "text" (a completion prompt) as JSON text: see
+/// [`split_request`].
 pub fn parse_request(kind: &str, json: &str) -> Result<(Prompt, RequestOptions)> {
-    let endpoint = match kind {
-        "chat" => Endpoint::Chat,
-        "text" => Endpoint::Completions,
-        other => {
-            return Err(WasmError::bad_request("request kind", format!("expected 'chat' or 'text', got '{other}'")))
-        }
-    };
-    let request = Request::from_json(json.as_bytes())?;
+    let endpoint = endpoint(kind)?;
+    split_request(endpoint, Request::from_json(json.as_bytes())?)
+}
+
+/// A whole request for `endpoint`, however it was decoded: checked by the core's validation, then
+/// split into the prompt and the rest.
+pub fn split_request(endpoint: Endpoint, request: Request) -> Result<(Prompt, RequestOptions)> {
     let prompt = request.validate(endpoint, 0)?.prompt;
     let options = RequestOptions::from_request(Request { messages: None, prompt: None, ..request }, Some(endpoint))?;
     Ok((prompt, options))
@@ -141,7 +152,7 @@ impl RequestOptions {
         Ok(RequestOptions { request, speculative, prediction, endpoint, logprobs })
     }
 
-    /// The request's kind, when it came whole ([`parse_request`]).
+    /// The request's kind, when it came whole ([`split_request`]).
     pub fn endpoint(&self) -> Option<Endpoint> {
         self.endpoint
     }

@@ -5,8 +5,9 @@
 //     backend: 'auto'|'webgpu'|'cpu')
 //   generate(kind, request, onChunk, key) → report  (concurrent calls run as one batch; kind: 'chat' | 'text')
 //   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
-// `prompt` is a string (raw completion) or an array of chat messages; `options` uses the OpenAI
-// names the Rust side accepts (see crates/hearth-wasm/src/request.rs).
+// `request` is the OpenAI request object (a string `prompt`, or `messages`); it crosses into wasm as
+// a JS object, decoded into the core's request schema (crates/hearth-wasm/src/js.rs), and the
+// report and stats come back as objects.
 
 import init, { WasmEngine } from './hearth_wasm.js';
 import { hearthError } from './errors.js';
@@ -29,7 +30,7 @@ export class LocalEngine {
     // WebGPU: the engine reads the model tensor by tensor into GPU buffers, from bytes that stay in
     // JS memory or through a range reader; the CPU engine copies it into wasm memory.
     const input = isLazySource(model) ? openReader(model) : model;
-    await this.#engine.load(input, JSON.stringify(engineOptions), backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
+    await this.#engine.load(input, engineOptions, backend, (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
   async loadDraft(model, backend, onProgress) {
@@ -41,8 +42,7 @@ export class LocalEngine {
   /** `onChunk(text)` returning false cancels; `key` names the request for cancel(key). */
   async generate(kind, request, onChunk, key) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    const report = await this.#engine.generate(kind, JSON.stringify(request), (text) => onChunk(text) !== false, key);
-    return JSON.parse(report);
+    return this.#engine.generate(kind, request, (text) => onChunk(text) !== false, key);
   }
 
   cancel(key) {
@@ -68,6 +68,6 @@ export class LocalEngine {
   async stats() {
     await initialize();
     if (!this.#engine) return { backend: 'cpu-wasm', model: null };
-    return JSON.parse(this.#engine.runtime_stats());
+    return this.#engine.runtime_stats();
   }
 }
