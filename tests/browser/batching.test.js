@@ -3,6 +3,8 @@
 // - concurrent requests run as one continuous batch (runtimeStats().batch.max_batch_observed > 1)
 //   and each gives the greedy tokens it gives alone (the first prompt: the native CPU fixture);
 // - aborting one request of a batch ends it with 'abort' and frees its KV blocks, the others go on;
+// - `n` choices of one prompt are the answers of n requests seeded in turn, streamed or not, and
+//   share the prompt's KV blocks;
 // - speculative decoding (prompt lookup, draft model) keeps the greedy output and reports its
 //   acceptance; a draft model of another vocabulary is a clear HearthError.
 //
@@ -105,6 +107,45 @@ test('aborting one request of a batch frees its blocks; the others finish unchan
   assert.equal(result.stats.waiting, 0);
   // Every block held by a live sequence was released (a leaked sequence would keep its blocks).
   assert.equal(result.stats.kv_blocks_used, 0, JSON.stringify(result.stats));
+});
+
+test('n choices are the answers of n requests seeded in turn, streamed or not, and share the prompt', { timeout: 600_000 }, async () => {
+  const result = await page.evaluate(async ({ prompts }) => {
+    const engine = window.engine;
+    const sampled = { prompt: prompts[2], temperature: 1, top_k: 40, max_tokens: 8, ignore_eos: true };
+    const together = await engine.completions.create({ ...sampled, seed: 11, n: 3 });
+    const apart = [];
+    for (const seed of [11, 12, 13]) apart.push(await engine.completions.create({ ...sampled, seed }));
+    const streamedRequest = { prompt: prompts[1], temperature: 1, max_tokens: 6, ignore_eos: true };
+    const streamed = { texts: ['', '', ''], finishes: [], lastUsage: null };
+    for await (const chunk of await engine.completions.create({ ...streamedRequest, seed: 5, n: 3, stream: true })) {
+      const [choice] = chunk.choices;
+      streamed.texts[choice.index] += choice.text;
+      if (choice.finish_reason) streamed.finishes.push([choice.index, choice.finish_reason]);
+      if (chunk.usage) streamed.lastUsage = chunk.usage;
+    }
+    const streamedApart = [];
+    for (const seed of [5, 6, 7]) streamedApart.push(await engine.completions.create({ ...streamedRequest, seed }));
+    const stats = (await engine.runtimeStats()).batch;
+    return { together, apart, streamed, streamedApart, stats };
+  }, { prompts: PROMPTS });
+  const { together, apart, streamed, streamedApart, stats } = result;
+  assert.equal(together.choices.length, 3);
+  for (let i = 0; i < 3; i++) {
+    assert.equal(together.choices[i].index, i);
+    assert.equal(together.choices[i].text, apart[i].choices[0].text, `choice ${i}`);
+    assert.deepEqual(together.hearth.choices[i], { token_ids: apart[i].hearth.token_ids, seed: 11 + i }, `choice ${i}`);
+    assert.equal(streamed.texts[i], streamedApart[i].choices[0].text, `streamed choice ${i}`);
+  }
+  // The choices differ (sampled), or the check above would not tell them apart.
+  assert.ok(new Set(together.choices.map((c) => c.text)).size > 1, JSON.stringify(together.choices));
+  // The prompt counted once, the choices' tokens summed.
+  assert.equal(together.usage.prompt_tokens, apart[0].usage.prompt_tokens);
+  assert.equal(together.usage.completion_tokens, 24);
+  assert.deepEqual(streamed.finishes, [[0, 'length'], [1, 'length'], [2, 'length']]);
+  assert.equal(streamed.lastUsage.completion_tokens, 18);
+  assert.equal(stats.running, 0);
+  assert.equal(stats.kv_blocks_used, 0, JSON.stringify(stats));
 });
 
 test('speculative decoding by prompt lookup keeps the greedy output and reports acceptance', { timeout: 600_000 }, async () => {

@@ -106,8 +106,8 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       // Asked-for features that do not exist are refused, never ignored.
       responseFormat: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } })),
       tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
-      // Several choices per request are a server feature for now.
-      choices: await describe(engine.completions.create({ prompt: 'x', n: 2 })),
+      // More choices than a request may ask for.
+      choices: await describe(engine.completions.create({ prompt: 'x', n: 17 })),
       // A limit past the context is refused as the server refuses it (no limit: to its end).
       pastContext: await describe(engine.completions.create({ prompt: 'x', max_tokens: 1_000_000 })),
       // The request crosses into wasm as a JS object: a non-finite number reaches the core's
@@ -142,7 +142,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
     responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
-    choices: /one choice per request \(n = 1\)/,
+    choices: /n must be between 1 and 16, got 17/,
     temperatureNaN: /temperature must be between 0 and 2, got NaN\./, temperatureNaNWorker: /temperature must be between 0 and 2, got NaN\./,
     topPInfinity: /top_p must be between 0 and 1, got inf\./, logitBiasNaN: /logit_bias values must be in \[-100, 100\], got NaN\./,
     logprobsNaN: /logprobs: invalid value: floating point `NaN`, expected a finite number/,

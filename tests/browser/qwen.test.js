@@ -80,6 +80,27 @@ test("backend 'cpu' (wasm): Qwen 0.5B greedy tokens equal the native CPU backend
   assertSameAsNativeCpu(result, 'wasm CPU', N_TOKENS);
 });
 
+test("chat with n choices: each choice's stream opens with the role and equals its choice in the whole answer", { timeout: 900_000 }, async () => {
+  const result = await page.evaluate(async ({ modelUrl }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'cpu', worker: true, cache: false });
+    const request = { messages: [{ role: 'user', content: 'Name a colour.' }], temperature: 1, max_tokens: 5, ignore_eos: true, seed: 3, n: 2 };
+    const whole = await engine.chat.completions.create(request);
+    const deltas = [];
+    for await (const chunk of await engine.chat.completions.create({ ...request, stream: true })) deltas.push(chunk.choices[0]);
+    await engine.unload();
+    return { whole, deltas };
+  }, { modelUrl: `/models/${expected.model_file}` });
+  for (const index of [0, 1]) {
+    const mine = result.deltas.filter((d) => d.index === index);
+    assert.equal(mine[0].delta.role, 'assistant', JSON.stringify(mine[0]));
+    assert.ok(mine.slice(1).every((d) => d.delta.role === undefined), JSON.stringify(mine));
+    assert.equal(mine.map((d) => d.delta.content ?? '').join(''), result.whole.choices[index].message.content, `choice ${index}`);
+    assert.equal(mine.at(-1).finish_reason, 'length');
+  }
+  assert.equal(result.whole.usage.completion_tokens, 10);
+});
+
 test("backend 'webgpu': Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
   const result = await generate('webgpu', WEBGPU_TOKENS);
   assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));

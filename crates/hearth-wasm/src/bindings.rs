@@ -222,9 +222,11 @@ impl WasmEngine {
     /// Generates for `request`, an OpenAI request object of `kind` "chat" (with `messages`) or
     /// "text" (with `prompt`), plus hearth's `speculative`: decoded into the core's request
     /// schema and checked by its validation, so a refused field rejects with code `bad-argument`
-    /// and `param` naming it. `on_chunk(text)` receives each text delta; returning `false`
-    /// cancels. `key` names the request for [`WasmEngine::cancel`]. Resolves to the report, an
-    /// object (`host::Report`). Concurrent calls are batched.
+    /// and `param` naming it. `on_chunk(text, choice)` receives each text delta of each choice
+    /// (`n` of them, sharing the prompt's KV blocks; choice `i` seeded with the seed + `i`);
+    /// returning `false` cancels them all. `key` names the request for [`WasmEngine::cancel`].
+    /// Resolves to the choices' reports, an array of objects (`host::Report`) in choice order.
+    /// Concurrent calls are batched.
     pub fn generate(&self, kind: &str, request: JsValue, on_chunk: js_sys::Function, key: u32) -> js_sys::Promise {
         let state = self.state.clone();
         let parsed = js::request(kind, request);
@@ -249,7 +251,10 @@ impl WasmEngine {
             input,
             options,
         };
-        state.requests.borrow_mut().insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None });
+        state
+            .requests
+            .borrow_mut()
+            .insert(key, JsRequest { on_chunk, resolve, reject, callback_error: None, reports: Vec::new() });
         state.inbox.borrow_mut().push_back(pending);
         if !state.driving.get() {
             state.driving.set(true);

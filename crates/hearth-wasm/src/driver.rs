@@ -83,11 +83,14 @@ pub(crate) struct Pending {
 
 /// A `generate` call in flight: how to stream to it and settle its Promise.
 pub(crate) struct JsRequest {
+    /// `on_chunk(text, choice)`.
     pub on_chunk: js_sys::Function,
     pub resolve: js_sys::Function,
     pub reject: js_sys::Function,
     /// What `on_chunk` threw (the request is cancelled and its Promise rejected).
     pub callback_error: Option<JsValue>,
+    /// Each choice's report once it has ended; the Promise resolves to them all, in choice order.
+    pub reports: Vec<Option<Report>>,
 }
 
 #[derive(Default)]
@@ -96,8 +99,8 @@ pub(crate) struct State {
     /// Calls not yet submitted.
     pub inbox: RefCell<VecDeque<Pending>>,
     pub requests: RefCell<HashMap<u32, JsRequest>>,
-    /// Scheduler request id → the caller's key.
-    pub keys: RefCell<HashMap<RequestId, u32>>,
+    /// Scheduler request id → the caller's key and the choice it generates.
+    pub keys: RefCell<HashMap<RequestId, (u32, usize)>>,
     pub cancels: RefCell<Vec<u32>>,
     /// The driver task is running.
     pub driving: Cell<bool>,
@@ -106,16 +109,51 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Resolves (the report as an object) or rejects the Promise of `key`.
-    fn settle(&self, key: u32, result: Result<Report, JsValue>) {
+    /// Records that `choice` of `key` ended with `report`; once every choice has, resolves the
+    /// Promise to their reports.
+    fn finish(&self, key: u32, choice: usize, report: Report) {
+        let complete = {
+            let mut requests = self.requests.borrow_mut();
+            let Some(request) = requests.get_mut(&key) else { return };
+            if let Some(slot) = request.reports.get_mut(choice) {
+                *slot = Some(report);
+            }
+            request.reports.iter().all(Option::is_some)
+        };
+        if complete {
+            self.settle(key, Ok(()));
+        }
+    }
+
+    /// Fails the whole request of `key`: its other choices are cancelled.
+    fn fail(&self, host: &mut EngineHost, key: u32, error: JsValue) {
+        for id in self.take_ids(key) {
+            host.cancel(id);
+        }
+        self.settle(key, Err(error));
+    }
+
+    /// The scheduler requests (choices) of `key`, forgotten here.
+    fn take_ids(&self, key: u32) -> Vec<RequestId> {
+        let mut keys = self.keys.borrow_mut();
+        let ids: Vec<RequestId> = keys.iter().filter(|(_, &(k, _))| k == key).map(|(&id, _)| id).collect();
+        for id in &ids {
+            keys.remove(id);
+        }
+        ids
+    }
+
+    /// Resolves (the choices' reports, as an array of objects) or rejects the Promise of `key`.
+    fn settle(&self, key: u32, result: Result<(), JsValue>) {
         let Some(request) = self.requests.borrow_mut().remove(&key) else { return };
+        let reports: Vec<Report> = request.reports.into_iter().flatten().collect();
         let outcome = match (request.callback_error, result) {
             (Some(e), _) => {
                 let message =
                     e.as_string().or_else(|| js_sys::Error::from(e).message().as_string()).unwrap_or_default();
                 Err(coded_error("internal", &format!("on_chunk threw: {message}")))
             }
-            (None, Ok(report)) => crate::js::to_js(&report),
+            (None, Ok(())) => crate::js::to_js(&reports),
             (None, Err(e)) => Err(e),
         };
         // A throwing then-handler is the caller's; nothing to do here.
@@ -125,13 +163,13 @@ impl State {
         };
     }
 
-    /// Streams a delta to `key`; a `false` return or a throw cancels the request.
-    fn stream(&self, key: u32, delta: &str) {
+    /// Streams a delta of `choice` to `key`; a `false` return or a throw cancels the request.
+    fn stream(&self, key: u32, choice: usize, delta: &str) {
         let on_chunk = match self.requests.borrow().get(&key) {
             Some(r) => r.on_chunk.clone(),
             None => return,
         };
-        match on_chunk.call1(&JsValue::NULL, &JsValue::from_str(delta)) {
+        match on_chunk.call2(&JsValue::NULL, &JsValue::from_str(delta), &JsValue::from_f64(choice as f64)) {
             Ok(result) if result == JsValue::FALSE => self.cancels.borrow_mut().push(key),
             Ok(_) => {}
             Err(e) => {
@@ -176,17 +214,20 @@ pub(crate) async fn drive(state: Rc<State>) {
         let stepped = host
             .step_async(&mut |event| match event {
                 HostEvent::Text { id, delta } => {
-                    if let Some(&key) = state.keys.borrow().get(&id) {
-                        state.stream(key, &delta);
+                    let choice = state.keys.borrow().get(&id).copied();
+                    if let Some((key, choice)) = choice {
+                        state.stream(key, choice, &delta);
                     }
                 }
                 HostEvent::Finished { id, report } => {
-                    if let Some(key) = state.keys.borrow_mut().remove(&id) {
-                        state.settle(key, Ok(*report));
+                    let choice = state.keys.borrow_mut().remove(&id);
+                    if let Some((key, choice)) = choice {
+                        state.finish(key, choice, *report);
                     }
                 }
                 HostEvent::Failed { id, error } => {
-                    if let Some(key) = state.keys.borrow_mut().remove(&id) {
+                    let choice = state.keys.borrow_mut().remove(&id);
+                    if let Some((key, _)) = choice {
                         failed.push((key, error));
                     }
                 }
@@ -196,16 +237,17 @@ pub(crate) async fn drive(state: Rc<State>) {
             wait_for_device_fault(&loaded).await;
         }
         for (key, error) in failed {
-            state.settle(key, Err(js_error(loaded.classify(error))));
+            state.fail(&mut host, key, js_error(loaded.classify(error)));
         }
         if let Err(error) = stepped {
             // The scheduler reports request failures as events; this is the backend itself.
             let message = loaded.classify(error);
             let (code, text) = (message.code(), message.to_string());
-            let keys: Vec<(RequestId, u32)> = state.keys.borrow_mut().drain().collect();
-            for (id, key) in keys {
-                host.cancel(id);
-                state.settle(key, Err(coded_error(code, &text)));
+            let mut keys: Vec<u32> = state.keys.borrow().values().map(|&(key, _)| key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for key in keys {
+                state.fail(&mut host, key, coded_error(code, &text));
             }
         }
         state.last_stats.set((host.backend_memory_bytes(), host.batch_stats()));
@@ -225,8 +267,14 @@ fn submit_queued(state: &State, loaded: &Loaded, host: &mut EngineHost) {
     let queued: Vec<Pending> = state.inbox.borrow_mut().drain(..).collect();
     for p in queued {
         match host.submit(&p.input, &p.options, p.seed, Some(p.now_unix)) {
-            Ok(id) => {
-                state.keys.borrow_mut().insert(id, p.key);
+            Ok(ids) => {
+                if let Some(request) = state.requests.borrow_mut().get_mut(&p.key) {
+                    request.reports = ids.iter().map(|_| None).collect();
+                }
+                let mut keys = state.keys.borrow_mut();
+                for (choice, id) in ids.into_iter().enumerate() {
+                    keys.insert(id, (p.key, choice));
+                }
             }
             Err(e) => state.settle(p.key, Err(js_error(loaded.classify(e)))),
         }
@@ -236,11 +284,13 @@ fn submit_queued(state: &State, loaded: &Loaded, host: &mut EngineHost) {
 fn apply_cancels(state: &State, host: &mut EngineHost) {
     let cancels: Vec<u32> = state.cancels.borrow_mut().drain(..).collect();
     for key in cancels {
-        let id = state.keys.borrow().iter().find(|(_, &k)| k == key).map(|(&id, _)| id);
-        if let Some(id) = id {
+        // Every choice still running ends now, with what it has (finish reason `cancelled`).
+        let choices: Vec<(RequestId, usize)> =
+            state.keys.borrow().iter().filter(|(_, &(k, _))| k == key).map(|(&id, &(_, c))| (id, c)).collect();
+        for (id, choice) in choices {
             state.keys.borrow_mut().remove(&id);
             if let Some(report) = host.cancel(id) {
-                state.settle(key, Ok(report));
+                state.finish(key, choice, report);
             }
         }
     }

@@ -238,14 +238,16 @@ impl EngineHost {
         Ok((prompt, generate_options))
     }
 
-    /// Queues a request for the batch, speculative ones included.
+    /// Queues a request for the batch, speculative ones included: one scheduler request per
+    /// choice (`n`), in choice order, sharing the prompt's KV blocks; choice `i` samples with the
+    /// request's seed + `i`.
     pub fn submit(
         &mut self,
         input: &Prompt,
         options: &RequestOptions,
         default_seed: u64,
         now_unix: Option<i64>,
-    ) -> Result<RequestId> {
+    ) -> Result<Vec<RequestId>> {
         let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
         let drafting = match (options.speculative(), options.prediction()) {
@@ -270,9 +272,11 @@ impl EngineHost {
             },
             (None, None) => Drafting::None,
         };
-        let id = self.scheduler.submit_with(prompt, generate_options, drafting)?;
-        self.seeds.insert(id, (seed, options.endpoint()));
-        Ok(id)
+        let ids = self.scheduler.submit_choices(prompt, generate_options, drafting, options.n_choices())?;
+        for (choice, &id) in ids.iter().enumerate() {
+            self.seeds.insert(id, (seed.wrapping_add(choice as u64), options.endpoint()));
+        }
+        Ok(ids)
     }
 
     /// Ends a request now and frees its KV blocks; its report (finish reason `cancelled`).
@@ -318,7 +322,7 @@ impl EngineHost {
         Ok(stepped)
     }
 
-    /// Runs one request (speculative or not) to its end; `on_text(delta)` streams text,
+    /// Runs one request of one choice (speculative or not) to its end; `on_text(delta)` streams text,
     /// returning false interrupts (the report then says `cancelled`). Synchronous:
     /// [`EngineHost::generate_async`] polled once (the backend must finish steps inside
     /// `submit`: the CPU backend; natively every backend).
@@ -346,7 +350,14 @@ impl EngineHost {
         now_unix: Option<i64>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Report> {
-        let id = self.submit(input, options, default_seed, now_unix)?;
+        if options.n_choices() != 1 {
+            return Err(WasmError::bad_request(
+                "n",
+                "generate runs one choice: submit a request of several and step it",
+            ));
+        }
+        let ids = self.submit(input, options, default_seed, now_unix)?;
+        let Some(&id) = ids.first() else { return Err(WasmError::bad_request("n", "no choice was submitted")) };
         let mut outcome = None;
         let mut stop = false;
         while outcome.is_none() {

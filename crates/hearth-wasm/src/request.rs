@@ -110,6 +110,8 @@ pub struct RequestOptions {
     /// The request's kind, which says how `logprobs` reads and how they are reported.
     endpoint: Option<Endpoint>,
     logprobs: Option<usize>,
+    /// Choices to generate for the prompt (`n`), sharing its KV blocks.
+    n: usize,
 }
 
 impl RequestOptions {
@@ -130,13 +132,7 @@ impl RequestOptions {
     fn from_request(request: Request, endpoint: Option<Endpoint>) -> Result<Self> {
         // Every value is checked now; the seed is chosen per call.
         request.generation_options(0)?;
-        if request.n.is_some_and(|n| n != 1) {
-            return Err(hearth_core::CoreError::BadRequest {
-                param: Some("n".into()),
-                message: "n is not supported in the browser yet: one choice per request (n = 1); submit the request again for another.".into(),
-            }
-            .into());
-        }
+        let n = request.choices()?;
         let speculative = request.speculation()?;
         let prediction = request.prediction_text()?;
         let logprobs = match endpoint {
@@ -149,7 +145,7 @@ impl RequestOptions {
             }
             None => None,
         };
-        Ok(RequestOptions { request, speculative, prediction, endpoint, logprobs })
+        Ok(RequestOptions { request, speculative, prediction, endpoint, logprobs, n })
     }
 
     /// The request's kind, when it came whole ([`split_request`]).
@@ -167,6 +163,11 @@ impl RequestOptions {
             logprobs: self.logprobs,
             ..options
         })
+    }
+
+    /// Choices to generate (`n`; 1 unless asked).
+    pub fn n_choices(&self) -> usize {
+        self.n.max(1)
     }
 
     /// The speculative decoding asked for.

@@ -125,7 +125,7 @@ fn bad_inputs_are_errors_with_clear_messages() {
     for (kind, json, needle) in [
         ("chat", r#"{"prompt": "x"}"#, "belongs to completions"),
         ("text", r#"{"messages": [{"role": "user", "content": "x"}]}"#, "belongs to chat"),
-        ("text", r#"{"prompt": "x", "n": 2}"#, "one choice per request"),
+        ("text", r#"{"prompt": "x", "n": 17}"#, "n must be between 1 and 16"),
         ("text", r#"{"prompt": "x", "echo": true}"#, "echo is not supported here"),
         ("json", r#"{"prompt": "x"}"#, "'chat' or 'text'"),
     ] {
@@ -230,9 +230,9 @@ fn concurrent_requests_run_as_one_batch_with_their_solo_tokens() {
     assert_eq!(solo[0], ids(&expected["tokens"])[..10]);
     assert_eq!(host.batch_stats().max_batch_observed, 1);
     let request_ids: Vec<u64> =
-        BATCH_PROMPTS.iter().map(|p| host.submit(&input(p), &options, 0, None).unwrap()).collect();
+        BATCH_PROMPTS.iter().map(|p| host.submit(&input(p), &options, 0, None).unwrap()[0]).collect();
     // One more, cancelled at once: its blocks must come back.
-    let cancelled = host.submit(&input("A long story about a dragon:"), &options, 0, None).unwrap();
+    let cancelled = host.submit(&input("A long story about a dragon:"), &options, 0, None).unwrap()[0];
     let mut reports = std::collections::HashMap::new();
     let mut on_event = |event| {
         if let HostEvent::Finished { id, report } = event {
@@ -312,7 +312,7 @@ fn speculative_requests_keep_the_greedy_output() {
     // Every speculative kind batches with plain requests: all in one pass, each with its greedy
     // tokens and its own drafts.
     let ids: Vec<u64> =
-        [&plain, &lookup, &draft, &full, &both].iter().map(|o| host.submit(&input, o, 0, None).unwrap()).collect();
+        [&plain, &lookup, &draft, &full, &both].iter().map(|o| host.submit(&input, o, 0, None).unwrap()[0]).collect();
     let reports = run_batch(&mut host);
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(reports[id].token_ids, reference.token_ids, "request {i} in the batch");

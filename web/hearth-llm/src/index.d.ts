@@ -122,7 +122,9 @@ export interface SamplingRequest {
   speculative?: SpeculativeRequest;
   signal?: AbortSignal;
   model?: string;
-  n?: 1;
+  /** Choices to generate for the prompt (1..16, default 1): they share its KV blocks, choice `i`
+   * samples with `seed` + `i`, and a stream interleaves their chunks (by `index`). */
+  n?: number;
 }
 
 export interface SpeculativeRequest {
@@ -200,6 +202,8 @@ export interface HearthDetails {
   /** Prompt tokens reused from the KV cache. */
   prompt_cached: number;
   seed: number;
+  /** With `n` > 1: each choice's token ids and seed (the fields above are the first choice's). */
+  choices?: Array<{ token_ids: number[]; seed: number }>;
 }
 
 /** One token of chat's `logprobs.content`: the model's log-probability (before temperature and
@@ -230,7 +234,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   /** `logprobs`: on the last chunk, the whole answer's when the request asked for them. */
-  choices: Array<{ index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: ChatLogprobs | null }>;
+  choices: Array<{ index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: ChatLogprobs | null }>;
   usage?: Usage;
   hearth?: HearthDetails;
 }
@@ -240,7 +244,7 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: Array<{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: ChatLogprobs | null }>;
+  choices: Array<{ index: number; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: ChatLogprobs | null }>;
   usage: Usage;
   hearth: HearthDetails;
 }
@@ -250,7 +254,7 @@ export interface Completion {
   object: 'text_completion';
   created: number;
   model: string;
-  choices: Array<{ index: 0; text: string; finish_reason: FinishReason | null; logprobs: CompletionLogprobs | null }>;
+  choices: Array<{ index: number; text: string; finish_reason: FinishReason | null; logprobs: CompletionLogprobs | null }>;
   usage?: Usage;
   hearth?: HearthDetails;
 }

@@ -176,10 +176,10 @@ export class Engine {
       await chunks.started(done);
       return streamChunks(chunks, done, shape);
     }
-    const report = await done.catch((error) => {
+    const reports = await done.catch((error) => {
       throw toHearthError(error);
     });
-    return completionObject(report, shape);
+    return completionObject(reports, shape);
   }
 
   async #run(kind, request, signal, chunks) {
@@ -194,15 +194,15 @@ export class Engine {
     };
     chunks.interrupt = interrupt;
     signal?.addEventListener('abort', interrupt, { once: true });
-    const done = this.#backend.generate(kind, request, (text) => {
-      chunks.push(text);
+    const done = this.#backend.generate(kind, request, (text, choice) => {
+      chunks.push({ text, choice });
       return !stopped;
     }, key);
     this.#running.set(key, { interrupt, done });
     try {
-      const report = await done;
-      if (stopped) report.finish_reason = 'cancelled';
-      return report;
+      const reports = await done;
+      if (stopped) for (const report of reports) report.finish_reason = 'cancelled';
+      return reports;
     } finally {
       signal?.removeEventListener('abort', interrupt);
       this.#running.delete(key);
@@ -211,15 +211,15 @@ export class Engine {
   }
 }
 
-/** Text deltas from the engine, consumed by the stream iterator. */
+/** Text deltas from the engine ({ text, choice }), consumed by the stream iterator. */
 class ChunkQueue {
   items = [];
   closed = false;
   wake = null;
 
-  push(text) {
+  push(delta) {
     if (this.closed) return;
-    this.items.push(text);
+    this.items.push(delta);
     this.wake?.();
     this.onStart?.();
   }
@@ -248,30 +248,54 @@ class ChunkQueue {
 
 const FINISH = { stop: 'stop', length: 'length', context_full: 'length', cancelled: 'abort' };
 
-function usage(report) {
+/** The usage of a request's choices: the prompt once (the choices share it), their completion
+ * tokens summed; timings are the first choice's. */
+function usage(reports) {
+  const [first] = reports;
+  const completion = reports.reduce((sum, report) => sum + report.completion_tokens, 0);
+  const drafted = reports.filter((report) => report.speculative);
   return {
-    prompt_tokens: report.prompt_tokens,
-    completion_tokens: report.completion_tokens,
-    total_tokens: report.prompt_tokens + report.completion_tokens,
-    ttft_ms: report.ttft_ms,
-    prefill_tok_s: report.prefill_tok_s,
-    decode_tok_s: report.decode_tok_s,
-    ...(report.speculative ? { speculative: report.speculative } : {}),
+    prompt_tokens: first.prompt_tokens,
+    completion_tokens: completion,
+    total_tokens: first.prompt_tokens + completion,
+    ttft_ms: first.ttft_ms,
+    prefill_tok_s: first.prefill_tok_s,
+    decode_tok_s: first.decode_tok_s,
+    ...(drafted.length ? { speculative: sumSpeculative(drafted.map((report) => report.speculative)) } : {}),
   };
 }
 
-/** Non-standard details (token ids for tests and debugging), kept out of the OpenAI fields. */
-function details(report) {
-  return { prompt_token_ids: report.prompt_token_ids, token_ids: report.token_ids, prompt_cached: report.prompt_tokens - report.prompt_evaluated, seed: report.seed };
+/** Draft counts summed over choices; rates recomputed from the sums. */
+function sumSpeculative(all) {
+  if (all.length === 1) return all[0];
+  const sum = (field) => all.reduce((total, s) => total + s[field], 0);
+  const counts = Object.fromEntries(['proposed', 'accepted', 'target_forward_passes', 'free_proposed', 'free_accepted', 'free_passes', 'drafter_prepare_ms'].map((f) => [f, sum(f)]));
+  return {
+    ...counts,
+    acceptance_rate: counts.proposed ? counts.accepted / counts.proposed : 0,
+    mean_accepted_per_step: counts.target_forward_passes ? counts.accepted / counts.target_forward_passes : 0,
+  };
 }
 
-function chunkObject(shape, choice, extra = {}) {
+/** Non-standard details (token ids for tests and debugging), kept out of the OpenAI fields: the
+ * first choice's, and with several choices each one's ids and seed. */
+function details(reports) {
+  const [first] = reports;
+  return {
+    prompt_token_ids: first.prompt_token_ids,
+    token_ids: first.token_ids,
+    prompt_cached: first.prompt_tokens - first.prompt_evaluated,
+    seed: first.seed,
+    ...(reports.length > 1 ? { choices: reports.map((report) => ({ token_ids: report.token_ids, seed: report.seed })) } : {}),
+  };
+}
+
+function chunkObject(shape, index, choice, extra = {}) {
   const object = shape.kind === 'chat' ? 'chat.completion.chunk' : 'text_completion';
-  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: null, ...choice }], ...extra };
+  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index, logprobs: null, ...choice }], ...extra };
 }
 
 async function* streamChunks(chunks, done, shape) {
-  let first = true;
   let finished = false;
   const failure = done.then(() => null, (error) => error);
   try {
@@ -282,28 +306,39 @@ async function* streamChunks(chunks, done, shape) {
   }
 
   async function* deltas() {
+  // Choices that have streamed their first delta (chat's first delta carries the role).
+  const begun = new Set();
   for (;;) {
-    const text = await chunks.next();
-    if (text === null) break;
+    const delta = await chunks.next();
+    if (delta === null) break;
+    const { text, choice: index } = delta;
+    const first = !begun.has(index);
+    begun.add(index);
     const choice = shape.kind === 'chat' ? { delta: first ? { role: 'assistant', content: text } : { content: text }, finish_reason: null } : { text, finish_reason: null };
-    first = false;
-    yield chunkObject(shape, choice);
+    yield chunkObject(shape, index, choice);
   }
   const error = await failure;
   if (error) throw toHearthError(error);
-  const report = await done;
-  // The log-probabilities of the whole answer come with the last chunk.
-  const logprobs = report.logprobs ?? null;
-  const last = shape.kind === 'chat' ? { delta: {}, logprobs, finish_reason: FINISH[report.finish_reason] } : { text: '', logprobs, finish_reason: FINISH[report.finish_reason] };
+  const reports = await done;
+  // Each choice ends with a chunk of its finish reason and the log-probabilities of its whole
+  // answer; the last one also carries the usage.
   finished = true;
-  yield chunkObject(shape, last, { usage: usage(report), hearth: details(report) });
+  for (const [index, report] of reports.entries()) {
+    const logprobs = report.logprobs ?? null;
+    const last = shape.kind === 'chat' ? { delta: {}, logprobs, finish_reason: FINISH[report.finish_reason] } : { text: '', logprobs, finish_reason: FINISH[report.finish_reason] };
+    const extra = index === reports.length - 1 ? { usage: usage(reports), hearth: details(reports) } : {};
+    yield chunkObject(shape, index, last, extra);
+  }
   }
 }
 
-function completionObject(report, shape) {
-  const finish_reason = FINISH[report.finish_reason];
-  const choice = shape.kind === 'chat' ? { message: { role: 'assistant', content: report.text }, finish_reason } : { text: report.text, finish_reason };
+function completionObject(reports, shape) {
+  const choices = reports.map((report, index) => {
+    const finish_reason = FINISH[report.finish_reason];
+    const choice = shape.kind === 'chat' ? { message: { role: 'assistant', content: report.text }, finish_reason } : { text: report.text, finish_reason };
+    return { index, logprobs: report.logprobs ?? null, ...choice };
+  });
   const object = shape.kind === 'chat' ? 'chat.completion' : 'text_completion';
-  return { id: shape.id, object, created: shape.created, model: shape.model, choices: [{ index: 0, logprobs: report.logprobs ?? null, ...choice }], usage: usage(report), hearth: details(report) };
+  return { id: shape.id, object, created: shape.created, model: shape.model, choices, usage: usage(reports), hearth: details(reports) };
 }
 

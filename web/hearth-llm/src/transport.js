@@ -16,7 +16,7 @@ export class WorkerEngine {
       const request = this.#pending.get(id);
       if (!request) return;
       if (type === 'progress') request.onProgress?.(event.data.progress);
-      else if (type === 'chunk') request.onChunk?.(event.data.text);
+      else if (type === 'chunk') request.onChunk?.(event.data.text, event.data.choice);
       else {
         this.#pending.delete(id);
         if (type === 'done') request.resolve(event.data.result);
@@ -54,7 +54,7 @@ export class WorkerEngine {
     return this.#call({ type: 'load-draft', model, backend }, { onProgress }, transfer);
   }
 
-  /** Resolves to the report; `key` (unique per request) names it for cancel(key). */
+  /** Resolves to the choices' reports; `key` (unique per request) names it for cancel(key). */
   generate(kind, request, onChunk, key) {
     return this.#call({ type: 'generate', kind, request, key }, { onChunk });
   }

@@ -3,7 +3,8 @@
 //     model: bytes, or a streamed source { blob } | { url, size } (worker only, range-reader.js)
 //   loadDraft(model, backend, onProgress)  (a draft model for speculative requests; model as in load,
 //     backend: 'auto'|'webgpu'|'cpu')
-//   generate(kind, request, onChunk, key) → report  (concurrent calls run as one batch; kind: 'chat' | 'text')
+//   generate(kind, request, onChunk, key) → reports, one per choice (concurrent calls run as one batch;
+//     kind: 'chat' | 'text'; onChunk(text, choice))
 //   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
 // `request` is the OpenAI request object (a string `prompt`, or `messages`); it crosses into wasm as
 // a JS object, decoded into the core's request schema (crates/hearth-wasm/src/js.rs), and the
@@ -39,10 +40,11 @@ export class LocalEngine {
     await this.#engine.load_draft(input, backend ?? 'auto', (loaded, total) => onProgress?.({ phase: 'load', loaded, total }));
   }
 
-  /** `onChunk(text)` returning false cancels; `key` names the request for cancel(key). */
+  /** `onChunk(text, choice)` returning false cancels; `key` names the request for cancel(key).
+   * Resolves to the reports of the request's choices (`n`), in choice order. */
   async generate(kind, request, onChunk, key) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    return this.#engine.generate(kind, request, (text) => onChunk(text) !== false, key);
+    return this.#engine.generate(kind, request, (text, choice) => onChunk(text, choice) !== false, key);
   }
 
   cancel(key) {

@@ -269,11 +269,7 @@ impl Request {
                 "prediction drafts by prompt lookup on its own; send it without speculative, or speculative without it.",
             ));
         }
-        let n = match self.n {
-            None => 1,
-            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
-            Some(n) => return Err(bad("n", format!("n must be between 1 and {MAX_CHOICES}, got {n}."))),
-        };
+        let n = self.choices()?;
         let stream = self.stream.unwrap_or(false);
         Ok(ValidRequest {
             model: self.model.clone(),
@@ -288,6 +284,15 @@ impl Request {
             n,
             echo,
         })
+    }
+
+    /// The choices asked for (`n`): 1 unless given, at most [`MAX_CHOICES`].
+    pub fn choices(&self) -> Result<usize, CoreError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(bad("n", format!("n must be between 1 and {MAX_CHOICES}, got {n}."))),
+        }
     }
 
     /// Whether the request echoes its prompt: completions only, not streamed yet.
