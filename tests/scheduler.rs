@@ -70,6 +70,7 @@ fn run(
 ) -> (HashMap<RequestId, Generation>, HashMap<RequestId, String>) {
     let mut done = HashMap::new();
     let mut streamed: HashMap<RequestId, String> = HashMap::new();
+    let mut prompt_scores: HashMap<RequestId, Vec<TokenLogprob>> = HashMap::new();
     let mut steps = 0;
     loop {
         let mut events = Vec::new();
@@ -77,7 +78,16 @@ fn run(
         for e in events {
             match e {
                 SchedulerEvent::Text { id, delta, .. } => streamed.entry(id).or_default().push_str(&delta),
+                SchedulerEvent::PromptScored { id, logprobs } => {
+                    assert!(!streamed.contains_key(&id), "request {id}: its prompt's scores come before its text");
+                    assert!(prompt_scores.insert(id, logprobs).is_none(), "request {id}: prompt scored twice");
+                }
                 SchedulerEvent::Finished { id, generation } => {
+                    assert_eq!(
+                        prompt_scores.remove(&id),
+                        generation.prompt_logprobs,
+                        "request {id}: the streamed prompt scores are the generation's"
+                    );
                     done.insert(id, generation);
                 }
                 SchedulerEvent::Failed { id, error } => panic!("request {id} failed: {error}"),
@@ -582,7 +592,7 @@ fn run_with_logprobs(s: &mut Scheduler) -> (HashMap<RequestId, Generation>, Hash
                     done.insert(id, generation);
                 }
                 SchedulerEvent::Failed { id, error } => panic!("request {id} failed: {error}"),
-                SchedulerEvent::Started { .. } => {}
+                SchedulerEvent::Started { .. } | SchedulerEvent::PromptScored { .. } => {}
             })
             .expect("step");
         if !busy {
@@ -669,7 +679,7 @@ fn the_choices_of_one_prompt_share_its_blocks_and_sample_as_requests_seeded_in_t
                     assert_eq!(generation.tokens, want[i], "choice {i} differs from a request seeded {}", 5 + i);
                 }
                 SchedulerEvent::Failed { id, error } => panic!("choice {id} failed: {error}"),
-                SchedulerEvent::Text { .. } => {}
+                SchedulerEvent::Text { .. } | SchedulerEvent::PromptScored { .. } => {}
             }
         }
         if !busy {
@@ -694,7 +704,8 @@ fn the_choices_of_one_prompt_share_its_blocks_and_sample_as_requests_seeded_in_t
 
 /// Prompt scoring (completions' `echo` with `logprobs`): each prompt token's log-probability from
 /// the row before it equals the whole-logits path's, in a batch with another request whose tokens
-/// do not change; the prompt is scored again when its blocks are already cached.
+/// do not change; the prompt is scored again when its blocks are already cached. (`run` checks
+/// that the scores are also streamed once, before the answer's text.)
 #[test]
 fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");

@@ -420,7 +420,7 @@ fn the_first_token_streams_before_the_draft_model_reads_the_prompt() {
             SchedulerEvent::Text { .. } => texts.set(texts.get() + 1),
             SchedulerEvent::Finished { generation, .. } => *finished.borrow_mut() = Some(generation),
             SchedulerEvent::Failed { error, .. } => panic!("{error}"),
-            SchedulerEvent::Started { .. } => {}
+            SchedulerEvent::Started { .. } | SchedulerEvent::PromptScored { .. } => {}
         };
         let before = draft_steps(&scheduler);
         scheduler.step(&mut on_event).expect("prompt step");

@@ -97,9 +97,9 @@ impl SamplingArgs {
             ignore_eos: Some(self.ignore_eos),
             ..Request::default()
         };
-        let (max_tokens, options) =
-            request.generation_options(seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
-        Ok(GenerateOptions { max_tokens: max_tokens.unwrap_or(self.max_tokens), ..options })
+        let generation =
+            request.validate_generation(None, seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
+        Ok(GenerateOptions { max_tokens: generation.max_tokens.unwrap_or(self.max_tokens), ..generation.options })
     }
 }
 

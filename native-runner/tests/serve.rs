@@ -539,6 +539,49 @@ fn completion_logprobs_match_llama_cpp() {
     assert!(mean < 0.08 && max_err < 0.6, "mean |error| {mean:.4}, max {max_err:.4}");
 }
 
+/// Streamed, an echo is each choice's first chunk: the prompt's text, with (`logprobs`) the
+/// prompt's log-probabilities; the chunks after it carry the answer's, their text offsets
+/// continuing the prompt's. Text and log-probabilities equal the unstreamed answer's.
+#[test]
+fn a_streamed_echo_comes_first() {
+    let addr = server();
+    let prompt = "def fib(n):";
+    for logprobs in [Value::Null, json!(2)] {
+        let body =
+            json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": true, "logprobs": logprobs, "n": 2});
+        let whole = post(addr, "/v1/completions", &body);
+        assert_eq!(whole.status, 200, "{}", whole.text());
+        let whole = whole.json();
+        let mut streamed_body = body.clone();
+        streamed_body["stream"] = json!(true);
+        let (_, _, chunks) = streamed(&post(addr, "/v1/completions", &streamed_body));
+        for index in 0..2 {
+            let of_choice: Vec<&Value> =
+                chunks.iter().filter_map(|c| c["choices"].get(0)).filter(|c| c["index"] == index).collect();
+            assert_eq!(of_choice[0]["text"].as_str(), Some(prompt), "logprobs {logprobs}: the echo first");
+            let text: String = of_choice.iter().filter_map(|c| c["text"].as_str()).collect();
+            let want = &whole["choices"][index];
+            assert_eq!(text.as_str(), want["text"].as_str().expect("text"), "logprobs {logprobs}, choice {index}");
+            if logprobs.is_null() {
+                assert!(of_choice.iter().all(|c| c["logprobs"].is_null()));
+                continue;
+            }
+            let prompt_tokens = whole["usage"]["prompt_tokens"].as_u64().expect("usage") as usize;
+            let echoed = &of_choice[0]["logprobs"];
+            assert_eq!(echoed["tokens"].as_array().expect("tokens").len(), prompt_tokens);
+            // Every chunk's entries, joined, are the unstreamed answer's.
+            for key in ["tokens", "token_logprobs", "text_offset"] {
+                let joined: Vec<Value> = of_choice
+                    .iter()
+                    .filter_map(|c| c["logprobs"][key].as_array())
+                    .flat_map(|a| a.iter().cloned())
+                    .collect();
+                assert_eq!(Value::Array(joined), want["logprobs"][key], "logprobs {key}, choice {index}");
+            }
+        }
+    }
+}
+
 /// Completions' `echo` with `logprobs: 5` and `max_tokens: 0`, as lm-evaluation-harness scores a
 /// continuation: the golden prompts followed by llama.cpp's first greedy tokens, scored as prompt
 /// tokens, against llama.cpp's log-probabilities of those tokens (the tolerances of
@@ -601,11 +644,9 @@ fn echoed_prompt_logprobs_match_llama_cpp() {
     eprintln!("{compared} prompt log-probabilities against llama.cpp's: mean |error| {mean:.4}, max {max_err:.4}");
     assert!(compared >= 60, "only {compared} log-probabilities compared");
     assert!(mean < 0.08 && max_err < 0.6, "mean |error| {mean:.4}, max {max_err:.4}");
-    // Echo is a completions parameter, not streamed yet; max_tokens 0 goes with it.
+    // Echo is a completions parameter; max_tokens 0 goes with it.
     let chat = chat_body(4, json!({"echo": true}));
     assert_error(&post(addr, "/v1/chat/completions", &chat), 400, None, Some("echo"));
-    let streamed = json!({"prompt": "x", "max_tokens": 1, "echo": true, "stream": true});
-    assert_error(&post(addr, "/v1/completions", &streamed), 400, None, Some("echo"));
     assert_error(
         &post(addr, "/v1/completions", &json!({"prompt": "x", "max_tokens": 0})),
         400,

@@ -157,6 +157,43 @@ fn the_same_request_gives_the_same_tokens_on_every_surface() {
     }
 }
 
+/// Completions' `echo` with log-probabilities: the browser host's answer (streamed text and
+/// report) is the server's, the prompt first.
+#[test]
+fn an_echoed_completion_is_the_same_in_the_browser_and_the_server() {
+    let server = Server::start(&[]);
+    let load =
+        LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
+    let mut host =
+        EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {})
+            .expect("load host");
+    let prompt_text = "The sky is blue because";
+    for max_tokens in [0, 6] {
+        let body =
+            json!({"prompt": prompt_text, "echo": true, "logprobs": 2, "max_tokens": max_tokens, "temperature": 0});
+        let (prompt, options) = parse_request("text", &body.to_string()).expect("host request");
+        let mut streamed = Vec::new();
+        let report = host
+            .generate(&prompt, &options, 0, None, &mut |delta| {
+                streamed.push(delta.to_string());
+                true
+            })
+            .expect("host generate");
+        assert_eq!(streamed.first().map(String::as_str), Some(prompt_text), "the echo streams first");
+        assert_eq!(streamed.concat(), report.text);
+        let answer = post(&server.addr, "/v1/completions", &body);
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let choice = &answer.json()["choices"][0];
+        assert_eq!(choice["text"].as_str(), Some(report.text.as_str()), "max_tokens {max_tokens}");
+        assert!(report.text.starts_with(prompt_text));
+        assert_eq!(
+            report.logprobs.as_ref().map(as_f32),
+            Some(as_f32(&choice["logprobs"])),
+            "browser host vs hearth serve echoed log-probabilities, max_tokens {max_tokens}"
+        );
+    }
+}
+
 #[test]
 fn a_refused_value_is_refused_with_the_same_words_everywhere() {
     let server = Server::start(&[]);

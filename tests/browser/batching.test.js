@@ -5,6 +5,8 @@
 // - aborting one request of a batch ends it with 'abort' and frees its KV blocks, the others go on;
 // - `n` choices of one prompt are the answers of n requests seeded in turn, streamed or not, and
 //   share the prompt's KV blocks;
+// - completions' `echo`: each choice's text and log-probabilities start with the prompt's, and a
+//   stream sends the prompt as each choice's first chunk;
 // - speculative decoding (prompt lookup, draft model) keeps the greedy output and reports its
 //   acceptance; a draft model of another vocabulary is a clear HearthError.
 //
@@ -146,6 +148,40 @@ test('n choices are the answers of n requests seeded in turn, streamed or not, a
   assert.equal(streamed.lastUsage.completion_tokens, 18);
   assert.equal(stats.running, 0);
   assert.equal(stats.kv_blocks_used, 0, JSON.stringify(stats));
+});
+
+test('echo starts each choice with the prompt, its log-probabilities first, streamed first', { timeout: 600_000 }, async () => {
+  const result = await page.evaluate(async ({ prompts }) => {
+    const engine = window.engine;
+    const request = { prompt: prompts[1], temperature: 0, max_tokens: 5, ignore_eos: true };
+    const plain = await engine.completions.create(request);
+    const echoed = await engine.completions.create({ ...request, echo: true, logprobs: 1, n: 2 });
+    const firstChunks = [null, null];
+    const texts = ['', ''];
+    for await (const chunk of await engine.completions.create({ ...request, echo: true, n: 2, stream: true })) {
+      const [choice] = chunk.choices;
+      firstChunks[choice.index] ??= choice.text;
+      texts[choice.index] += choice.text;
+    }
+    return { plain, echoed, firstChunks, texts };
+  }, { prompts: PROMPTS });
+  const { plain, echoed, firstChunks, texts } = result;
+  const prompt = PROMPTS[1];
+  const want = prompt + plain.choices[0].text;
+  for (const i of [0, 1]) {
+    const choice = echoed.choices[i];
+    assert.equal(choice.text, want, `choice ${i}`);
+    // One entry per prompt token (the first null: nothing predicts it), then one per answer token.
+    const { tokens, token_logprobs } = choice.logprobs;
+    assert.equal(tokens.length, echoed.usage.prompt_tokens + 5, JSON.stringify(choice.logprobs));
+    // (Gemma's prompt starts with its BOS token, which the prompt's text does not spell.)
+    assert.equal(tokens.join(''), `<bos>${want}`);
+    assert.equal(token_logprobs[0], null);
+    assert.ok(token_logprobs.slice(1).every((l) => typeof l === 'number' && l <= 0), JSON.stringify(token_logprobs));
+    assert.equal(firstChunks[i], prompt, `streamed choice ${i}`);
+    assert.equal(texts[i], want, `streamed choice ${i}`);
+  }
+  assert.deepEqual(echoed.choices[1].logprobs.token_logprobs.slice(0, echoed.usage.prompt_tokens), echoed.choices[0].logprobs.token_logprobs.slice(0, echoed.usage.prompt_tokens));
 });
 
 test('speculative decoding by prompt lookup keeps the greedy output and reports acceptance', { timeout: 600_000 }, async () => {

@@ -462,7 +462,9 @@ impl Engine {
                     SchedulerEvent::Text { delta, .. } if !cancelled => cancelled = !on_text(&delta),
                     SchedulerEvent::Finished { generation, .. } => outcome = Some(Ok(generation)),
                     SchedulerEvent::Failed { error, .. } => outcome = Some(Err(error)),
-                    SchedulerEvent::Text { .. } | SchedulerEvent::Started { .. } => {}
+                    SchedulerEvent::Text { .. }
+                    | SchedulerEvent::Started { .. }
+                    | SchedulerEvent::PromptScored { .. } => {}
                 })
                 .await?;
             if cancelled && outcome.is_none() {

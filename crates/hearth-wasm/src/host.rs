@@ -10,9 +10,10 @@ use hearth_core::backend::Backend;
 use hearth_core::chat::ChatTemplate;
 use hearth_core::engine::{EngineOptions, FinishReason, Generation};
 use hearth_core::gguf::{ByteSource, GgufFile};
-use hearth_core::request::response::{chat_logprobs, completion_logprobs};
+use hearth_core::request::response::{chat_logprobs, completion_logprobs, echoed_completion_logprobs};
 use hearth_core::request::{Endpoint, Prompt, SpeculativeMode};
 use hearth_core::runner::Runner;
+use hearth_core::sampling::TokenLogprob;
 use hearth_core::scheduler::{Drafting, RequestId, Scheduler, SchedulerEvent, SchedulerOptions};
 use hearth_core::speculative::{
     check_vocab_compatible, default_draft_vocab, BatchedDraftModel, SpeculativeMetrics, SpeculativeOptions,
@@ -20,7 +21,7 @@ use hearth_core::speculative::{
 use hearth_core::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Model bytes owned by wasm memory. `MemorySource` wants an `Arc<[u8]>`, and turning a `Vec` into
 /// one copies it: for a model of hundreds of MB that doubles the (never shrinking) wasm heap.
@@ -62,12 +63,21 @@ pub struct Report {
 }
 
 impl Report {
-    /// The report of a request of kind `endpoint` (`None`: one without log-probabilities).
-    pub fn new(generation: Generation, seed: u64, tokenizer: &Tokenizer, endpoint: Option<Endpoint>) -> Self {
+    /// The report of a submitted request's `generation`.
+    fn new(generation: Generation, submitted: Submitted, tokenizer: &Tokenizer) -> Self {
+        let Submitted { seed, endpoint, echo } = submitted;
+        let prompt_scores = echo.as_ref().and_then(|e| e.prompt_logprobs.get());
         let logprobs = match (generation.logprobs.as_deref(), endpoint) {
             (Some(l), Some(Endpoint::Chat)) => Some(chat_logprobs(tokenizer, l)),
-            (Some(l), Some(Endpoint::Completions)) => Some(completion_logprobs(tokenizer, l, 0).0),
+            (Some(l), Some(Endpoint::Completions)) => Some(match prompt_scores {
+                Some(scores) => echoed_completion_logprobs(tokenizer, &generation.prompt_tokens, scores, l),
+                None => completion_logprobs(tokenizer, l, 0).0,
+            }),
             _ => None,
+        };
+        let text = match &echo {
+            Some(echo) => format!("{}{}", echo.text, generation.text),
+            None => generation.text,
         };
         let t = &generation.timings;
         Report {
@@ -78,7 +88,7 @@ impl Report {
             prefill_tok_s: t.prefill_tok_s,
             decode_tok_s: t.decode_tok_s,
             finish_reason: generation.finish_reason,
-            text: generation.text,
+            text,
             prompt_token_ids: generation.prompt_tokens,
             token_ids: generation.tokens,
             seed,
@@ -129,10 +139,26 @@ pub struct EngineHost {
     chat_template: Option<ChatTemplate>,
     engine_options: EngineOptions,
     info: ModelInfo,
-    /// The seed each running request samples with (reported back) and its kind (how its
-    /// log-probabilities are reported).
-    seeds: HashMap<RequestId, (u64, Option<Endpoint>)>,
+    submitted: HashMap<RequestId, Submitted>,
     stats: BatchStats,
+}
+
+/// What a running request's report needs beyond its generation.
+#[derive(Default)]
+struct Submitted {
+    /// The seed it samples with (reported back).
+    seed: u64,
+    /// Its kind: how its log-probabilities are reported.
+    endpoint: Option<Endpoint>,
+    /// Completions' `echo`, shared by the request's choices.
+    echo: Option<Arc<Echo>>,
+}
+
+/// An echoed prompt: streamed before the answer, and the start of its text and log-probabilities.
+struct Echo {
+    text: String,
+    /// The prompt's tokens' log-probabilities, scored by the first choice (with `logprobs`).
+    prompt_logprobs: OnceLock<Vec<TokenLogprob>>,
 }
 
 fn no_draft_model() -> WasmError {
@@ -190,7 +216,7 @@ impl EngineHost {
             SchedulerOptions { max_batch, prefill_chunk: engine_options.prefill_chunk, ..SchedulerOptions::default() },
         );
         let stats = BatchStats { max_batch, ..BatchStats::default() };
-        Ok(EngineHost { scheduler, chat_template, engine_options, info, seeds: HashMap::new(), stats })
+        Ok(EngineHost { scheduler, chat_template, engine_options, info, submitted: HashMap::new(), stats })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -273,8 +299,16 @@ impl EngineHost {
             (None, None) => Drafting::None,
         };
         let ids = self.scheduler.submit_choices(prompt, generate_options, drafting, options.n_choices())?;
+        let echo = match input {
+            Prompt::Text(text) if options.echo() => {
+                Some(Arc::new(Echo { text: text.clone(), prompt_logprobs: OnceLock::new() }))
+            }
+            _ => None,
+        };
         for (choice, &id) in ids.iter().enumerate() {
-            self.seeds.insert(id, (seed.wrapping_add(choice as u64), options.endpoint()));
+            let submitted =
+                Submitted { seed: seed.wrapping_add(choice as u64), endpoint: options.endpoint(), echo: echo.clone() };
+            self.submitted.insert(id, submitted);
         }
         Ok(ids)
     }
@@ -282,36 +316,43 @@ impl EngineHost {
     /// Ends a request now and frees its KV blocks; its report (finish reason `cancelled`).
     pub fn cancel(&mut self, id: RequestId) -> Option<Report> {
         let generation = self.scheduler.cancel(id)?;
-        let (seed, endpoint) = self.seeds.remove(&id).unwrap_or_default();
-        Some(Report::new(generation, seed, self.scheduler.tokenizer(), endpoint))
+        let submitted = self.submitted.remove(&id).unwrap_or_default();
+        Some(Report::new(generation, submitted, self.scheduler.tokenizer()))
     }
 
     /// One batched forward pass over every running request (admitting waiting ones first).
     /// Returns false when there was nothing to do.
     pub async fn step_async(&mut self, on_event: &mut dyn FnMut(HostEvent)) -> Result<bool> {
         let scheduler = &mut self.scheduler;
-        let seeds = &mut self.seeds;
+        let submitted = &mut self.submitted;
         // Reported after the step, which holds the tokenizer their log-probabilities need.
         let mut finished = Vec::new();
         let stepped = scheduler
             .step_async(&mut |event| match event {
-                SchedulerEvent::Started { .. } => {}
+                // An echoed prompt streams before the answer.
+                SchedulerEvent::Started { id, .. } => {
+                    if let Some(echo) = submitted.get(&id).and_then(|s| s.echo.as_ref()) {
+                        on_event(HostEvent::Text { id, delta: echo.text.clone() });
+                    }
+                }
+                SchedulerEvent::PromptScored { id, logprobs } => {
+                    if let Some(echo) = submitted.get(&id).and_then(|s| s.echo.as_ref()) {
+                        let _ = echo.prompt_logprobs.set(logprobs);
+                    }
+                }
                 // (The browser reports log-probabilities with the last chunk.)
                 SchedulerEvent::Text { id, delta, .. } => on_event(HostEvent::Text { id, delta }),
                 SchedulerEvent::Finished { id, generation } => finished.push((id, generation)),
                 SchedulerEvent::Failed { id, error } => {
-                    seeds.remove(&id);
+                    submitted.remove(&id);
                     on_event(HostEvent::Failed { id, error: error.into() });
                 }
             })
             .await?;
         let finished_count = finished.len();
         for (id, generation) in finished {
-            let (seed, endpoint) = seeds.remove(&id).unwrap_or_default();
-            on_event(HostEvent::Finished {
-                id,
-                report: Box::new(Report::new(generation, seed, scheduler.tokenizer(), endpoint)),
-            });
+            let report = Report::new(generation, submitted.remove(&id).unwrap_or_default(), scheduler.tokenizer());
+            on_event(HostEvent::Finished { id, report: Box::new(report) });
         }
         if stepped {
             // Requests in this pass: those still running plus those it finished.

@@ -8,7 +8,7 @@
 use crate::error::{Result, WasmError};
 use hearth_core::engine::{EngineOptions, GenerateOptions};
 use hearth_core::kv::KvType;
-use hearth_core::request::{completion_limit, Endpoint, Prompt, Request, Speculation};
+use hearth_core::request::{Endpoint, Prompt, Request, Speculation, ValidGeneration};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -95,26 +95,33 @@ pub fn parse_request(kind: &str, json: &str) -> Result<(Prompt, RequestOptions)>
 /// A whole request for `endpoint`, however it was decoded: checked by the core's validation, then
 /// split into the prompt and the rest.
 pub fn split_request(endpoint: Endpoint, request: Request) -> Result<(Prompt, RequestOptions)> {
-    let prompt = request.validate(endpoint, 0)?.prompt;
-    let options = RequestOptions::from_request(Request { messages: None, prompt: None, ..request }, Some(endpoint))?;
-    Ok((prompt, options))
+    let valid = request.validate(endpoint, 0)?;
+    let options =
+        RequestOptions { generation: valid.generation, endpoint: Some(endpoint), seed_given: request.seed.is_some() };
+    Ok((valid.prompt, options))
 }
 
-/// The rest of a request (sampling, limits, stop strings, predicted output, speculative decoding),
-/// as the OpenAI request object names it; checked when parsed.
-#[derive(Debug, Clone, Default)]
+/// The rest of a request (sampling, limits, stop strings, predicted output, speculative decoding,
+/// choices, echo), as the OpenAI request object names it, checked by the core's validation.
+#[derive(Debug, Clone)]
 pub struct RequestOptions {
-    request: Request,
-    speculative: Option<Speculation>,
-    prediction: Option<String>,
-    /// The request's kind, which says how `logprobs` reads and how they are reported.
+    generation: ValidGeneration,
+    /// The request's kind, which says how `logprobs` and `echo` read and how they are reported.
     endpoint: Option<Endpoint>,
-    logprobs: Option<usize>,
-    /// Choices to generate for the prompt (`n`), sharing its KV blocks.
-    n: usize,
+    /// Whether the request chose its seed (else each call chooses one).
+    seed_given: bool,
+}
+
+impl Default for RequestOptions {
+    fn default() -> Self {
+        let generation = Request::default().validate_generation(None, 0).expect("the empty request is valid");
+        RequestOptions { generation, endpoint: None, seed_given: false }
+    }
 }
 
 impl RequestOptions {
+    /// The options of a bare generation (`generate(prompt, options)`): no request kind, so no
+    /// `logprobs` or `echo`.
     pub fn parse(json: &str) -> Result<Self> {
         if json.trim().is_empty() {
             return Ok(RequestOptions::default());
@@ -126,26 +133,8 @@ impl RequestOptions {
                 "the prompt (messages or prompt) goes in the prompt argument",
             ));
         }
-        Self::from_request(request, None)
-    }
-
-    fn from_request(request: Request, endpoint: Option<Endpoint>) -> Result<Self> {
-        // Every value is checked now; the seed is chosen per call.
-        request.generation_options(0)?;
-        let n = request.choices()?;
-        let speculative = request.speculation()?;
-        let prediction = request.prediction_text()?;
-        let logprobs = match endpoint {
-            Some(endpoint) => request.logprobs_for(endpoint)?,
-            None if request.logprobs.is_some() || request.top_logprobs.is_some() => {
-                return Err(WasmError::bad_request(
-                    "logprobs",
-                    "logprobs read by the request's kind: send them with the whole request (parse_request)",
-                ))
-            }
-            None => None,
-        };
-        Ok(RequestOptions { request, speculative, prediction, endpoint, logprobs, n })
+        let generation = request.validate_generation(None, 0)?;
+        Ok(RequestOptions { generation, endpoint: None, seed_given: request.seed.is_some() })
     }
 
     /// The request's kind, when it came whole ([`split_request`]).
@@ -157,27 +146,31 @@ impl RequestOptions {
     /// the server makes them: `max_tokens` absent = up to the end of the context, past it = a
     /// context overflow; `seed` absent = `default_seed`.
     pub fn generate_options(&self, prompt_len: usize, n_ctx: usize, default_seed: u64) -> Result<GenerateOptions> {
-        let (max_tokens, options) = self.request.generation_options(default_seed)?;
-        Ok(GenerateOptions {
-            max_tokens: completion_limit(max_tokens, prompt_len, n_ctx)?,
-            logprobs: self.logprobs,
-            ..options
-        })
+        let mut options = self.generation.options_for(prompt_len, n_ctx)?;
+        if !self.seed_given {
+            options.sampling.seed = default_seed;
+        }
+        Ok(options)
     }
 
     /// Choices to generate (`n`; 1 unless asked).
     pub fn n_choices(&self) -> usize {
-        self.n.max(1)
+        self.generation.n
+    }
+
+    /// Whether the answer starts with the prompt (completions' `echo`).
+    pub fn echo(&self) -> bool {
+        self.generation.echo
     }
 
     /// The speculative decoding asked for.
     pub fn speculative(&self) -> Option<&Speculation> {
-        self.speculative.as_ref()
+        self.generation.speculative.as_ref()
     }
 
     /// The predicted output's text (drafts are copied from it).
     pub fn prediction(&self) -> Option<&str> {
-        self.prediction.as_deref()
+        self.generation.prediction.as_deref()
     }
 }
 

@@ -107,6 +107,8 @@ fn bad_inputs_are_errors_with_clear_messages() {
         ("{not json", "not valid JSON"),
         (r#"{"response_format": {"type": "json_object"}}"#, "response_format is not supported"),
         (r#"{"messages": []}"#, "prompt argument"),
+        (r#"{"echo": true}"#, "echo belongs to completions requests"),
+        (r#"{"logprobs": 2}"#, "read by the request's kind"),
     ] {
         let message = RequestOptions::parse(json)
             .and_then(|o| o.generate_options(1, 16, 0).map(|_| ()))
@@ -126,7 +128,7 @@ fn bad_inputs_are_errors_with_clear_messages() {
         ("chat", r#"{"prompt": "x"}"#, "belongs to completions"),
         ("text", r#"{"messages": [{"role": "user", "content": "x"}]}"#, "belongs to chat"),
         ("text", r#"{"prompt": "x", "n": 17}"#, "n must be between 1 and 16"),
-        ("text", r#"{"prompt": "x", "echo": true}"#, "echo is not supported here"),
+        ("chat", r#"{"messages": [{"role": "user", "content": "x"}], "echo": true}"#, "echo belongs to completions"),
         ("json", r#"{"prompt": "x"}"#, "'chat' or 'text'"),
     ] {
         let message = parse_request(kind, json).err().unwrap().to_string();

@@ -10,7 +10,7 @@ pub use hearth_core::request::Endpoint;
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ValidRequest, ApiError> {
     let request =
         Request::from_json(body).and_then(|r| r.validate(endpoint, clock_seed())).map_err(|e| request_error(&e))?;
-    if request.speculative.is_some() {
+    if request.generation.speculative.is_some() {
         return Err(ApiError::bad_request(
             "speculative is not a per-request option of hearth serve: start the server with --lookup or --draft-model (speculative decoding for every request), or send a prediction.",
             Some("speculative"),

@@ -6,7 +6,9 @@ use super::error::ApiError;
 use super::worker::{Event, Job};
 use super::{respond_error, respond_json, State};
 use hearth_core::engine::{FinishReason, Generation};
-use hearth_core::request::response::{chat_logprobs, completion_logprobs, echoed_completion_logprobs};
+use hearth_core::request::response::{
+    chat_logprobs, completion_logprobs, echoed_completion_logprobs, echoed_prompt_logprobs,
+};
 use hearth_core::request::Prompt;
 use hearth_core::sampling::TokenLogprob;
 use hearth_core::tokenizer::Tokenizer;
@@ -36,9 +38,12 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
             return respond_error(request, &e);
         }
     }
-    let (stream, include_usage, choices) = (parsed.stream, parsed.include_usage, parsed.n);
+    let generation = &parsed.generation;
+    let (stream, include_usage, choices) = (generation.stream, generation.include_usage, generation.n);
     let echo = match &parsed.prompt {
-        Prompt::Text(text) if parsed.echo => Some(text.clone()),
+        Prompt::Text(text) if generation.echo => {
+            Some(Echo { text: text.clone(), scored: generation.options.prompt_logprobs.is_some() })
+        }
         _ => None,
     };
     let (prompt, options, prediction) =
@@ -46,6 +51,8 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
             Ok(prepared) => prepared,
             Err(e) => return respond_error(request, &e),
         };
+    // (An echo's streamed log-probabilities name the prompt's tokens.)
+    let prompt_ids = if stream && echo.as_ref().is_some_and(|e| e.scored) { prompt.clone() } else { Vec::new() };
     let (sender, events) = mpsc::channel();
     if let Err(e) = state.queue.submit(Job { prompt, prediction, options, choices, events: sender, received }) {
         return respond_error(request, &e);
@@ -67,14 +74,14 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         echo,
     };
     if stream {
-        stream_events(request, &reply, &events, tokens, include_usage, choices)
+        stream_events(request, &reply, &events, tokens, include_usage, choices, &prompt_ids)
     } else {
         let mut generations: Vec<Option<Generation>> = (0..choices).map(|_| None).collect();
         for event in events.iter() {
             match event {
                 Event::Done { choice, generation } => generations[choice] = Some(generation),
                 Event::Failed(e) => return respond_error(request, &e),
-                Event::Started { .. } | Event::Delta { .. } => {}
+                Event::Started { .. } | Event::Delta { .. } | Event::PromptScored(_) => {}
             }
         }
         match generations.into_iter().collect::<Option<Vec<_>>>() {
@@ -92,8 +99,15 @@ struct Reply<'a> {
     created: u64,
     /// For the tokens' text in `logprobs`.
     tokenizer: &'a Tokenizer,
-    /// Completions' `echo`: the prompt's text, which each choice's text starts with.
-    echo: Option<String>,
+    /// Completions' `echo`.
+    echo: Option<Echo>,
+}
+
+/// Completions' `echo`: each choice's text starts with the prompt's.
+struct Echo {
+    text: String,
+    /// With `logprobs`: the prompt's tokens' log-probabilities come before the answer's.
+    scored: bool,
 }
 
 impl Reply<'_> {
@@ -128,7 +142,8 @@ impl Reply<'_> {
                 match self.endpoint {
                     Endpoint::Chat => json!({"index": index, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish}),
                     Endpoint::Completions => {
-                        let text = format!("{}{}", self.echo.as_deref().unwrap_or(""), g.text);
+                        let echo = self.echo.as_ref().map_or("", |e| e.text.as_str());
+                        let text = format!("{echo}{}", g.text);
                         json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
                     }
                 }
@@ -216,6 +231,7 @@ fn stream_events(
     prompt_tokens: PromptTokens,
     include_usage: bool,
     choices: usize,
+    prompt_ids: &[u32],
 ) -> u16 {
     let mut out = SseWriter { inner: request.into_writer() };
     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -231,6 +247,14 @@ fn stream_events(
     }
     // Per choice: log-probabilities sent so far, and (completions) the text offset reached.
     let (mut logprobs_sent, mut text_offset) = (vec![0; choices], vec![0; choices]);
+    // An echo comes first: at once, or with the prompt's log-probabilities once they are scored.
+    if let Some(echo) = reply.echo.as_ref().filter(|e| !e.scored) {
+        for index in 0..choices {
+            if out.event(&reply.chunk(index, &echo.text, false, None, Value::Null).to_string()).is_err() {
+                return 200;
+            }
+        }
+    }
     let mut ended = Vec::new();
     // The worker drops its senders after each choice's final event, which ends this loop.
     for event in events.iter() {
@@ -260,6 +284,14 @@ fn stream_events(
                     last = out.event(&chunk.to_string());
                 }
                 last
+            }
+            Event::PromptScored(scores) => {
+                let (logprobs, offset) = echoed_prompt_logprobs(reply.tokenizer, prompt_ids, &scores);
+                let text = reply.echo.as_ref().map_or("", |e| e.text.as_str());
+                (0..choices).try_for_each(|index| {
+                    text_offset[index] = offset;
+                    out.event(&reply.chunk(index, text, false, None, logprobs.clone()).to_string())
+                })
             }
             Event::Failed(e) => out.event(&e.body().to_string()),
             Event::Started { .. } => Ok(()),

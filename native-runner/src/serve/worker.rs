@@ -36,6 +36,9 @@ pub enum Event {
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's tokens' log-probabilities (the first choice of a request that echoes its
+    /// prompt with `logprobs`), before any delta.
+    PromptScored(Vec<TokenLogprob>),
     Done {
         choice: usize,
         generation: Generation,
@@ -68,7 +71,7 @@ impl Prompter {
     /// The predicted output's tokens (as the text would read inside the answer: no special
     /// tokens, no BOS).
     pub fn prediction(&self, request: &ValidRequest) -> Result<Option<Vec<u32>>, ApiError> {
-        let Some(text) = &request.prediction else { return Ok(None) };
+        let Some(text) = &request.generation.prediction else { return Ok(None) };
         let tokens = self.tokenizer.encode(text, false, false).map_err(|e| {
             ApiError::bad_request(format!("Cannot tokenize the prediction: {e}"), Some("prediction"), None)
         })?;
@@ -84,16 +87,17 @@ impl Prompter {
                 other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
             })?;
         let n_ctx = self.n_ctx;
-        let options = request.options_for(prompt.len(), n_ctx).map_err(|_| {
-            let requested = request.max_tokens.unwrap_or(0);
+        let generation = &request.generation;
+        let options = generation.options_for(prompt.len(), n_ctx).map_err(|_| {
+            let requested = generation.max_tokens.unwrap_or(0);
             ApiError::bad_request(
                 format!(
                     "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({} in the prompt, {requested} for the completion).",
                     prompt.len() + requested,
                     prompt.len()
                 ),
-                Some(match (request.max_tokens.is_some() && prompt.len() < n_ctx, &request.prompt) {
-                    (true, _) => request.max_tokens_param,
+                Some(match (generation.max_tokens.is_some() && prompt.len() < n_ctx, &request.prompt) {
+                    (true, _) => generation.max_tokens_param,
                     (false, Prompt::Chat(_)) => "messages",
                     (false, Prompt::Text(_)) => "prompt",
                 }),
@@ -248,6 +252,12 @@ fn route(
             let sent = in_flight
                 .get(&id)
                 .is_some_and(|r| r.events.send(Event::Delta { choice: r.choice, text: delta, logprobs }).is_ok());
+            if !sent {
+                gone.push(id);
+            }
+        }
+        SchedulerEvent::PromptScored { id, logprobs } => {
+            let sent = in_flight.get(&id).is_some_and(|r| r.events.send(Event::PromptScored(logprobs)).is_ok());
             if !sent {
                 gone.push(id);
             }

@@ -180,6 +180,9 @@ export interface CompletionRequest extends SamplingRequest {
   stream?: boolean;
   /** The answer's log-probabilities with this many alternatives per token (0..20). */
   logprobs?: number;
+  /** The text (streamed: each choice's first chunk) starts with the prompt, and with `logprobs`
+   * the log-probabilities start with the prompt tokens' (the first null). */
+  echo?: boolean;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort';

@@ -161,7 +161,14 @@ pub struct Request {
 pub struct ValidRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
-    /// `None`: up to the end of the context (see [`ValidRequest::options_for`]).
+    pub generation: ValidGeneration,
+}
+
+/// What a valid request asks the engine for, but its prompt: the limits, the generation options
+/// and how the answer is delivered.
+#[derive(Clone, Debug)]
+pub struct ValidGeneration {
+    /// `None`: up to the end of the context (see [`ValidGeneration::options_for`]).
     pub max_tokens: Option<usize>,
     /// The name the client gave the limit (`max_tokens` or `max_completion_tokens`), for errors.
     pub max_tokens_param: &'static str,
@@ -179,7 +186,7 @@ pub struct ValidRequest {
     pub echo: bool,
 }
 
-impl ValidRequest {
+impl ValidGeneration {
     /// The generation options for a prompt of `prompt_len` tokens in a context of `n_ctx`:
     /// `max_tokens` as asked, else the rest of the context. A prompt that leaves no room, or a
     /// `max_tokens` past the context, is a [`CoreError::ContextOverflow`].
@@ -253,13 +260,48 @@ impl Request {
                 Prompt::from_completion(self.prompt.as_ref())?
             }
         };
+        Ok(ValidRequest {
+            model: self.model.clone(),
+            prompt,
+            generation: self.validate_generation(Some(endpoint), default_seed)?,
+        })
+    }
+
+    /// Checks everything but the prompt: the request's generation as `endpoint` reads it, or
+    /// (`None`) as a bare generation with no request kind, `hearth run`'s flags and the browser's
+    /// `generate(prompt, options)`, where neither `echo` nor `logprobs` has a meaning.
+    /// `default_seed` is used when it gives none.
+    pub fn validate_generation(
+        &self,
+        endpoint: Option<Endpoint>,
+        default_seed: u64,
+    ) -> Result<ValidGeneration, CoreError> {
         let echo = self.echo_for(endpoint)?;
         let (max_tokens, mut options) = self.checked_options(default_seed)?;
+        let max_tokens_param =
+            if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
         if max_tokens == Some(0) && !echo {
-            let param = if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-            return Err(bad(param, format!("{param} must be at least 1 (0 goes with echo: the prompt scored alone).")));
+            let message = match endpoint {
+                Some(Endpoint::Completions) => {
+                    format!("{max_tokens_param} must be at least 1 (0 goes with echo: the prompt scored alone).")
+                }
+                _ => format!("{max_tokens_param} must be at least 1."),
+            };
+            return Err(bad(max_tokens_param, message));
         }
-        options.logprobs = self.logprobs_for(endpoint)?;
+        options.logprobs = match endpoint {
+            Some(endpoint) => self.logprobs_for(endpoint)?,
+            None if [&self.logprobs, &self.top_logprobs]
+                .into_iter()
+                .any(|v| v.as_ref().is_some_and(|v| !v.is_null())) =>
+            {
+                return Err(bad(
+                    "logprobs",
+                    "logprobs are read by the request's kind (chat or completions): send them with a whole request.",
+                ))
+            }
+            None => None,
+        };
         options.prompt_logprobs = options.logprobs.filter(|_| echo);
         let speculative = self.speculation()?;
         let prediction = self.prediction_text()?;
@@ -269,19 +311,16 @@ impl Request {
                 "prediction drafts by prompt lookup on its own; send it without speculative, or speculative without it.",
             ));
         }
-        let n = self.choices()?;
         let stream = self.stream.unwrap_or(false);
-        Ok(ValidRequest {
-            model: self.model.clone(),
-            prompt,
+        Ok(ValidGeneration {
             max_tokens,
-            max_tokens_param: if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },
+            max_tokens_param,
             options,
             stream,
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
             prediction,
             speculative,
-            n,
+            n: self.choices()?,
             echo,
         })
     }
@@ -295,44 +334,22 @@ impl Request {
         }
     }
 
-    /// Whether the request echoes its prompt: completions only, not streamed yet.
-    fn echo_for(&self, endpoint: Endpoint) -> Result<bool, CoreError> {
-        if !self.echoes() {
+    /// Whether the request echoes its prompt: completions only.
+    fn echo_for(&self, endpoint: Option<Endpoint>) -> Result<bool, CoreError> {
+        if !self.echo.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false)) {
             return Ok(false);
         }
         match endpoint {
-            Endpoint::Chat => {
+            Some(Endpoint::Chat) => {
                 Err(bad("echo", "echo belongs to completions; a chat answer has no prompt text to repeat."))
             }
-            Endpoint::Completions if self.stream == Some(true) => {
-                Err(bad("echo", "echo is not supported with stream yet: send it without stream."))
-            }
-            Endpoint::Completions => Ok(true),
+            None => Err(bad("echo", "echo belongs to completions requests: send it with a whole request.")),
+            Some(Endpoint::Completions) => Ok(true),
         }
     }
 
-    fn echoes(&self) -> bool {
-        self.echo.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
-    }
-
-    /// The length limit (`None`: the rest of the context) and the generation options
-    /// (`max_tokens` 0) of the request, whatever its prompt; `default_seed` is used when it gives
-    /// none. `hearth run` checks its flags with this.
-    pub fn generation_options(&self, default_seed: u64) -> Result<(Option<usize>, GenerateOptions), CoreError> {
-        if self.echoes() {
-            return Err(bad(
-                "echo",
-                "echo is not supported here: the prompt is not echoed outside completions requests.",
-            ));
-        }
-        let (max_tokens, options) = self.checked_options(default_seed)?;
-        if let Some(0) = max_tokens {
-            return Err(bad("max_tokens", "max_tokens must be at least 1."));
-        }
-        Ok((max_tokens, options))
-    }
-
-    /// [`Self::generation_options`] with `max_tokens` 0 allowed (echo's prompt scoring).
+    /// The length limit (`None`: the rest of the context; 0 allowed, for echo's prompt scoring)
+    /// and the generation options (`max_tokens` 0, no log-probabilities) of the request.
     fn checked_options(&self, default_seed: u64) -> Result<(Option<usize>, GenerateOptions), CoreError> {
         self.refuse_unimplemented()?;
         let (max_tokens, max_param) = match (self.max_completion_tokens, self.max_tokens) {

@@ -68,22 +68,15 @@ pub fn completion_logprobs(tokenizer: &Tokenizer, logprobs: &[TokenLogprob], off
 }
 
 /// The legacy completions' `logprobs` object of an echoed answer (`echo` with `logprobs`): the
-/// prompt's tokens first, the first of them with null entries (nothing predicts it), each other
-/// scored given the tokens before it ([`crate::engine::Generation::prompt_logprobs`]), then the
-/// completion's; text offsets run over both.
+/// prompt's tokens ([`echoed_prompt_logprobs`]), then the completion's; text offsets run over
+/// both.
 pub fn echoed_completion_logprobs(
     tokenizer: &Tokenizer,
     prompt_tokens: &[u32],
     prompt_logprobs: &[TokenLogprob],
     logprobs: &[TokenLogprob],
 ) -> Value {
-    let first = prompt_tokens.first().map(|&id| TokenLogprob { token: id, logprob: f32::NAN, top: Vec::new() });
-    let scored: Vec<TokenLogprob> = first.into_iter().chain(prompt_logprobs.iter().cloned()).collect();
-    let (mut prompt, offset) = completion_logprobs(tokenizer, &scored, 0);
-    if !scored.is_empty() {
-        prompt["token_logprobs"][0] = Value::Null;
-        prompt["top_logprobs"][0] = Value::Null;
-    }
+    let (mut prompt, offset) = echoed_prompt_logprobs(tokenizer, prompt_tokens, prompt_logprobs);
     let (answer, _) = completion_logprobs(tokenizer, logprobs, offset);
     for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
         if let (Some(Value::Array(all)), Value::Array(rest)) = (prompt.get_mut(key), &answer[key]) {
@@ -91,4 +84,22 @@ pub fn echoed_completion_logprobs(
         }
     }
     prompt
+}
+
+/// The legacy completions' `logprobs` object of an echoed prompt, and the text offset after it:
+/// the first token with null entries (nothing predicts it), each other scored given the tokens
+/// before it ([`crate::engine::Generation::prompt_logprobs`]).
+pub fn echoed_prompt_logprobs(
+    tokenizer: &Tokenizer,
+    prompt_tokens: &[u32],
+    prompt_logprobs: &[TokenLogprob],
+) -> (Value, usize) {
+    let first = prompt_tokens.first().map(|&id| TokenLogprob { token: id, logprob: f32::NAN, top: Vec::new() });
+    let scored: Vec<TokenLogprob> = first.into_iter().chain(prompt_logprobs.iter().cloned()).collect();
+    let (mut prompt, offset) = completion_logprobs(tokenizer, &scored, 0);
+    if !scored.is_empty() {
+        prompt["token_logprobs"][0] = Value::Null;
+        prompt["top_logprobs"][0] = Value::Null;
+    }
+    (prompt, offset)
 }

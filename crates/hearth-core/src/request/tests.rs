@@ -5,14 +5,14 @@ fn request(body: Value) -> Result<Request, CoreError> {
     Request::from_json(body.to_string().as_bytes())
 }
 
-fn chat(extra: Value) -> Result<ValidRequest, CoreError> {
+fn chat(extra: Value) -> Result<ValidGeneration, CoreError> {
     let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
     body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
-    request(body)?.validate(Endpoint::Chat, 7)
+    Ok(request(body)?.validate(Endpoint::Chat, 7)?.generation)
 }
 
 /// The parameter a refusal names.
-fn refused(result: Result<ValidRequest, CoreError>) -> (Option<String>, String) {
+fn refused<T>(result: Result<T, CoreError>) -> (Option<String>, String) {
     match result {
         Err(CoreError::BadRequest { param, message }) => (param, message),
         Err(other) => panic!("expected BadRequest, got {other}"),
@@ -138,18 +138,21 @@ fn echo_is_a_completions_parameter_and_allows_no_completion() {
     let completion = |extra: Value| {
         let mut body = json!({"prompt": "Once"});
         body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
-        request(body).expect("parse").validate(Endpoint::Completions, 0)
+        request(body).expect("parse").validate(Endpoint::Completions, 0).map(|v| v.generation)
     };
     let echoed = completion(json!({"echo": true, "logprobs": 2, "max_tokens": 0})).expect("valid");
     assert!(echoed.echo);
     assert_eq!((echoed.max_tokens, echoed.options.prompt_logprobs), (Some(0), Some(2)));
     assert_eq!(completion(json!({"echo": true})).expect("valid").options.prompt_logprobs, None);
+    assert!(completion(json!({"echo": true, "stream": true})).expect("valid").echo);
     assert_eq!(refused(completion(json!({"max_tokens": 0}))).0.as_deref(), Some("max_tokens"));
-    assert_eq!(refused(completion(json!({"echo": true, "stream": true}))).0.as_deref(), Some("echo"));
     assert_eq!(refused(chat(json!({"echo": true}))).0.as_deref(), Some("echo"));
-    // Surfaces without a prompt to echo (the CLI's flags, the browser) refuse it.
-    let flags = request(json!({"echo": true})).expect("parse");
-    assert!(matches!(flags.generation_options(0), Err(CoreError::BadRequest { param: Some(p), .. }) if p == "echo"));
+    // A bare generation (the CLI's flags, the browser's generate(prompt, options)) has no request
+    // kind to read echo or logprobs by.
+    for bare in [json!({"echo": true}), json!({"logprobs": 2}), json!({"top_logprobs": 2})] {
+        let (param, message) = refused(request(bare).expect("parse").validate_generation(None, 0));
+        assert!(matches!(param.as_deref(), Some("echo" | "logprobs")), "{message}");
+    }
 }
 
 #[test]
@@ -247,7 +250,7 @@ fn logprobs_take_each_endpoint_s_form() {
         let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "prompt": "Hi"});
         body.as_object_mut().expect("object").remove(if endpoint == Endpoint::Chat { "prompt" } else { "messages" });
         body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
-        request(body).and_then(|r| r.validate(endpoint, 0))
+        request(body).and_then(|r| r.validate(endpoint, 0)).map(|v| v.generation)
     };
     let ok = |endpoint, extra: Value| {
         logprobs(endpoint, extra.clone()).unwrap_or_else(|e| panic!("{extra}: {e}")).options.logprobs

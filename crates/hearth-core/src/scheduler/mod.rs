@@ -128,6 +128,13 @@ pub enum SchedulerEvent {
         delta: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's tokens' log-probabilities, once its last token is evaluated, for a request
+    /// that scores its prompt ([`GenerateOptions::prompt_logprobs`]; completions' `echo`): entry
+    /// `k` is prompt token `k + 1`'s. They come before any text, so an echo can be streamed first.
+    PromptScored {
+        id: RequestId,
+        logprobs: Vec<TokenLogprob>,
+    },
     Finished {
         id: RequestId,
         generation: Generation,
@@ -836,6 +843,10 @@ impl Scheduler {
             }
             if range.end < active.tokens.len() {
                 continue; // more prompt to evaluate
+            }
+            if active.options.prompt_logprobs.is_some() && !active.prompt_scores_sent {
+                active.prompt_scores_sent = true;
+                events(SchedulerEvent::PromptScored { id: active.id, logprobs: active.prompt_logprobs.clone() });
             }
             if active.generated() == 0 && active.prompt_ms == 0.0 {
                 active.prompt_ms = active.admitted.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);

@@ -40,6 +40,8 @@ pub(super) struct Active {
     /// With [`GenerateOptions::prompt_logprobs`]: entry `k` is prompt token `k + 1`'s, scored
     /// from the row of position `k`.
     pub prompt_logprobs: Vec<TokenLogprob>,
+    /// Whether [`super::SchedulerEvent::PromptScored`] went out (once, even if preempted).
+    pub prompt_scores_sent: bool,
     /// Its drafter and draft policy, when it speculates.
     pub drafts: Option<Box<RequestDrafts>>,
     /// The first choice of the same prompt (`n` > 1): admitted once that one holds the prompt
@@ -72,6 +74,7 @@ impl Active {
             logprobs: Vec::new(),
             logprobs_sent: 0,
             prompt_logprobs: Vec::new(),
+            prompt_scores_sent: false,
             drafts: None,
             shares_prompt_of: None,
         }
