@@ -112,14 +112,18 @@ fn as_f32(value: &Value) -> Value {
     }
 }
 
+/// The browser's engine host on the CPU backend, with the server's context size.
+fn cpu_host() -> EngineHost {
+    let load =
+        LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
+    EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {})
+        .expect("load host")
+}
+
 #[test]
 fn the_same_request_gives_the_same_tokens_on_every_surface() {
     let server = Server::start(&[]);
-    let load =
-        LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
-    let mut host =
-        EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {})
-            .expect("load host");
+    let mut host = cpu_host();
     for params in cases() {
         let (cli_tokens, cli_text) = run_cli(&params).unwrap_or_else(|e| panic!("hearth run {params}: {e}"));
 
@@ -162,11 +166,7 @@ fn the_same_request_gives_the_same_tokens_on_every_surface() {
 #[test]
 fn an_echoed_completion_is_the_same_in_the_browser_and_the_server() {
     let server = Server::start(&[]);
-    let load =
-        LoadOptions::parse(&json!({"n_ctx": CTX.parse::<usize>().expect("ctx")}).to_string()).expect("load options");
-    let mut host =
-        EngineHost::load(model_bytes(), &load, Box::new(CpuBackend::new(None).expect("cpu")), &mut |_, _| {})
-            .expect("load host");
+    let mut host = cpu_host();
     let prompt_text = "The sky is blue because";
     for max_tokens in [0, 6] {
         let body =

@@ -289,19 +289,7 @@ impl Request {
             };
             return Err(bad(max_tokens_param, message));
         }
-        options.logprobs = match endpoint {
-            Some(endpoint) => self.logprobs_for(endpoint)?,
-            None if [&self.logprobs, &self.top_logprobs]
-                .into_iter()
-                .any(|v| v.as_ref().is_some_and(|v| !v.is_null())) =>
-            {
-                return Err(bad(
-                    "logprobs",
-                    "logprobs are read by the request's kind (chat or completions): send them with a whole request.",
-                ))
-            }
-            None => None,
-        };
+        options.logprobs = self.logprobs_for(endpoint)?;
         options.prompt_logprobs = options.logprobs.filter(|_| echo);
         let speculative = self.speculation()?;
         let prediction = self.prediction_text()?;
@@ -421,8 +409,8 @@ impl Request {
 
     /// How many alternatives per token the request wants with its tokens' log-probabilities
     /// (`None`: no log-probabilities), in the endpoint's terms: chat's `logprobs: true` with
-    /// `top_logprobs: N`, completions' `logprobs: N`.
-    pub fn logprobs_for(&self, endpoint: Endpoint) -> Result<Option<usize>, CoreError> {
+    /// `top_logprobs: N`, completions' `logprobs: N`; a bare generation (no kind) has none to read.
+    fn logprobs_for(&self, endpoint: Option<Endpoint>) -> Result<Option<usize>, CoreError> {
         let given = |v: &Option<Value>| v.clone().filter(|v| !v.is_null());
         let count = |v: &Value, param: &str| {
             v.as_u64()
@@ -431,7 +419,12 @@ impl Request {
                 .ok_or_else(|| bad(param, format!("{param} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {v}.")))
         };
         match endpoint {
-            Endpoint::Chat => {
+            None if given(&self.logprobs).is_some() || given(&self.top_logprobs).is_some() => Err(bad(
+                "logprobs",
+                "logprobs are read by the request's kind (chat or completions): send them with a whole request.",
+            )),
+            None => Ok(None),
+            Some(Endpoint::Chat) => {
                 let on = match given(&self.logprobs) {
                     None => false,
                     Some(Value::Bool(on)) => on,
@@ -449,7 +442,7 @@ impl Request {
                     (true, top) => Ok(Some(top.unwrap_or(0))),
                 }
             }
-            Endpoint::Completions => {
+            Some(Endpoint::Completions) => {
                 if given(&self.top_logprobs).is_some() {
                     return Err(bad(
                         "top_logprobs",
