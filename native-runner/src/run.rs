@@ -35,6 +35,53 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub speculative: SpeculativeArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
+}
+
+/// Structured output: the answer constrained to a grammar (the request schema's
+/// `structured_outputs`, as `hearth serve` takes it).
+#[derive(Args, Debug, Clone, Default)]
+#[group(multiple = false)]
+pub struct ConstraintArgs {
+    /// The answer is JSON valid under this JSON Schema (a file; `-` reads stdin).
+    #[arg(long = "json-schema", value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// The answer matches this regular expression, whole.
+    #[arg(long)]
+    pub regex: Option<String>,
+    /// The answer follows this grammar: a file in Lark (llguidance's dialect) or llama.cpp's GBNF.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// The answer is one of these strings (repeat the flag for each).
+    #[arg(long)]
+    pub choice: Vec<String>,
+}
+
+impl ConstraintArgs {
+    /// The flags as the request schema's `structured_outputs` (None: unconstrained).
+    pub fn structured_outputs(&self) -> Result<Option<serde_json::Value>> {
+        let read = |file: &std::path::Path| -> Result<String> {
+            if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading stdin")
+            } else {
+                std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+            }
+        };
+        Ok(if let Some(file) = &self.json_schema {
+            let schema: serde_json::Value =
+                serde_json::from_str(&read(file)?).with_context(|| format!("{} is not JSON", file.display()))?;
+            Some(serde_json::json!({ "json": schema }))
+        } else if let Some(regex) = &self.regex {
+            Some(serde_json::json!({ "regex": regex }))
+        } else if let Some(file) = &self.grammar {
+            Some(serde_json::json!({ "grammar": read(file)? }))
+        } else if !self.choice.is_empty() {
+            Some(serde_json::json!({ "choice": self.choice }))
+        } else {
+            None
+        })
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -79,6 +126,11 @@ impl SamplingArgs {
     /// The flags as the one request schema's fields, checked by its validation (the ranges of
     /// `hearth serve` and the browser).
     pub fn options(&self) -> Result<GenerateOptions> {
+        self.options_constrained(None)
+    }
+
+    /// [`Self::options`] with the request schema's `structured_outputs` (see [`ConstraintArgs`]).
+    pub fn options_constrained(&self, structured_outputs: Option<serde_json::Value>) -> Result<GenerateOptions> {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
@@ -95,17 +147,18 @@ impl SamplingArgs {
             seed: Some(seed as i64),
             stop: Some(Stop::Many(self.stop.clone())),
             ignore_eos: Some(self.ignore_eos),
+            structured_outputs,
             ..Request::default()
         };
         let generation =
-            request.validate_generation(None, seed).map_err(|e| anyhow::anyhow!("invalid sampling parameters: {e}"))?;
+            request.validate_generation(None, seed).map_err(|e| anyhow::anyhow!("invalid request: {e}"))?;
         Ok(GenerateOptions { max_tokens: generation.max_tokens.unwrap_or(self.max_tokens), ..generation.options })
     }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
     args.speculative.check()?;
-    let options = args.sampling.options()?;
+    let options = args.sampling.options_constrained(args.constraint.structured_outputs()?)?;
     let conversation =
         args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;

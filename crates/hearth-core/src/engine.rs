@@ -72,6 +72,10 @@ pub struct GenerateOptions {
     /// prompt is then evaluated whole, never taken from the prefix cache, and the steps that
     /// evaluate it read back every row's logits.
     pub prompt_logprobs: Option<usize>,
+    /// Structured output: the answer is constrained to this grammar (compiled by the scheduler
+    /// when the request is submitted; a grammar it cannot compile refuses the request). Such a
+    /// request reads back whole logits rows and decodes without drafts.
+    pub grammar: Option<crate::constraint::GrammarRequest>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -133,6 +137,9 @@ pub struct Generation {
     /// ([`GenerateOptions::prompt_logprobs`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
+    /// Mask timings when the answer was constrained ([`GenerateOptions::grammar`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<crate::constraint::ConstraintStats>,
 }
 
 /// A model loaded on a backend with one sequence in its KV pool: evaluates tokens, keeps them in

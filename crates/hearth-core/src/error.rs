@@ -66,6 +66,10 @@ pub enum CoreError {
     /// ([`crate::request`]): a client error (HTTP 400, JS `bad-argument`) naming `param`.
     #[error("{message}")]
     BadRequest { param: Option<String>, message: String },
+    /// A constrained answer (structured output) that cannot go on: its grammar allows no token
+    /// the model has, or failed while matching. Ends the request; the text so far is kept.
+    #[error("{param}: the answer cannot continue under its grammar: {message}")]
+    Constraint { param: &'static str, message: String },
     #[error("graph op #{index} ({op}) is inconsistent: {reason}")]
     BadGraph { index: usize, op: &'static str, reason: String },
     /// A graph op given a buffer of another element type than it reads or writes (every op but

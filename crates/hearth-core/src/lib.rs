@@ -9,6 +9,7 @@
 //! - [`kv`]: paged KV cache owned outside the model: block pools, prefix cache, rollback.
 //! - [`runner`]: a model + backend + KV pool running steps over batches of sequences.
 //! - [`sampling`]: logits processors and samplers.
+//! - [`constraint`]: structured output (JSON Schema, regex, Lark) as token masks.
 //! - [`scheduler`]: continuous batching of many requests over one runner (the server).
 //! - [`engine`]: prompt → tokens loop tying the above together.
 //! - [`speculative`]: speculative decoding (draft model or prompt lookup) over any backend.
@@ -16,6 +17,7 @@
 pub mod backend;
 pub mod block_on;
 pub mod chat;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod gguf;

@@ -22,6 +22,8 @@ use std::time::Instant;
 
 /// What happens to a request's choices (`choice` is the index in `choices[]`), in order per
 /// choice; the channel closes after every choice ended.
+// (`Done` carries the whole result once per choice: not worth a box.)
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     /// The first choice was admitted into the batch; `cached_tokens` of the prompt came from the
     /// prefix cache. (The others start once it holds the prompt.)
@@ -289,6 +291,8 @@ fn api_error(error: &CoreError, metrics: &Metrics) -> ApiError {
             Some("context_length_exceeded"),
         ),
         CoreError::InvalidArgument(message) => ApiError::bad_request(message.clone(), None, None),
+        // (A grammar the engine cannot compile, refused when the request is submitted.)
+        CoreError::BadRequest { .. } => request_error(error),
         CoreError::Device { kind: DeviceFault::Lost, .. } => {
             metrics.device_lost.store(true, Ordering::SeqCst);
             ApiError::unavailable(

@@ -11,6 +11,7 @@
 
 mod prompt;
 pub mod response;
+mod structured;
 #[cfg(test)]
 mod tests;
 
@@ -146,11 +147,16 @@ pub struct Request {
     /// Completions: the prompt's text before the completion's, and with `logprobs` the prompt
     /// tokens' log-probabilities before the completion's.
     pub echo: Option<Value>,
+    /// Structured output (see [`structured`]): OpenAI's response format, vLLM's
+    /// `structured_outputs`, llama-server's `json_schema` and `grammar`.
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub json_schema: Option<Value>,
+    pub grammar: Option<Value>,
     // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
-    // refused by name; their neutral values (a text response format, no tools) are accepted.
+    // refused by name; their neutral values (no tools) are accepted.
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
-    pub response_format: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
@@ -403,6 +409,7 @@ impl Request {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs: None,
             prompt_logprobs: None,
+            grammar: self.grammar()?,
         };
         Ok((max_tokens, options))
     }
@@ -478,14 +485,6 @@ impl Request {
         }
         if self.suffix.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(unsupported("suffix", "no insertion (fill-in-the-middle) completions"));
-        }
-        if let Some(format) = self.response_format.as_ref().filter(|v| !v.is_null()) {
-            if format.get("type").and_then(Value::as_str) != Some("text") {
-                return Err(unsupported(
-                    "response_format",
-                    "only {\"type\": \"text\"}; structured output (JSON mode, JSON schema) is not implemented",
-                ));
-            }
         }
         if self.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
             return Err(unsupported("tools", "tool calling is not implemented"));

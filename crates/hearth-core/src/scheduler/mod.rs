@@ -25,6 +25,7 @@ pub use request::RequestId;
 
 use crate::backend::Readback;
 use crate::block_on::block_on;
+use crate::constraint::{GrammarCompiler, GrammarState};
 use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
@@ -178,6 +179,9 @@ pub struct Scheduler {
     /// What passes cost on this machine, measured or given at load: fresh policies start from
     /// them.
     pass_costs: Option<PassCosts>,
+    /// Structured output's compiler for this model, built when the first constrained request
+    /// arrives.
+    grammars: Option<GrammarCompiler>,
 }
 
 impl Scheduler {
@@ -206,6 +210,7 @@ impl Scheduler {
             policies: Vec::new(),
             draft_model: None,
             pass_costs: None,
+            grammars: None,
         }
     }
 
@@ -366,9 +371,17 @@ impl Scheduler {
                 (Some(DraftKind::LookupThenModel), options.clone(), min_confidence)
             }
         };
+        let grammar = match &options.grammar {
+            Some(request) => Some(GrammarState::new(&self.grammar_compiler()?.compile(request)?)),
+            None => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
+        // (A constrained request decodes without drafts: verifying them would need a mask per
+        // drafted row.)
+        let kind = kind.filter(|_| grammar.is_none());
+        active.grammar = grammar;
         let Some(kind) = kind else { return Ok(active) };
         let source = match drafting {
             Drafting::Lookup { reference, .. } => DraftSource::Lookup { lookup: Default::default(), reference },
@@ -386,6 +399,15 @@ impl Scheduler {
         let seed = active.options.sampling.seed;
         active.drafts = Some(Box::new(RequestDrafts::new(source, free, speculative, policy, seed)));
         Ok(active)
+    }
+
+    /// The grammar compiler of the scheduler's model, built on first use (it reads every token
+    /// of the vocabulary once).
+    pub fn grammar_compiler(&mut self) -> Result<&GrammarCompiler> {
+        if self.grammars.is_none() {
+            self.grammars = Some(GrammarCompiler::new(&self.tokenizer, self.runner.config().n_logits)?);
+        }
+        Ok(self.grammars.as_ref().expect("built above"))
     }
 
     /// The draft model back (its sequences stay with their requests: call this when idle), e.g.
@@ -905,6 +927,11 @@ impl Scheduler {
                             let logits = &logits[row * n_logits..(row + 1) * n_logits];
                             row_logits.clear();
                             row_logits.extend_from_slice(logits);
+                            // (Structured output: the grammar's mask comes before every filter.)
+                            if let Some(Err(error)) = active.grammar.as_mut().map(|g| g.mask_logits(&mut row_logits)) {
+                                ended.push((*i, Err(error)));
+                                continue;
+                            }
                             let token = active.sampler.sample(&mut row_logits, &active.tokens);
                             (token, top_logprobs.map(|n| TokenLogprob::from_logits(logits, token, n)))
                         }
@@ -924,7 +951,16 @@ impl Scheduler {
                 }
             };
             for token in tokens {
+                if let Some(grammar) = active.grammar.as_mut().filter(|_| !self.tokenizer.is_end_of_generation(token)) {
+                    if let Err(error) = grammar.accept(token) {
+                        ended.push((*i, Err(error)));
+                        break;
+                    }
+                }
                 let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
+                // A constrained answer ends where its grammar allows nothing more.
+                let finish =
+                    finish.or_else(|| active.grammar.as_ref().filter(|g| g.is_complete()).map(|_| FinishReason::Stop));
                 if !emit.is_empty() {
                     let logprobs = active.unsent_logprobs();
                     events(SchedulerEvent::Text { id: active.id, delta: emit, logprobs });

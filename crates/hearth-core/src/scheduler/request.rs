@@ -3,6 +3,7 @@
 
 use super::drafts::RequestDrafts;
 use crate::backend::Readback;
+use crate::constraint::GrammarState;
 use crate::engine::Instant;
 use crate::engine::{FinishReason, GenerateOptions, Generation, TextStream, Timings};
 use crate::kv::SeqId;
@@ -47,6 +48,8 @@ pub(super) struct Active {
     /// The first choice of the same prompt (`n` > 1): admitted once that one holds the prompt
     /// in KV, sharing its blocks.
     pub shares_prompt_of: Option<RequestId>,
+    /// Its grammar's state when its answer is constrained ([`GenerateOptions::grammar`]).
+    pub grammar: Option<GrammarState>,
 }
 
 impl Active {
@@ -77,6 +80,7 @@ impl Active {
             prompt_scores_sent: false,
             drafts: None,
             shares_prompt_of: None,
+            grammar: None,
         }
     }
 
@@ -117,7 +121,11 @@ impl Active {
 
     /// What a token's row reads back for this request: what its sampler needs, and the row's
     /// log-sum-exp and top candidates when it reports log-probabilities.
+    /// A constrained request reads the whole row: its mask applies before every filter.
     pub fn row_readback(&self) -> Readback {
+        if self.grammar.is_some() {
+            return Readback::Logits;
+        }
         let sampling = self.sampler.readback(&self.tokens);
         match self.options.logprobs {
             Some(n) => sampling.union(Readback::TopKAndLogSumExp(n.max(1))),
@@ -169,6 +177,7 @@ impl Active {
             speculative: None,
             logprobs,
             prompt_logprobs,
+            constraint: self.grammar.map(GrammarState::into_stats),
         };
         (tail, generation)
     }

@@ -23,6 +23,7 @@ use byte_level::{byte_level_piece_bytes, parse_byte_token, spm_piece_bytes};
 use vocab::{Fragment, Vocab};
 
 /// How text fragments reach the HF pipeline.
+#[derive(Clone)]
 enum TextPipeline {
     /// GGUF `gpt2`: the HF pipeline does the regex pre-tokenization and byte mapping.
     ByteLevel,
@@ -40,6 +41,7 @@ enum PieceStyle {
     SentencePiece,
 }
 
+#[derive(Clone)]
 pub struct Tokenizer {
     vocab: Vocab,
     /// HF pipeline for byte-level BPE and tokenizer.json models; `None` for SentencePiece GGUFs.
@@ -228,6 +230,18 @@ impl Tokenizer {
     /// tokens named like `<|im_end|>`, `<|endoftext|>`, `<end_of_turn>`, `<|eot_id|>`, ...
     pub fn is_end_of_generation(&self, id: u32) -> bool {
         self.vocab.is_eog(id)
+    }
+
+    /// Every end-of-generation token id (see [`Tokenizer::is_end_of_generation`]), ascending.
+    pub fn end_of_generation_ids(&self) -> Vec<u32> {
+        (0..self.vocab.len() as u32).filter(|&id| self.vocab.is_eog(id)).collect()
+    }
+
+    /// Whether encoding a text fragment gives the tokens of its bytes alone: false for
+    /// SentencePiece models that prefix a space to the input's first fragment, whose encoding
+    /// of a continuation is not the continuation's tokens.
+    pub fn encodes_fragments_canonically(&self) -> bool {
+        !matches!(self.pipeline, TextPipeline::SentencePiece { add_space_prefix: true, .. })
     }
 
     pub fn token_type(&self, id: u32) -> Option<TokenType> {

@@ -12,6 +12,7 @@ use std::collections::BinaryHeap;
 use super::vocab::Vocab;
 use crate::error::{CoreError, Result};
 
+#[derive(Clone)]
 pub struct SpmModel {
     scores: Vec<f32>,
     /// `<0xNN>` token of each byte (or the single-byte token), for characters outside the vocabulary.

@@ -78,6 +78,7 @@ const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>
 const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
+#[derive(Clone)]
 pub struct Vocab {
     pieces: Vec<String>,
     types: Vec<TokenType>,

@@ -1,0 +1,98 @@
+//! One constrained request's grammar state: the mask of its next token, advanced by every token
+//! it keeps and rolled back with its KV cache.
+
+use super::compiler::CompiledGrammar;
+use crate::engine::Instant;
+use crate::error::CoreError;
+use llguidance::toktrie::SimpleVob;
+use llguidance::Matcher;
+
+/// What constraining a request cost and saved, reported with its generation.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ConstraintStats {
+    /// Time each of its masks took to compute, in microseconds (one per sampled token).
+    pub mask_us: Vec<f32>,
+}
+
+impl ConstraintStats {
+    pub fn masks(&self) -> usize {
+        self.mask_us.len()
+    }
+}
+
+/// A request's position in its grammar.
+pub struct GrammarState {
+    matcher: Matcher,
+    param: &'static str,
+    stats: ConstraintStats,
+}
+
+impl GrammarState {
+    pub fn new(grammar: &CompiledGrammar) -> Self {
+        GrammarState { matcher: grammar.matcher(), param: grammar.param(), stats: ConstraintStats::default() }
+    }
+
+    fn failure(&self, message: impl std::fmt::Display) -> CoreError {
+        CoreError::Constraint { param: self.param, message: message.to_string() }
+    }
+
+    /// The tokens the grammar allows next: once the answer is complete, only end-of-generation.
+    /// A grammar that allows no token at all (a dead end: the model's vocabulary cannot spell
+    /// what it requires) or fails is a [`CoreError::Constraint`].
+    pub fn mask(&mut self) -> Result<SimpleVob, CoreError> {
+        let started = Instant::now();
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.failure(e))?;
+        self.stats.mask_us.push((started.elapsed().as_secs_f64() * 1e6) as f32);
+        if mask.is_zero() {
+            return Err(self.failure("no token of the model's vocabulary can continue the answer"));
+        }
+        Ok(mask)
+    }
+
+    /// Sets the logits (one row, `[n_logits]`) of the tokens the grammar does not allow next to
+    /// `-inf`, so that every sampler filter and the temperature see only allowed tokens.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), CoreError> {
+        let mask = self.mask()?;
+        for (word_index, &word) in mask.as_slice().iter().enumerate() {
+            if word == u32::MAX {
+                continue;
+            }
+            let start = word_index * 32;
+            let Some(span) = logits.get_mut(start..(start + 32).min(logits.len())) else { break };
+            if word == 0 {
+                span.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            for (bit, logit) in span.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances past a token the request keeps (one the last mask allowed).
+    pub fn accept(&mut self, token: u32) -> Result<(), CoreError> {
+        self.matcher.consume_token(token).map_err(|e| self.failure(e))
+    }
+
+    /// Whether the answer is complete: the grammar allows nothing after it.
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+
+    /// How many of `tokens`, in order, the grammar allows from here (nothing is consumed).
+    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
+
+    /// Forgets the last `n` accepted tokens (the KV cache dropped them).
+    pub fn rollback(&mut self, n: usize) -> Result<(), CoreError> {
+        self.matcher.rollback(n).map_err(|e| self.failure(e))
+    }
+
+    pub fn into_stats(self) -> ConstraintStats {
+        self.stats
+    }
+}
