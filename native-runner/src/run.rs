@@ -211,6 +211,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         if let Some(m) = &generation.speculative {
             eprintln!("{}", args.speculative.summary(m));
         }
+        if let Some(c) = &generation.constraint {
+            eprintln!(
+                "[structured output: {} masks, p50 {:.0} µs, p99 {:.0} µs]",
+                c.masks(),
+                c.mask_percentile_us(0.5),
+                c.mask_percentile_us(0.99)
+            );
+        }
     }
     Ok(())
 }
@@ -272,6 +280,7 @@ fn report(
         "prompt_ms": t.prompt_ms,
         "decode_ms": t.decode_ms,
         "speculative": g.speculative,
+        "constraint": g.constraint,
         // Prompt tokens whose K/V were reused (the prefix cache).
         "prompt_cached_tokens": g.prompt_tokens.len() - t.prompt_evaluated,
         "prefix_hit_rate": runner.kv().prefix_hit_rate(),

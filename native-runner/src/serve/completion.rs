@@ -193,7 +193,8 @@ struct PromptTokens {
 
 /// OpenAI's usage object over every choice (the prompt counted once); with speculative decoding
 /// (`--lookup`, `--draft-model`, a predicted output), the draft tokens accepted and rejected go
-/// where OpenAI reports a prediction's.
+/// where OpenAI reports a prediction's; with structured output, hearth's `grammar` extension
+/// (masks computed, their median and 99th-percentile times).
 fn usage(prompt: PromptTokens, generations: &[Generation]) -> Value {
     let completion: usize = generations.iter().map(|g| g.tokens.len()).sum();
     let mut usage = json!({
@@ -209,6 +210,15 @@ fn usage(prompt: PromptTokens, generations: &[Generation]) -> Value {
         usage["completion_tokens_details"] = json!({
             "accepted_prediction_tokens": accepted,
             "rejected_prediction_tokens": proposed - accepted,
+        });
+    }
+    let mut masks = hearth_core::constraint::ConstraintStats::default();
+    generations.iter().filter_map(|g| g.constraint.as_ref()).for_each(|c| masks.mask_us.extend(&c.mask_us));
+    if generations.iter().any(|g| g.constraint.is_some()) {
+        usage["grammar"] = json!({
+            "masks": masks.masks(),
+            "mask_p50_us": masks.mask_percentile_us(0.5),
+            "mask_p99_us": masks.mask_percentile_us(0.99),
         });
     }
     usage

@@ -44,6 +44,7 @@ impl Histogram {
 
 const TTFT_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 const ITL_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+const MASK_BOUNDS: &[f64] = &[0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.03];
 
 pub struct Metrics {
     /// (endpoint, status) → count.
@@ -54,6 +55,8 @@ pub struct Metrics {
     /// Draft tokens verified, and accepted (`--lookup`, `--draft-model`, predicted outputs).
     pub draft_tokens: AtomicU64,
     pub draft_tokens_accepted: AtomicU64,
+    /// Requests whose answer was constrained by a grammar (structured output).
+    pub constrained_requests: AtomicU64,
     /// Choices accepted and not yet answered (queued, waiting or generating; a request with `n`
     /// choices counts `n`).
     pub accepted: AtomicI64,
@@ -65,6 +68,8 @@ pub struct Metrics {
     scheduler: Mutex<SchedulerStats>,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
+    /// Time to compute each structured-output token mask.
+    mask: Mutex<Histogram>,
 }
 
 impl Default for Metrics {
@@ -76,12 +81,14 @@ impl Default for Metrics {
             generated_tokens: AtomicU64::new(0),
             draft_tokens: AtomicU64::new(0),
             draft_tokens_accepted: AtomicU64::new(0),
+            constrained_requests: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             accepted: AtomicI64::new(0),
             device_lost: AtomicBool::new(false),
             scheduler: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+            mask: Mutex::new(Histogram::new(MASK_BOUNDS)),
         }
     }
 }
@@ -94,13 +101,20 @@ impl Metrics {
     }
 
     /// One finished generation: token counts, time to first token (queue wait included), the
-    /// inter-token latencies of its decode steps and what speculation did.
+    /// inter-token latencies of its decode steps, what speculation did and what its grammar's
+    /// masks cost.
     pub fn record_generation(&self, prompt_tokens: usize, generation: &Generation, ttft_s: Option<f64>) {
         self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.generated_tokens.fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
         if let Some(speculative) = &generation.speculative {
             self.draft_tokens.fetch_add(speculative.proposed as u64, Ordering::Relaxed);
             self.draft_tokens_accepted.fetch_add(speculative.accepted as u64, Ordering::Relaxed);
+        }
+        if let Some(constraint) = &generation.constraint {
+            self.constrained_requests.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut h) = self.mask.lock() {
+                constraint.mask_us.iter().for_each(|&us| h.observe(us as f64 / 1e6));
+            }
         }
         let itl_ms = &generation.timings.itl_ms;
         if let (Some(t), Ok(mut h)) = (ttft_s, self.ttft.lock()) {
@@ -148,6 +162,11 @@ impl Metrics {
                 "Draft tokens accepted (--lookup, --draft-model, predicted outputs).",
                 &self.draft_tokens_accepted,
             ),
+            (
+                "hearth_constrained_requests_total",
+                "Requests whose answer a grammar constrained (structured output).",
+                &self.constrained_requests,
+            ),
         ];
         for (name, help, value) in counters {
             let _ =
@@ -194,6 +213,9 @@ impl Metrics {
         }
         if let Ok(h) = self.itl.lock() {
             h.render(&mut out, "hearth_inter_token_latency_seconds", "Time between consecutive generated tokens.");
+        }
+        if let Ok(h) = self.mask.lock() {
+            h.render(&mut out, "hearth_grammar_mask_seconds", "Time to compute a structured-output token mask.");
         }
         out
     }

@@ -18,6 +18,14 @@ impl ConstraintStats {
     pub fn masks(&self) -> usize {
         self.mask_us.len()
     }
+
+    /// The mask time below which a fraction `q` of the masks took (0 without masks).
+    pub fn mask_percentile_us(&self, q: f64) -> f32 {
+        let mut sorted = self.mask_us.clone();
+        sorted.sort_by(f32::total_cmp);
+        let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
+        sorted.get(rank).copied().unwrap_or(0.0)
+    }
 }
 
 /// A request's position in its grammar.
