@@ -67,6 +67,11 @@ fn with_messages(params: &Value) -> Value {
 
 /// (tokens, text) from `hearth run --json`, or its error output.
 fn run_cli(params: &Value) -> Result<(Vec<u64>, String), String> {
+    run_cli_with(params, &[])
+}
+
+/// [`run_cli`] with more flags.
+fn run_cli_with(params: &Value, extra: &[&str]) -> Result<(Vec<u64>, String), String> {
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args([
             "run",
@@ -85,6 +90,7 @@ fn run_cli(params: &Value) -> Result<(Vec<u64>, String), String> {
             USER,
         ])
         .args(flags(params))
+        .args(extra)
         .output()
         .expect("spawn hearth run");
     if !out.status.success() {
@@ -192,6 +198,49 @@ fn an_echoed_completion_is_the_same_in_the_browser_and_the_server() {
             "browser host vs hearth serve echoed log-probabilities, max_tokens {max_tokens}"
         );
     }
+}
+
+/// Structured output, greedy and sampled: the grammar's mask is applied the same way everywhere,
+/// so the browser host, the server and `hearth run --json-schema` give the same tokens.
+#[test]
+fn a_constrained_answer_is_the_same_on_every_surface() {
+    let server = Server::start(&[]);
+    let mut host = cpu_host();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "colours": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
+            "reason": {"type": "string", "maxLength": 80}
+        },
+        "required": ["colours", "reason"],
+        "additionalProperties": false
+    });
+    let schema_file = std::env::temp_dir().join(format!("hearth-surfaces-schema-{}.json", std::process::id()));
+    std::fs::write(&schema_file, schema.to_string()).expect("schema file");
+    let cases = [
+        json!({"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "max_tokens": 60, "seed": 1}),
+        json!({"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "presence_penalty": 0.5, "max_tokens": 60, "seed": 11}),
+    ];
+    for params in cases {
+        let (cli_tokens, cli_text) = run_cli_with(&params, &["--json-schema", schema_file.to_str().expect("path")])
+            .unwrap_or_else(|e| panic!("hearth run {params}: {e}"));
+        let value: Value = serde_json::from_str(&cli_text).unwrap_or_else(|e| panic!("{e}: {cli_text}"));
+        assert_eq!(value["colours"].as_array().map(Vec::len), Some(3), "{cli_text}");
+
+        let mut body = with_messages(&params);
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "colours", "schema": schema}});
+        let (prompt, options) = parse_request("chat", &body.to_string()).expect("host request");
+        let report = host.generate(&prompt, &options, 0, None, &mut |_| true).expect("host generate");
+        assert_eq!(
+            report.token_ids.iter().map(|&t| t as u64).collect::<Vec<_>>(),
+            cli_tokens,
+            "browser host vs hearth run: {params}"
+        );
+        let answer = post(&server.addr, "/v1/chat/completions", &body);
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["choices"][0]["message"]["content"], cli_text, "hearth serve vs hearth run: {params}");
+    }
+    std::fs::remove_file(&schema_file).ok();
 }
 
 #[test]

@@ -101,6 +101,62 @@ test("chat with n choices: each choice's stream opens with the role and equals i
   assert.equal(result.whole.usage.completion_tokens, 10);
 });
 
+/** Constrained requests on `backend`: WebLLM's JSON mode with a schema as text, OpenAI's
+ * json_schema streamed, and a choice; the answers parse and hold. */
+async function structured(backend, requests) {
+  return page.evaluate(async ({ modelUrl, backend, requests }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend, worker: true, cache: false });
+    const answers = [];
+    for (const { stream, ...request } of requests) {
+      if (stream) {
+        let text = '';
+        let finish = null;
+        for await (const chunk of await engine.chat.completions.create({ ...request, stream: true })) {
+          text += chunk.choices[0]?.delta?.content ?? '';
+          finish = chunk.choices[0]?.finish_reason ?? finish;
+        }
+        answers.push({ text, finish });
+      } else {
+        const reply = await engine.chat.completions.create(request);
+        answers.push({ text: reply.choices[0].message.content, finish: reply.choices[0].finish_reason, usage: reply.usage });
+      }
+    }
+    await engine.unload();
+    return answers;
+  }, { modelUrl: `/models/${expected.model_file}`, backend, requests });
+}
+
+const cityQuestion = [{ role: 'user', content: 'What is the capital of France?' }];
+const citySchema = { type: 'object', properties: { city: { type: 'string', maxLength: 20 }, country: { enum: ['France', 'Italy'] } }, required: ['city', 'country'], additionalProperties: false };
+
+test("structured output on the wasm CPU engine: JSON mode with a schema (WebLLM's shape), json_schema streamed, a grammar", { timeout: 900_000 }, async () => {
+  const request = { messages: cityQuestion, temperature: 0, max_tokens: 40 };
+  const [webllm, openai, streamed, grammar] = await structured('cpu', [
+    { ...request, response_format: { type: 'json_object', schema: JSON.stringify(citySchema) } },
+    { ...request, response_format: { type: 'json_schema', json_schema: { name: 'city', schema: citySchema } } },
+    { ...request, stream: true, response_format: { type: 'json_schema', json_schema: { name: 'city', schema: citySchema } } },
+    { ...request, response_format: { type: 'grammar', grammar: 'root ::= "The capital is " [A-Z] [a-z]+ "."' } },
+  ]);
+  for (const answer of [webllm, openai, streamed]) {
+    const value = JSON.parse(answer.text);
+    assert.deepEqual(Object.keys(value).sort(), ['city', 'country'], answer.text);
+    assert.ok(['France', 'Italy'].includes(value.country), answer.text);
+    assert.equal(answer.finish, 'stop');
+  }
+  assert.equal(streamed.text, openai.text);
+  assert.equal(openai.usage.grammar.masks, openai.usage.completion_tokens, JSON.stringify(openai.usage));
+  assert.match(grammar.text, /^The capital is [A-Z][a-z]+\.$/);
+});
+
+test("structured output on WebGPU: a choice", { timeout: 1_800_000 }, async () => {
+  const [answer] = await structured('webgpu', [
+    { messages: cityQuestion, temperature: 0, max_tokens: 4, structured_outputs: { choice: ['Paris', 'Lyon', 'Marseille'] } },
+  ]);
+  assert.ok(['Paris', 'Lyon', 'Marseille'].includes(answer.text), answer.text);
+  assert.equal(answer.finish, 'stop');
+});
+
 test("backend 'webgpu': Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
   const result = await generate('webgpu', WEBGPU_TOKENS);
   assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));

@@ -5,8 +5,17 @@ Run by native-runner/tests/serve.rs against a running server; exits non-zero on 
 
 import argparse
 
+import json
+
 import openai
 from openai import OpenAI
+from pydantic import BaseModel, Field
+
+class Engineer(BaseModel):
+    name: str = Field(min_length=1, max_length=40)
+    age: int = Field(ge=18, le=99)
+    languages: list[str] = Field(min_length=1, max_length=3)
+
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -78,6 +87,34 @@ def main() -> None:
         return r.choices[0].text
 
     assert sample(42) == sample(42)
+
+    # Structured output: the client's pydantic helper (strict json_schema) parses the answer, the
+    # model's constraints (bounds, lengths) included; JSON mode gives an object; vLLM's
+    # structured_outputs through extra_body.
+    person = [{"role": "user", "content": "Describe a fictional software engineer: name, age, favourite languages."}]
+    parsed = client.chat.completions.parse(model=args.model, messages=person, response_format=Engineer, max_tokens=120, temperature=0)
+    engineer = parsed.choices[0].message.parsed
+    assert isinstance(engineer, Engineer), parsed.choices[0].message.content
+    assert parsed.usage.model_extra["grammar"]["masks"] == parsed.usage.completion_tokens, parsed.usage
+    mode = client.chat.completions.create(
+        model=args.model, messages=person, response_format={"type": "json_object"}, max_tokens=120, temperature=0
+    )
+    assert isinstance(json.loads(mode.choices[0].message.content), dict), mode.choices[0].message.content
+    chosen = client.chat.completions.create(
+        model=args.model,
+        messages=[{"role": "user", "content": "Is Rust memory-safe?"}],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert chosen.choices[0].message.content in ("yes", "no"), chosen.choices[0].message.content
+    try:
+        client.chat.completions.create(
+            model=args.model, messages=MESSAGES, max_tokens=4, extra_body={"structured_outputs": {"regex": "(unclosed"}}
+        )
+        raise AssertionError("a bad regex was accepted")
+    except openai.BadRequestError as error:
+        assert error.body["param"] == "structured_outputs", error.body
 
     # Errors arrive as the client's typed exceptions.
     try:

@@ -63,6 +63,7 @@ impl WasmError {
                 C::Device { kind: DeviceFault::Lost, .. } => "device-lost",
                 C::Device { kind: DeviceFault::OutOfMemory, .. } => "out-of-memory",
                 C::ContextOverflow { .. } => "context-overflow",
+                C::Constraint { .. } => "grammar-dead-end",
                 C::InvalidArgument(_) | C::BadRequest { .. } => "bad-argument",
                 _ => "internal",
             },

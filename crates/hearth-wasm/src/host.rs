@@ -8,6 +8,7 @@ use crate::error::{Result, WasmError};
 use crate::request::{LoadOptions, RequestOptions};
 use hearth_core::backend::Backend;
 use hearth_core::chat::ChatTemplate;
+use hearth_core::constraint::GrammarUsage;
 use hearth_core::engine::{EngineOptions, FinishReason, Generation};
 use hearth_core::gguf::{ByteSource, GgufFile};
 use hearth_core::request::response::{chat_logprobs, completion_logprobs, echoed_completion_logprobs};
@@ -60,6 +61,9 @@ pub struct Report {
     /// kind, when it asked for them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<serde_json::Value>,
+    /// Structured output: the masks' count and times (`usage.grammar`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<GrammarUsage>,
 }
 
 impl Report {
@@ -92,6 +96,7 @@ impl Report {
             prompt_token_ids: generation.prompt_tokens,
             token_ids: generation.tokens,
             seed,
+            grammar: GrammarUsage::of(generation.constraint.as_ref()),
             speculative: generation.speculative,
             logprobs,
         }

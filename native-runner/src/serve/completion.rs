@@ -5,6 +5,7 @@ use super::api::{self, Endpoint};
 use super::error::ApiError;
 use super::worker::{Event, Job};
 use super::{respond_error, respond_json, State};
+use hearth_core::constraint::GrammarUsage;
 use hearth_core::engine::{FinishReason, Generation};
 use hearth_core::request::response::{
     chat_logprobs, completion_logprobs, echoed_completion_logprobs, echoed_prompt_logprobs,
@@ -212,14 +213,8 @@ fn usage(prompt: PromptTokens, generations: &[Generation]) -> Value {
             "rejected_prediction_tokens": proposed - accepted,
         });
     }
-    let mut masks = hearth_core::constraint::ConstraintStats::default();
-    generations.iter().filter_map(|g| g.constraint.as_ref()).for_each(|c| masks.mask_us.extend(&c.mask_us));
-    if generations.iter().any(|g| g.constraint.is_some()) {
-        usage["grammar"] = json!({
-            "masks": masks.masks(),
-            "mask_p50_us": masks.mask_percentile_us(0.5),
-            "mask_p99_us": masks.mask_percentile_us(0.99),
-        });
+    if let Some(grammar) = GrammarUsage::of(generations.iter().filter_map(|g| g.constraint.as_ref())) {
+        usage["grammar"] = json!(grammar);
     }
     usage
 }

@@ -9,6 +9,7 @@
 //   quota-exceeded     browser storage is full (while caching a model: only reported as a warning)
 //   out-of-memory      the browser could not allocate memory for the model
 //   device-lost        the GPU device was lost (WebGPU backend)
+//   grammar-dead-end   a constrained answer (structured output) cannot go on: no token can continue it
 //   aborted            an AbortSignal passed to createEngine or a request fired
 //   network            downloading the model failed (HTTP error, offline, CORS)
 //   not-loaded         the engine was unloaded
@@ -16,7 +17,7 @@
 //   internal           a bug in hearth-llm (please report it with the message)
 
 /** Every code above (index.d.ts declares the same union; tests/browser/types.test.js checks). */
-export const ERROR_CODES = ['bad-argument', 'no-webgpu', 'invalid-model', 'unsupported-model', 'context-overflow', 'quota-exceeded', 'out-of-memory', 'device-lost', 'aborted', 'network', 'not-loaded', 'busy', 'internal'];
+export const ERROR_CODES = ['bad-argument', 'no-webgpu', 'invalid-model', 'unsupported-model', 'context-overflow', 'quota-exceeded', 'out-of-memory', 'device-lost', 'grammar-dead-end', 'aborted', 'network', 'not-loaded', 'busy', 'internal'];
 
 const HINTS = {
   'invalid-model': 'The file is not a valid GGUF model: it may be corrupt or incompletely downloaded. Download it again (deleteCachedModel(url) drops a cached copy).',

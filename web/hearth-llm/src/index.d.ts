@@ -11,6 +11,7 @@ export type HearthErrorCode =
   | 'quota-exceeded'
   | 'out-of-memory'
   | 'device-lost'
+  | 'grammar-dead-end'
   | 'aborted'
   | 'network'
   | 'not-loaded'
@@ -125,6 +126,42 @@ export interface SamplingRequest {
   /** Choices to generate for the prompt (1..16, default 1): they share its KV blocks, choice `i`
    * samples with `seed` + `i`, and a stream interleaves their chunks (by `index`). */
   n?: number;
+  /** Structured output (one of the four fields): the answer is constrained token by token to
+   * a JSON Schema, a regex, a grammar or a list of choices, on WebGPU and the CPU engine. A
+   * schema or grammar the engine cannot enforce is refused ('bad-argument' naming the field). */
+  response_format?: ResponseFormat;
+  /** vLLM's form: exactly one of its fields. */
+  structured_outputs?: StructuredOutputs;
+  /** llama-server's form: a JSON Schema. */
+  json_schema?: JsonSchema;
+  /** llama-server's form: a GBNF grammar (rules `name ::= ...`, `root` first) or a Lark one. */
+  grammar?: string;
+}
+
+/** A JSON Schema (draft 2020-12; docs/REQUESTS.md lists the keywords enforced). */
+export type JsonSchema = Record<string, unknown> | boolean;
+
+/** OpenAI's response formats, and WebLLM's: `json_object` with a `schema` (an object or its JSON
+ * text), and `grammar` (GBNF or Lark). */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object'; schema?: JsonSchema | string }
+  | {
+      type: 'json_schema';
+      /** `strict: false` ignores keywords the engine cannot enforce instead of refusing them. */
+      json_schema: { name: string; schema?: JsonSchema; strict?: boolean | null; description?: string };
+    }
+  | { type: 'grammar'; grammar: string };
+
+export interface StructuredOutputs {
+  json?: JsonSchema | string;
+  json_object?: boolean;
+  /** The whole answer matches it. */
+  regex?: string;
+  /** The answer is one of these strings. */
+  choice?: string[];
+  /** Lark (llguidance's dialect) or GBNF. */
+  grammar?: string;
 }
 
 export interface SpeculativeRequest {
@@ -196,6 +233,9 @@ export interface Usage {
   decode_tok_s: number;
   /** Requests with `speculative`: draft tokens proposed and accepted. */
   speculative?: SpeculativeUsage;
+  /** Constrained requests: token masks computed and their times (with `n` > 1, the slowest
+   * choice's times). */
+  grammar?: { masks: number; mask_p50_us: number; mask_p99_us: number };
 }
 
 /** Non-standard details on the last chunk / the response. */

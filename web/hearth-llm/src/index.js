@@ -254,6 +254,7 @@ function usage(reports) {
   const [first] = reports;
   const completion = reports.reduce((sum, report) => sum + report.completion_tokens, 0);
   const drafted = reports.filter((report) => report.speculative);
+  const constrained = reports.filter((report) => report.grammar);
   return {
     prompt_tokens: first.prompt_tokens,
     completion_tokens: completion,
@@ -262,6 +263,17 @@ function usage(reports) {
     prefill_tok_s: first.prefill_tok_s,
     decode_tok_s: first.decode_tok_s,
     ...(drafted.length ? { speculative: sumSpeculative(drafted.map((report) => report.speculative)) } : {}),
+    ...(constrained.length ? { grammar: sumGrammar(constrained.map((report) => report.grammar)) } : {}),
+  };
+}
+
+/** Structured output's masks over choices: counts summed, times the slowest choice's. */
+function sumGrammar(all) {
+  if (all.length === 1) return all[0];
+  return {
+    masks: all.reduce((total, g) => total + g.masks, 0),
+    mask_p50_us: Math.max(...all.map((g) => g.mask_p50_us)),
+    mask_p99_us: Math.max(...all.map((g) => g.mask_p99_us)),
   };
 }
 

@@ -21,4 +21,4 @@ mod token_env;
 pub use compiler::{CompiledGrammar, GrammarCompiler};
 pub use gbnf::gbnf_to_lark;
 pub use grammar::{Grammar, GrammarRequest};
-pub use state::{ConstraintStats, GrammarState};
+pub use state::{ConstraintStats, GrammarState, GrammarUsage};

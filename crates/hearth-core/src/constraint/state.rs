@@ -28,6 +28,32 @@ impl ConstraintStats {
     }
 }
 
+/// What structured output cost a request's choices, as `usage.grammar` reports it (the server's
+/// and the browser's).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct GrammarUsage {
+    pub masks: usize,
+    pub mask_p50_us: f32,
+    pub mask_p99_us: f32,
+}
+
+impl GrammarUsage {
+    /// Over the masks of every constrained choice; `None` when none was constrained.
+    pub fn of<'a>(choices: impl IntoIterator<Item = &'a ConstraintStats>) -> Option<Self> {
+        let mut all = ConstraintStats::default();
+        let mut constrained = false;
+        for stats in choices {
+            constrained = true;
+            all.mask_us.extend(&stats.mask_us);
+        }
+        constrained.then(|| GrammarUsage {
+            masks: all.masks(),
+            mask_p50_us: all.mask_percentile_us(0.5),
+            mask_p99_us: all.mask_percentile_us(0.99),
+        })
+    }
+}
+
 /// A request's position in its grammar.
 pub struct GrammarState {
     matcher: Matcher,
