@@ -121,6 +121,12 @@ impl GrammarState {
         self.matcher.validate_tokens(tokens).unwrap_or(0)
     }
 
+    /// Whether the grammar accepts `tokens` whole, as a complete answer (consumes them).
+    pub fn accepts(&mut self, tokens: &[u32]) -> bool {
+        matches!(self.matcher.try_consume_tokens(tokens), Ok(n) if n == tokens.len())
+            && self.matcher.is_accepting().unwrap_or(false)
+    }
+
     /// Forgets the last `n` accepted tokens (the KV cache dropped them).
     pub fn rollback(&mut self, n: usize) -> Result<(), CoreError> {
         self.matcher.rollback(n).map_err(|e| self.failure(e))
