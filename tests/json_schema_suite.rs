@@ -46,6 +46,7 @@ fn json_schema_test_suite_cases_are_accepted_or_rejected_as_specified() {
             let request = GrammarRequest {
                 grammar: Grammar::JsonSchema { schema: group["schema"].clone(), strict: true },
                 param: "response_format",
+                trigger: None,
             };
             let grammar = match compiler.compile(&request) {
                 Ok(grammar) => grammar,
@@ -65,7 +66,10 @@ fn json_schema_test_suite_cases_are_accepted_or_rejected_as_specified() {
                     passed += 1;
                 } else {
                     let what = if valid { "valid instance rejected" } else { "invalid instance accepted" };
-                    outcomes.insert(format!("{label} / {}", case["description"].as_str().expect("description")), what.into());
+                    outcomes.insert(
+                        format!("{label} / {}", case["description"].as_str().expect("description")),
+                        what.into(),
+                    );
                 }
             }
         }
@@ -78,7 +82,8 @@ fn json_schema_test_suite_cases_are_accepted_or_rejected_as_specified() {
     if std::env::var_os("HEARTH_UPDATE_SCHEMA_BASELINE").is_some() {
         let summary = json!({"schemas": groups, "compiled": compiled, "cases": cases, "passed": passed});
         let baseline = json!({"summary": summary, "differences": outcomes});
-        std::fs::write(&expected_path, serde_json::to_string_pretty(&baseline).expect("JSON") + "\n").expect("write baseline");
+        std::fs::write(&expected_path, serde_json::to_string_pretty(&baseline).expect("JSON") + "\n")
+            .expect("write baseline");
         return;
     }
     let baseline = read_json("json-schema-test-suite/expected.json");

@@ -5,8 +5,9 @@ use crate::speculative::SpeculativeArgs;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hearth_core::chat::ToolCallFormat;
 use hearth_core::engine::{GenerateOptions, Generation};
-use hearth_core::request::{Prompt, Request, Stop};
+use hearth_core::request::{Prompt, Request, Stop, ToolRequest};
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -39,35 +40,60 @@ pub struct RunArgs {
     pub constraint: ConstraintArgs,
 }
 
-/// Structured output: the answer constrained to a grammar (the request schema's
-/// `structured_outputs`, as `hearth serve` takes it).
+/// Structured output and tools: the answer constrained to a grammar (the request schema's
+/// `structured_outputs`) or offered tools (`tools`, `tool_choice`), as `hearth serve` takes them.
 #[derive(Args, Debug, Clone, Default)]
-#[group(multiple = false)]
 pub struct ConstraintArgs {
     /// The answer is JSON valid under this JSON Schema (a file; `-` reads stdin).
-    #[arg(long = "json-schema", value_name = "FILE")]
+    #[arg(long = "json-schema", value_name = "FILE", group = "grammar_flag")]
     pub json_schema: Option<std::path::PathBuf>,
     /// The answer matches this regular expression, whole.
-    #[arg(long)]
+    #[arg(long, group = "grammar_flag")]
     pub regex: Option<String>,
     /// The answer follows this grammar: a file in Lark (llguidance's dialect) or llama.cpp's GBNF.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", group = "grammar_flag")]
     pub grammar: Option<std::path::PathBuf>,
     /// The answer is one of these strings (repeat the flag for each).
-    #[arg(long)]
+    #[arg(long, group = "grammar_flag")]
     pub choice: Vec<String>,
+    /// Tools the model may call (with --chat or --messages): a JSON file holding OpenAI's `tools`
+    /// array (`[{"type": "function", "function": {"name", "description", "parameters"}}]`).
+    /// The calls are printed as OpenAI's `tool_calls` (with --json, in the report).
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar_flag")]
+    pub tools: Option<std::path::PathBuf>,
+    /// With --tools: none, auto (default), required, or a function's name (that function is called).
+    #[arg(long = "tool-choice", requires = "tools")]
+    pub tool_choice: Option<String>,
+}
+
+fn read_text(file: &std::path::Path) -> Result<String> {
+    if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading stdin")
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+    }
 }
 
 impl ConstraintArgs {
-    /// The flags as the request schema's `structured_outputs` (None: unconstrained).
-    pub fn structured_outputs(&self) -> Result<Option<serde_json::Value>> {
-        let read = |file: &std::path::Path| -> Result<String> {
-            if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin()).context("reading stdin")
-            } else {
-                std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
-            }
+    /// The flags as the request schema's fields.
+    pub fn request(&self) -> Result<Request> {
+        let tools = match &self.tools {
+            Some(file) => Some(
+                serde_json::from_str::<serde_json::Value>(&read_text(file)?)
+                    .with_context(|| format!("{} is not JSON", file.display()))?,
+            ),
+            None => None,
         };
+        let tool_choice = self.tool_choice.as_ref().map(|choice| match choice.as_str() {
+            "none" | "auto" | "required" => serde_json::json!(choice),
+            name => serde_json::json!({"type": "function", "function": {"name": name}}),
+        });
+        Ok(Request { structured_outputs: self.structured_outputs()?, tools, tool_choice, ..Request::default() })
+    }
+
+    /// The grammar flags as the request schema's `structured_outputs` (None: unconstrained).
+    fn structured_outputs(&self) -> Result<Option<serde_json::Value>> {
+        let read = read_text;
         Ok(if let Some(file) = &self.json_schema {
             let schema: serde_json::Value =
                 serde_json::from_str(&read(file)?).with_context(|| format!("{} is not JSON", file.display()))?;
@@ -126,11 +152,12 @@ impl SamplingArgs {
     /// The flags as the one request schema's fields, checked by its validation (the ranges of
     /// `hearth serve` and the browser).
     pub fn options(&self) -> Result<GenerateOptions> {
-        self.options_constrained(None)
+        Ok(self.options_with(Request::default())?.0)
     }
 
-    /// [`Self::options`] with the request schema's `structured_outputs` (see [`ConstraintArgs`]).
-    pub fn options_constrained(&self, structured_outputs: Option<serde_json::Value>) -> Result<GenerateOptions> {
+    /// [`Self::options`] with more of the request's fields (see [`ConstraintArgs`]), and the
+    /// tools it offers.
+    pub fn options_with(&self, extra: Request) -> Result<(GenerateOptions, Option<ToolRequest>)> {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
@@ -147,18 +174,22 @@ impl SamplingArgs {
             seed: Some(seed as i64),
             stop: Some(Stop::Many(self.stop.clone())),
             ignore_eos: Some(self.ignore_eos),
-            structured_outputs,
-            ..Request::default()
+            ..extra
         };
         let generation =
             request.validate_generation(None, seed).map_err(|e| anyhow::anyhow!("invalid request: {e}"))?;
-        Ok(GenerateOptions { max_tokens: generation.max_tokens.unwrap_or(self.max_tokens), ..generation.options })
+        let options =
+            GenerateOptions { max_tokens: generation.max_tokens.unwrap_or(self.max_tokens), ..generation.options };
+        Ok((options, generation.tools))
     }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
     args.speculative.check()?;
-    let options = args.sampling.options_constrained(args.constraint.structured_outputs()?)?;
+    let (mut options, tools) = args.sampling.options_with(args.constraint.request()?)?;
+    if tools.is_some() && !args.chat && args.messages.is_none() {
+        bail!("--tools offers tools to a chat: add --chat (or give --messages)");
+    }
     let conversation =
         args.messages.as_deref().map(|file| read_conversation(file, args.system.as_deref())).transpose()?;
     let Loaded { mut engine, path, load_ms } = load::load(&args.model)?;
@@ -179,7 +210,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, Some(prompt)) => Prompt::Text(prompt.clone()),
         (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
-    let prompt = prompt.tokenize(engine.tokenizer(), engine.chat_template(), None)?;
+    let prompt = prompt.tokenize_with_tools(engine.tokenizer(), engine.chat_template(), None, tools.as_ref())?;
+    let tool_format =
+        tools.as_ref().map(|t| t.apply(engine.chat_template(), engine.tokenizer(), &mut options)).transpose()?;
     let drafting = args.speculative.set_up(&args.model, &mut engine)?;
     let stream = !args.json;
     let mut stdout = std::io::stdout();
@@ -194,10 +227,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report(&generation, &engine, &path, load_ms, options.sampling.seed))?
+            serde_json::to_string_pretty(&report(
+                &generation,
+                &engine,
+                &path,
+                load_ms,
+                options.sampling.seed,
+                tool_format
+            ))?
         );
     } else {
         println!();
+        if let Some(format) = tool_format {
+            for (i, call) in format.parser().parse(&generation.text).1.iter().enumerate() {
+                eprintln!("[tool call {i}: {}({})]", call.name, call.arguments);
+            }
+        }
         let t = &generation.timings;
         eprintln!(
             "[{} prompt tokens, {} generated ({:?}); ttft {:.0} ms; prefill {:.1} tok/s; decode {:.1} tok/s]",
@@ -261,11 +306,23 @@ fn report(
     path: &std::path::Path,
     load_ms: f64,
     seed: u64,
+    tool_format: Option<ToolCallFormat>,
 ) -> serde_json::Value {
     let t = &g.timings;
     let runner = engine.runner();
     let layout = runner.kv_layout();
+    let (content, tool_calls) = match tool_format {
+        Some(format) => {
+            let (content, calls) = format.parser().parse(&g.text);
+            let calls: Vec<serde_json::Value> =
+                calls.iter().enumerate().map(|(i, c)| c.to_json(&format!("call_{i}"))).collect();
+            (serde_json::json!(content), serde_json::json!(calls))
+        }
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
     serde_json::json!({
+        "content": content,
+        "tool_calls": tool_calls,
         "model": path.display().to_string(),
         "backend": engine.backend().name(),
         "prompt_tokens": g.prompt_tokens,

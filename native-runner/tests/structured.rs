@@ -210,3 +210,188 @@ fn grammars_the_engine_cannot_support_are_refused_naming_the_parameter() {
     let (text, _) = answer(&chat("Give me a JSON object with a string field a.", 30, lenient));
     assert!(serde_json::from_str::<Value>(&text).is_ok_and(|v| v.is_object()), "{text}");
 }
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+            "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
+    ])
+}
+
+/// Checks a call against [`weather_tools`]: a known function, arguments JSON valid under its
+/// parameters (by hand).
+fn assert_weather_call(call: &Value) -> String {
+    assert_eq!(call["type"], "function", "{call}");
+    assert!(call["id"].as_str().is_some_and(|id| id.starts_with("call_")), "{call}");
+    let name = call["function"]["name"].as_str().expect("name").to_string();
+    let arguments: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments text"))
+        .unwrap_or_else(|e| panic!("arguments are not JSON ({e}): {call}"));
+    let object = arguments.as_object().expect("arguments object");
+    match name.as_str() {
+        "get_weather" => {
+            assert!(object["city"].is_string(), "{call}");
+            assert!(object.get("unit").is_none_or(|u| u == "celsius" || u == "fahrenheit"), "{call}");
+            assert!(object.keys().all(|k| k == "city" || k == "unit"), "{call}");
+        }
+        "get_time" => {
+            assert!(object["timezone"].is_string(), "{call}");
+            assert!(object.keys().all(|k| k == "timezone"), "{call}");
+        }
+        other => panic!("unknown function {other}: {call}"),
+    }
+    name
+}
+
+const TOOL_QUESTION: &str = "What's the weather like in Paris, and what time is it in Tokyo?";
+
+#[test]
+fn tool_choice_required_and_named_answer_with_valid_calls_streamed_or_not() {
+    let tools = weather_tools();
+    // Parallel calls (the default): every call the answer holds is valid (a small model may go on
+    // calling until the token limit).
+    let body = chat(TOOL_QUESTION, 100, json!({"tools": tools, "tool_choice": "required"}));
+    let reply = post(server(), "/v1/chat/completions", &body).json();
+    let calls = reply["choices"][0]["message"]["tool_calls"].as_array().expect("tool_calls");
+    assert!(calls.len() >= 2, "{reply}");
+    calls.iter().for_each(|c| drop(assert_weather_call(c)));
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_time"}})] {
+        let body =
+            chat(TOOL_QUESTION, 100, json!({"tools": tools, "tool_choice": choice, "parallel_tool_calls": false}));
+        let r = post(server(), "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let reply = r.json();
+        let choice_reply = &reply["choices"][0];
+        assert_eq!(choice_reply["finish_reason"], "tool_calls", "{reply}");
+        assert!(choice_reply["message"]["content"].is_null(), "{reply}");
+        let calls = choice_reply["message"]["tool_calls"].as_array().expect("tool_calls");
+        let names: Vec<String> = calls.iter().map(assert_weather_call).collect();
+        assert_eq!(names.len(), 1, "one call without parallel calls: {reply}");
+        if choice.is_object() {
+            assert_eq!(names, ["get_time"], "{reply}");
+        }
+
+        // Streamed: the name first, then the arguments in pieces, adding up to the same calls.
+        let mut streaming = body.clone();
+        streaming["stream"] = json!(true);
+        let r = post(server(), "/v1/chat/completions", &streaming);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let events = r.events();
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk")).collect();
+        let mut streamed: Vec<(String, String, String)> = Vec::new();
+        let mut finish = None;
+        for chunk in &chunks {
+            let choice = &chunk["choices"][0];
+            finish = choice["finish_reason"].as_str().map(str::to_string).or(finish);
+            for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let index = call["index"].as_u64().expect("index") as usize;
+                if let Some(id) = call["id"].as_str() {
+                    assert_eq!(index, streamed.len(), "calls start in order");
+                    streamed.push((
+                        id.to_string(),
+                        call["function"]["name"].as_str().expect("name").to_string(),
+                        String::new(),
+                    ));
+                }
+                streamed[index].2 += call["function"]["arguments"].as_str().unwrap_or("");
+            }
+        }
+        assert_eq!(finish.as_deref(), Some("tool_calls"));
+        let whole: Vec<(String, String, String)> = calls
+            .iter()
+            .map(|c| {
+                (
+                    c["id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .replace(reply["id"].as_str().unwrap_or_default().rsplit('-').next().unwrap_or_default(), ""),
+                    c["function"]["name"].as_str().unwrap_or_default().to_string(),
+                    c["function"]["arguments"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        let streamed_calls: Vec<(String, String, String)> = streamed
+            .iter()
+            .map(|(id, name, arguments)| {
+                (
+                    id.replace(chunks[0]["id"].as_str().unwrap_or_default().rsplit('-').next().unwrap_or_default(), ""),
+                    name.clone(),
+                    arguments.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(streamed_calls, whole, "the stream's calls are the answer's");
+    }
+}
+
+#[test]
+fn tool_choice_auto_constrains_a_call_once_the_model_opens_one_and_none_bans_calls() {
+    let tools = weather_tools();
+    // The model is pushed to open a call (a bias on `<tool_call>`): from there the grammar holds
+    // it to one valid call (no parallel calls), and the answer ends with it.
+    let open = 151657; // Qwen2.5's `<tool_call>`
+    let body = chat(
+        TOOL_QUESTION,
+        100,
+        json!({"tools": tools, "tool_choice": "auto", "parallel_tool_calls": false, "logit_bias": {open.to_string(): 100}}),
+    );
+    let reply = post(server(), "/v1/chat/completions", &body).json();
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    let calls = choice["message"]["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{reply}");
+    assert_weather_call(&calls[0]);
+    // Under "none" the same bias cannot open a call.
+    let body =
+        chat(TOOL_QUESTION, 30, json!({"tools": tools, "tool_choice": "none", "logit_bias": {open.to_string(): 100}}));
+    let reply = post(server(), "/v1/chat/completions", &body).json();
+    let choice = &reply["choices"][0];
+    assert!(choice["message"].get("tool_calls").is_none(), "{reply}");
+    assert!(!choice["message"]["content"].as_str().expect("content").contains("<tool_call>"), "{reply}");
+}
+
+#[test]
+fn a_tool_result_goes_back_through_the_template() {
+    let tools = weather_tools();
+    let messages = json!([
+        {"role": "user", "content": "What's the weather like in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 18, \"sky\": \"cloudy\"}"}
+    ]);
+    let body = json!({"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 8, "temperature": 0});
+    let with_result = post(server(), "/v1/chat/completions", &body).json();
+    let mut without = body.clone();
+    without["messages"] = json!([messages[0]]);
+    let without = post(server(), "/v1/chat/completions", &without).json();
+    // The call and its result are in the prompt: (the template renders the arguments as JSON,
+    // and the result in a tool turn).
+    let longer = with_result["usage"]["prompt_tokens"].as_u64().expect("prompt")
+        - without["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    assert!(longer > 20, "{with_result} vs {without}");
+}
+
+#[test]
+fn bad_tools_are_refused_naming_the_parameter() {
+    let refused = |extra: Value, param: &str, says: &str| {
+        let r = post(server(), "/v1/chat/completions", &chat("Hi", 8, extra.clone()));
+        assert_error(&r, 400, None, Some(param));
+        let message = r.json()["error"]["message"].as_str().expect("message").to_string();
+        assert!(message.contains(says), "{extra}: {message}");
+    };
+    let tools = weather_tools();
+    refused(json!({"tools": [{"type": "retrieval"}]}), "tools", "function");
+    refused(json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]}), "tools", "name");
+    refused(
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        "tool_choice",
+        "nope",
+    );
+    refused(json!({"tools": tools, "tool_choice": "sometimes"}), "tool_choice", "sometimes");
+    refused(json!({"tool_choice": "required"}), "tool_choice", "no tools");
+    refused(json!({"tools": tools, "response_format": {"type": "json_object"}}), "tools", "one way");
+    let r =
+        post(server(), "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4, "tools": tools}));
+    assert_error(&r, 400, None, Some("tools"));
+}

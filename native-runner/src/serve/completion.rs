@@ -5,6 +5,7 @@ use super::api::{self, Endpoint};
 use super::error::ApiError;
 use super::worker::{Event, Job};
 use super::{respond_error, respond_json, State};
+use hearth_core::chat::{ToolCallDelta, ToolCallFormat, ToolCallParser};
 use hearth_core::constraint::GrammarUsage;
 use hearth_core::engine::{FinishReason, Generation};
 use hearth_core::request::response::{
@@ -47,11 +48,14 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         }
         _ => None,
     };
-    let (prompt, options, prediction) =
-        match state.prompter.prepare(&parsed).and_then(|(p, o)| Ok((p, o, state.prompter.prediction(&parsed)?))) {
-            Ok(prepared) => prepared,
-            Err(e) => return respond_error(request, &e),
-        };
+    let (prompt, options, tools, prediction) = match state
+        .prompter
+        .prepare(&parsed)
+        .and_then(|(p, o, tools)| Ok((p, o, tools, state.prompter.prediction(&parsed)?)))
+    {
+        Ok(prepared) => prepared,
+        Err(e) => return respond_error(request, &e),
+    };
     // (An echo's streamed log-probabilities name the prompt's tokens.)
     let prompt_ids = if stream && echo.as_ref().is_some_and(|e| e.scored) { prompt.clone() } else { Vec::new() };
     let (sender, events) = mpsc::channel();
@@ -73,6 +77,7 @@ pub fn handle(state: &State, mut request: tiny_http::Request, endpoint: Endpoint
         created: unix_now(),
         tokenizer: &state.prompter.tokenizer,
         echo,
+        tools,
     };
     if stream {
         stream_events(request, &reply, &events, tokens, include_usage, choices, &prompt_ids)
@@ -102,6 +107,8 @@ struct Reply<'a> {
     tokenizer: &'a Tokenizer,
     /// Completions' `echo`.
     echo: Option<Echo>,
+    /// Chat with tools: the format the model writes calls in (answers become `tool_calls`).
+    tools: Option<ToolCallFormat>,
 }
 
 /// Completions' `echo`: each choice's text starts with the prompt's.
@@ -132,7 +139,7 @@ impl Reply<'_> {
             .iter()
             .enumerate()
             .map(|(index, g)| {
-                let finish = finish_reason(g.finish_reason);
+                let mut finish = finish_reason(g.finish_reason);
                 let logprobs = match (g.logprobs.as_deref(), prompt_scores) {
                     (Some(l), Some((tokens, scores))) if self.echo.is_some() => {
                         echoed_completion_logprobs(self.tokenizer, tokens, scores, l)
@@ -141,7 +148,22 @@ impl Reply<'_> {
                     (None, _) => Value::Null,
                 };
                 match self.endpoint {
-                    Endpoint::Chat => json!({"index": index, "message": {"role": "assistant", "content": g.text}, "logprobs": logprobs, "finish_reason": finish}),
+                    Endpoint::Chat => {
+                        let mut message = json!({"role": "assistant", "content": g.text});
+                        if let Some(format) = self.tools {
+                            let (content, calls) = format.parser().parse(&g.text);
+                            message["content"] = json!(content);
+                            if !calls.is_empty() {
+                                let calls: Vec<Value> =
+                                    calls.iter().enumerate().map(|(i, c)| c.to_json(&self.call_id(index, i))).collect();
+                                message["tool_calls"] = json!(calls);
+                                if g.finish_reason == FinishReason::Stop {
+                                    finish = "tool_calls";
+                                }
+                            }
+                        }
+                        json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+                    }
                     Endpoint::Completions => {
                         let echo = self.echo.as_ref().map_or("", |e| e.text.as_str());
                         let text = format!("{echo}{}", g.text);
@@ -173,6 +195,27 @@ impl Reply<'_> {
             }
         };
         self.envelope(true, json!([choice]))
+    }
+
+    /// The id of choice `choice`'s call `index`.
+    fn call_id(&self, choice: usize, index: usize) -> String {
+        let request = self.id.rsplit('-').next().unwrap_or_default();
+        format!("call_{request}_{choice}_{index}")
+    }
+
+    /// A streamed chunk of choice `choice` carrying one piece of a tool-call answer.
+    fn tool_chunk(&self, choice: usize, delta: &ToolCallDelta, logprobs: Value) -> Value {
+        let delta = match delta {
+            ToolCallDelta::Content(text) => json!({"content": text}),
+            ToolCallDelta::Call { index, name } => json!({"tool_calls": [{
+                "index": index, "id": self.call_id(choice, *index), "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            ToolCallDelta::Arguments { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        };
+        self.envelope(true, json!([{"index": choice, "delta": delta, "logprobs": logprobs, "finish_reason": null}]))
     }
 
     /// The endpoint's `logprobs` object for these tokens (completions count their text offsets
@@ -261,6 +304,8 @@ fn stream_events(
         }
     }
     let mut ended = Vec::new();
+    // Chat with tools: each choice's answer split into text and calls as it streams.
+    let mut parsers: Vec<Option<ToolCallParser>> = (0..choices).map(|_| reply.tools.map(|f| f.parser())).collect();
     // The worker drops its senders after each choice's final event, which ends this loop.
     for event in events.iter() {
         let sent = match event {
@@ -273,15 +318,40 @@ fn stream_events(
                     text_offset[choice] = offset;
                     value
                 };
-                out.event(&reply.chunk(choice, &text, false, None, logprobs).to_string())
+                match parsers[choice].as_mut() {
+                    None => out.event(&reply.chunk(choice, &text, false, None, logprobs).to_string()),
+                    Some(parser) => {
+                        let deltas = parser.push(&text);
+                        if deltas.is_empty() && !logprobs.is_null() {
+                            out.event(&reply.chunk(choice, "", false, None, logprobs).to_string())
+                        } else {
+                            let mut logprobs = Some(logprobs);
+                            deltas.iter().try_for_each(|delta| {
+                                let chunk = reply.tool_chunk(choice, delta, logprobs.take().unwrap_or(Value::Null));
+                                out.event(&chunk.to_string())
+                            })
+                        }
+                    }
+                }
             }
             Event::Done { choice, generation: g } => {
                 // The tokens whose text came last (held back, then released at the end).
                 let sent = logprobs_sent[choice];
                 let rest = g.logprobs.as_deref().map(|l| &l[sent.min(l.len())..]).unwrap_or_default();
                 let logprobs = if rest.is_empty() { Value::Null } else { reply.logprobs(rest, text_offset[choice]).0 };
-                let finish = Some(finish_reason(g.finish_reason));
-                let mut last = out.event(&reply.chunk(choice, "", false, finish, logprobs).to_string());
+                let mut finish = finish_reason(g.finish_reason);
+                let mut last = Ok(());
+                if let Some(parser) = parsers[choice].as_mut() {
+                    last = parser
+                        .finish()
+                        .iter()
+                        .try_for_each(|delta| out.event(&reply.tool_chunk(choice, delta, Value::Null).to_string()));
+                    if parser.has_calls() && g.finish_reason == FinishReason::Stop {
+                        finish = "tool_calls";
+                    }
+                }
+                let mut last =
+                    last.and_then(|_| out.event(&reply.chunk(choice, "", false, Some(finish), logprobs).to_string()));
                 ended.push(g);
                 if include_usage && ended.len() == choices && last.is_ok() {
                     let mut chunk = reply.envelope(true, json!([]));

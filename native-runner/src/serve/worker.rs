@@ -7,7 +7,7 @@
 use super::api::request_error;
 use super::error::ApiError;
 use super::metrics::Metrics;
-use hearth_core::chat::ChatTemplate;
+use hearth_core::chat::{ChatTemplate, ToolCallFormat};
 use hearth_core::engine::{GenerateOptions, Generation};
 use hearth_core::request::{Prompt, ValidRequest};
 use hearth_core::sampling::TokenLogprob;
@@ -80,11 +80,17 @@ impl Prompter {
         Ok(Some(tokens))
     }
 
-    /// The prompt tokens and the options with `max_tokens` resolved: as asked, or the rest of
-    /// the context.
-    pub fn prepare(&self, request: &ValidRequest) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
+    /// The prompt tokens (with the request's tools rendered by the template), the options with
+    /// `max_tokens` resolved (as asked, or the rest of the context) and the tools' constraint,
+    /// and the format of the model's tool calls when the request offers tools.
+    pub fn prepare(
+        &self,
+        request: &ValidRequest,
+    ) -> Result<(Vec<u32>, GenerateOptions, Option<ToolCallFormat>), ApiError> {
+        let template = self.chat_template.as_ref();
+        let tools = request.generation.tools.as_ref();
         let prompt =
-            request.prompt.tokenize(&self.tokenizer, self.chat_template.as_ref(), None).map_err(|e| match e {
+            request.prompt.tokenize_with_tools(&self.tokenizer, template, None, tools).map_err(|e| match e {
                 CoreError::BadRequest { .. } => request_error(&e),
                 other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
             })?;
@@ -106,7 +112,12 @@ impl Prompter {
                 Some("context_length_exceeded"),
             )
         })?;
-        Ok((prompt, options))
+        let mut options = options;
+        let format = tools
+            .map(|t| t.apply(template, &self.tokenizer, &mut options))
+            .transpose()
+            .map_err(|e| request_error(&e))?;
+        Ok((prompt, options, format))
     }
 }
 

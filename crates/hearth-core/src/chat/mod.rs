@@ -6,9 +6,11 @@
 
 mod pyjson;
 mod strftime;
+mod tool_calls;
 
 pub use pyjson::python_float_repr;
 pub use strftime::strftime_utc;
+pub use tool_calls::{template_messages, ToolCall, ToolCallDelta, ToolCallFormat, ToolCallParser, TOOL_CALL_MARKERS};
 
 use crate::error::{CoreError, Result};
 use crate::gguf::Metadata;

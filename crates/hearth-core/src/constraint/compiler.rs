@@ -16,6 +16,8 @@ const CACHED_GRAMMARS: usize = 64;
 /// Compiles grammars for one model (one tokenizer, one logits width).
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    /// For lazy grammars' trigger tokens.
+    tokenizer: Tokenizer,
     /// Most recently used last.
     cache: Mutex<VecDeque<(String, CompiledGrammar)>>,
 }
@@ -26,6 +28,8 @@ pub struct CompiledGrammar {
     parser: Arc<Mutex<TokenParser>>,
     /// The request parameter it came from (errors name it).
     param: &'static str,
+    /// A lazy grammar's trigger token ([`GrammarRequest::trigger`]).
+    trigger: Option<u32>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -47,6 +51,10 @@ impl CompiledGrammar {
     pub fn param(&self) -> &'static str {
         self.param
     }
+
+    pub fn trigger(&self) -> Option<u32> {
+        self.trigger
+    }
 }
 
 impl GrammarCompiler {
@@ -57,13 +65,25 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&(env as llguidance::toktrie::TokEnv))
             .map_err(|e| CoreError::InvalidArgument(format!("structured output cannot use this tokenizer: {e}")))?;
         factory.quiet();
-        Ok(GrammarCompiler { factory: Arc::new(factory), cache: Mutex::new(VecDeque::new()) })
+        Ok(GrammarCompiler {
+            factory: Arc::new(factory),
+            tokenizer: tokenizer.clone(),
+            cache: Mutex::new(VecDeque::new()),
+        })
     }
 
     /// The grammar compiled for this model; a grammar llguidance cannot compile (a schema keyword
     /// it does not support under `strict`, a bad regex, a Lark syntax error) is a
     /// [`CoreError::BadRequest`] naming the request parameter and llguidance's reason.
     pub fn compile(&self, request: &GrammarRequest) -> Result<CompiledGrammar, CoreError> {
+        let trigger = match &request.trigger {
+            None => None,
+            Some(text) => Some(
+                self.tokenizer
+                    .token_id(text)
+                    .ok_or_else(|| request.error(format!("'{text}' is not a single token of this model")))?,
+            ),
+        };
         let key = request.cache_key();
         {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -71,11 +91,11 @@ impl GrammarCompiler {
                 let entry = cache.remove(at).expect("the position is in the cache");
                 let compiled = entry.1.clone();
                 cache.push_back(entry);
-                return Ok(CompiledGrammar { param: request.param, ..compiled });
+                return Ok(CompiledGrammar { param: request.param, trigger, ..compiled });
             }
         }
         let parser = self.factory.create_parser(request.top_level()?).map_err(|e| request.error(e))?;
-        let compiled = CompiledGrammar { parser: Arc::new(Mutex::new(parser)), param: request.param };
+        let compiled = CompiledGrammar { parser: Arc::new(Mutex::new(parser)), param: request.param, trigger };
         // A grammar that compiles may still fail when its lexer is first built: start a matcher
         // now so that such a grammar is refused with the request, not mid-answer.
         let mut probe = compiled.matcher();

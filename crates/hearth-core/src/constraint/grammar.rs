@@ -26,6 +26,9 @@ pub enum Grammar {
 pub struct GrammarRequest {
     pub grammar: Grammar,
     pub param: &'static str,
+    /// A lazy grammar: the answer is free text until the model samples this token (one token of
+    /// the vocabulary, e.g. `<tool_call>`), and follows the grammar after it.
+    pub trigger: Option<String>,
 }
 
 /// Whitespace a JSON answer may hold between tokens: bounded, so a model cannot fill its whole
@@ -40,12 +43,13 @@ impl GrammarRequest {
 
     /// A key identifying the grammar for the compile cache.
     pub(super) fn cache_key(&self) -> String {
-        match &self.grammar {
+        let grammar = match &self.grammar {
             Grammar::JsonSchema { schema, strict } => format!("json {strict} {schema}"),
             Grammar::Regex(regex) => format!("regex {regex}"),
             Grammar::Lark(lark) => format!("lark {lark}"),
             Grammar::Choice(choices) => format!("choice {}", Value::from(choices.clone())),
-        }
+        };
+        format!("{:?} {grammar}", self.trigger)
     }
 
     /// llguidance's form of the grammar.

@@ -56,37 +56,57 @@ impl GrammarUsage {
 
 /// A request's position in its grammar.
 pub struct GrammarState {
-    matcher: Matcher,
+    phase: Phase,
     param: &'static str,
     stats: ConstraintStats,
 }
 
+enum Phase {
+    /// A lazy grammar before its trigger token: the answer is free.
+    Waiting {
+        trigger: u32,
+        grammar: CompiledGrammar,
+    },
+    Matching(Box<Matcher>),
+}
+
 impl GrammarState {
     pub fn new(grammar: &CompiledGrammar) -> Self {
-        GrammarState { matcher: grammar.matcher(), param: grammar.param(), stats: ConstraintStats::default() }
+        let phase = match grammar.trigger() {
+            Some(trigger) => Phase::Waiting { trigger, grammar: grammar.clone() },
+            None => Phase::Matching(Box::new(grammar.matcher())),
+        };
+        GrammarState { phase, param: grammar.param(), stats: ConstraintStats::default() }
     }
 
     fn failure(&self, message: impl std::fmt::Display) -> CoreError {
         CoreError::Constraint { param: self.param, message: message.to_string() }
     }
 
+    /// Whether the grammar constrains the next token (a lazy one only after its trigger).
+    pub fn is_active(&self) -> bool {
+        matches!(self.phase, Phase::Matching(_))
+    }
+
     /// The tokens the grammar allows next: once the answer is complete, only end-of-generation.
     /// A grammar that allows no token at all (a dead end: the model's vocabulary cannot spell
     /// what it requires) or fails is a [`CoreError::Constraint`].
-    pub fn mask(&mut self) -> Result<SimpleVob, CoreError> {
+    fn mask(&mut self) -> Result<Option<SimpleVob>, CoreError> {
+        let Phase::Matching(matcher) = &mut self.phase else { return Ok(None) };
         let started = Instant::now();
-        let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.failure(e))?;
+        let mask = matcher.compute_mask_or_eos();
         self.stats.mask_us.push((started.elapsed().as_secs_f64() * 1e6) as f32);
+        let mask = mask.map_err(|e| self.failure(e))?;
         if mask.is_zero() {
             return Err(self.failure("no token of the model's vocabulary can continue the answer"));
         }
-        Ok(mask)
+        Ok(Some(mask))
     }
 
     /// Sets the logits (one row, `[n_logits]`) of the tokens the grammar does not allow next to
     /// `-inf`, so that every sampler filter and the temperature see only allowed tokens.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), CoreError> {
-        let mask = self.mask()?;
+        let Some(mask) = self.mask()? else { return Ok(()) };
         for (word_index, &word) in mask.as_slice().iter().enumerate() {
             if word == u32::MAX {
                 continue;
@@ -106,30 +126,47 @@ impl GrammarState {
         Ok(())
     }
 
-    /// Advances past a token the request keeps (one the last mask allowed).
+    /// Advances past a token the request keeps (one the last mask allowed); a lazy grammar
+    /// starts matching after its trigger.
     pub fn accept(&mut self, token: u32) -> Result<(), CoreError> {
-        self.matcher.consume_token(token).map_err(|e| self.failure(e))
+        match &mut self.phase {
+            Phase::Waiting { trigger, grammar } => {
+                if token == *trigger {
+                    self.phase = Phase::Matching(Box::new(grammar.matcher()));
+                }
+                Ok(())
+            }
+            Phase::Matching(matcher) => {
+                let consumed = matcher.consume_token(token);
+                consumed.map_err(|e| self.failure(e))
+            }
+        }
     }
 
     /// Whether the answer is complete: the grammar allows nothing after it.
     pub fn is_complete(&self) -> bool {
-        self.matcher.is_stopped() && !self.matcher.is_error()
-    }
-
-    /// How many of `tokens`, in order, the grammar allows from here (nothing is consumed).
-    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
-        self.matcher.validate_tokens(tokens).unwrap_or(0)
+        match &self.phase {
+            Phase::Matching(matcher) => matcher.is_stopped() && !matcher.is_error(),
+            Phase::Waiting { .. } => false,
+        }
     }
 
     /// Whether the grammar accepts `tokens` whole, as a complete answer (consumes them).
     pub fn accepts(&mut self, tokens: &[u32]) -> bool {
-        matches!(self.matcher.try_consume_tokens(tokens), Ok(n) if n == tokens.len())
-            && self.matcher.is_accepting().unwrap_or(false)
-    }
-
-    /// Forgets the last `n` accepted tokens (the KV cache dropped them).
-    pub fn rollback(&mut self, n: usize) -> Result<(), CoreError> {
-        self.matcher.rollback(n).map_err(|e| self.failure(e))
+        for (i, &token) in tokens.iter().enumerate() {
+            if let Phase::Matching(matcher) = &mut self.phase {
+                let rest = &tokens[i..];
+                return matches!(matcher.try_consume_tokens(rest), Ok(n) if n == rest.len())
+                    && matcher.is_accepting().unwrap_or(false);
+            }
+            if self.accept(token).is_err() {
+                return false;
+            }
+        }
+        match &mut self.phase {
+            Phase::Matching(matcher) => matcher.is_accepting().unwrap_or(false),
+            Phase::Waiting { .. } => true,
+        }
     }
 
     pub fn into_stats(self) -> ConstraintStats {

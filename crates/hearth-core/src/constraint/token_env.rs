@@ -2,6 +2,7 @@
 //! id's bytes (one entry per logit, so a mask is exactly one row of logits wide) and an encoder
 //! for the forced-token and token-healing paths.
 
+use crate::chat::TOOL_CALL_MARKERS;
 use crate::tokenizer::{TokenType, Tokenizer};
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
@@ -15,16 +16,16 @@ pub(super) struct TokenEnv {
 impl TokenEnv {
     /// The environment of `tokenizer` for logit rows `n_logits` wide. Control (and unknown)
     /// tokens carry llguidance's special-token marker, so grammar text never matches them but
-    /// `<|im_end|>` written in a Lark grammar does; user-defined tokens (Qwen's `<tool_call>`)
-    /// are plain text, so a grammar's `"<tool_call>"` is the single token the model writes.
+    /// `<|im_end|>` written in a Lark grammar does; so do the tool-call markers
+    /// ([`TOOL_CALL_MARKERS`]: a call's JSON cannot contain `<tool_call>` as a token). Other
+    /// user-defined tokens are plain text (Gemma's `<table>` may appear in a JSON string).
     /// Ids past the vocabulary (padded output rows) have no bytes and are never allowed.
     pub fn new(tokenizer: &Tokenizer, n_logits: usize) -> Self {
         let words: Vec<Vec<u8>> = (0..n_logits as u32)
             .map(|id| match tokenizer.token_type(id) {
-                Some(TokenType::Control | TokenType::Unknown) => {
-                    let mut word = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                    word.extend_from_slice(tokenizer.piece(id).as_bytes());
-                    word
+                Some(TokenType::Control | TokenType::Unknown) => special(tokenizer.piece(id)),
+                Some(TokenType::UserDefined) if TOOL_CALL_MARKERS.contains(&tokenizer.piece(id)) => {
+                    special(tokenizer.piece(id))
                 }
                 Some(_) => tokenizer.token_bytes(id),
                 None => Vec::new(),
@@ -47,6 +48,13 @@ impl TokenEnv {
         }
         TokenEnv { tokenizer: tokenizer.clone(), trie, canonical: tokenizer.encodes_fragments_canonically() }
     }
+}
+
+/// A special token's word: llguidance's marker byte, then its text.
+fn special(text: &str) -> Vec<u8> {
+    let mut word = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+    word.extend_from_slice(text.as_bytes());
+    word
 }
 
 impl TokenizerEnv for TokenEnv {

@@ -14,8 +14,10 @@ pub mod response;
 mod structured;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 pub use prompt::{templated_add_bos, Prompt};
+pub use tools::{Function, ToolChoice, ToolRequest};
 
 use crate::engine::GenerateOptions;
 use crate::error::CoreError;
@@ -153,13 +155,14 @@ pub struct Request {
     pub structured_outputs: Option<Value>,
     pub json_schema: Option<Value>,
     pub grammar: Option<Value>,
-    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
-    // refused by name; their neutral values (no tools) are accepted.
-    pub best_of: Option<Value>,
-    pub suffix: Option<Value>,
+    /// Chat: tool calling (see [`tools`]).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
+    // OpenAI parameters hearth does not implement yet. Parsed so that a request using them is
+    // refused by name; their neutral values are accepted.
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
 }
 
 /// What a valid request asks the engine for.
@@ -190,6 +193,9 @@ pub struct ValidGeneration {
     /// Completions' `echo`: the answer starts with the prompt (and its tokens' log-probabilities
     /// when `options.prompt_logprobs` asks for them).
     pub echo: bool,
+    /// Chat: the tools offered to the model (rendered by its template, their calls constrained
+    /// and parsed: [`ToolRequest::apply`]).
+    pub tools: Option<ToolRequest>,
 }
 
 impl ValidGeneration {
@@ -305,6 +311,16 @@ impl Request {
                 "prediction drafts by prompt lookup on its own; send it without speculative, or speculative without it.",
             ));
         }
+        let tools = self.tool_request()?;
+        if tools.is_some() && endpoint == Some(Endpoint::Completions) {
+            return Err(bad("tools", "tools belong to chat completions (the chat template renders them)."));
+        }
+        if tools.is_some() && options.grammar.is_some() {
+            return Err(bad(
+                "tools",
+                "A request constrains its answer one way: tools, or a response format / grammar, not both.",
+            ));
+        }
         let stream = self.stream.unwrap_or(false);
         Ok(ValidGeneration {
             max_tokens,
@@ -316,6 +332,7 @@ impl Request {
             speculative,
             n: self.choices()?,
             echo,
+            tools,
         })
     }
 
@@ -485,16 +502,6 @@ impl Request {
         }
         if self.suffix.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(unsupported("suffix", "no insertion (fill-in-the-middle) completions"));
-        }
-        if self.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-            return Err(unsupported("tools", "tool calling is not implemented"));
-        }
-        if self
-            .tool_choice
-            .as_ref()
-            .is_some_and(|c| !c.is_null() && c.as_str() != Some("none") && c.as_str() != Some("auto"))
-        {
-            return Err(unsupported("tool_choice", "tool calling is not implemented"));
         }
         Ok(())
     }

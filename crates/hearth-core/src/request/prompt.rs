@@ -1,6 +1,6 @@
 //! A request's prompt, and the one rule that turns it into token ids.
 
-use super::bad;
+use super::{bad, ToolRequest};
 use crate::chat::ChatTemplate;
 use crate::error::CoreError;
 use crate::tokenizer::Tokenizer;
@@ -84,15 +84,30 @@ impl Prompt {
         template: Option<&ChatTemplate>,
         now_unix: Option<i64>,
     ) -> Result<Vec<u32>, CoreError> {
+        self.tokenize_with_tools(tokenizer, template, now_unix, None)
+    }
+
+    /// [`Prompt::tokenize`] with the request's tools in the template's `tools` variable.
+    /// Assistant messages' tool-call arguments sent as JSON text (OpenAI's shape) reach the
+    /// template as objects ([`crate::chat::template_messages`]).
+    pub fn tokenize_with_tools(
+        &self,
+        tokenizer: &Tokenizer,
+        template: Option<&ChatTemplate>,
+        now_unix: Option<i64>,
+        tools: Option<&ToolRequest>,
+    ) -> Result<Vec<u32>, CoreError> {
         let ids = match self {
             Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true)?,
             Prompt::Chat(messages) => {
                 let template = template.ok_or_else(|| {
                     bad("messages", "This model has no chat template; send a text prompt to completions instead.")
                 })?;
+                let messages = Value::from(crate::chat::template_messages(messages));
+                let tools = tools.map(|t| Value::from(t.tools.clone()));
                 let text = match now_unix {
-                    Some(now) => template.clone().with_now(now).render_json(&Value::from(messages.clone()), true, None),
-                    None => template.render_json(&Value::from(messages.clone()), true, None),
+                    Some(now) => template.clone().with_now(now).render_json(&messages, true, tools.as_ref()),
+                    None => template.render_json(&messages, true, tools.as_ref()),
                 }
                 .map_err(|e| bad("messages", format!("The chat template rejected the messages: {e}")))?;
                 tokenizer.encode(&text, templated_add_bos(tokenizer, &text), true)?

@@ -16,20 +16,28 @@ impl Request {
         let mut sources = Vec::new();
         if let Some(format) = given(&self.response_format) {
             if let Some(grammar) = response_format(&format)? {
-                sources.push(GrammarRequest { grammar, param: "response_format" });
+                sources.push(GrammarRequest { grammar, param: "response_format", trigger: None });
             }
         }
         if let Some(outputs) = given(&self.structured_outputs) {
-            sources.push(GrammarRequest { grammar: structured_outputs(&outputs)?, param: "structured_outputs" });
+            sources.push(GrammarRequest {
+                grammar: structured_outputs(&outputs)?,
+                param: "structured_outputs",
+                trigger: None,
+            });
         }
         if let Some(schema) = given(&self.json_schema) {
-            sources.push(GrammarRequest { grammar: json_schema(&schema, true, "json_schema")?, param: "json_schema" });
+            sources.push(GrammarRequest {
+                grammar: json_schema(&schema, true, "json_schema")?,
+                param: "json_schema",
+                trigger: None,
+            });
         }
         if let Some(text) = given(&self.grammar) {
             let Value::String(text) = text else {
                 return Err(bad("grammar", "grammar must be a string (GBNF or Lark)."));
             };
-            sources.push(GrammarRequest { grammar: grammar_text(&text, "grammar")?, param: "grammar" });
+            sources.push(GrammarRequest { grammar: grammar_text(&text, "grammar")?, param: "grammar", trigger: None });
         }
         match sources.len() {
             0 | 1 => Ok(sources.pop()),

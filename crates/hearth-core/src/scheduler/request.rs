@@ -123,7 +123,7 @@ impl Active {
     /// log-sum-exp and top candidates when it reports log-probabilities.
     /// A constrained request reads the whole row: its mask applies before every filter.
     pub fn row_readback(&self) -> Readback {
-        if self.grammar.is_some() {
+        if self.grammar.as_ref().is_some_and(GrammarState::is_active) {
             return Readback::Logits;
         }
         let sampling = self.sampler.readback(&self.tokens);

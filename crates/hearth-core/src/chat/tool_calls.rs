@@ -1,0 +1,416 @@
+//! Tool calls in a model's own format, recognised from its chat template: the grammar that
+//! constrains them and the parser that turns an answer (whole or streamed) into OpenAI's
+//! `tool_calls`.
+//!
+//! Hermes / Qwen2.5 / Qwen3 (the template writes `<tool_call>`): each call is
+//! `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, one per line.
+
+use super::ChatTemplate;
+use crate::constraint::{Grammar, GrammarRequest};
+use crate::engine::GenerateOptions;
+use crate::error::CoreError;
+use crate::request::{ToolChoice, ToolRequest};
+use crate::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// Tokens that mark tool calls in the formats hearth knows. Where the vocabulary has them as
+/// tokens, they are structure: a grammar places them (`<tool_call>` in Lark is the token), and
+/// no text inside a call (a JSON string) can use them.
+pub const TOOL_CALL_MARKERS: &[&str] = &[OPEN, CLOSE];
+
+/// How a model writes tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// `<tool_call>\n{"name", "arguments"}\n</tool_call>`.
+    Hermes,
+}
+
+impl ToolCallFormat {
+    /// The format the template's tool section writes, if hearth knows it.
+    pub fn of_template(template: &ChatTemplate) -> Option<Self> {
+        template.source().contains(OPEN).then_some(ToolCallFormat::Hermes)
+    }
+
+    /// The token the model opens a call with (banned under `tool_choice: "none"`, the trigger of
+    /// `auto`'s lazy grammar).
+    pub fn opening(self) -> &'static str {
+        OPEN
+    }
+
+    /// The grammar of the answer under `tools`' choice: every call's arguments valid under its
+    /// function's schema; for `required` and a named function the whole answer is calls, for
+    /// `auto` the grammar starts once the model opens a call (text before it is free). `None`
+    /// for `tool_choice: "none"`.
+    pub fn grammar(self, tools: &ToolRequest, tokenizer: &Tokenizer) -> Option<GrammarRequest> {
+        let bodies: Vec<Value> = tools
+            .callable()
+            .map(|f| {
+                let mut arguments = f.parameters.clone();
+                if let (Some(object), false) = (arguments.as_object_mut(), f.strict) {
+                    // (Keywords the engine cannot enforce are ignored unless the tool is strict.)
+                    let guidance = object.entry("x-guidance").or_insert_with(|| json!({}));
+                    if let Some(guidance) = guidance.as_object_mut() {
+                        guidance.entry("lenient").or_insert(json!(true));
+                    }
+                }
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f.name}, "arguments": arguments},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        if bodies.is_empty() {
+            return None;
+        }
+        let body = json!({"anyOf": bodies});
+        // (The markers as tokens, `<tool_call>`, where the vocabulary has them; as text otherwise.)
+        let marker =
+            |text: &str| if tokenizer.token_id(text).is_some() { text.to_string() } else { format!("\"{text}\"") };
+        let call = format!("{} \"\\n\" body \"\\n\" {}", marker(OPEN), marker(CLOSE));
+        // (A named function is called once, as OpenAI's forced function call.)
+        let once = !tools.parallel || matches!(tools.choice, ToolChoice::Function(_));
+        let more = if once { "" } else { " (\"\\n\" call)*" };
+        let (start, trigger) = match tools.choice {
+            // After the trigger token: the rest of the first call.
+            ToolChoice::Auto => {
+                (format!("start: \"\\n\" body \"\\n\" {}{more}", marker(CLOSE)), Some(OPEN.to_string()))
+            }
+            _ => (format!("start: call{more}"), None),
+        };
+        let lark = format!("{start}\ncall: {call}\nbody: %json {body}");
+        Some(GrammarRequest { grammar: Grammar::Lark(lark), param: "tools", trigger })
+    }
+
+    /// A parser of this format's answers.
+    pub fn parser(self) -> ToolCallParser {
+        ToolCallParser::default()
+    }
+}
+
+/// One call, as OpenAI's `tool_calls[]` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments object as JSON text.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// OpenAI's object, with the call's id.
+    pub fn to_json(&self, id: &str) -> Value {
+        json!({"id": id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}})
+    }
+}
+
+/// What a piece of streamed answer adds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolCallDelta {
+    /// Text outside calls.
+    Content(String),
+    /// Call `index` starts, calling `name` (its arguments follow).
+    Call { index: usize, name: String },
+    /// More of call `index`'s arguments text.
+    Arguments { index: usize, text: String },
+}
+
+/// Splits an answer into text and calls as it streams: text before a call is content; each
+/// `<tool_call>...</tool_call>` becomes a call whose name is sent once known and whose
+/// arguments stream as they come. A call that never closes (the answer was cut) or does not
+/// parse stays text.
+#[derive(Debug, Default)]
+pub struct ToolCallParser {
+    /// Text received and not yet emitted.
+    pending: String,
+    /// Inside a call: its text after `<tool_call>`, and what of it went out.
+    call: Option<OpenCall>,
+    calls: Vec<ToolCall>,
+    content: String,
+    /// A call just closed: whitespace before the next one is not content.
+    after_call: bool,
+}
+
+#[derive(Debug, Default)]
+struct OpenCall {
+    text: String,
+    /// Where the arguments start in `text`, once the name is known.
+    arguments_at: Option<usize>,
+    /// Bytes of the arguments already sent.
+    sent: usize,
+}
+
+impl ToolCallParser {
+    /// What `text` (the next piece of the answer) adds.
+    pub fn push(&mut self, text: &str) -> Vec<ToolCallDelta> {
+        self.pending.push_str(text);
+        let mut deltas = Vec::new();
+        loop {
+            match self.call.as_mut() {
+                None => {
+                    if self.after_call {
+                        let rest = self.pending.trim_start();
+                        if rest.is_empty() || OPEN.starts_with(rest) {
+                            return deltas; // (whitespace, or the start of another call: wait)
+                        }
+                        if rest.starts_with(OPEN) {
+                            self.pending = rest.to_string();
+                        }
+                        self.after_call = false;
+                    }
+                    let Some(at) = self.pending.find(OPEN) else {
+                        // Hold back what may be the start of `<tool_call>`.
+                        let keep = partial_suffix(&self.pending, OPEN);
+                        let ready: String = self.pending.drain(..self.pending.len() - keep).collect();
+                        self.emit_content(ready, &mut deltas);
+                        return deltas;
+                    };
+                    let before: String = self.pending.drain(..at).collect();
+                    self.emit_content(before, &mut deltas);
+                    self.pending.drain(..OPEN.len());
+                    self.call = Some(OpenCall::default());
+                }
+                Some(call) => {
+                    call.text.push_str(&std::mem::take(&mut self.pending));
+                    let index = self.calls.len();
+                    if call.arguments_at.is_none() {
+                        if let Some((name, at)) = name_and_arguments(&call.text) {
+                            call.arguments_at = Some(at);
+                            deltas.push(ToolCallDelta::Call { index, name });
+                        }
+                    }
+                    if let Some(end) = call.text.find(CLOSE) {
+                        self.pending = call.text[end + CLOSE.len()..].to_string();
+                        let body = call.text[..end].to_string();
+                        let started = call.arguments_at.is_some();
+                        let sent = call.sent;
+                        self.call = None;
+                        match parse_call(&body) {
+                            Some(parsed) => {
+                                if !started {
+                                    deltas.push(ToolCallDelta::Call { index, name: parsed.name.clone() });
+                                }
+                                let rest = parsed.arguments.get(sent..).unwrap_or_default();
+                                if !rest.is_empty() {
+                                    deltas.push(ToolCallDelta::Arguments { index, text: rest.to_string() });
+                                }
+                                self.calls.push(parsed);
+                            }
+                            None => {
+                                let text = format!("{OPEN}{body}{CLOSE}");
+                                self.emit_content(text, &mut deltas);
+                            }
+                        }
+                        self.after_call = true;
+                        continue;
+                    }
+                    // Stream the arguments but the tail that may be the call's closing `}`,
+                    // whitespace and the start of `</tool_call>`.
+                    if let Some(at) = call.arguments_at {
+                        let arguments = &call.text[at..];
+                        let safe = arguments.rfind('}').unwrap_or(arguments.len());
+                        // (Whitespace before the call's closing brace is not the arguments'.)
+                        let safe = arguments[..safe].trim_end().len();
+                        if safe > call.sent && arguments.is_char_boundary(safe) {
+                            deltas
+                                .push(ToolCallDelta::Arguments { index, text: arguments[call.sent..safe].to_string() });
+                            call.sent = safe;
+                        }
+                    }
+                    return deltas;
+                }
+            }
+        }
+    }
+
+    fn emit_content(&mut self, text: String, deltas: &mut Vec<ToolCallDelta>) {
+        if text.is_empty() {
+            return;
+        }
+        self.content.push_str(&text);
+        match deltas.last_mut() {
+            Some(ToolCallDelta::Content(last)) => last.push_str(&text),
+            _ => deltas.push(ToolCallDelta::Content(text)),
+        }
+    }
+
+    /// The end of the answer: what is still held back (an unclosed call is text).
+    pub fn finish(&mut self) -> Vec<ToolCallDelta> {
+        let mut deltas = Vec::new();
+        let rest = match self.call.take() {
+            Some(call) => format!("{OPEN}{}{}", call.text, self.pending),
+            // (Whitespace after the last call is not content.)
+            None if self.after_call && self.pending.trim().is_empty() => String::new(),
+            None => std::mem::take(&mut self.pending),
+        };
+        self.pending.clear();
+        self.emit_content(rest, &mut deltas);
+        deltas
+    }
+
+    /// Whether a call closed so far.
+    pub fn has_calls(&self) -> bool {
+        !self.calls.is_empty()
+    }
+
+    /// The whole answer's content (None when it is only calls and whitespace) and its calls.
+    pub fn into_message(mut self) -> (Option<String>, Vec<ToolCall>) {
+        self.finish();
+        let content = if self.calls.is_empty() || !self.content.trim().is_empty() { Some(self.content) } else { None };
+        (content, self.calls)
+    }
+
+    /// Parses a whole answer.
+    pub fn parse(mut self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+        self.push(text);
+        self.into_message()
+    }
+}
+
+/// The length of the longest suffix of `text` that begins `marker`.
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
+/// In a call's text so far: its function's name and where its arguments start, once both are
+/// written (`{"name": "f", "arguments": ` — the grammar writes the name first).
+fn name_and_arguments(text: &str) -> Option<(String, usize)> {
+    let rest = text.trim_start().strip_prefix('{')?.trim_start();
+    let rest = rest.strip_prefix("\"name\"")?.trim_start().strip_prefix(':')?.trim_start();
+    let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = stream.next()?.ok()?;
+    let after_name = &rest[stream.byte_offset()..];
+    let after = after_name.trim_start().strip_prefix(',')?.trim_start();
+    let after = after.strip_prefix("\"arguments\"")?.trim_start().strip_prefix(':')?;
+    let value = after.trim_start();
+    if value.is_empty() {
+        return None;
+    }
+    Some((name, text.len() - value.len()))
+}
+
+/// A closed call's `{"name", "arguments"}`: a JSON object whose arguments, as the model wrote
+/// them (OpenAI's `arguments` is that text), come after its name.
+fn parse_call(body: &str) -> Option<ToolCall> {
+    let value: Value = serde_json::from_str(body.trim()).ok()?;
+    value.get("arguments")?;
+    let (name, at) = name_and_arguments(body)?;
+    let end = body.rfind('}')?;
+    let arguments = body.get(at..end)?.trim_end().to_string();
+    Some(ToolCall { name, arguments })
+}
+
+/// Messages as the template reads them: an assistant's `tool_calls[].function.arguments` sent as
+/// JSON text (OpenAI's shape) become objects, as Hermes-style templates print them with `tojson`.
+pub fn template_messages(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|message| {
+            let mut message = message.clone();
+            if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                for call in calls {
+                    let arguments = call.get_mut("function").and_then(|f| f.get_mut("arguments"));
+                    if let Some(arguments) = arguments {
+                        if let Some(parsed) = arguments.as_str().and_then(|t| serde_json::from_str::<Value>(t).ok()) {
+                            *arguments = parsed;
+                        }
+                    }
+                }
+            }
+            message
+        })
+        .collect()
+}
+
+impl ToolRequest {
+    /// The request's tools for this model: the format its template writes calls in, with the
+    /// answer's constraint set in `options` (the calls' grammar; under `tool_choice: "none"` the
+    /// call's opening token banned). A template that writes no tool calls refuses tools.
+    pub fn apply(
+        &self,
+        template: Option<&ChatTemplate>,
+        tokenizer: &Tokenizer,
+        options: &mut GenerateOptions,
+    ) -> Result<ToolCallFormat, CoreError> {
+        let format = template.and_then(ToolCallFormat::of_template).ok_or_else(|| CoreError::BadRequest {
+            param: Some("tools".into()),
+            message: "This model's chat template writes no tool calls hearth knows (Hermes / Qwen `<tool_call>`); send the request without tools.".into(),
+        })?;
+        match format.grammar(self, tokenizer) {
+            Some(grammar) => options.grammar = Some(grammar),
+            None => {
+                if let Some(opening) = tokenizer.token_id(format.opening()) {
+                    options.sampling.logit_bias.insert(opening, f32::NEG_INFINITY);
+                }
+            }
+        }
+        Ok(format)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": {\"n\": 2}}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+
+    #[test]
+    fn a_whole_answer_is_content_and_calls() {
+        let (content, calls) = ToolCallParser::default().parse(ANSWER);
+        assert_eq!(content.as_deref(), Some("Let me check.\n"));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            calls[0],
+            ToolCall { name: "get_weather".into(), arguments: r#"{"city": "Paris", "days": {"n": 2}}"#.into() }
+        );
+        assert_eq!(calls[1], ToolCall { name: "get_time".into(), arguments: "{}".into() });
+        let (content, calls) = ToolCallParser::default().parse("No tools needed.");
+        assert_eq!((content.as_deref(), calls.len()), (Some("No tools needed."), 0));
+    }
+
+    #[test]
+    fn streamed_in_any_pieces_the_deltas_add_up_to_the_whole() {
+        for piece in [1, 2, 3, 5, 8, 1000] {
+            let mut parser = ToolCallParser::default();
+            let mut deltas = Vec::new();
+            let chars: Vec<char> = ANSWER.chars().collect();
+            for chunk in chars.chunks(piece) {
+                deltas.extend(parser.push(&chunk.iter().collect::<String>()));
+            }
+            deltas.extend(parser.finish());
+            let content: String = deltas
+                .iter()
+                .filter_map(|d| if let ToolCallDelta::Content(t) = d { Some(t.as_str()) } else { None })
+                .collect();
+            assert_eq!(content, "Let me check.\n", "pieces of {piece}");
+            let names: Vec<&str> = deltas
+                .iter()
+                .filter_map(|d| if let ToolCallDelta::Call { name, .. } = d { Some(name.as_str()) } else { None })
+                .collect();
+            assert_eq!(names, ["get_weather", "get_time"], "pieces of {piece}");
+            for (index, expected) in [r#"{"city": "Paris", "days": {"n": 2}}"#, "{}"].iter().enumerate() {
+                let arguments: String = deltas
+                    .iter()
+                    .filter_map(|d| match d {
+                        ToolCallDelta::Arguments { index: i, text } if *i == index => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(arguments, *expected, "pieces of {piece}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unclosed_call_stays_text() {
+        let (content, calls) = ToolCallParser::default().parse("<tool_call>\n{\"name\": \"f\", \"argu");
+        assert!(calls.is_empty());
+        assert_eq!(content.as_deref(), Some("<tool_call>\n{\"name\": \"f\", \"argu"));
+    }
+}
