@@ -243,6 +243,39 @@ fn a_constrained_answer_is_the_same_on_every_surface() {
     std::fs::remove_file(&schema_file).ok();
 }
 
+/// Tool calls: the browser host's calls (and their streamed pieces) are the server's.
+#[test]
+fn tool_calls_are_the_same_in_the_browser_and_the_server() {
+    let server = Server::start(&[]);
+    let mut host = cpu_host();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Oslo and in Lima?"}], "tools": tools,
+        "tool_choice": "required", "temperature": 0, "max_tokens": 60});
+    let answer = post(&server.addr, "/v1/chat/completions", &body);
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let message = answer.json()["choices"][0]["message"].clone();
+    let served: Vec<(String, String)> = message["tool_calls"]
+        .as_array()
+        .expect("tool_calls")
+        .iter()
+        .map(|c| {
+            (
+                c["function"]["name"].as_str().expect("name").into(),
+                c["function"]["arguments"].as_str().expect("args").into(),
+            )
+        })
+        .collect();
+    assert!(!served.is_empty());
+
+    let (prompt, options) = parse_request("chat", &body.to_string()).expect("host request");
+    let report = host.generate(&prompt, &options, 0, None, &mut |_| true).expect("host generate");
+    let hosted: Vec<(String, String)> =
+        report.tool_calls.expect("tool calls").into_iter().map(|c| (c.name, c.arguments)).collect();
+    assert_eq!(hosted, served, "browser host vs hearth serve");
+    assert_eq!(report.content, Some(message["content"].as_str().map(str::to_string)));
+}
+
 #[test]
 fn a_refused_value_is_refused_with_the_same_words_everywhere() {
     let server = Server::start(&[]);

@@ -112,14 +112,20 @@ async function structured(backend, requests) {
       if (stream) {
         let text = '';
         let finish = null;
+        const calls = [];
         for await (const chunk of await engine.chat.completions.create({ ...request, stream: true })) {
           text += chunk.choices[0]?.delta?.content ?? '';
           finish = chunk.choices[0]?.finish_reason ?? finish;
+          for (const call of chunk.choices[0]?.delta?.tool_calls ?? []) {
+            if (call.id) calls[call.index] = { id: call.id, type: call.type, function: { name: call.function.name, arguments: '' } };
+            calls[call.index].function.arguments += call.function.arguments;
+          }
         }
-        answers.push({ text, finish });
+        answers.push({ text, finish, calls });
       } else {
         const reply = await engine.chat.completions.create(request);
-        answers.push({ text: reply.choices[0].message.content, finish: reply.choices[0].finish_reason, usage: reply.usage });
+        const message = reply.choices[0].message;
+        answers.push({ text: message.content, finish: reply.choices[0].finish_reason, usage: reply.usage, calls: message.tool_calls ?? [] });
       }
     }
     await engine.unload();
@@ -147,6 +153,24 @@ test("structured output on the wasm CPU engine: JSON mode with a schema (WebLLM'
   assert.equal(streamed.text, openai.text);
   assert.equal(openai.usage.grammar.masks, openai.usage.completion_tokens, JSON.stringify(openai.usage));
   assert.match(grammar.text, /^The capital is [A-Z][a-z]+\.$/);
+});
+
+test("tool calls on the wasm CPU engine: required and named, streamed or not", { timeout: 900_000 }, async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const request = { messages: [{ role: 'user', content: 'What is the weather in Oslo?' }], tools, temperature: 0, max_tokens: 60, parallel_tool_calls: false };
+  const [whole, streamed, named] = await structured('cpu', [
+    { ...request, tool_choice: 'required' },
+    { ...request, tool_choice: 'required', stream: true },
+    { ...request, tool_choice: { type: 'function', function: { name: 'get_weather' } } },
+  ]);
+  for (const answer of [whole, streamed, named]) {
+    assert.equal(answer.finish, 'tool_calls', JSON.stringify(answer));
+    assert.equal(answer.calls.length, 1, JSON.stringify(answer));
+    assert.equal(answer.calls[0].function.name, 'get_weather');
+    assert.equal(typeof JSON.parse(answer.calls[0].function.arguments).city, 'string');
+  }
+  assert.equal(whole.text, null);
+  assert.deepEqual(streamed.calls.map((c) => c.function), whole.calls.map((c) => c.function));
 });
 
 test("structured output on WebGPU: a choice", { timeout: 1_800_000 }, async () => {

@@ -9,6 +9,7 @@ use crate::error::WasmError;
 use crate::gpu::classify;
 use crate::host::{BatchStats, EngineHost, HostEvent, Report};
 use crate::request::RequestOptions;
+use hearth_core::chat::ToolCallDelta;
 use hearth_core::request::Prompt;
 use hearth_core::scheduler::RequestId;
 use hearth_wgpu::{DeviceInfo, GpuWatch};
@@ -163,13 +164,25 @@ impl State {
         };
     }
 
-    /// Streams a delta of `choice` to `key`; a `false` return or a throw cancels the request.
-    fn stream(&self, key: u32, choice: usize, delta: &str) {
+    /// Streams a delta of `choice` to `key`: text, or a piece of a tool call (`on_chunk("", choice,
+    /// {index, name} | {index, arguments})`); a `false` return or a throw cancels the request.
+    fn stream(&self, key: u32, choice: usize, delta: &str, tool_call: Option<&ToolCallDelta>) {
         let on_chunk = match self.requests.borrow().get(&key) {
             Some(r) => r.on_chunk.clone(),
             None => return,
         };
-        match on_chunk.call2(&JsValue::NULL, &JsValue::from_str(delta), &JsValue::from_f64(choice as f64)) {
+        let tool_call = match tool_call {
+            Some(ToolCallDelta::Call { index, name }) => {
+                crate::js::to_js(&serde_json::json!({"index": index, "name": name})).unwrap_or(JsValue::UNDEFINED)
+            }
+            Some(ToolCallDelta::Arguments { index, text }) => {
+                crate::js::to_js(&serde_json::json!({"index": index, "arguments": text})).unwrap_or(JsValue::UNDEFINED)
+            }
+            Some(ToolCallDelta::Content(_)) | None => JsValue::UNDEFINED,
+        };
+        let chunk =
+            on_chunk.call3(&JsValue::NULL, &JsValue::from_str(delta), &JsValue::from_f64(choice as f64), &tool_call);
+        match chunk {
             Ok(result) if result == JsValue::FALSE => self.cancels.borrow_mut().push(key),
             Ok(_) => {}
             Err(e) => {
@@ -216,7 +229,13 @@ pub(crate) async fn drive(state: Rc<State>) {
                 HostEvent::Text { id, delta } => {
                     let choice = state.keys.borrow().get(&id).copied();
                     if let Some((key, choice)) = choice {
-                        state.stream(key, choice, &delta);
+                        state.stream(key, choice, &delta, None);
+                    }
+                }
+                HostEvent::ToolCall { id, delta } => {
+                    let choice = state.keys.borrow().get(&id).copied();
+                    if let Some((key, choice)) = choice {
+                        state.stream(key, choice, "", Some(&delta));
                     }
                 }
                 HostEvent::Finished { id, report } => {

@@ -7,7 +7,7 @@
 use crate::error::{Result, WasmError};
 use crate::request::{LoadOptions, RequestOptions};
 use hearth_core::backend::Backend;
-use hearth_core::chat::ChatTemplate;
+use hearth_core::chat::{ChatTemplate, ToolCallDelta, ToolCallFormat, ToolCallParser};
 use hearth_core::constraint::GrammarUsage;
 use hearth_core::engine::{EngineOptions, FinishReason, Generation};
 use hearth_core::gguf::{ByteSource, GgufFile};
@@ -57,6 +57,12 @@ pub struct Report {
     /// Speculative requests: draft tokens proposed and accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeMetrics>,
+    /// Chat with tools: the answer's text outside calls (null when it is only calls) and its
+    /// calls (`{name, arguments}`, arguments as JSON text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallReport>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<Option<String>>,
     /// The tokens' log-probabilities in OpenAI's `choices[].logprobs` shape for the request's
     /// kind, when it asked for them.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -66,10 +72,26 @@ pub struct Report {
     pub grammar: Option<GrammarUsage>,
 }
 
+/// One tool call of a [`Report`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallReport {
+    pub name: String,
+    pub arguments: String,
+}
+
 impl Report {
     /// The report of a submitted request's `generation`.
     fn new(generation: Generation, submitted: Submitted, tokenizer: &Tokenizer) -> Self {
-        let Submitted { seed, endpoint, echo } = submitted;
+        let Submitted { seed, endpoint, echo, tool_calls } = submitted;
+        let (content, tool_calls) = match tool_calls {
+            Some((format, _)) => {
+                let (content, calls) = format.parser().parse(&generation.text);
+                let calls =
+                    calls.into_iter().map(|c| ToolCallReport { name: c.name, arguments: c.arguments }).collect();
+                (Some(content), Some(calls))
+            }
+            None => (None, None),
+        };
         let prompt_scores = echo.as_ref().and_then(|e| e.prompt_logprobs.get());
         let logprobs = match (generation.logprobs.as_deref(), endpoint) {
             (Some(l), Some(Endpoint::Chat)) => Some(chat_logprobs(tokenizer, l)),
@@ -99,7 +121,17 @@ impl Report {
             grammar: GrammarUsage::of(generation.constraint.as_ref()),
             speculative: generation.speculative,
             logprobs,
+            tool_calls,
+            content,
         }
+    }
+}
+
+/// A piece of a tools answer as a host event: text outside calls streams as text.
+fn tool_event(id: RequestId, delta: ToolCallDelta) -> HostEvent {
+    match delta {
+        ToolCallDelta::Content(delta) => HostEvent::Text { id, delta },
+        delta => HostEvent::ToolCall { id, delta },
     }
 }
 
@@ -134,9 +166,23 @@ pub struct BatchStats {
 /// What happened to a request during [`EngineHost::step_async`].
 #[derive(Debug)]
 pub enum HostEvent {
-    Text { id: RequestId, delta: String },
-    Finished { id: RequestId, report: Box<Report> },
-    Failed { id: RequestId, error: WasmError },
+    Text {
+        id: RequestId,
+        delta: String,
+    },
+    /// A request offering tools: a piece of a call (its name, or more of its arguments).
+    ToolCall {
+        id: RequestId,
+        delta: ToolCallDelta,
+    },
+    Finished {
+        id: RequestId,
+        report: Box<Report>,
+    },
+    Failed {
+        id: RequestId,
+        error: WasmError,
+    },
 }
 
 pub struct EngineHost {
@@ -157,6 +203,8 @@ struct Submitted {
     endpoint: Option<Endpoint>,
     /// Completions' `echo`, shared by the request's choices.
     echo: Option<Arc<Echo>>,
+    /// Chat with tools: its answer split into text and calls as it streams.
+    tool_calls: Option<(ToolCallFormat, ToolCallParser)>,
 }
 
 /// An echoed prompt: streamed before the answer, and the start of its text and log-probabilities.
@@ -263,10 +311,14 @@ impl EngineHost {
         options: &RequestOptions,
         default_seed: u64,
         now_unix: Option<i64>,
-    ) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions)> {
-        let prompt = self.tokenize(input, now_unix)?;
-        let generate_options = options.generate_options(prompt.len(), self.info.n_ctx, default_seed)?;
-        Ok((prompt, generate_options))
+    ) -> Result<(Vec<u32>, hearth_core::engine::GenerateOptions, Option<ToolCallFormat>)> {
+        let tools = options.tools();
+        let template = self.chat_template.as_ref();
+        let tokenizer = self.scheduler.tokenizer();
+        let prompt = input.tokenize_with_tools(tokenizer, template, now_unix, tools)?;
+        let mut generate_options = options.generate_options(prompt.len(), self.info.n_ctx, default_seed)?;
+        let format = tools.map(|t| t.apply(template, tokenizer, &mut generate_options)).transpose()?;
+        Ok((prompt, generate_options, format))
     }
 
     /// Queues a request for the batch, speculative ones included: one scheduler request per
@@ -279,7 +331,7 @@ impl EngineHost {
         default_seed: u64,
         now_unix: Option<i64>,
     ) -> Result<Vec<RequestId>> {
-        let (prompt, generate_options) = self.prepare(input, options, default_seed, now_unix)?;
+        let (prompt, generate_options, tools) = self.prepare(input, options, default_seed, now_unix)?;
         let seed = generate_options.sampling.seed;
         let drafting = match (options.speculative(), options.prediction()) {
             (Some(s), _) if s.mode == SpeculativeMode::Lookup => {
@@ -311,8 +363,12 @@ impl EngineHost {
             _ => None,
         };
         for (choice, &id) in ids.iter().enumerate() {
-            let submitted =
-                Submitted { seed: seed.wrapping_add(choice as u64), endpoint: options.endpoint(), echo: echo.clone() };
+            let submitted = Submitted {
+                seed: seed.wrapping_add(choice as u64),
+                endpoint: options.endpoint(),
+                echo: echo.clone(),
+                tool_calls: tools.map(|format| (format, format.parser())),
+            };
             self.submitted.insert(id, submitted);
         }
         Ok(ids)
@@ -346,8 +402,18 @@ impl EngineHost {
                     }
                 }
                 // (The browser reports log-probabilities with the last chunk.)
-                SchedulerEvent::Text { id, delta, .. } => on_event(HostEvent::Text { id, delta }),
-                SchedulerEvent::Finished { id, generation } => finished.push((id, generation)),
+                SchedulerEvent::Text { id, delta, .. } => {
+                    match submitted.get_mut(&id).and_then(|s| s.tool_calls.as_mut()) {
+                        Some((_, parser)) => parser.push(&delta).into_iter().for_each(|d| on_event(tool_event(id, d))),
+                        None => on_event(HostEvent::Text { id, delta }),
+                    }
+                }
+                SchedulerEvent::Finished { id, generation } => {
+                    if let Some((_, parser)) = submitted.get_mut(&id).and_then(|s| s.tool_calls.as_mut()) {
+                        parser.finish().into_iter().for_each(|d| on_event(tool_event(id, d)));
+                    }
+                    finished.push((id, generation))
+                }
                 SchedulerEvent::Failed { id, error } => {
                     submitted.remove(&id);
                     on_event(HostEvent::Failed { id, error: error.into() });

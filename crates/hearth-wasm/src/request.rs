@@ -158,6 +158,11 @@ impl RequestOptions {
         self.generation.n
     }
 
+    /// The tools a chat request offers the model.
+    pub fn tools(&self) -> Option<&hearth_core::request::ToolRequest> {
+        self.generation.tools.as_ref()
+    }
+
     /// Whether the answer starts with the prompt (completions' `echo`).
     pub fn echo(&self) -> bool {
         self.generation.echo

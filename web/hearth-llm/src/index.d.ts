@@ -199,8 +199,41 @@ export interface SpeculativeUsage {
 }
 
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant' | string;
-  content: string | Array<{ type: 'text'; text: string }>;
+  role: 'system' | 'user' | 'assistant' | 'tool' | string;
+  content: string | Array<{ type: 'text'; text: string }> | null;
+  /** An assistant turn's calls, as an answer returned them (sent back with the tools' results). */
+  tool_calls?: ToolCall[];
+  /** A 'tool' turn: the call it answers. */
+  tool_call_id?: string;
+}
+
+/** A function the model may call (OpenAI's shape). */
+export interface Tool {
+  type: 'function';
+  function: {
+    name: string;
+    description?: string;
+    /** A JSON Schema of the arguments object: every call's arguments are valid under it. */
+    parameters?: JsonSchema;
+    /** Refuse the request when the schema has a keyword the engine cannot enforce (otherwise
+     * such keywords are ignored). */
+    strict?: boolean;
+  };
+}
+
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  /** `arguments`: the arguments object as JSON text. */
+  function: { name: string; arguments: string };
+}
+
+/** A piece of a streamed call: its id, type and name first, then its arguments in pieces. */
+export interface ToolCallDelta {
+  index: number;
+  id?: string;
+  type?: 'function';
+  function: { name?: string; arguments: string };
 }
 
 export interface ChatCompletionRequest extends SamplingRequest {
@@ -210,6 +243,14 @@ export interface ChatCompletionRequest extends SamplingRequest {
    * alternatives per token. */
   logprobs?: boolean;
   top_logprobs?: number;
+  /** Functions the model may call, rendered by its chat template (models whose template writes
+   * Hermes / Qwen `<tool_call>` calls); each call's arguments are constrained to its schema. */
+  tools?: Tool[];
+  /** 'auto' (default: text or calls, constrained once the model opens a call), 'none', 'required'
+   * (only calls), or a named function (one call of it). */
+  tool_choice?: 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
+  /** Several calls in one answer (default true). */
+  parallel_tool_calls?: boolean;
 }
 
 export interface CompletionRequest extends SamplingRequest {
@@ -222,7 +263,7 @@ export interface CompletionRequest extends SamplingRequest {
   echo?: boolean;
 }
 
-export type FinishReason = 'stop' | 'length' | 'abort';
+export type FinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 export interface Usage {
   prompt_tokens: number;
@@ -277,7 +318,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   /** `logprobs`: on the last chunk, the whole answer's when the request asked for them. */
-  choices: Array<{ index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: ChatLogprobs | null }>;
+  choices: Array<{ index: number; delta: { role?: 'assistant'; content?: string; tool_calls?: ToolCallDelta[] }; finish_reason: FinishReason | null; logprobs: ChatLogprobs | null }>;
   usage?: Usage;
   hearth?: HearthDetails;
 }
@@ -287,7 +328,7 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: Array<{ index: number; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: ChatLogprobs | null }>;
+  choices: Array<{ index: number; message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }; finish_reason: FinishReason; logprobs: ChatLogprobs | null }>;
   usage: Usage;
   hearth: HearthDetails;
 }

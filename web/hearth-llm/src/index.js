@@ -194,8 +194,8 @@ export class Engine {
     };
     chunks.interrupt = interrupt;
     signal?.addEventListener('abort', interrupt, { once: true });
-    const done = this.#backend.generate(kind, request, (text, choice) => {
-      chunks.push({ text, choice });
+    const done = this.#backend.generate(kind, request, (text, choice, toolCall) => {
+      chunks.push({ text, choice, toolCall });
       return !stopped;
     }, key);
     this.#running.set(key, { interrupt, done });
@@ -323,10 +323,18 @@ async function* streamChunks(chunks, done, shape) {
   for (;;) {
     const delta = await chunks.next();
     if (delta === null) break;
-    const { text, choice: index } = delta;
+    const { text, choice: index, toolCall } = delta;
     const first = !begun.has(index);
     begun.add(index);
-    const choice = shape.kind === 'chat' ? { delta: first ? { role: 'assistant', content: text } : { content: text }, finish_reason: null } : { text, finish_reason: null };
+    let message = { content: text };
+    if (toolCall) {
+      // OpenAI's streamed calls: the id, type and name first, then the arguments in pieces.
+      const call = toolCall.name !== undefined
+        ? { index: toolCall.index, id: callId(shape, index, toolCall.index), type: 'function', function: { name: toolCall.name, arguments: '' } }
+        : { index: toolCall.index, function: { arguments: toolCall.arguments } };
+      message = { tool_calls: [call] };
+    }
+    const choice = shape.kind === 'chat' ? { delta: first ? { role: 'assistant', ...message } : message, finish_reason: null } : { text, finish_reason: null };
     yield chunkObject(shape, index, choice);
   }
   const error = await failure;
@@ -337,17 +345,37 @@ async function* streamChunks(chunks, done, shape) {
   finished = true;
   for (const [index, report] of reports.entries()) {
     const logprobs = report.logprobs ?? null;
-    const last = shape.kind === 'chat' ? { delta: {}, logprobs, finish_reason: FINISH[report.finish_reason] } : { text: '', logprobs, finish_reason: FINISH[report.finish_reason] };
+    const last = shape.kind === 'chat' ? { delta: {}, logprobs, finish_reason: finishReason(report) } : { text: '', logprobs, finish_reason: FINISH[report.finish_reason] };
     const extra = index === reports.length - 1 ? { usage: usage(reports), hearth: details(reports) } : {};
     yield chunkObject(shape, index, last, extra);
   }
   }
 }
 
+/** A tool call's id: the same in a stream and in the whole answer. */
+function callId(shape, choice, index) {
+  return `call_${shape.id.split('-').at(-1)}_${choice}_${index}`;
+}
+
+/** OpenAI's finish reason: 'tool_calls' when an answer that ended by itself holds calls. */
+function finishReason(report) {
+  return report.tool_calls?.length && report.finish_reason === 'stop' ? 'tool_calls' : FINISH[report.finish_reason];
+}
+
+/** A chat answer's message: with tools, its text outside calls and the calls. */
+function chatMessage(report, shape, choice) {
+  if (!report.tool_calls) return { role: 'assistant', content: report.text };
+  const message = { role: 'assistant', content: report.content ?? null };
+  if (report.tool_calls.length) {
+    message.tool_calls = report.tool_calls.map((call, index) => ({ id: callId(shape, choice, index), type: 'function', function: { name: call.name, arguments: call.arguments } }));
+  }
+  return message;
+}
+
 function completionObject(reports, shape) {
   const choices = reports.map((report, index) => {
-    const finish_reason = FINISH[report.finish_reason];
-    const choice = shape.kind === 'chat' ? { message: { role: 'assistant', content: report.text }, finish_reason } : { text: report.text, finish_reason };
+    const finish_reason = shape.kind === 'chat' ? finishReason(report) : FINISH[report.finish_reason];
+    const choice = shape.kind === 'chat' ? { message: chatMessage(report, shape, index), finish_reason } : { text: report.text, finish_reason };
     return { index, logprobs: report.logprobs ?? null, ...choice };
   });
   const object = shape.kind === 'chat' ? 'chat.completion' : 'text_completion';

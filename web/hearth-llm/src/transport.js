@@ -16,7 +16,7 @@ export class WorkerEngine {
       const request = this.#pending.get(id);
       if (!request) return;
       if (type === 'progress') request.onProgress?.(event.data.progress);
-      else if (type === 'chunk') request.onChunk?.(event.data.text, event.data.choice);
+      else if (type === 'chunk') request.onChunk?.(event.data.text, event.data.choice, event.data.toolCall);
       else {
         this.#pending.delete(id);
         if (type === 'done') request.resolve(event.data.result);

@@ -4,7 +4,8 @@
 //   loadDraft(model, backend, onProgress)  (a draft model for speculative requests; model as in load,
 //     backend: 'auto'|'webgpu'|'cpu')
 //   generate(kind, request, onChunk, key) → reports, one per choice (concurrent calls run as one batch;
-//     kind: 'chat' | 'text'; onChunk(text, choice))
+//     kind: 'chat' | 'text'; onChunk(text, choice, toolCall?): toolCall is a piece of a tool call,
+//     {index, name} when it starts, {index, arguments} as they stream)
 //   cancel(key) · interrupt() · unload() · stats() · loseDeviceForTest()
 // `request` is the OpenAI request object (a string `prompt`, or `messages`); it crosses into wasm as
 // a JS object, decoded into the core's request schema (crates/hearth-wasm/src/js.rs), and the
@@ -44,7 +45,7 @@ export class LocalEngine {
    * Resolves to the reports of the request's choices (`n`), in choice order. */
   async generate(kind, request, onChunk, key) {
     if (!this.#engine) throw hearthError('not-loaded', 'no model is loaded; call load() first');
-    return this.#engine.generate(kind, request, (text, choice) => onChunk(text, choice) !== false, key);
+    return this.#engine.generate(kind, request, (text, choice, toolCall) => onChunk(text, choice, toolCall) !== false, key);
   }
 
   cancel(key) {

@@ -5,7 +5,7 @@
 //                  | { id, type: 'load-draft', model, backend } (model as in 'load'; backend: 'auto' | 'webgpu' | 'cpu')
 //                  | { id, type: 'generate', kind, request, key } | { type: 'cancel', key } (key: unique per request)
 //                  | { type: 'interrupt' } | { id, type: 'unload' } | { id, type: 'stats' } | { id, type: 'lose-device-for-test' }
-//   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text, choice }
+//   worker → page: { id, type: 'progress', progress } | { id, type: 'chunk', text, choice, toolCall }
 //                  | { id, type: 'done', result } | { id, type: 'error', name, code, message } (a HearthError)
 
 import { LocalEngine } from './wasm-engine.js';
@@ -23,7 +23,7 @@ self.onmessage = async (event) => {
     } else if (type === 'load-draft') {
       await engine.loadDraft(event.data.model, event.data.backend, (progress) => reply({ type: 'progress', progress }));
     } else if (type === 'generate') {
-      result = await engine.generate(event.data.kind, event.data.request, (text, choice) => reply({ type: 'chunk', text, choice }), event.data.key);
+      result = await engine.generate(event.data.kind, event.data.request, (text, choice, toolCall) => reply({ type: 'chunk', text, choice, toolCall }), event.data.key);
     } else if (type === 'cancel') {
       engine.cancel(event.data.key);
       return;
