@@ -748,3 +748,55 @@ fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
         }
     }
 }
+
+/// Structured output in the batch: forced tokens (kept without sampling) give the greedy answer
+/// decoded token by token (a request reporting log-probabilities samples every token), a lazy
+/// grammar before its trigger changes nothing, and free requests batched with constrained ones
+/// keep their solo tokens.
+#[test]
+fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answers() {
+    use hearth_core::constraint::{Grammar, GrammarRequest};
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let prompts = prompts(&tokenizer, 3);
+    let max_tokens = 40;
+    let free = solo_outputs(&prompts, max_tokens);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"language": {"enum": ["python", "rust"]}, "lines": {"type": "integer"}, "summary": {"type": "string", "maxLength": 60}},
+        "required": ["language", "lines", "summary"], "additionalProperties": false
+    });
+    let grammar = GrammarRequest {
+        grammar: Grammar::JsonSchema { schema, strict: true },
+        param: "response_format",
+        trigger: None,
+    };
+    let constrained = GenerateOptions { max_tokens, grammar: Some(grammar), ..GenerateOptions::default() };
+    let sampled_each = GenerateOptions { logprobs: Some(0), ..constrained.clone() };
+    // A lazy grammar whose trigger never comes: the free answer.
+    let lazy =
+        GrammarRequest { grammar: Grammar::Regex("x".into()), param: "tools", trigger: Some("<tool_call>".into()) };
+    let waiting = GenerateOptions { grammar: Some(lazy), ..greedy(max_tokens) };
+
+    let mut s = scheduler(8, None);
+    let free_ids: Vec<RequestId> =
+        prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
+    let forced_id = s.submit(prompts[0].clone(), constrained).expect("submit");
+    let sampled_id = s.submit(prompts[0].clone(), sampled_each).expect("submit");
+    let waiting_id = s.submit(prompts[1].clone(), waiting).expect("submit");
+    let (done, streamed) = run(&mut s, |_, _| {});
+    for (i, id) in free_ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, free[i], "free request {i} beside constrained ones");
+    }
+    let (forced, sampled) = (&done[&forced_id], &done[&sampled_id]);
+    assert_eq!(forced.tokens, sampled.tokens, "forced tokens change the greedy answer");
+    assert_eq!(streamed[&forced_id], forced.text);
+    let stats = forced.constraint.as_ref().expect("constraint stats");
+    assert!(stats.forced_tokens > 0, "{stats:?}");
+    assert_eq!(stats.masks() + stats.forced_tokens, forced.tokens.len());
+    assert_eq!(sampled.constraint.as_ref().expect("stats").forced_tokens, 0);
+    let value: serde_json::Value =
+        serde_json::from_str(&forced.text).unwrap_or_else(|e| panic!("{e}: {}", forced.text));
+    assert!(["python", "rust"].contains(&value["language"].as_str().unwrap_or_default()), "{}", forced.text);
+    assert_eq!(done[&waiting_id].tokens, free[1], "a lazy grammar before its trigger");
+}

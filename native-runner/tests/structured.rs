@@ -87,8 +87,12 @@ fn a_json_schema_answer_is_valid_streamed_or_not_and_equals_hearth_run() {
     assert_person(&text);
     // The grammar ends the answer where the object closes.
     assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{text}");
-    // One mask per token, timed; counted in /metrics.
-    assert_eq!(reply["usage"]["grammar"]["masks"], reply["usage"]["completion_tokens"], "{reply}");
+    // One mask per sampled token, timed, the rest forced by the grammar; counted in /metrics.
+    let grammar = &reply["usage"]["grammar"];
+    let (masks, forced) =
+        (grammar["masks"].as_u64().expect("masks"), grammar["forced_tokens"].as_u64().expect("forced"));
+    assert_eq!(masks + forced, reply["usage"]["completion_tokens"].as_u64().expect("tokens"), "{reply}");
+    assert!(forced > 0, "a schema's punctuation is forced: {reply}");
     assert!(reply["usage"]["grammar"]["mask_p50_us"].as_f64().is_some_and(|t| t > 0.0), "{reply}");
     let metrics = get(server(), "/metrics").text();
     assert!(
@@ -394,4 +398,36 @@ fn bad_tools_are_refused_naming_the_parameter() {
     let r =
         post(server(), "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4, "tools": tools}));
     assert_error(&r, 400, None, Some("tools"));
+}
+
+/// Speculative decoding (prompt lookup) with a grammar: drafts are cut to what the grammar
+/// allows and every verified row is masked, so the greedy answer is the one decoded without
+/// drafts, and copied drafts are accepted.
+#[test]
+fn prompt_lookup_keeps_a_constrained_answer_and_its_drafts_are_accepted() {
+    let lookup = Server::start(&["--lookup"]);
+    let record = r#"{"name": "Ada Lovelace", "age": 36, "languages": ["Python", "Rust", "Go"]}"#;
+    let question = format!("Repeat this record exactly as JSON: {record}");
+    let format = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema()}}});
+    let body = chat(&question, 80, format);
+    let plain = post(server(), "/v1/chat/completions", &body).json();
+    let drafted = post(&lookup.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(drafted["choices"][0]["message"], plain["choices"][0]["message"]);
+    assert_person(drafted["choices"][0]["message"]["content"].as_str().expect("content"));
+    let accepted = drafted["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64();
+    assert!(accepted.is_some_and(|a| a > 0), "{drafted}");
+    // Tool calls too (a lazy grammar: drafts stop before the call opens, then are masked).
+    for choice in ["required", "auto"] {
+        let body = chat(TOOL_QUESTION, 80, json!({"tools": weather_tools(), "tool_choice": choice}));
+        let functions = |reply: &Value| -> Value {
+            let message = &reply["choices"][0]["message"];
+            json!([
+                message["content"],
+                message["tool_calls"].as_array().map(|c| c.iter().map(|c| c["function"].clone()).collect::<Vec<_>>())
+            ])
+        };
+        let plain = post(server(), "/v1/chat/completions", &body).json();
+        let drafted = post(&lookup.addr, "/v1/chat/completions", &body).json();
+        assert_eq!(functions(&drafted), functions(&plain), "{choice}");
+    }
 }

@@ -95,7 +95,8 @@ def main() -> None:
     parsed = client.chat.completions.parse(model=args.model, messages=person, response_format=Engineer, max_tokens=120, temperature=0)
     engineer = parsed.choices[0].message.parsed
     assert isinstance(engineer, Engineer), parsed.choices[0].message.content
-    assert parsed.usage.model_extra["grammar"]["masks"] == parsed.usage.completion_tokens, parsed.usage
+    grammar = parsed.usage.model_extra["grammar"]
+    assert grammar["masks"] + grammar["forced_tokens"] == parsed.usage.completion_tokens, parsed.usage
     mode = client.chat.completions.create(
         model=args.model, messages=person, response_format={"type": "json_object"}, max_tokens=120, temperature=0
     )

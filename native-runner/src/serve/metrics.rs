@@ -57,6 +57,8 @@ pub struct Metrics {
     pub draft_tokens_accepted: AtomicU64,
     /// Requests whose answer was constrained by a grammar (structured output).
     pub constrained_requests: AtomicU64,
+    /// Tokens a grammar forced (kept without sampling).
+    pub forced_tokens: AtomicU64,
     /// Choices accepted and not yet answered (queued, waiting or generating; a request with `n`
     /// choices counts `n`).
     pub accepted: AtomicI64,
@@ -82,6 +84,7 @@ impl Default for Metrics {
             draft_tokens: AtomicU64::new(0),
             draft_tokens_accepted: AtomicU64::new(0),
             constrained_requests: AtomicU64::new(0),
+            forced_tokens: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             accepted: AtomicI64::new(0),
             device_lost: AtomicBool::new(false),
@@ -112,6 +115,7 @@ impl Metrics {
         }
         if let Some(constraint) = &generation.constraint {
             self.constrained_requests.fetch_add(1, Ordering::Relaxed);
+            self.forced_tokens.fetch_add(constraint.forced_tokens as u64, Ordering::Relaxed);
             if let Ok(mut h) = self.mask.lock() {
                 constraint.mask_us.iter().for_each(|&us| h.observe(us as f64 / 1e6));
             }
@@ -166,6 +170,11 @@ impl Metrics {
                 "hearth_constrained_requests_total",
                 "Requests whose answer a grammar constrained (structured output).",
                 &self.constrained_requests,
+            ),
+            (
+                "hearth_grammar_forced_tokens_total",
+                "Tokens a grammar forced: kept without sampling, the only token it allowed.",
+                &self.forced_tokens,
             ),
         ];
         for (name, help, value) in counters {

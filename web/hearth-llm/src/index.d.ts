@@ -275,8 +275,8 @@ export interface Usage {
   /** Requests with `speculative`: draft tokens proposed and accepted. */
   speculative?: SpeculativeUsage;
   /** Constrained requests: token masks computed and their times (with `n` > 1, the slowest
-   * choice's times). */
-  grammar?: { masks: number; mask_p50_us: number; mask_p99_us: number };
+   * choice's times), and the tokens the grammar forced (kept without sampling). */
+  grammar?: { masks: number; forced_tokens: number; mask_p50_us: number; mask_p99_us: number };
 }
 
 /** Non-standard details on the last chunk / the response. */

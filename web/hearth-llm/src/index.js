@@ -272,6 +272,7 @@ function sumGrammar(all) {
   if (all.length === 1) return all[0];
   return {
     masks: all.reduce((total, g) => total + g.masks, 0),
+    forced_tokens: all.reduce((total, g) => total + g.forced_tokens, 0),
     mask_p50_us: Math.max(...all.map((g) => g.mask_p50_us)),
     mask_p99_us: Math.max(...all.map((g) => g.mask_p99_us)),
   };

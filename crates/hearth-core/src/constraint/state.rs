@@ -10,8 +10,11 @@ use llguidance::Matcher;
 /// What constraining a request cost and saved, reported with its generation.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ConstraintStats {
-    /// Time each of its masks took to compute, in microseconds (one per sampled token).
+    /// Time each of its masks took to compute, in microseconds (one per sampled token, and one
+    /// per verified draft).
     pub mask_us: Vec<f32>,
+    /// Tokens the grammar forced (kept without sampling: the only token it allowed).
+    pub forced_tokens: usize,
 }
 
 impl ConstraintStats {
@@ -33,6 +36,7 @@ impl ConstraintStats {
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct GrammarUsage {
     pub masks: usize,
+    pub forced_tokens: usize,
     pub mask_p50_us: f32,
     pub mask_p99_us: f32,
 }
@@ -45,9 +49,11 @@ impl GrammarUsage {
         for stats in choices {
             constrained = true;
             all.mask_us.extend(&stats.mask_us);
+            all.forced_tokens += stats.forced_tokens;
         }
         constrained.then(|| GrammarUsage {
             masks: all.masks(),
+            forced_tokens: all.forced_tokens,
             mask_p50_us: all.mask_percentile_us(0.5),
             mask_p99_us: all.mask_percentile_us(0.99),
         })
@@ -57,6 +63,8 @@ impl GrammarUsage {
 /// A request's position in its grammar.
 pub struct GrammarState {
     phase: Phase,
+    /// Drafts consumed to mask verification rows, rolled back after ([`Self::end_speculation`]).
+    speculated: usize,
     param: &'static str,
     stats: ConstraintStats,
 }
@@ -76,7 +84,7 @@ impl GrammarState {
             Some(trigger) => Phase::Waiting { trigger, grammar: grammar.clone() },
             None => Phase::Matching(Box::new(grammar.matcher())),
         };
-        GrammarState { phase, param: grammar.param(), stats: ConstraintStats::default() }
+        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats::default() }
     }
 
     fn failure(&self, message: impl std::fmt::Display) -> CoreError {
@@ -140,6 +148,55 @@ impl GrammarState {
                 let consumed = matcher.consume_token(token);
                 consumed.map_err(|e| self.failure(e))
             }
+        }
+    }
+
+    /// The tokens the grammar forces next (it allows nothing else), consumed: the answer keeps
+    /// them without sampling. None before a lazy grammar's trigger, or for a tokenizer whose
+    /// encoding of a continuation is not canonical.
+    pub fn take_forced(&mut self) -> Vec<u32> {
+        let Phase::Matching(matcher) = &mut self.phase else { return Vec::new() };
+        if matcher.is_stopped() {
+            return Vec::new();
+        }
+        let forced = matcher.consume_ff_tokens();
+        self.stats.forced_tokens += forced.len();
+        forced
+    }
+
+    /// How many of `drafts` (after the tokens accepted so far), in order, the grammar allows:
+    /// the drafts a speculative step may verify. A lazy grammar before its trigger allows the
+    /// drafts before the trigger (the rows after it would need the grammar's masks).
+    pub fn valid_prefix(&mut self, drafts: &[u32]) -> usize {
+        match &mut self.phase {
+            Phase::Waiting { trigger, .. } => drafts.iter().position(|t| t == trigger).unwrap_or(drafts.len()),
+            Phase::Matching(matcher) => matcher.validate_tokens(drafts).unwrap_or(0),
+        }
+    }
+
+    /// [`Self::mask_logits`] for the row after `drafts` (a prefix of a valid proposal, verified
+    /// in order): the grammar advances over them first, to be rolled back by
+    /// [`Self::end_speculation`].
+    pub fn mask_logits_after(&mut self, drafts: &[u32], logits: &mut [f32]) -> Result<(), CoreError> {
+        if let Phase::Matching(matcher) = &mut self.phase {
+            while self.speculated < drafts.len() {
+                let consumed = matcher.consume_token(drafts[self.speculated]);
+                consumed.map_err(|e| CoreError::Constraint { param: self.param, message: e.to_string() })?;
+                self.speculated += 1;
+            }
+        }
+        self.mask_logits(logits)
+    }
+
+    /// Forgets the drafts consumed to mask verification rows.
+    pub fn end_speculation(&mut self) -> Result<(), CoreError> {
+        let speculated = std::mem::take(&mut self.speculated);
+        match &mut self.phase {
+            Phase::Matching(matcher) if speculated > 0 => {
+                let rolled = matcher.rollback(speculated);
+                rolled.map_err(|e| self.failure(e))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -11,6 +11,7 @@
 //! whichever request it serves, and the pass is shared.
 
 use crate::backend::Readback;
+use crate::constraint::GrammarState;
 use crate::engine::{ms, Instant};
 use crate::error::{CoreError, Result};
 use crate::runner::StepOutput;
@@ -251,6 +252,20 @@ impl RequestDrafts {
 
     /// The pass verifies the first `verify` drafts of the proposal: [`Self::batch`] holds the
     /// request's rows (the pending token, then those drafts). Returns whether there are drafts.
+    /// Keeps the planned proposal's first `valid` tokens (structured output: the prefix its
+    /// grammar allows, [`GrammarState::valid_prefix`]).
+    pub fn keep_proposal(&mut self, valid: usize) {
+        self.unverified.truncate(valid);
+        if let Some(distributions) = self.distributions.as_mut() {
+            distributions.truncate(valid);
+        }
+    }
+
+    /// The planned proposal (before [`Self::commit`]).
+    pub fn proposal(&self) -> &[u32] {
+        &self.unverified
+    }
+
     pub fn commit(&mut self, verify: usize) -> bool {
         let rest = self.unverified.split_off(verify.min(self.unverified.len()));
         self.batch.append(&mut self.unverified);
@@ -273,7 +288,9 @@ impl RequestDrafts {
     }
 
     /// Checks the planned drafts against the step's output rows from `first_row` on (logits
-    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::plan`].
+    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::plan`]. A
+    /// constrained request's `grammar` masks each row after the drafts before it (its drafts are
+    /// a prefix the grammar allows; the whole rows are read back), and is rolled back after.
     pub fn verify(
         &mut self,
         sampler: &mut Sampler,
@@ -281,6 +298,7 @@ impl RequestDrafts {
         output: StepOutput<'_>,
         n_logits: usize,
         first_row: usize,
+        mut grammar: Option<&mut GrammarState>,
     ) -> Result<VerificationOutcome> {
         let drafts = &self.batch[1..];
         let distributions = self.distributions.as_deref().map(|d| &d[..drafts.len().min(d.len())]);
@@ -297,6 +315,9 @@ impl RequestDrafts {
                     row_scratch.clear();
                     row_scratch
                         .extend_from_slice(logits.get(row * n_logits..(row + 1) * n_logits).ok_or_else(missing)?);
+                    if let Some(grammar) = grammar.as_deref_mut() {
+                        grammar.mask_logits_after(&drafts[..i], &mut row_scratch)?;
+                    }
                     Ok(sampler.distribution(&mut row_scratch, &history))
                 }
                 StepOutput::TopK(top) if row < top.n_rows() => {
@@ -306,7 +327,11 @@ impl RequestDrafts {
                 StepOutput::TopK(_) => Err(missing()),
             }
         };
-        verify_proposal(drafts, distributions, &mut target, &mut self.rng)
+        let outcome = verify_proposal(drafts, distributions, &mut target, &mut self.rng);
+        if let Some(grammar) = grammar {
+            grammar.end_speculation()?;
+        }
+        outcome
     }
 
     /// What the verification step reads back: candidates where the sampler allows them.

@@ -378,9 +378,6 @@ impl Scheduler {
         let id = self.next_id;
         self.next_id += 1;
         let mut active = Active::new(id, prompt, options);
-        // (A constrained request decodes without drafts: verifying them would need a mask per
-        // drafted row.)
-        let kind = kind.filter(|_| grammar.is_none());
         active.grammar = grammar;
         let Some(kind) = kind else { return Ok(active) };
         let source = match drafting {
@@ -801,6 +798,14 @@ impl Scheduler {
                 }
             }
         }
+        // A constrained request verifies only the drafts its grammar allows.
+        for &i in &proposing {
+            let active = &mut self.running[i];
+            if let (Some(grammar), Some(drafts)) = (active.grammar.as_mut(), active.drafts.as_mut()) {
+                let valid = grammar.valid_prefix(drafts.proposal());
+                drafts.keep_proposal(valid);
+            }
+        }
         let requests: Vec<&RequestDrafts> =
             proposing.iter().filter_map(|&i| self.running[i].drafts.as_deref()).collect();
         let lengths = match requests.as_slice() {
@@ -827,7 +832,12 @@ impl Scheduler {
             .map(|(i, _)| {
                 let active = &self.running[*i];
                 match &active.drafts {
-                    Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
+                    // (A constrained request's rows are masked whole.)
+                    Some(drafts)
+                        if drafts.planned() && !active.grammar.as_ref().is_some_and(GrammarState::is_active) =>
+                    {
+                        drafts.readback(&active.sampler, &active.tokens)
+                    }
                     _ => active.row_readback(),
                 }
             })
@@ -885,7 +895,14 @@ impl Scheduler {
                 (Some(rows), Some(drafts), Some(seq)) if rows > 1 => {
                     // Its drafts: the longest prefix the target keeps, then the target's own token.
                     let verified = drafts
-                        .verify(&mut active.sampler, &active.tokens, output, n_logits, first_row)
+                        .verify(
+                            &mut active.sampler,
+                            &active.tokens,
+                            output,
+                            n_logits,
+                            first_row,
+                            active.grammar.as_mut(),
+                        )
                         .and_then(|outcome| {
                             // The cache holds the context but the pending token, then the entry's rows.
                             self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
@@ -950,17 +967,37 @@ impl Scheduler {
                     vec![token]
                 }
             };
-            for token in tokens {
-                if let Some(grammar) = active.grammar.as_mut().filter(|_| !self.tokenizer.is_end_of_generation(token)) {
+            // Tokens the grammar forces after the last one (jump-forward: kept at once, evaluated
+            // in the next step with the rest, so they cost one row each and no step of their
+            // own) start at `forced_from`.
+            let mut tokens = tokens;
+            let mut forced_from = usize::MAX;
+            let mut k = 0;
+            while k < tokens.len() {
+                let token = tokens[k];
+                let grammar = active.grammar.as_mut().filter(|_| !self.tokenizer.is_end_of_generation(token));
+                if let (Some(grammar), false) = (grammar, k >= forced_from) {
                     if let Err(error) = grammar.accept(token) {
                         ended.push((*i, Err(error)));
                         break;
                     }
                 }
+                // (Forced tokens have no sampled log-probabilities: a request reporting them
+                // samples every token.)
+                if k + 1 == tokens.len() && forced_from == usize::MAX && active.options.logprobs.is_none() {
+                    if let Some(grammar) = active.grammar.as_mut() {
+                        forced_from = tokens.len();
+                        tokens.extend(grammar.take_forced());
+                    }
+                }
+                k += 1;
                 let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
-                // A constrained answer ends where its grammar allows nothing more.
-                let finish =
-                    finish.or_else(|| active.grammar.as_ref().filter(|g| g.is_complete()).map(|_| FinishReason::Stop));
+                // A constrained answer ends where its grammar allows nothing more (the grammar is
+                // past the forced tokens: the last one is where it may be complete).
+                let last = k == tokens.len();
+                let finish = finish.or_else(|| {
+                    active.grammar.as_ref().filter(|g| last && g.is_complete()).map(|_| FinishReason::Stop)
+                });
                 if !emit.is_empty() {
                     let logprobs = active.unsent_logprobs();
                     events(SchedulerEvent::Text { id: active.id, delta: emit, logprobs });
