@@ -257,7 +257,7 @@ fn bad_input_gives_clear_errors() {
     );
     let long_prompt = "word ".repeat(200);
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-c", "64", "-p", &long_prompt, "--quiet"], "context overflow");
-    assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--top-p", "2", "--quiet"], "invalid sampling");
+    assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--top-p", "2", "--quiet"], "invalid request");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
