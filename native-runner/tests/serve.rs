@@ -90,8 +90,8 @@ fn bad_input_gets_openai_errors() {
     assert_error(&post(addr, "/v1/completions", &json!({"max_tokens": 4})), 400, None, Some("prompt"));
     // What the server does not implement is refused by name, never ignored with a 200.
     for (extra, param) in [
-        (json!({"response_format": {"type": "json_object"}}), "response_format"),
-        (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), "tools"),
+        (json!({"best_of": 3}), "best_of"),
+        (json!({"suffix": "x"}), "suffix"),
         (json!({"n": 0}), "n"),
         (json!({"speculative": {"mode": "lookup"}}), "speculative"),
     ] {

@@ -103,9 +103,11 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
       backend: await describe(createEngine({ model: '/x.gguf', backend: 'cuda' })),
       cache: await describe(createEngine({ model: '/x.gguf', cache: 'yes' })),
       lookupMinP: await describe(engine.completions.create({ prompt: 'x', speculative: { mode: 'lookup', draftMinP: 0.5 } })),
-      // Asked-for features that do not exist are refused, never ignored.
-      responseFormat: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } })),
-      tools: await describe(engine.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] })),
+      // What the engine cannot do is refused, never ignored: a schema keyword it cannot enforce,
+      // tools outside a chat, a field it does not implement.
+      responseFormat: await describe(engine.completions.create({ prompt: 'x', response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'string', format: 'no-such-format' } } } } } })),
+      tools: await describe(engine.completions.create({ prompt: 'x', tools: [{ type: 'function', function: { name: 'f' } }] })),
+      suffix: await describe(engine.completions.create({ prompt: 'x', suffix: 'y' })),
       // More choices than a request may ask for.
       choices: await describe(engine.completions.create({ prompt: 'x', n: 17 })),
       // A limit past the context is refused as the server refuses it (no limit: to its end).
@@ -141,7 +143,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
     noOptions: /options object/, noModel: /`model` is required/, modelNumber: /`model` must be a URL/, nCtx: /`nCtx`/,
     backend: /`backend` must be one of 'auto', 'cpu', 'webgpu', got "cuda"/, cache: /`cache`/,
     lookupMinP: /speculative\.draft_min_p \(draftMinP\) applies to mode 'draft-model'/,
-    responseFormat: /response_format is not supported yet/, tools: /tools is not supported yet/,
+    responseFormat: /response_format: .*no-such-format/, tools: /tools belong to chat completions/, suffix: /suffix is not supported yet/,
     choices: /n must be between 1 and 16, got 17/,
     temperatureNaN: /temperature must be between 0 and 2, got NaN\./, temperatureNaNWorker: /temperature must be between 0 and 2, got NaN\./,
     topPInfinity: /top_p must be between 0 and 1, got inf\./, logitBiasNaN: /logit_bias values must be in \[-100, 100\], got NaN\./,
@@ -152,7 +154,7 @@ test('bad arguments are bad-argument errors naming the field', { timeout: 300_00
   })) assertError(result[name], 'bad-argument', pattern);
   // The refused field is named, as `hearth serve` names it in its 400s.
   for (const name of ['temperatureString', 'temperatureNegative', 'temperatureNaN', 'temperatureNaNWorker']) assert.equal(result[name].param, 'temperature', name);
-  for (const [name, param] of Object.entries({ topPInfinity: 'top_p', logitBiasNaN: 'logit_bias', logprobsNaN: 'logprobs', contentInfinity: 'messages', nestedUnknownField: 'speculative', seedOutOfRange: 'seed' })) {
+  for (const [name, param] of Object.entries({ responseFormat: 'response_format', tools: 'tools', suffix: 'suffix', topPInfinity: 'top_p', logitBiasNaN: 'logit_bias', logprobsNaN: 'logprobs', contentInfinity: 'messages', nestedUnknownField: 'speculative', seedOutOfRange: 'seed' })) {
     assert.equal(result[name].param, param, name);
   }
   assert.deepEqual(result.undefinedAndBigInt, { tokens: 1, seed: 7 });

@@ -105,7 +105,7 @@ fn bad_inputs_are_errors_with_clear_messages() {
         (r#"{"temprature": 0.5}"#, "temprature"),
         (r#"{"stop": 5}"#, "stop"),
         ("{not json", "not valid JSON"),
-        (r#"{"response_format": {"type": "json_object"}}"#, "response_format is not supported"),
+        (r#"{"structured_outputs": {"regex": 5}}"#, "structured_outputs.regex must be a string"),
         (r#"{"messages": []}"#, "prompt argument"),
         (r#"{"echo": true}"#, "echo belongs to completions requests"),
         (r#"{"logprobs": 2}"#, "read by the request's kind"),

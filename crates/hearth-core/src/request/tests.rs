@@ -99,14 +99,9 @@ fn wrong_types_and_unknown_fields_name_the_field() {
 
 #[test]
 fn unimplemented_parameters_are_refused_unless_neutral() {
-    for (body, param) in [
-        (json!({"response_format": {"type": "json_object"}}), "response_format"),
-        (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
-        (json!({"tool_choice": "required"}), "tool_choice"),
-        (json!({"best_of": 2}), "best_of"),
-        (json!({"suffix": "x"}), "suffix"),
-        (json!({"store": true}), "store"),
-    ] {
+    for (body, param) in
+        [(json!({"best_of": 2}), "best_of"), (json!({"suffix": "x"}), "suffix"), (json!({"store": true}), "store")]
+    {
         let (got, message) = refused(chat(body.clone()));
         assert_eq!(got.as_deref(), Some(param), "{body}: {message}");
         assert!(message.contains("not supported"), "{message}");
@@ -120,6 +115,117 @@ fn unimplemented_parameters_are_refused_unless_neutral() {
         json!({"user": "u-1"}),
     ] {
         chat(neutral.clone()).unwrap_or_else(|e| panic!("{neutral} refused: {e}"));
+    }
+}
+
+#[test]
+fn every_structured_output_dialect_reads_as_one_grammar() {
+    use crate::constraint::Grammar;
+    let grammar = |extra: Value| chat(extra).expect("valid").options.grammar.expect("a grammar");
+    let object = json!({"type": "object"});
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    for (extra, expected, param) in [
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            Grammar::JsonSchema { schema: object.clone(), strict: true },
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_object", "schema": schema.to_string()}}),
+            Grammar::JsonSchema { schema: schema.clone(), strict: true },
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": false}}}),
+            Grammar::JsonSchema { schema: schema.clone(), strict: false },
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "schema": schema}}),
+            Grammar::JsonSchema { schema: schema.clone(), strict: true },
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "grammar", "grammar": "start: \"a\""}}),
+            Grammar::Lark("start: \"a\"".into()),
+            "response_format",
+        ),
+        (
+            json!({"structured_outputs": {"json": schema}}),
+            Grammar::JsonSchema { schema: schema.clone(), strict: true },
+            "structured_outputs",
+        ),
+        (
+            json!({"structured_outputs": {"json_object": true}}),
+            Grammar::JsonSchema { schema: object.clone(), strict: true },
+            "structured_outputs",
+        ),
+        (json!({"structured_outputs": {"regex": "a+"}}), Grammar::Regex("a+".into()), "structured_outputs"),
+        (
+            json!({"structured_outputs": {"choice": ["a", "b"]}}),
+            Grammar::Choice(vec!["a".into(), "b".into()]),
+            "structured_outputs",
+        ),
+        (json!({"json_schema": schema}), Grammar::JsonSchema { schema: schema.clone(), strict: true }, "json_schema"),
+        (json!({"grammar": "root ::= \"a\""}), Grammar::Lark("start: \"a\"".into()), "grammar"),
+        (
+            json!({"grammar": "%llguidance {}\nstart: \"a\""}),
+            Grammar::Lark("%llguidance {}\nstart: \"a\"".into()),
+            "grammar",
+        ),
+    ] {
+        let got = grammar(extra.clone());
+        assert_eq!((got.grammar, got.param), (expected, param), "{extra}");
+    }
+    assert!(chat(json!({"response_format": {"type": "text"}})).expect("valid").options.grammar.is_none());
+    for (extra, param) in [
+        (json!({"json_schema": object, "grammar": "start: \"a\""}), "grammar"),
+        (json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
+        (json!({"structured_outputs": {"whitespace_pattern": " "}}), "structured_outputs"),
+        (json!({"response_format": {"type": "json_schema"}}), "response_format"),
+        (json!({"response_format": {"type": "json_object", "extra": 1}}), "response_format"),
+        (json!({"grammar": 3}), "grammar"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}}),
+            "tools",
+        ),
+    ] {
+        let (got, message) = refused(chat(extra.clone()));
+        assert_eq!(got.as_deref(), Some(param), "{extra}: {message}");
+    }
+}
+
+#[test]
+fn tools_and_tool_choice_are_checked() {
+    use crate::request::ToolChoice;
+    let f = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+    let g = json!({"type": "function", "function": {"name": "g"}});
+    let tools = |extra: Value| chat(extra).expect("valid").tools.expect("tools");
+    let both = json!([f, g]);
+    assert_eq!(tools(json!({"tools": both})).choice, ToolChoice::Auto);
+    assert!(tools(json!({"tools": both})).parallel);
+    assert_eq!(
+        tools(json!({"tools": both, "tool_choice": "required", "parallel_tool_calls": false})).choice,
+        ToolChoice::Required
+    );
+    assert!(!tools(json!({"tools": both, "parallel_tool_calls": false})).parallel);
+    let named = tools(json!({"tools": both, "tool_choice": {"type": "function", "function": {"name": "g"}}}));
+    assert_eq!(named.choice, ToolChoice::Function("g".into()));
+    assert_eq!(named.callable().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["g"]);
+    // A tool without parameters takes an empty object.
+    assert_eq!(named.functions[1].parameters, json!({"type": "object", "properties": {}}));
+    assert!(chat(json!({"tools": [], "tool_choice": "none"})).expect("valid").tools.is_none());
+    for (extra, param) in [
+        (json!({"tools": [f, f]}), "tools"),
+        (json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools"),
+        (json!({"tools": [{"type": "code_interpreter"}]}), "tools"),
+        (json!({"tools": [f], "tool_choice": "sometimes"}), "tool_choice"),
+        (json!({"tools": [f], "tool_choice": {"type": "function", "function": {"name": "h"}}}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tools": [f], "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+    ] {
+        let (got, message) = refused(chat(extra.clone()));
+        assert_eq!(got.as_deref(), Some(param), "{extra}: {message}");
     }
 }
 

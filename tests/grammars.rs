@@ -1,0 +1,90 @@
+//! Grammars as clients write them, through structured output's compiler on Qwen's vocabulary:
+//! llama.cpp's GBNF (rewritten as Lark), Lark, regular expressions and choices accept the texts
+//! of their language and reject others, each text tokenized as the model would write it.
+
+use hearth_core::constraint::{gbnf_to_lark, Grammar, GrammarCompiler, GrammarRequest, GrammarState};
+use hearth_core::gguf::GgufFile;
+use hearth_core::tokenizer::Tokenizer;
+use hearth_tests::*;
+
+fn compiler() -> (Tokenizer, GrammarCompiler) {
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open Qwen 0.5B");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).expect("compiler");
+    (tokenizer, compiler)
+}
+
+/// Whether `grammar` accepts `text` whole.
+fn accepts(tokenizer: &Tokenizer, compiler: &GrammarCompiler, grammar: &Grammar, text: &str) -> bool {
+    let request = GrammarRequest { grammar: grammar.clone(), param: "grammar", trigger: None };
+    let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}\n{grammar:?}"));
+    GrammarState::new(&compiled).accepts(&tokenizer.encode(text, false, false).expect("encode"))
+}
+
+fn check(grammar: &Grammar, valid: &[&str], invalid: &[&str]) {
+    let (tokenizer, compiler) = compiler();
+    for text in valid {
+        assert!(accepts(&tokenizer, &compiler, grammar, text), "rejects {text:?}: {grammar:?}");
+    }
+    for text in invalid {
+        assert!(!accepts(&tokenizer, &compiler, grammar, text), "accepts {text:?}: {grammar:?}");
+    }
+}
+
+fn gbnf(text: &str) -> Grammar {
+    Grammar::Lark(gbnf_to_lark(text, "grammar").unwrap_or_else(|e| panic!("{e}")))
+}
+
+#[test]
+fn an_arithmetic_gbnf_grammar() {
+    let grammar = gbnf(
+        r#"# Arithmetic expressions, spaces allowed around operators.
+root  ::= expr
+expr  ::= term (ws [-+] ws term)*
+term  ::= factor (ws [*/] ws factor)*
+factor ::= number | "(" ws expr ws ")"
+number ::= "-"? [0-9]+ ("." [0-9]+)?
+ws    ::= [ \t]*
+"#,
+    );
+    check(&grammar, &["1+2", "(3 * 4) - 5.25", "-7", "((1))/2"], &["1+", "(2", "a*b", "1 ++ 2", ""]);
+}
+
+#[test]
+fn a_gbnf_list_with_bounded_repetition_and_negated_classes() {
+    let grammar = gbnf("root ::= item{1,3}\nitem ::= \"- \" [^\\n]+ \"\\n\"  # one line each\n");
+    check(&grammar, &["- milk\n", "- a\n- b b\n- c\n"], &["- a\n- b\n- c\n- d\n", "milk\n", "- \n"]);
+}
+
+#[test]
+fn a_json_like_gbnf_grammar_with_alternatives_across_lines() {
+    let grammar = gbnf(
+        r#"root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::=
+  "{" (
+    string ":" value
+    ("," string ":" value)*
+  )? "}"
+array  ::= "[" (value ("," value)*)? "]"
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\""
+number ::= ("-"? ([0-9] | [1-9] [0-9]*)) ("." [0-9]+)?
+"#,
+    );
+    check(
+        &grammar,
+        &[r#"{"a":[1,2.5,"x\n"],"b":{"c":null}}"#, "{}", r#"{"u":"\u00e9"}"#],
+        &[r#"{"a":}"#, "[1]", r#"{"a":tru}"#, r#"{"a":"x"#],
+    );
+}
+
+#[test]
+fn lark_regex_and_choices() {
+    let lark =
+        Grammar::Lark("start: greeting \", \" NAME \"!\"\ngreeting: \"Hello\" | \"Hi\"\nNAME: /[A-Z][a-z]+/".into());
+    check(&lark, &["Hello, World!", "Hi, Ada!"], &["Hey, World!", "Hello, world!", "Hello, World"]);
+    let regex = Grammar::Regex(r"\d{4}-\d{2}-\d{2}".into());
+    check(&regex, &["2024-02-29"], &["2024-2-29", "2024-02-29T"]);
+    let choice = Grammar::Choice(vec!["yes".into(), "no".into(), "say \"maybe\"".into()]);
+    check(&choice, &["yes", "no", "say \"maybe\""], &["maybe", "yesno", "y"]);
+}
