@@ -117,6 +117,37 @@ def main() -> None:
     except openai.BadRequestError as error:
         assert error.body["param"] == "structured_outputs", error.body
 
+    # Tool calls: the client reads message.tool_calls, and rebuilds them from the streamed pieces.
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    called = client.chat.completions.create(
+        model=args.model, messages=ask, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=60, temperature=0
+    )
+    assert called.choices[0].finish_reason == "tool_calls", called
+    call = called.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str), call
+    pieces = {}
+    for chunk in client.chat.completions.create(
+        model=args.model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60, temperature=0, stream=True,
+    ):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = pieces.setdefault(delta.index, {"name": None, "arguments": ""})
+            if delta.function.name:
+                entry["name"] = delta.function.name
+            entry["arguments"] += delta.function.arguments or ""
+    assert [p["name"] for p in pieces.values()] == ["get_weather"], pieces
+    assert pieces[0]["arguments"] == call.function.arguments, (pieces, call)
+    # The call and its result go back through the template.
+    answer = client.chat.completions.create(
+        model=args.model,
+        messages=ask + [called.choices[0].message.model_dump(exclude_none=True),
+                        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}],
+        tools=tools, max_tokens=8, temperature=0,
+    )
+    assert answer.usage.prompt_tokens > called.usage.prompt_tokens, (answer.usage, called.usage)
+
     # Errors arrive as the client's typed exceptions.
     try:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=4)
