@@ -16,8 +16,8 @@ const CACHED_GRAMMARS: usize = 64;
 /// Compiles grammars for one model (one tokenizer, one logits width).
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
-    /// For lazy grammars' trigger tokens.
-    tokenizer: Tokenizer,
+    /// The model's tokens (the factory's; lazy grammars' trigger tokens are looked up in it).
+    env: Arc<TokenEnv>,
     /// Most recently used last.
     cache: Mutex<VecDeque<(String, CompiledGrammar)>>,
 }
@@ -62,14 +62,10 @@ impl GrammarCompiler {
     /// token trie reads every token once: tens of milliseconds for a 150k vocabulary).
     pub fn new(tokenizer: &Tokenizer, n_logits: usize) -> Result<Self, CoreError> {
         let env = Arc::new(TokenEnv::new(tokenizer, n_logits));
-        let mut factory = ParserFactory::new_simple(&(env as llguidance::toktrie::TokEnv))
+        let mut factory = ParserFactory::new_simple(&(env.clone() as llguidance::toktrie::TokEnv))
             .map_err(|e| CoreError::InvalidArgument(format!("structured output cannot use this tokenizer: {e}")))?;
         factory.quiet();
-        Ok(GrammarCompiler {
-            factory: Arc::new(factory),
-            tokenizer: tokenizer.clone(),
-            cache: Mutex::new(VecDeque::new()),
-        })
+        Ok(GrammarCompiler { factory: Arc::new(factory), env, cache: Mutex::new(VecDeque::new()) })
     }
 
     /// The grammar compiled for this model; a grammar llguidance cannot compile (a schema keyword
@@ -79,7 +75,8 @@ impl GrammarCompiler {
         let trigger = match &request.trigger {
             None => None,
             Some(text) => Some(
-                self.tokenizer
+                self.env
+                    .tokenizer()
                     .token_id(text)
                     .ok_or_else(|| request.error(format!("'{text}' is not a single token of this model")))?,
             ),

@@ -57,6 +57,12 @@ fn special(text: &str) -> Vec<u8> {
     word
 }
 
+impl TokenEnv {
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+}
+
 impl TokenizerEnv for TokenEnv {
     fn tok_trie(&self) -> &TokTrie {
         &self.trie
