@@ -19,6 +19,14 @@ pub struct BatchEntry<'a> {
     pub tokens: &'a [u32],
 }
 
+/// A step the backend is running ([`Runner::begin_step`]): each entry's sequence, its length
+/// before the step and the tokens the step appends to it.
+#[must_use = "take the step with Runner::finish_step, or its KV positions stay reserved"]
+pub struct PendingStep {
+    entries: Vec<(SeqId, usize, Vec<u32>)>,
+    readback: Readback,
+}
+
 /// What a step returned, as asked with a [`Readback`]: logits `[n_out, n_vocab]`, or each output
 /// row's candidates.
 #[derive(Clone, Copy, Debug)]
@@ -220,12 +228,27 @@ impl Runner {
         mode: LogitsMode,
         readback: Readback,
     ) -> Result<StepOutput<'_>> {
+        let step = self.begin_step(batch, mode, readback)?;
+        self.finish_step(step).await
+    }
+
+    /// The first half of [`Runner::step_for_async`]: checks the batch, reserves its KV positions
+    /// and submits the step. The caller may work on the CPU while the device runs it (a GPU
+    /// backend's submit returns at once), then must take it with [`Runner::finish_step`].
+    pub fn begin_step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<PendingStep> {
         let n_logits = self.model.config.n_logits;
         let readback = match readback.top_k() {
             Some(k) => readback.with_k(k.clamp(1, n_logits.max(1))),
             None => readback,
         };
         let lens = self.submit_step(batch, mode, readback)?;
+        let entries = batch.iter().zip(lens).map(|(e, len)| (e.seq, len, e.tokens.to_vec())).collect();
+        Ok(PendingStep { entries, readback })
+    }
+
+    /// The second half of [`Runner::step_for_async`]: awaits the submitted step, takes its
+    /// output and commits its KV positions (on error, gives them back).
+    pub async fn finish_step(&mut self, step: PendingStep) -> Result<StepOutput<'_>> {
         let waited = Instant::now();
         let result = match self.backend.ready() {
             Some(ready) => ready.await,
@@ -236,13 +259,15 @@ impl Runner {
         let taken = self.backend.take(&mut self.logits, &mut self.top_k);
         let result = result.and(taken);
         if let Err(err) = result {
-            self.undo_reservations(batch, &lens)?;
+            for (seq, len, _) in &step.entries {
+                self.kv.truncate(*seq, *len)?;
+            }
             return Err(err);
         }
-        for e in batch {
-            self.kv.commit(e.seq, e.tokens)?;
+        for (seq, _, tokens) in &step.entries {
+            self.kv.commit(*seq, tokens)?;
         }
-        Ok(match readback {
+        Ok(match step.readback {
             Readback::Logits => StepOutput::Logits(&self.logits),
             Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(&self.top_k),
         })

@@ -67,6 +67,9 @@ pub struct GrammarState {
     speculated: usize,
     param: &'static str,
     stats: ConstraintStats,
+    /// The mask of the current position, computed ahead ([`Self::prepare_mask`]); any move of
+    /// the matcher drops it.
+    prepared: Option<Result<SimpleVob, CoreError>>,
 }
 
 enum Phase {
@@ -84,7 +87,7 @@ impl GrammarState {
             Some(trigger) => Phase::Waiting { trigger, grammar: grammar.clone() },
             None => Phase::Matching(Box::new(grammar.matcher())),
         };
-        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats::default() }
+        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats::default(), prepared: None }
     }
 
     fn failure(&self, message: impl std::fmt::Display) -> CoreError {
@@ -100,6 +103,13 @@ impl GrammarState {
     /// A grammar that allows no token at all (a dead end: the model's vocabulary cannot spell
     /// what it requires) or fails is a [`CoreError::Constraint`].
     fn mask(&mut self) -> Result<Option<SimpleVob>, CoreError> {
+        if let Some(prepared) = self.prepared.take() {
+            return prepared.map(Some);
+        }
+        self.compute_mask()
+    }
+
+    fn compute_mask(&mut self) -> Result<Option<SimpleVob>, CoreError> {
         let Phase::Matching(matcher) = &mut self.phase else { return Ok(None) };
         let started = Instant::now();
         let mask = matcher.compute_mask_or_eos();
@@ -109,6 +119,14 @@ impl GrammarState {
             return Err(self.failure("no token of the model's vocabulary can continue the answer"));
         }
         Ok(Some(mask))
+    }
+
+    /// Computes the mask of the next token now, for the next [`Self::mask_logits`] (the scheduler
+    /// calls it while the device runs the step whose logits it masks).
+    pub fn prepare_mask(&mut self) {
+        if self.prepared.is_none() && self.speculated == 0 {
+            self.prepared = self.compute_mask().transpose();
+        }
     }
 
     /// Sets the logits (one row, `[n_logits]`) of the tokens the grammar does not allow next to
@@ -137,6 +155,7 @@ impl GrammarState {
     /// Advances past a token the request keeps (one the last mask allowed); a lazy grammar
     /// starts matching after its trigger.
     pub fn accept(&mut self, token: u32) -> Result<(), CoreError> {
+        self.prepared = None;
         match &mut self.phase {
             Phase::Waiting { trigger, grammar } => {
                 if token == *trigger {
@@ -160,6 +179,9 @@ impl GrammarState {
             return Vec::new();
         }
         let forced = matcher.consume_ff_tokens();
+        if !forced.is_empty() {
+            self.prepared = None;
+        }
         self.stats.forced_tokens += forced.len();
         forced
     }
@@ -180,6 +202,7 @@ impl GrammarState {
     pub fn mask_logits_after(&mut self, drafts: &[u32], logits: &mut [f32]) -> Result<(), CoreError> {
         if let Phase::Matching(matcher) = &mut self.phase {
             while self.speculated < drafts.len() {
+                self.prepared = None;
                 let consumed = matcher.consume_token(drafts[self.speculated]);
                 consumed.map_err(|e| CoreError::Constraint { param: self.param, message: e.to_string() })?;
                 self.speculated += 1;
@@ -191,6 +214,9 @@ impl GrammarState {
     /// Forgets the drafts consumed to mask verification rows.
     pub fn end_speculation(&mut self) -> Result<(), CoreError> {
         let speculated = std::mem::take(&mut self.speculated);
+        if speculated > 0 {
+            self.prepared = None;
+        }
         match &mut self.phase {
             Phase::Matching(matcher) if speculated > 0 => {
                 let rolled = matcher.rollback(speculated);
@@ -210,6 +236,7 @@ impl GrammarState {
 
     /// Whether the grammar accepts `tokens` whole, as a complete answer (consumes them).
     pub fn accepts(&mut self, tokens: &[u32]) -> bool {
+        self.prepared = None;
         for (i, &token) in tokens.iter().enumerate() {
             if let Phase::Matching(matcher) = &mut self.phase {
                 let rest = &tokens[i..];

@@ -656,7 +656,16 @@ impl Scheduler {
             };
             let all_rows = mode == LogitsMode::All;
             let started = Instant::now();
-            match self.runner.step_for_async(&entries, mode, readback).await {
+            let submitted = self.runner.begin_step(&entries, mode, readback);
+            drop(entries);
+            if submitted.is_ok() {
+                self.prepare_masks(&plan);
+            }
+            let stepped = match submitted {
+                Ok(step) => self.runner.finish_step(step).await.map(|_| ()),
+                Err(error) => Err(error),
+            };
+            match stepped {
                 Ok(_) => {
                     let step_ms = started.elapsed().as_secs_f64() * 1e3;
                     if !all_rows {
@@ -695,6 +704,19 @@ impl Scheduler {
             }
         }
         Ok(true)
+    }
+
+    /// Computes the grammar masks the step of `plan` will need for its requests' next tokens,
+    /// while the device runs it (it is submitted: a GPU backend returns at once).
+    fn prepare_masks(&mut self, plan: &[(usize, std::ops::Range<usize>)]) {
+        for (i, range) in plan {
+            if !self.samples_after(*i, range) {
+                continue;
+            }
+            if let Some(grammar) = self.running[*i].grammar.as_mut().filter(|g| g.is_active()) {
+                grammar.prepare_mask();
+            }
+        }
     }
 
     /// Drops the KV of the most recently admitted request and puts it back first in line; its
