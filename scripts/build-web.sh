@@ -34,5 +34,5 @@ rm -rf "$dist"
 PATH="$root/node_modules/.bin:$PATH" wasm-pack build "$root/crates/hearth-wasm" --release --target web \
   --mode no-install --no-pack --no-gitignore --out-dir "$dist" --out-name hearth_wasm "${opt[@]}"
 
-cp "$root"/web/hearth-llm/src/*.js "$root/web/hearth-llm/src/index.d.ts" "$dist/"
+cp "$root"/web/hearth-llm/src/*.js "$root"/web/hearth-llm/src/*.d.ts "$dist/"
 ls -l "$dist"

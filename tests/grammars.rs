@@ -18,7 +18,7 @@ fn compiler() -> (Tokenizer, GrammarCompiler) {
 fn accepts(tokenizer: &Tokenizer, compiler: &GrammarCompiler, grammar: &Grammar, text: &str) -> bool {
     let request = GrammarRequest { grammar: grammar.clone(), param: "grammar", trigger: None };
     let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}\n{grammar:?}"));
-    GrammarState::new(&compiled).accepts(&tokenizer.encode(text, false, false).expect("encode"))
+    GrammarState::new(&compiled, 0.0).accepts(&tokenizer.encode(text, false, false).expect("encode"))
 }
 
 fn check(grammar: &Grammar, valid: &[&str], invalid: &[&str]) {

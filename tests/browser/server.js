@@ -7,7 +7,7 @@ import { createServer } from 'node:http';
 import { createReadStream, existsSync, statSync } from 'node:fs';
 import { extname, join, normalize } from 'node:path';
 
-const TYPES = { '.js': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html', '.ts': 'text/plain', '.gguf': 'application/octet-stream' };
+const TYPES = { '.js': 'text/javascript', '.mjs': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html', '.ts': 'text/plain', '.gguf': 'application/octet-stream' };
 
 /** routes: { '/prefix/': directory }; `headers` are added to every response (e.g. COOP/COEP).
  * Resolves to { server, origin, log }. */

@@ -114,6 +114,8 @@ export interface SamplingRequest {
   /** Token id → bias in -100..100. */
   logit_bias?: Record<string, number>;
   ignore_eos?: boolean;
+  /** Accepted (hearth-llm's last chunk always carries the usage). */
+  stream_options?: { include_usage?: boolean };
   /** OpenAI's predicted outputs: text the answer is expected to repeat (drafts are copied from it). */
   prediction?: { type: 'content'; content: string | { type: 'text'; text: string }[] };
   user?: string;
@@ -276,7 +278,7 @@ export interface Usage {
   speculative?: SpeculativeUsage;
   /** Constrained requests: token masks computed and their times (with `n` > 1, the slowest
    * choice's times), and the tokens the grammar forced (kept without sampling). */
-  grammar?: { masks: number; forced_tokens: number; mask_p50_us: number; mask_p99_us: number };
+  grammar?: { masks: number; forced_tokens: number; mask_mean_us: number; mask_p50_us: number; mask_p99_us: number; compile_us: number };
 }
 
 /** Non-standard details on the last chunk / the response. */

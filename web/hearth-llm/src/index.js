@@ -267,14 +267,18 @@ function usage(reports) {
   };
 }
 
-/** Structured output's masks over choices: counts summed, times the slowest choice's. */
+/** Structured output's masks over choices: counts summed, the mean weighed by masks, other
+ * times the slowest choice's. */
 function sumGrammar(all) {
   if (all.length === 1) return all[0];
+  const masks = all.reduce((total, g) => total + g.masks, 0);
   return {
-    masks: all.reduce((total, g) => total + g.masks, 0),
+    masks,
     forced_tokens: all.reduce((total, g) => total + g.forced_tokens, 0),
+    mask_mean_us: masks ? all.reduce((total, g) => total + g.mask_mean_us * g.masks, 0) / masks : 0,
     mask_p50_us: Math.max(...all.map((g) => g.mask_p50_us)),
     mask_p99_us: Math.max(...all.map((g) => g.mask_p99_us)),
+    compile_us: Math.max(...all.map((g) => g.compile_us)),
   };
 }
 

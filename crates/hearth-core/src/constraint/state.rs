@@ -15,11 +15,21 @@ pub struct ConstraintStats {
     pub mask_us: Vec<f32>,
     /// Tokens the grammar forced (kept without sampling: the only token it allowed).
     pub forced_tokens: usize,
+    /// Time compiling the grammar took (0 when the compiler's cache had it), in microseconds.
+    pub compile_us: f32,
 }
 
 impl ConstraintStats {
     pub fn masks(&self) -> usize {
         self.mask_us.len()
+    }
+
+    /// The mean time of a mask (0 without masks).
+    pub fn mask_mean_us(&self) -> f32 {
+        if self.mask_us.is_empty() {
+            return 0.0;
+        }
+        self.mask_us.iter().sum::<f32>() / self.mask_us.len() as f32
     }
 
     /// The mask time below which a fraction `q` of the masks took (0 without masks).
@@ -37,8 +47,11 @@ impl ConstraintStats {
 pub struct GrammarUsage {
     pub masks: usize,
     pub forced_tokens: usize,
+    pub mask_mean_us: f32,
     pub mask_p50_us: f32,
     pub mask_p99_us: f32,
+    /// The grammar's compile time (the longest over choices).
+    pub compile_us: f32,
 }
 
 impl GrammarUsage {
@@ -50,12 +63,15 @@ impl GrammarUsage {
             constrained = true;
             all.mask_us.extend(&stats.mask_us);
             all.forced_tokens += stats.forced_tokens;
+            all.compile_us = all.compile_us.max(stats.compile_us);
         }
         constrained.then(|| GrammarUsage {
             masks: all.masks(),
             forced_tokens: all.forced_tokens,
+            mask_mean_us: all.mask_mean_us(),
             mask_p50_us: all.mask_percentile_us(0.5),
             mask_p99_us: all.mask_percentile_us(0.99),
+            compile_us: all.compile_us,
         })
     }
 }
@@ -82,12 +98,13 @@ enum Phase {
 }
 
 impl GrammarState {
-    pub fn new(grammar: &CompiledGrammar) -> Self {
+    /// `compile_us`: what compiling `grammar` took (reported in its stats).
+    pub fn new(grammar: &CompiledGrammar, compile_us: f32) -> Self {
         let phase = match grammar.trigger() {
             Some(trigger) => Phase::Waiting { trigger, grammar: grammar.clone() },
             None => Phase::Matching(Box::new(grammar.matcher())),
         };
-        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats::default(), prepared: None }
+        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats { compile_us, ..Default::default() }, prepared: None }
     }
 
     fn failure(&self, message: impl std::fmt::Display) -> CoreError {

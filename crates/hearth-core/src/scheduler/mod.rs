@@ -372,7 +372,11 @@ impl Scheduler {
             }
         };
         let grammar = match &options.grammar {
-            Some(request) => Some(GrammarState::new(&self.grammar_compiler()?.compile(request)?)),
+            Some(request) => {
+                let started = Instant::now();
+                let compiled = self.grammar_compiler()?.compile(request)?;
+                Some(GrammarState::new(&compiled, (started.elapsed().as_secs_f64() * 1e6) as f32))
+            }
             None => None,
         };
         let id = self.next_id;
