@@ -173,6 +173,30 @@ test('prompt lookup (the default) drafts from the chat and keeps the greedy answ
   await page.selectOption('#speculative', 'lookup');
 });
 
+test('answer format: a JSON Schema typed in Settings constrains the answer', { timeout: 600_000 }, async () => {
+  await page.click('#new-chat');
+  await page.fill('#max-tokens', '48');
+  await page.selectOption('#answer-format', 'schema');
+  assert.ok(await page.locator('#answer-schema').isVisible(), 'the schema field shows with its format');
+  const schema = { type: 'object', properties: { language: { enum: ['Python', 'Rust', 'C'] }, year: { type: 'integer' } }, required: ['language', 'year'], additionalProperties: false };
+  await page.fill('#answer-schema', JSON.stringify(schema));
+  await answer('Which language is Guido van Rossum known for, and when did it appear?');
+  const code = page.locator('.message.assistant').last().locator('pre code');
+  assert.equal(await code.count(), 1, 'a JSON answer is shown as code');
+  const body = await code.textContent();
+  const value = JSON.parse(body);
+  assert.deepEqual(Object.keys(value).sort(), ['language', 'year']);
+  assert.ok(schema.properties.language.enum.includes(value.language) && Number.isInteger(value.year), body);
+  // A schema that is not JSON is reported in the chat, not thrown.
+  await page.fill('#answer-schema', '{"type": ');
+  await page.evaluate(() => delete document.body.dataset.lastAnswer);
+  await page.click('#regenerate');
+  await page.waitForFunction(() => document.body.dataset.lastAnswer, null, { timeout: 60_000, polling: 100 });
+  assert.match(await page.locator('.message.assistant .body').last().textContent(), /the JSON Schema in Settings is not valid JSON/);
+  await page.selectOption('#answer-format', 'text');
+  assert.ok(!(await page.locator('#answer-schema').isVisible()));
+});
+
 test('the loaded model is listed as cached; Delete removes it', { timeout: 60_000 }, async () => {
   await page.locator('#cache-panel summary').click();
   await page.waitForFunction(() => document.querySelectorAll('#cached-models li').length === 1, null, { timeout: 10_000 });

@@ -11,6 +11,7 @@ const ui = {
   urlForm: $('url-form'), modelUrl: $('model-url'), loadUrl: $('load-url'), modelFile: $('model-file'),
   progressRow: $('progress-row'), progress: $('progress'), progressText: $('progress-text'), modelStatus: $('model-status'),
   mode: $('mode'), maxTokens: $('max-tokens'), temperature: $('temperature'), systemPrompt: $('system-prompt'), speculative: $('speculative'),
+  answerFormat: $('answer-format'), answerSchema: $('answer-schema'), schemaRow: $('schema-row'),
   chatList: $('chat-list'), newChat: $('new-chat'), messages: $('messages'), stats: $('stats'),
   sendForm: $('send-form'), prompt: $('prompt'), send: $('send'), stop: $('stop'), regenerate: $('regenerate'),
   dropOverlay: $('drop-overlay'), cachedModels: $('cached-models'), cacheSummary: $('cache-summary'),
@@ -192,7 +193,7 @@ function messageNode(message) {
   node.className = `message ${message.role}${message.error ? ' error' : ''}`;
   const body = document.createElement('div');
   body.className = 'body';
-  if (message.role === 'assistant') renderMarkdown(body, message.content);
+  if (message.role === 'assistant') renderMarkdown(body, shown(message));
   else body.textContent = message.content;
   node.append(body);
   if (message.stats) {
@@ -264,6 +265,29 @@ function updateButtons() {
   ui.loadUrl.disabled = loading;
 }
 
+/** The answer format setting as a response_format: JSON, or JSON valid under the schema typed
+ * in Settings (every token is constrained to it); null for free text. */
+function responseFormat() {
+  if (ui.answerFormat.value === 'json') return { type: 'json_object' };
+  if (ui.answerFormat.value !== 'schema') return null;
+  let schema;
+  try {
+    schema = JSON.parse(ui.answerSchema.value);
+  } catch (error) {
+    throw new Error(`the JSON Schema in Settings is not valid JSON (${error.message})`);
+  }
+  return { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } };
+}
+
+/** A message's text as rendered: JSON answers as a code block. */
+function shown(message) {
+  return message.format === 'json' && !message.error ? `\`\`\`json\n${message.content}\n\`\`\`` : message.content;
+}
+
+ui.answerFormat.addEventListener('change', () => {
+  ui.schemaRow.hidden = ui.answerFormat.value !== 'schema';
+});
+
 /** The request for the conversation so far (ending with a user message). */
 function buildRequest(messages, signal) {
   const maxTokens = Number(ui.maxTokens.value);
@@ -280,6 +304,8 @@ function buildRequest(messages, signal) {
   // keeps the model's output distribution (at temperature 0, its very text). It pays where an
   // answer repeats code from the chat.
   if (ui.speculative.value === 'lookup') sampling.speculative = { mode: 'lookup' };
+  const format = responseFormat();
+  if (format) sampling.response_format = format;
   if (ui.mode.value === 'completion') {
     // Template-less (base) models: continue the last user text.
     return { kind: 'completion', request: { ...sampling, prompt: messages.at(-1).content } };
@@ -293,7 +319,7 @@ async function generate() {
   const chat = currentChat();
   const controller = new AbortController();
   generation = { controller };
-  const answer = { role: 'assistant', content: '' };
+  const answer = { role: 'assistant', content: '', ...(ui.answerFormat.value === 'text' ? {} : { format: 'json' }) };
   chat.messages.push(answer);
   persist();
   renderChatList();
@@ -328,7 +354,7 @@ async function generate() {
         if (firstAt === null) firstAt = performance.now();
         pieces++;
         answer.content += text;
-        renderMarkdown(body, answer.content);
+        renderMarkdown(body, shown(answer));
         ui.messages.scrollTop = ui.messages.scrollHeight;
       }
       if (chunk.usage) answer.stats = { ...chunk.usage, finish_reason: choice.finish_reason };
