@@ -290,3 +290,20 @@ test('an MLC-only model id fails with ModelNotFoundError naming what to do', { t
   assert.equal(error.code, 'bad-argument');
   assert.match(error.message, /Cannot find model record in appConfig for Phi-3\.5-vision-instruct-q4f16_1-MLC.*GGUF/);
 });
+
+test('unload() during reload(): reload returns without a model, and requests say none is loaded', { timeout: TIMEOUT_MS }, async () => {
+  const page = await context.newPage();
+  await page.goto(`${origin}/examples/`);
+  const outcome = await page.evaluate(async (url) => {
+    const webllm = await import('/dist/webllm.js');
+    const engine = new webllm.MLCEngine();
+    const reloading = engine.reload(url);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await engine.unload();
+    const reloaded = await reloading.then(() => 'returned', (error) => `threw ${error.name}: ${error.message}`);
+    const request = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }] }).then(() => 'answered', (error) => error.name);
+    return { reloaded, request };
+  }, MODEL_URL);
+  await page.close();
+  assert.deepEqual(outcome, { reloaded: 'returned', request: 'ModelNotLoadedError' });
+});

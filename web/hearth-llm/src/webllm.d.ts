@@ -162,28 +162,10 @@ export interface MLCEngineInterface {
   forwardTokensAndSample(inputIds: number[], isPrefill: boolean, modelId?: string): Promise<never>;
 }
 
-export class MLCEngine implements MLCEngineInterface {
+/** Has every method of MLCEngineInterface (declaration merging). */
+export interface MLCEngine extends MLCEngineInterface {}
+export class MLCEngine {
   constructor(engineConfig?: MLCEngineConfig);
-  chat: MLCEngineInterface['chat'];
-  completions: MLCEngineInterface['completions'];
-  embeddings: MLCEngineInterface['embeddings'];
-  chatCompletion: MLCEngineInterface['chatCompletion'];
-  completion: MLCEngineInterface['completion'];
-  setInitProgressCallback(callback: InitProgressCallback | undefined): void;
-  getInitProgressCallback(): InitProgressCallback | undefined;
-  setAppConfig(appConfig: AppConfig): void;
-  setLogLevel(logLevel: LogLevel): void;
-  reload(modelId: string | string[], chatOpts?: ChatOptions | ChatOptions[]): Promise<void>;
-  unload(): Promise<void>;
-  interruptGenerate(): void;
-  resetChat(keepStats?: boolean, modelId?: string): Promise<void>;
-  getMessage(modelId?: string): Promise<string>;
-  runtimeStatsText(modelId?: string): Promise<string>;
-  runtimeStats(modelId?: string): Promise<RuntimeStats>;
-  getMaxStorageBufferBindingSize(): Promise<number>;
-  getGPUVendor(): Promise<string>;
-  embedding(request?: unknown): Promise<never>;
-  forwardTokensAndSample(inputIds: number[], isPrefill: boolean, modelId?: string): Promise<never>;
 }
 
 export class WebWorkerMLCEngine extends MLCEngine {
