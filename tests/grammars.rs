@@ -2,7 +2,7 @@
 //! llama.cpp's GBNF (rewritten as Lark), Lark, regular expressions and choices accept the texts
 //! of their language and reject others, each text tokenized as the model would write it.
 
-use hearth_core::constraint::{gbnf_to_lark, Grammar, GrammarCompiler, GrammarRequest, GrammarState};
+use hearth_core::constraint::{gbnf_to_lark, Activation, Grammar, GrammarCompiler, GrammarRequest, GrammarState};
 use hearth_core::gguf::GgufFile;
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
@@ -16,7 +16,7 @@ fn compiler() -> (Tokenizer, GrammarCompiler) {
 
 /// Whether `grammar` accepts `text` whole.
 fn accepts(tokenizer: &Tokenizer, compiler: &GrammarCompiler, grammar: &Grammar, text: &str) -> bool {
-    let request = GrammarRequest { grammar: grammar.clone(), param: "grammar", trigger: None };
+    let request = GrammarRequest { grammar: grammar.clone(), param: "grammar", activation: Activation::Always };
     let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}\n{grammar:?}"));
     GrammarState::new(&compiled, 0.0).accepts(&tokenizer.encode(text, false, false).expect("encode"))
 }
@@ -87,4 +87,40 @@ fn lark_regex_and_choices() {
     check(&regex, &["2024-02-29"], &["2024-2-29", "2024-02-29T"]);
     let choice = Grammar::Choice(vec!["yes".into(), "no".into(), "say \"maybe\"".into()]);
     check(&choice, &["yes", "no", "say \"maybe\""], &["maybe", "yesno", "y"]);
+}
+
+/// The grammars of Llama 3.x tool calls: `required` is one `{"name", "parameters"}` call valid
+/// under the tool's schema; `auto` also lets an answer that does not begin a call be any text.
+#[test]
+fn llama3_tool_call_grammars() {
+    use hearth_core::chat::ToolCallFormat;
+    use hearth_core::request::{Function, ToolChoice, ToolRequest};
+    let (tokenizer, compiler) = compiler();
+    let parameters = serde_json::json!({
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false
+    });
+    let tools = |choice| ToolRequest {
+        tools: vec![],
+        functions: vec![Function { name: "get_weather".into(), parameters: parameters.clone(), strict: true }],
+        choice,
+        parallel: true,
+    };
+    let call = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
+    let cases = [
+        (ToolChoice::Required, vec![call], vec!["It is sunny.", r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#, r#"{"name": "get_time", "parameters": {}}"#, r#"{"name": "get_weather", "parameters": {"town": "Paris"}}"#]),
+        (ToolChoice::Auto, vec![call, "It is sunny.", "Call {\"name\": 1}"], vec![r#"{"name": "get_weather", "parameters": {}}"#, r#"{"city": "Paris"}"#]),
+    ];
+    for (choice, valid, invalid) in cases {
+        let request = ToolCallFormat::Llama3.grammar(&tools(choice.clone()), &tokenizer).expect("a grammar");
+        let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}"));
+        let accepts = |text: &str| {
+            GrammarState::new(&compiled, 0.0).accepts(&tokenizer.encode(text, false, false).expect("encode"))
+        };
+        for text in valid {
+            assert!(accepts(text), "{choice:?} rejects {text}");
+        }
+        for text in invalid {
+            assert!(!accepts(text), "{choice:?} accepts {text}");
+        }
+    }
 }

@@ -9,7 +9,7 @@
 //! schema that compiled is refused. `HEARTH_UPDATE_SCHEMA_BASELINE=1` rewrites the list (review the
 //! diff: a case leaving the list is an improvement).
 
-use hearth_core::constraint::{Grammar, GrammarCompiler, GrammarRequest, GrammarState};
+use hearth_core::constraint::{Activation, Grammar, GrammarCompiler, GrammarRequest, GrammarState};
 use hearth_core::gguf::GgufFile;
 use hearth_core::tokenizer::Tokenizer;
 use hearth_tests::*;
@@ -46,7 +46,7 @@ fn json_schema_test_suite_cases_are_accepted_or_rejected_as_specified() {
             let request = GrammarRequest {
                 grammar: Grammar::JsonSchema { schema: group["schema"].clone(), strict: true },
                 param: "response_format",
-                trigger: None,
+                activation: Activation::Always,
             };
             let grammar = match compiler.compile(&request) {
                 Ok(grammar) => grammar,

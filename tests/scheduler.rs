@@ -755,7 +755,7 @@ fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
 /// keep their solo tokens.
 #[test]
 fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answers() {
-    use hearth_core::constraint::{Grammar, GrammarRequest};
+    use hearth_core::constraint::{Activation, Grammar, GrammarRequest};
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     let prompts = prompts(&tokenizer, 3);
@@ -769,13 +769,13 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
     let grammar = GrammarRequest {
         grammar: Grammar::JsonSchema { schema, strict: true },
         param: "response_format",
-        trigger: None,
+        activation: Activation::Always,
     };
     let constrained = GenerateOptions { max_tokens, grammar: Some(grammar), ..GenerateOptions::default() };
     let sampled_each = GenerateOptions { logprobs: Some(0), ..constrained.clone() };
     // A lazy grammar whose trigger never comes: the free answer.
     let lazy =
-        GrammarRequest { grammar: Grammar::Regex("x".into()), param: "tools", trigger: Some("<tool_call>".into()) };
+        GrammarRequest { grammar: Grammar::Regex("x".into()), param: "tools", activation: Activation::AfterToken("<tool_call>".into()) };
     let waiting = GenerateOptions { grammar: Some(lazy), ..greedy(max_tokens) };
 
     let mut s = scheduler(8, None);
@@ -799,4 +799,75 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
         serde_json::from_str(&forced.text).unwrap_or_else(|e| panic!("{e}: {}", forced.text));
     assert!(["python", "rust"].contains(&value["language"].as_str().unwrap_or_default()), "{}", forced.text);
     assert_eq!(done[&waiting_id].tokens, free[1], "a lazy grammar before its trigger");
+}
+
+/// Llama 3.x tool calls (recognised by the template's `ipython` role) on a real model: under
+/// `required` the whole answer is one `{"name", "parameters"}` call whose parameters match the
+/// tool's schema, and it reads back as that call; under `auto` an answer that begins with `{` is
+/// such a call and any other is text. (Qwen's turn markers with Llama 3's tool instructions: the
+/// format's grammar and parser are what is tested, not Llama's weights.)
+#[test]
+fn llama3_tool_calls_are_whole_answer_calls_under_their_grammar() {
+    use hearth_core::chat::{ChatTemplate, ToolCallFormat};
+    use hearth_core::request::{Function, Prompt, ToolChoice, ToolRequest};
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let template = ChatTemplate::new(
+        r#"{%- for m in messages -%}
+{%- if m.role == 'tool' -%}<|im_start|>user
+<|start_header_id|>ipython<|end_header_id|>{{ m.content }}<|im_end|>
+{% else -%}<|im_start|>{{ m.role }}
+{% if loop.first and tools -%}
+Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.
+Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}{% endif %}{{ m.content }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"#,
+        None,
+        Some("<|im_end|>".into()),
+    )
+    .expect("template");
+    assert_eq!(ToolCallFormat::of_template(&template), Some(ToolCallFormat::Llama3));
+    let parameters = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": false
+    });
+    let tools = |choice| ToolRequest {
+        tools: vec![serde_json::json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": parameters}})],
+        functions: vec![Function { name: "get_weather".into(), parameters: parameters.clone(), strict: true }],
+        choice,
+        parallel: true,
+    };
+    let messages = vec![serde_json::json!({"role": "user", "content": "What is the weather in Paris, in celsius?"})];
+    let mut s = scheduler(4, None);
+    let mut submitted = Vec::new();
+    for choice in [ToolChoice::Required, ToolChoice::Auto] {
+        let request = tools(choice);
+        let prompt = Prompt::Chat(messages.clone())
+            .tokenize_with_tools(&tokenizer, Some(&template), None, Some(&request))
+            .expect("prompt");
+        let mut options = GenerateOptions { max_tokens: 60, ..GenerateOptions::default() };
+        let format = request.apply(Some(&template), &tokenizer, &mut options).expect("tools").expect("a format");
+        assert_eq!(format, ToolCallFormat::Llama3);
+        submitted.push(s.submit(prompt, options).expect("submit"));
+    }
+    let (done, _) = run(&mut s, |_, _| {});
+    for (i, id) in submitted.iter().enumerate() {
+        let text = &done[id].text;
+        let (content, calls) = ToolCallFormat::Llama3.parser().parse(text);
+        if i == 0 || text.trim_start().starts_with('{') {
+            assert_eq!((content, calls.len()), (None, 1), "{text}");
+            assert_eq!(calls[0].name, "get_weather");
+            let arguments: serde_json::Value = serde_json::from_str(&calls[0].arguments).expect("arguments are JSON");
+            assert!(arguments["city"].as_str().is_some_and(|c| c.len() <= 30), "{text}");
+            assert!(["celsius", "fahrenheit"].contains(&arguments["unit"].as_str().unwrap_or_default()), "{text}");
+        } else {
+            assert_eq!((content.as_deref(), calls.len()), (Some(text.as_str()), 0));
+        }
+        eprintln!("llama3 format, {}: {text}", ["required", "auto"][i]);
+    }
 }

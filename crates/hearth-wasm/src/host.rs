@@ -317,7 +317,7 @@ impl EngineHost {
         let tokenizer = self.scheduler.tokenizer();
         let prompt = input.tokenize_with_tools(tokenizer, template, now_unix, tools)?;
         let mut generate_options = options.generate_options(prompt.len(), self.info.n_ctx, default_seed)?;
-        let format = tools.map(|t| t.apply(template, tokenizer, &mut generate_options)).transpose()?;
+        let format = tools.map(|t| t.apply(template, tokenizer, &mut generate_options)).transpose()?.flatten();
         Ok((prompt, generate_options, format))
     }
 

@@ -116,7 +116,8 @@ impl Prompter {
         let format = tools
             .map(|t| t.apply(template, &self.tokenizer, &mut options))
             .transpose()
-            .map_err(|e| request_error(&e))?;
+            .map_err(|e| request_error(&e))?
+            .flatten();
         Ok((prompt, options, format))
     }
 }

@@ -2,11 +2,13 @@
 //! constrains them and the parser that turns an answer (whole or streamed) into OpenAI's
 //! `tool_calls`.
 //!
-//! Hermes / Qwen2.5 / Qwen3 (the template writes `<tool_call>`): each call is
-//! `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, one per line.
+//! - Hermes / Qwen2.5 / Qwen3 (the template writes `<tool_call>`): each call is
+//!   `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, one per line.
+//! - Llama 3.1-3.3 (the template has an `ipython` role for tool results): the whole answer is one
+//!   call, `{"name": "...", "parameters": {...}}`.
 
 use super::ChatTemplate;
-use crate::constraint::{Grammar, GrammarRequest};
+use crate::constraint::{Activation, Grammar, GrammarRequest};
 use crate::engine::GenerateOptions;
 use crate::error::CoreError;
 use crate::request::{ToolChoice, ToolRequest};
@@ -15,6 +17,8 @@ use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+/// What a Llama 3.x template writes for tool results (llama.cpp recognises the format by it).
+const LLAMA3_TOOL_ROLE: &str = "<|start_header_id|>ipython<|end_header_id|>";
 
 /// Tokens that mark tool calls in the formats hearth knows. Where the vocabulary has them as
 /// tokens, they are structure: a grammar places them (`<tool_call>` in Lark is the token), and
@@ -22,22 +26,34 @@ const CLOSE: &str = "</tool_call>";
 pub const TOOL_CALL_MARKERS: &[&str] = &[OPEN, CLOSE];
 
 /// How a model writes tool calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ToolCallFormat {
-    /// `<tool_call>\n{"name", "arguments"}\n</tool_call>`.
+    /// `<tool_call>\n{"name", "arguments"}\n</tool_call>`, several in one answer.
+    #[default]
     Hermes,
+    /// The whole answer is one `{"name", "parameters"}` object.
+    Llama3,
 }
 
 impl ToolCallFormat {
     /// The format the template's tool section writes, if hearth knows it.
     pub fn of_template(template: &ChatTemplate) -> Option<Self> {
-        template.source().contains(OPEN).then_some(ToolCallFormat::Hermes)
+        let source = template.source();
+        if source.contains(OPEN) {
+            Some(ToolCallFormat::Hermes)
+        } else if source.contains(LLAMA3_TOOL_ROLE) {
+            Some(ToolCallFormat::Llama3)
+        } else {
+            None
+        }
     }
 
-    /// The token the model opens a call with (banned under `tool_choice: "none"`, the trigger of
-    /// `auto`'s lazy grammar).
-    pub fn opening(self) -> &'static str {
-        OPEN
+    /// The key of a call's arguments object.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            ToolCallFormat::Hermes => "arguments",
+            ToolCallFormat::Llama3 => "parameters",
+        }
     }
 
     /// The grammar of the answer under `tools`' choice: every call's arguments valid under its
@@ -45,6 +61,7 @@ impl ToolCallFormat {
     /// `auto` the grammar starts once the model opens a call (text before it is free). `None`
     /// for `tool_choice: "none"`.
     pub fn grammar(self, tools: &ToolRequest, tokenizer: &Tokenizer) -> Option<GrammarRequest> {
+        let key = self.arguments_key();
         let bodies: Vec<Value> = tools
             .callable()
             .map(|f| {
@@ -58,8 +75,8 @@ impl ToolCallFormat {
                 }
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": f.name}, "arguments": arguments},
-                    "required": ["name", "arguments"],
+                    "properties": {"name": {"const": f.name}, key: arguments},
+                    "required": ["name", key],
                     "additionalProperties": false,
                 })
             })
@@ -68,27 +85,39 @@ impl ToolCallFormat {
             return None;
         }
         let body = json!({"anyOf": bodies});
-        // (The markers as tokens, `<tool_call>`, where the vocabulary has them; as text otherwise.)
-        let marker =
-            |text: &str| if tokenizer.token_id(text).is_some() { text.to_string() } else { format!("\"{text}\"") };
-        let call = format!("{} \"\\n\" body \"\\n\" {}", marker(OPEN), marker(CLOSE));
-        // (A named function is called once, as OpenAI's forced function call.)
-        let once = !tools.parallel || matches!(tools.choice, ToolChoice::Function(_));
-        let more = if once { "" } else { " (\"\\n\" call)*" };
-        let (start, trigger) = match tools.choice {
-            // After the trigger token: the rest of the first call.
-            ToolChoice::Auto => {
-                (format!("start: \"\\n\" body \"\\n\" {}{more}", marker(CLOSE)), Some(OPEN.to_string()))
+        let (start, activation) = match self {
+            ToolCallFormat::Hermes => {
+                // (The markers as tokens, `<tool_call>`, where the vocabulary has them; as text
+                // otherwise.)
+                let marker = |text: &str| {
+                    if tokenizer.token_id(text).is_some() { text.to_string() } else { format!("\"{text}\"") }
+                };
+                let call = format!("{} \"\\n\" body \"\\n\" {}", marker(OPEN), marker(CLOSE));
+                // (A named function is called once, as OpenAI's forced function call.)
+                let once = !tools.parallel || matches!(tools.choice, ToolChoice::Function(_));
+                let more = if once { "" } else { " (\"\\n\" call)*" };
+                match tools.choice {
+                    // After the trigger token: the rest of the first call.
+                    ToolChoice::Auto => (
+                        format!("start: \"\\n\" body \"\\n\" {}{more}\ncall: {call}", marker(CLOSE)),
+                        Activation::AfterToken(OPEN.to_string()),
+                    ),
+                    _ => (format!("start: call{more}\ncall: {call}"), Activation::Always),
+                }
             }
-            _ => (format!("start: call{more}"), None),
+            // (One call per answer: Llama 3's template renders one call per assistant turn.)
+            ToolCallFormat::Llama3 => match tools.choice {
+                ToolChoice::Auto => ("start: body".to_string(), Activation::IfStarted),
+                _ => ("start: body".to_string(), Activation::Always),
+            },
         };
-        let lark = format!("{start}\ncall: {call}\nbody: %json {body}");
-        Some(GrammarRequest { grammar: Grammar::Lark(lark), param: "tools", trigger })
+        let lark = format!("{start}\nbody: %json {body}");
+        Some(GrammarRequest { grammar: Grammar::Lark(lark), param: "tools", activation })
     }
 
     /// A parser of this format's answers.
     pub fn parser(self) -> ToolCallParser {
-        ToolCallParser::default()
+        ToolCallParser { format: self, ..ToolCallParser::default() }
     }
 }
 
@@ -119,11 +148,14 @@ pub enum ToolCallDelta {
 }
 
 /// Splits an answer into text and calls as it streams: text before a call is content; each
-/// `<tool_call>...</tool_call>` becomes a call whose name is sent once known and whose
-/// arguments stream as they come. A call that never closes (the answer was cut) or does not
-/// parse stays text.
+/// `<tool_call>...</tool_call>` (Llama 3: an answer that begins with `{`) becomes a call whose
+/// name is sent once known and whose arguments stream as they come. A call that never closes
+/// (the answer was cut) or does not parse stays text.
 #[derive(Debug, Default)]
 pub struct ToolCallParser {
+    format: ToolCallFormat,
+    /// Llama 3: the answer's first character has come (a call is the whole answer or none).
+    decided: bool,
     /// Text received and not yet emitted.
     pending: String,
     /// Inside a call: its text after `<tool_call>`, and what of it went out.
@@ -143,11 +175,38 @@ struct OpenCall {
     sent: usize,
 }
 
+impl OpenCall {
+    /// Deltas for the call's text so far: its name once written, then its arguments but the
+    /// tail that may be the call's closing `}`, whitespace and the start of `</tool_call>`.
+    fn stream(&mut self, index: usize, key: &str, deltas: &mut Vec<ToolCallDelta>) {
+        if self.arguments_at.is_none() {
+            if let Some((name, at)) = name_and_arguments(&self.text, key) {
+                self.arguments_at = Some(at);
+                deltas.push(ToolCallDelta::Call { index, name });
+            }
+        }
+        if let Some(at) = self.arguments_at {
+            let arguments = &self.text[at..];
+            let safe = arguments.rfind('}').unwrap_or(arguments.len());
+            // (Whitespace before the call's closing brace is not the arguments'.)
+            let safe = arguments[..safe].trim_end().len();
+            if safe > self.sent && arguments.is_char_boundary(safe) {
+                deltas.push(ToolCallDelta::Arguments { index, text: arguments[self.sent..safe].to_string() });
+                self.sent = safe;
+            }
+        }
+    }
+}
+
 impl ToolCallParser {
     /// What `text` (the next piece of the answer) adds.
     pub fn push(&mut self, text: &str) -> Vec<ToolCallDelta> {
         self.pending.push_str(text);
         let mut deltas = Vec::new();
+        if self.format == ToolCallFormat::Llama3 {
+            self.push_whole_answer_call(&mut deltas);
+            return deltas;
+        }
         loop {
             match self.call.as_mut() {
                 None => {
@@ -176,52 +235,64 @@ impl ToolCallParser {
                 Some(call) => {
                     call.text.push_str(&std::mem::take(&mut self.pending));
                     let index = self.calls.len();
-                    if call.arguments_at.is_none() {
-                        if let Some((name, at)) = name_and_arguments(&call.text) {
-                            call.arguments_at = Some(at);
-                            deltas.push(ToolCallDelta::Call { index, name });
-                        }
-                    }
                     if let Some(end) = call.text.find(CLOSE) {
                         self.pending = call.text[end + CLOSE.len()..].to_string();
-                        let body = call.text[..end].to_string();
-                        let started = call.arguments_at.is_some();
-                        let sent = call.sent;
-                        self.call = None;
-                        match parse_call(&body) {
-                            Some(parsed) => {
-                                if !started {
-                                    deltas.push(ToolCallDelta::Call { index, name: parsed.name.clone() });
-                                }
-                                let rest = parsed.arguments.get(sent..).unwrap_or_default();
-                                if !rest.is_empty() {
-                                    deltas.push(ToolCallDelta::Arguments { index, text: rest.to_string() });
-                                }
-                                self.calls.push(parsed);
-                            }
-                            None => {
-                                let text = format!("{OPEN}{body}{CLOSE}");
-                                self.emit_content(text, &mut deltas);
-                            }
-                        }
+                        call.text.truncate(end);
+                        self.close_call(&mut deltas);
                         self.after_call = true;
                         continue;
                     }
-                    // Stream the arguments but the tail that may be the call's closing `}`,
-                    // whitespace and the start of `</tool_call>`.
-                    if let Some(at) = call.arguments_at {
-                        let arguments = &call.text[at..];
-                        let safe = arguments.rfind('}').unwrap_or(arguments.len());
-                        // (Whitespace before the call's closing brace is not the arguments'.)
-                        let safe = arguments[..safe].trim_end().len();
-                        if safe > call.sent && arguments.is_char_boundary(safe) {
-                            deltas
-                                .push(ToolCallDelta::Arguments { index, text: arguments[call.sent..safe].to_string() });
-                            call.sent = safe;
-                        }
-                    }
+                    call.stream(index, self.format.arguments_key(), &mut deltas);
                     return deltas;
                 }
+            }
+        }
+    }
+
+    /// Llama 3's calls: an answer that begins with `{` is a call to its end; any other is text.
+    fn push_whole_answer_call(&mut self, deltas: &mut Vec<ToolCallDelta>) {
+        if !self.decided {
+            let begun = self.pending.trim_start();
+            if begun.is_empty() {
+                return; // (leading whitespace: wait)
+            }
+            self.decided = true;
+            if begun.starts_with('{') {
+                self.call = Some(OpenCall::default());
+            }
+        }
+        let pending = std::mem::take(&mut self.pending);
+        match self.call.as_mut() {
+            Some(call) => {
+                call.text.push_str(&pending);
+                call.stream(0, self.format.arguments_key(), deltas);
+            }
+            None => self.emit_content(pending, deltas),
+        }
+    }
+
+    /// The call being read is complete (its text is the call's body): a call when it parses,
+    /// text otherwise.
+    fn close_call(&mut self, deltas: &mut Vec<ToolCallDelta>) {
+        let Some(call) = self.call.take() else { return };
+        let index = self.calls.len();
+        match parse_call(&call.text, self.format.arguments_key()) {
+            Some(parsed) => {
+                if call.arguments_at.is_none() {
+                    deltas.push(ToolCallDelta::Call { index, name: parsed.name.clone() });
+                }
+                let rest = parsed.arguments.get(call.sent..).unwrap_or_default();
+                if !rest.is_empty() {
+                    deltas.push(ToolCallDelta::Arguments { index, text: rest.to_string() });
+                }
+                self.calls.push(parsed);
+            }
+            None => {
+                let text = match self.format {
+                    ToolCallFormat::Hermes => format!("{OPEN}{}{CLOSE}", call.text),
+                    ToolCallFormat::Llama3 => call.text,
+                };
+                self.emit_content(text, deltas);
             }
         }
     }
@@ -240,6 +311,13 @@ impl ToolCallParser {
     /// The end of the answer: what is still held back (an unclosed call is text).
     pub fn finish(&mut self) -> Vec<ToolCallDelta> {
         let mut deltas = Vec::new();
+        if self.format == ToolCallFormat::Llama3 {
+            // (The answer's end closes its call.)
+            self.close_call(&mut deltas);
+            let rest = std::mem::take(&mut self.pending);
+            self.emit_content(rest, &mut deltas);
+            return deltas;
+        }
         let rest = match self.call.take() {
             Some(call) => format!("{OPEN}{}{}", call.text, self.pending),
             // (Whitespace after the last call is not content.)
@@ -278,16 +356,16 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// In a call's text so far: its function's name and where its arguments start, once both are
-/// written (`{"name": "f", "arguments": ` — the grammar writes the name first).
-fn name_and_arguments(text: &str) -> Option<(String, usize)> {
+/// In a call's text so far: its function's name and where its arguments (under `key`) start,
+/// once both are written (`{"name": "f", "arguments": ` — the grammar writes the name first).
+fn name_and_arguments(text: &str, key: &str) -> Option<(String, usize)> {
     let rest = text.trim_start().strip_prefix('{')?.trim_start();
     let rest = rest.strip_prefix("\"name\"")?.trim_start().strip_prefix(':')?.trim_start();
     let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<String>();
     let name = stream.next()?.ok()?;
     let after_name = &rest[stream.byte_offset()..];
     let after = after_name.trim_start().strip_prefix(',')?.trim_start();
-    let after = after.strip_prefix("\"arguments\"")?.trim_start().strip_prefix(':')?;
+    let after = after.strip_prefix('"')?.strip_prefix(key)?.strip_prefix('"')?.trim_start().strip_prefix(':')?;
     let value = after.trim_start();
     if value.is_empty() {
         return None;
@@ -295,12 +373,12 @@ fn name_and_arguments(text: &str) -> Option<(String, usize)> {
     Some((name, text.len() - value.len()))
 }
 
-/// A closed call's `{"name", "arguments"}`: a JSON object whose arguments, as the model wrote
-/// them (OpenAI's `arguments` is that text), come after its name.
-fn parse_call(body: &str) -> Option<ToolCall> {
+/// A closed call's `{"name", key}`: a JSON object whose arguments, as the model wrote them
+/// (OpenAI's `arguments` is that text), come after its name.
+fn parse_call(body: &str, key: &str) -> Option<ToolCall> {
     let value: Value = serde_json::from_str(body.trim()).ok()?;
-    value.get("arguments")?;
-    let (name, at) = name_and_arguments(body)?;
+    value.get(key)?.as_object()?;
+    let (name, at) = name_and_arguments(body, key)?;
     let end = body.rfind('}')?;
     let arguments = body.get(at..end)?.trim_end().to_string();
     Some(ToolCall { name, arguments })
@@ -329,28 +407,32 @@ pub fn template_messages(messages: &[Value]) -> Vec<Value> {
 }
 
 impl ToolRequest {
-    /// The request's tools for this model: the format its template writes calls in, with the
-    /// answer's constraint set in `options` (the calls' grammar; under `tool_choice: "none"` the
-    /// call's opening token banned). A template that writes no tool calls refuses tools.
+    /// The request's tools for this model: the answer's constraint set in `options` (the calls'
+    /// grammar), and the format to read its calls in; `None` under `tool_choice: "none"`, where
+    /// the answer is text (a Hermes call's opening token is banned). A template that writes no
+    /// tool calls refuses tools.
     pub fn apply(
         &self,
         template: Option<&ChatTemplate>,
         tokenizer: &Tokenizer,
         options: &mut GenerateOptions,
-    ) -> Result<ToolCallFormat, CoreError> {
+    ) -> Result<Option<ToolCallFormat>, CoreError> {
         let format = template.and_then(ToolCallFormat::of_template).ok_or_else(|| CoreError::BadRequest {
             param: Some("tools".into()),
-            message: "This model's chat template writes no tool calls hearth knows (Hermes / Qwen `<tool_call>`); send the request without tools.".into(),
+            message: "This model's chat template writes no tool calls hearth knows (Hermes / Qwen `<tool_call>`, Llama 3.x JSON); send the request without tools.".into(),
         })?;
         match format.grammar(self, tokenizer) {
-            Some(grammar) => options.grammar = Some(grammar),
+            Some(grammar) => {
+                options.grammar = Some(grammar);
+                Ok(Some(format))
+            }
             None => {
-                if let Some(opening) = tokenizer.token_id(format.opening()) {
+                if let (ToolCallFormat::Hermes, Some(opening)) = (format, tokenizer.token_id(OPEN)) {
                     options.sampling.logit_bias.insert(opening, f32::NEG_INFINITY);
                 }
+                Ok(None)
             }
         }
-        Ok(format)
     }
 }
 
@@ -412,5 +494,56 @@ mod tests {
         let (content, calls) = ToolCallParser::default().parse("<tool_call>\n{\"name\": \"f\", \"argu");
         assert!(calls.is_empty());
         assert_eq!(content.as_deref(), Some("<tool_call>\n{\"name\": \"f\", \"argu"));
+    }
+
+    const LLAMA3_CALL: &str = r#"{"name": "get_weather", "parameters": {"city": "Paris", "days": {"n": 2}}}"#;
+
+    /// Deltas of `answer` pushed in pieces of `piece` characters.
+    fn streamed(format: ToolCallFormat, answer: &str, piece: usize) -> Vec<ToolCallDelta> {
+        let mut parser = format.parser();
+        let chars: Vec<char> = answer.chars().collect();
+        let mut deltas: Vec<ToolCallDelta> =
+            chars.chunks(piece).flat_map(|chunk| parser.push(&chunk.iter().collect::<String>())).collect();
+        deltas.extend(parser.finish());
+        deltas
+    }
+
+    #[test]
+    fn a_llama3_answer_is_one_call_or_text() {
+        let (content, calls) = ToolCallFormat::Llama3.parser().parse(&format!("\n {LLAMA3_CALL}"));
+        assert_eq!(content, None);
+        assert_eq!(
+            calls,
+            [ToolCall { name: "get_weather".into(), arguments: r#"{"city": "Paris", "days": {"n": 2}}"#.into() }]
+        );
+        // Text (even text that holds a call later) stays text, and so does JSON that is no call.
+        for text in [format!("Sure: {LLAMA3_CALL}"), r#"{"name": "f"}"#.to_string(), "{\"name\": \"f\", \"para".into()] {
+            let (content, calls) = ToolCallFormat::Llama3.parser().parse(&text);
+            assert_eq!((content.as_deref(), calls.len()), (Some(text.as_str()), 0), "{text}");
+        }
+        for piece in [1, 3, 7, 1000] {
+            let deltas = streamed(ToolCallFormat::Llama3, LLAMA3_CALL, piece);
+            assert_eq!(deltas[0], ToolCallDelta::Call { index: 0, name: "get_weather".into() }, "pieces of {piece}");
+            let arguments: String = deltas[1..]
+                .iter()
+                .map(|d| match d {
+                    ToolCallDelta::Arguments { index: 0, text } => text.as_str(),
+                    other => panic!("{other:?} in a call, pieces of {piece}"),
+                })
+                .collect();
+            assert_eq!(arguments, r#"{"city": "Paris", "days": {"n": 2}}"#, "pieces of {piece}");
+            let text = streamed(ToolCallFormat::Llama3, "It is sunny.", piece);
+            assert!(text.iter().all(|d| matches!(d, ToolCallDelta::Content(_))), "pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn the_format_is_read_from_the_template() {
+        let template = |source: &str| ChatTemplate::new(source, None, None).expect("template");
+        let hermes = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}";
+        let llama3 = "{% for m in messages %}{% if m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{% endif %}{{ m.content }}{% endfor %}";
+        assert_eq!(ToolCallFormat::of_template(&template(hermes)), Some(ToolCallFormat::Hermes));
+        assert_eq!(ToolCallFormat::of_template(&template(llama3)), Some(ToolCallFormat::Llama3));
+        assert_eq!(ToolCallFormat::of_template(&template("{{ messages[0].content }}")), None);
     }
 }

@@ -2,7 +2,7 @@
 //! small cache of compiled parsers keyed by grammar (an agent sends the same schema with every
 //! request; compiling a large one takes milliseconds).
 
-use super::grammar::GrammarRequest;
+use super::grammar::{Activation, GrammarRequest};
 use super::token_env::TokenEnv;
 use crate::error::CoreError;
 use crate::tokenizer::Tokenizer;
@@ -28,8 +28,8 @@ pub struct CompiledGrammar {
     parser: Arc<Mutex<TokenParser>>,
     /// The request parameter it came from (errors name it).
     param: &'static str,
-    /// A lazy grammar's trigger token ([`GrammarRequest::trigger`]).
-    trigger: Option<u32>,
+    /// When it constrains an answer ([`GrammarRequest::activation`]), with its trigger token's id.
+    activation: Activation<u32>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -52,8 +52,8 @@ impl CompiledGrammar {
         self.param
     }
 
-    pub fn trigger(&self) -> Option<u32> {
-        self.trigger
+    pub fn activation(&self) -> &Activation<u32> {
+        &self.activation
     }
 }
 
@@ -72,9 +72,10 @@ impl GrammarCompiler {
     /// it does not support under `strict`, a bad regex, a Lark syntax error) is a
     /// [`CoreError::BadRequest`] naming the request parameter and llguidance's reason.
     pub fn compile(&self, request: &GrammarRequest) -> Result<CompiledGrammar, CoreError> {
-        let trigger = match &request.trigger {
-            None => None,
-            Some(text) => Some(
+        let activation = match &request.activation {
+            Activation::Always => Activation::Always,
+            Activation::IfStarted => Activation::IfStarted,
+            Activation::AfterToken(text) => Activation::AfterToken(
                 self.env
                     .tokenizer()
                     .token_id(text)
@@ -88,11 +89,11 @@ impl GrammarCompiler {
                 let entry = cache.remove(at).expect("the position is in the cache");
                 let compiled = entry.1.clone();
                 cache.push_back(entry);
-                return Ok(CompiledGrammar { param: request.param, trigger, ..compiled });
+                return Ok(CompiledGrammar { param: request.param, activation, ..compiled });
             }
         }
         let parser = self.factory.create_parser(request.top_level()?).map_err(|e| request.error(e))?;
-        let compiled = CompiledGrammar { parser: Arc::new(Mutex::new(parser)), param: request.param, trigger };
+        let compiled = CompiledGrammar { parser: Arc::new(Mutex::new(parser)), param: request.param, activation };
         // A grammar that compiles may still fail when its lexer is first built: start a matcher
         // now so that such a grammar is refused with the request, not mid-answer.
         let mut probe = compiled.matcher();

@@ -26,9 +26,22 @@ pub enum Grammar {
 pub struct GrammarRequest {
     pub grammar: Grammar,
     pub param: &'static str,
-    /// A lazy grammar: the answer is free text until the model samples this token (one token of
-    /// the vocabulary, e.g. `<tool_call>`), and follows the grammar after it.
-    pub trigger: Option<String>,
+    /// When the grammar starts constraining the answer.
+    pub activation: Activation,
+}
+
+/// When a grammar constrains an answer: from its first token, or lazily (tool calls the model may
+/// or may not make). `Token` is a token's text in a request, its id once compiled.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Activation<Token = String> {
+    /// The whole answer follows the grammar.
+    Always,
+    /// The answer is free text until the model samples this token (one token of the vocabulary,
+    /// e.g. `<tool_call>`), and follows the grammar after it.
+    AfterToken(Token),
+    /// The answer follows the grammar if its first token can begin it (a Llama 3 call's `{`),
+    /// and is free text otherwise.
+    IfStarted,
 }
 
 /// Whitespace a JSON answer may hold between tokens: bounded, so a model cannot fill its whole
@@ -49,7 +62,7 @@ impl GrammarRequest {
             Grammar::Lark(lark) => format!("lark {lark}"),
             Grammar::Choice(choices) => format!("choice {}", Value::from(choices.clone())),
         };
-        format!("{:?} {grammar}", self.trigger)
+        format!("{:?} {grammar}", self.activation)
     }
 
     /// llguidance's form of the grammar.

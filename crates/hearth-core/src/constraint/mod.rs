@@ -20,5 +20,5 @@ mod token_env;
 
 pub use compiler::{CompiledGrammar, GrammarCompiler};
 pub use gbnf::gbnf_to_lark;
-pub use grammar::{Grammar, GrammarRequest};
+pub use grammar::{Activation, Grammar, GrammarRequest};
 pub use state::{ConstraintStats, GrammarState, GrammarUsage};

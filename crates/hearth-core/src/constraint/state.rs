@@ -2,6 +2,7 @@
 //! it keeps and rolled back with its KV cache.
 
 use super::compiler::CompiledGrammar;
+use super::grammar::Activation;
 use crate::engine::Instant;
 use crate::error::CoreError;
 use llguidance::toktrie::SimpleVob;
@@ -94,15 +95,21 @@ enum Phase {
         trigger: u32,
         grammar: CompiledGrammar,
     },
+    /// Before the first token of a grammar that constrains the answer only if that token can
+    /// begin it (the first token itself is free).
+    Starting(Box<Matcher>),
     Matching(Box<Matcher>),
+    /// The answer did not begin the grammar: it is free to its end.
+    Free,
 }
 
 impl GrammarState {
     /// `compile_us`: what compiling `grammar` took (reported in its stats).
     pub fn new(grammar: &CompiledGrammar, compile_us: f32) -> Self {
-        let phase = match grammar.trigger() {
-            Some(trigger) => Phase::Waiting { trigger, grammar: grammar.clone() },
-            None => Phase::Matching(Box::new(grammar.matcher())),
+        let phase = match grammar.activation() {
+            Activation::AfterToken(trigger) => Phase::Waiting { trigger: *trigger, grammar: grammar.clone() },
+            Activation::IfStarted => Phase::Starting(Box::new(grammar.matcher())),
+            Activation::Always => Phase::Matching(Box::new(grammar.matcher())),
         };
         GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats { compile_us, ..Default::default() }, prepared: None }
     }
@@ -180,10 +187,25 @@ impl GrammarState {
                 }
                 Ok(())
             }
+            Phase::Starting(matcher) => {
+                // The first token decides: one that begins the grammar starts matching.
+                if matcher.validate_tokens(&[token]).unwrap_or(0) == 1 {
+                    let consumed = matcher.consume_token(token);
+                    consumed.map_err(|e| CoreError::Constraint { param: self.param, message: e.to_string() })?;
+                    let Phase::Starting(matcher) = std::mem::replace(&mut self.phase, Phase::Free) else {
+                        unreachable!("matched above")
+                    };
+                    self.phase = Phase::Matching(matcher);
+                } else {
+                    self.phase = Phase::Free;
+                }
+                Ok(())
+            }
             Phase::Matching(matcher) => {
                 let consumed = matcher.consume_token(token);
                 consumed.map_err(|e| self.failure(e))
             }
+            Phase::Free => Ok(()),
         }
     }
 
@@ -209,7 +231,14 @@ impl GrammarState {
     pub fn valid_prefix(&mut self, drafts: &[u32]) -> usize {
         match &mut self.phase {
             Phase::Waiting { trigger, .. } => drafts.iter().position(|t| t == trigger).unwrap_or(drafts.len()),
+            // (A first draft that begins the grammar is sampled instead: the rows after it would
+            // need the grammar's masks.)
+            Phase::Starting(matcher) => match matcher.validate_tokens(&drafts[..drafts.len().min(1)]) {
+                Ok(1) => 0,
+                _ => drafts.len(),
+            },
             Phase::Matching(matcher) => matcher.validate_tokens(drafts).unwrap_or(0),
+            Phase::Free => drafts.len(),
         }
     }
 
@@ -247,7 +276,7 @@ impl GrammarState {
     pub fn is_complete(&self) -> bool {
         match &self.phase {
             Phase::Matching(matcher) => matcher.is_stopped() && !matcher.is_error(),
-            Phase::Waiting { .. } => false,
+            Phase::Waiting { .. } | Phase::Starting(_) | Phase::Free => false,
         }
     }
 
@@ -266,7 +295,8 @@ impl GrammarState {
         }
         match &mut self.phase {
             Phase::Matching(matcher) => matcher.is_accepting().unwrap_or(false),
-            Phase::Waiting { .. } => true,
+            Phase::Waiting { .. } | Phase::Free => true,
+            Phase::Starting(matcher) => matcher.is_accepting().unwrap_or(false),
         }
     }
 

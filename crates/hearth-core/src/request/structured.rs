@@ -5,7 +5,7 @@
 //! llama-server's `json_schema` and `grammar`. A request sends at most one of them.
 
 use super::{bad, Request};
-use crate::constraint::{gbnf_to_lark, Grammar, GrammarRequest};
+use crate::constraint::{gbnf_to_lark, Activation, Grammar, GrammarRequest};
 use crate::error::CoreError;
 use serde_json::Value;
 
@@ -16,28 +16,28 @@ impl Request {
         let mut sources = Vec::new();
         if let Some(format) = given(&self.response_format) {
             if let Some(grammar) = response_format(&format)? {
-                sources.push(GrammarRequest { grammar, param: "response_format", trigger: None });
+                sources.push(GrammarRequest { grammar, param: "response_format", activation: Activation::Always });
             }
         }
         if let Some(outputs) = given(&self.structured_outputs) {
             sources.push(GrammarRequest {
                 grammar: structured_outputs(&outputs)?,
                 param: "structured_outputs",
-                trigger: None,
+                activation: Activation::Always,
             });
         }
         if let Some(schema) = given(&self.json_schema) {
             sources.push(GrammarRequest {
                 grammar: json_schema(&schema, true, "json_schema")?,
                 param: "json_schema",
-                trigger: None,
+                activation: Activation::Always,
             });
         }
         if let Some(text) = given(&self.grammar) {
             let Value::String(text) = text else {
                 return Err(bad("grammar", "grammar must be a string (GBNF or Lark)."));
             };
-            sources.push(GrammarRequest { grammar: grammar_text(&text, "grammar")?, param: "grammar", trigger: None });
+            sources.push(GrammarRequest { grammar: grammar_text(&text, "grammar")?, param: "grammar", activation: Activation::Always });
         }
         match sources.len() {
             0 | 1 => Ok(sources.pop()),
