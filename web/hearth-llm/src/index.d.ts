@@ -246,7 +246,7 @@ export interface ChatCompletionRequest extends SamplingRequest {
   logprobs?: boolean;
   top_logprobs?: number;
   /** Functions the model may call, rendered by its chat template (models whose template writes
-   * Hermes / Qwen `<tool_call>` calls); each call's arguments are constrained to its schema. */
+   * Hermes / Qwen `<tool_call>` calls, or Llama 3.x JSON calls); each call's arguments are constrained to its schema. */
   tools?: Tool[];
   /** 'auto' (default: text or calls, constrained once the model opens a call), 'none', 'required'
    * (only calls), or a named function (one call of it). */
