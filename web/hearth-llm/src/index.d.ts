@@ -278,7 +278,16 @@ export interface Usage {
   speculative?: SpeculativeUsage;
   /** Constrained requests: token masks computed and their times (with `n` > 1, the slowest
    * choice's times), and the tokens the grammar forced (kept without sampling). */
-  grammar?: { masks: number; forced_tokens: number; mask_mean_us: number; mask_p50_us: number; mask_p99_us: number; compile_us: number };
+  grammar?: {
+    masks: number;
+    forced_tokens: number;
+    mask_mean_us: number;
+    mask_p50_us: number;
+    mask_p99_us: number;
+    compile_us: number;
+    /** Rows whose allowed tokens were not among the candidates read back: evaluated again whole. */
+    full_logits_rows: number;
+  };
 }
 
 /** Non-standard details on the last chunk / the response. */

@@ -279,6 +279,7 @@ function sumGrammar(all) {
     mask_p50_us: Math.max(...all.map((g) => g.mask_p50_us)),
     mask_p99_us: Math.max(...all.map((g) => g.mask_p99_us)),
     compile_us: Math.max(...all.map((g) => g.compile_us)),
+    full_logits_rows: all.reduce((total, g) => total + g.full_logits_rows, 0),
   };
 }
 

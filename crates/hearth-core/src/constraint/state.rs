@@ -18,6 +18,9 @@ pub struct ConstraintStats {
     pub forced_tokens: usize,
     /// Time compiling the grammar took (0 when the compiler's cache had it), in microseconds.
     pub compile_us: f32,
+    /// Rows whose allowed tokens were too few among the device's top candidates: evaluated again
+    /// for their whole logits.
+    pub full_logits_rows: usize,
 }
 
 impl ConstraintStats {
@@ -53,6 +56,7 @@ pub struct GrammarUsage {
     pub mask_p99_us: f32,
     /// The grammar's compile time (the longest over choices).
     pub compile_us: f32,
+    pub full_logits_rows: usize,
 }
 
 impl GrammarUsage {
@@ -65,6 +69,7 @@ impl GrammarUsage {
             all.mask_us.extend(&stats.mask_us);
             all.forced_tokens += stats.forced_tokens;
             all.compile_us = all.compile_us.max(stats.compile_us);
+            all.full_logits_rows += stats.full_logits_rows;
         }
         constrained.then(|| GrammarUsage {
             masks: all.masks(),
@@ -73,6 +78,7 @@ impl GrammarUsage {
             mask_p50_us: all.mask_percentile_us(0.5),
             mask_p99_us: all.mask_percentile_us(0.99),
             compile_us: all.compile_us,
+            full_logits_rows: all.full_logits_rows,
         })
     }
 }
@@ -123,14 +129,22 @@ impl GrammarState {
         matches!(self.phase, Phase::Matching(_))
     }
 
-    /// The tokens the grammar allows next: once the answer is complete, only end-of-generation.
-    /// A grammar that allows no token at all (a dead end: the model's vocabulary cannot spell
-    /// what it requires) or fails is a [`CoreError::Constraint`].
-    fn mask(&mut self) -> Result<Option<SimpleVob>, CoreError> {
-        if let Some(prepared) = self.prepared.take() {
-            return prepared.map(Some);
+    /// The tokens the grammar allows next (`None` when it does not constrain the next token):
+    /// once the answer is complete, only end-of-generation. Computed once per position (kept
+    /// until the matcher moves). A grammar that allows no token at all (a dead end: the model's
+    /// vocabulary cannot spell what it requires) or fails is a [`CoreError::Constraint`].
+    fn mask(&mut self) -> Result<Option<&SimpleVob>, CoreError> {
+        if !matches!(self.phase, Phase::Matching(_)) {
+            return Ok(None);
         }
-        self.compute_mask()
+        if self.prepared.is_none() {
+            self.prepared = self.compute_mask().transpose();
+        }
+        if let Some(Err(_)) = self.prepared {
+            let Some(Err(error)) = self.prepared.take() else { unreachable!("matched above") };
+            return Err(error);
+        }
+        Ok(self.prepared.as_ref().and_then(|mask| mask.as_ref().ok()))
     }
 
     fn compute_mask(&mut self) -> Result<Option<SimpleVob>, CoreError> {
@@ -174,6 +188,32 @@ impl GrammarState {
             }
         }
         Ok(())
+    }
+
+    /// The candidates (`ids`, most likely first, with their `logits`) the grammar allows next, in
+    /// `kept_ids` / `kept_logits`; all of them when it does not constrain the next token.
+    pub fn allowed_candidates(
+        &mut self,
+        (ids, logits): (&[u32], &[f32]),
+        kept_ids: &mut Vec<u32>,
+        kept_logits: &mut Vec<f32>,
+    ) -> Result<(), CoreError> {
+        kept_ids.clear();
+        kept_logits.clear();
+        let mask = self.mask()?;
+        for (&id, &logit) in ids.iter().zip(logits) {
+            if mask.is_none_or(|m| m.is_allowed(id)) {
+                kept_ids.push(id);
+                kept_logits.push(logit);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a row whose allowed tokens were not among its candidates (evaluated again for its
+    /// whole logits).
+    pub fn count_full_logits_row(&mut self) {
+        self.stats.full_logits_rows += 1;
     }
 
     /// Advances past a token the request keeps (one the last mask allowed); a lazy grammar

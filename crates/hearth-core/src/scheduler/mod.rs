@@ -857,13 +857,12 @@ impl Scheduler {
         plan.iter()
             .map(|(i, _)| {
                 let active = &self.running[*i];
+                let constrained = active.grammar.as_ref().is_some_and(GrammarState::is_active);
                 match &active.drafts {
-                    // (A constrained request's rows are masked whole.)
-                    Some(drafts)
-                        if drafts.planned() && !active.grammar.as_ref().is_some_and(GrammarState::is_active) =>
-                    {
-                        drafts.readback(&active.sampler, &active.tokens)
-                    }
+                    // (A constrained request's drafts are verified on whole rows, masked after
+                    // the drafts before them.)
+                    Some(drafts) if drafts.planned() && constrained => Readback::Logits,
+                    Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
                     _ => active.row_readback(),
                 }
             })
@@ -886,6 +885,9 @@ impl Scheduler {
         let n_ctx = self.runner.n_ctx();
         let mut ended = Vec::new();
         let mut row_logits = Vec::new();
+        let (mut allowed_ids, mut allowed_logits) = (Vec::new(), Vec::new());
+        // Requests whose last row is evaluated again (for its whole logits).
+        let mut evaluate_again = Vec::new();
         let mut next_row = 0;
         for (entry, (i, range)) in plan.iter().enumerate() {
             let samples = self.samples_after(*i, range);
@@ -959,7 +961,27 @@ impl Scheduler {
                     let (token, logprob) = match output {
                         StepOutput::TopK(top) => {
                             let (ids, logits) = top.row(row);
-                            let token = active.sampler.sample_candidates(ids, logits, &active.tokens);
+                            // (Structured output: the allowed candidates, when they hold the top
+                            // allowed tokens the sampler needs; else the row again, whole.)
+                            let (sampled_ids, sampled_logits) = match active.grammar.as_mut().filter(|g| g.is_active()) {
+                                None => (ids, logits),
+                                Some(grammar) => {
+                                    let allowed = (&mut allowed_ids, &mut allowed_logits);
+                                    if let Err(error) = grammar.allowed_candidates((ids, logits), allowed.0, allowed.1) {
+                                        ended.push((*i, Err(error)));
+                                        continue;
+                                    }
+                                    let needed = active.sampler.readback(&active.tokens).top_k().unwrap_or(usize::MAX);
+                                    if allowed_ids.len() < needed {
+                                        grammar.count_full_logits_row();
+                                        active.full_logits_next = true;
+                                        evaluate_again.push(*i);
+                                        continue;
+                                    }
+                                    (&allowed_ids[..], &allowed_logits[..])
+                                }
+                            };
+                            let token = active.sampler.sample_candidates(sampled_ids, sampled_logits, &active.tokens);
                             let logprob = top_logprobs.map(|n| {
                                 let log_sum_exp = top.log_sum_exp.get(row).copied().unwrap_or(f32::NAN);
                                 TokenLogprob::from_candidates(ids, logits, log_sum_exp, token, n)
@@ -967,6 +989,7 @@ impl Scheduler {
                             (token, logprob)
                         }
                         StepOutput::Logits(logits) => {
+                            active.full_logits_next = false;
                             let logits = &logits[row * n_logits..(row + 1) * n_logits];
                             row_logits.clear();
                             row_logits.extend_from_slice(logits);
@@ -1031,6 +1054,15 @@ impl Scheduler {
                 if let Some(reason) = finish {
                     ended.push((*i, Ok(reason)));
                     break;
+                }
+            }
+        }
+        // Their KV gives back the last position: the next step evaluates its token again.
+        for i in evaluate_again {
+            let active = &self.running[i];
+            if let Some(seq) = active.seq {
+                if let Err(error) = self.runner.kv_mut().truncate(seq, active.tokens.len() - 1) {
+                    ended.push((i, Err(error)));
                 }
             }
         }

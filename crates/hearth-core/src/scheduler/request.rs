@@ -12,6 +12,10 @@ use crate::tokenizer::Tokenizer;
 
 pub type RequestId = u64;
 
+/// The fewest candidates a constrained row reads back (on a GPU, far less than its whole row):
+/// the grammar's allowed tokens are usually among the model's top 64.
+pub const CONSTRAINED_CANDIDATES: usize = 64;
+
 pub(super) struct Active {
     pub id: RequestId,
     pub seq: Option<SeqId>,
@@ -50,6 +54,9 @@ pub(super) struct Active {
     pub shares_prompt_of: Option<RequestId>,
     /// Its grammar's state when its answer is constrained ([`GenerateOptions::grammar`]).
     pub grammar: Option<GrammarState>,
+    /// Its next row reads the whole logits: its grammar allowed too few of the last step's
+    /// candidates (the row is evaluated again).
+    pub full_logits_next: bool,
 }
 
 impl Active {
@@ -81,6 +88,7 @@ impl Active {
             drafts: None,
             shares_prompt_of: None,
             grammar: None,
+            full_logits_next: false,
         }
     }
 
@@ -120,13 +128,17 @@ impl Active {
     }
 
     /// What a token's row reads back for this request: what its sampler needs, and the row's
-    /// log-sum-exp and top candidates when it reports log-probabilities.
-    /// A constrained request reads the whole row: its mask applies before every filter.
+    /// log-sum-exp and top candidates when it reports log-probabilities. A constrained request
+    /// reads at least [`CONSTRAINED_CANDIDATES`], enough when its grammar allows as many of them
+    /// as its sampler needs (the top allowed tokens are then all among them); else, and when
+    /// its sampler needs the whole row, it reads the whole row.
     pub fn row_readback(&self) -> Readback {
-        if self.grammar.as_ref().is_some_and(GrammarState::is_active) {
-            return Readback::Logits;
-        }
         let sampling = self.sampler.readback(&self.tokens);
+        let sampling = match (&self.grammar, sampling) {
+            (Some(grammar), _) if grammar.is_active() && self.full_logits_next => Readback::Logits,
+            (Some(grammar), Readback::TopK(k)) if grammar.is_active() => Readback::TopK(k.max(CONSTRAINED_CANDIDATES)),
+            (_, sampling) => sampling,
+        };
         match self.options.logprobs {
             Some(n) => sampling.union(Readback::TopKAndLogSumExp(n.max(1))),
             None => sampling,
