@@ -107,8 +107,21 @@ fn llama3_tool_call_grammars() {
     };
     let call = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
     let cases = [
-        (ToolChoice::Required, vec![call], vec!["It is sunny.", r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#, r#"{"name": "get_time", "parameters": {}}"#, r#"{"name": "get_weather", "parameters": {"town": "Paris"}}"#]),
-        (ToolChoice::Auto, vec![call, "It is sunny.", "Call {\"name\": 1}"], vec![r#"{"name": "get_weather", "parameters": {}}"#, r#"{"city": "Paris"}"#]),
+        (
+            ToolChoice::Required,
+            vec![call],
+            vec![
+                "It is sunny.",
+                r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+                r#"{"name": "get_time", "parameters": {}}"#,
+                r#"{"name": "get_weather", "parameters": {"town": "Paris"}}"#,
+            ],
+        ),
+        (
+            ToolChoice::Auto,
+            vec![call, "It is sunny.", "Call {\"name\": 1}"],
+            vec![r#"{"name": "get_weather", "parameters": {}}"#, r#"{"city": "Paris"}"#],
+        ),
     ];
     for (choice, valid, invalid) in cases {
         let request = ToolCallFormat::Llama3.grammar(&tools(choice.clone()), &tokenizer).expect("a grammar");

@@ -774,8 +774,11 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
     let constrained = GenerateOptions { max_tokens, grammar: Some(grammar), ..GenerateOptions::default() };
     let sampled_each = GenerateOptions { logprobs: Some(0), ..constrained.clone() };
     // A lazy grammar whose trigger never comes: the free answer.
-    let lazy =
-        GrammarRequest { grammar: Grammar::Regex("x".into()), param: "tools", activation: Activation::AfterToken("<tool_call>".into()) };
+    let lazy = GrammarRequest {
+        grammar: Grammar::Regex("x".into()),
+        param: "tools",
+        activation: Activation::AfterToken("<tool_call>".into()),
+    };
     let waiting = GenerateOptions { grammar: Some(lazy), ..greedy(max_tokens) };
 
     let mut s = scheduler(8, None);
@@ -837,7 +840,9 @@ Respond in the format {"name": function name, "parameters": dictionary of argume
         "required": ["city", "unit"], "additionalProperties": false
     });
     let tools = |choice| ToolRequest {
-        tools: vec![serde_json::json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": parameters}})],
+        tools: vec![
+            serde_json::json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": parameters}}),
+        ],
         functions: vec![Function { name: "get_weather".into(), parameters: parameters.clone(), strict: true }],
         choice,
         parallel: true,
@@ -874,7 +879,11 @@ Respond in the format {"name": function name, "parameters": dictionary of argume
 
 /// The full-logits oracle of a constrained greedy answer: every row masked whole by the grammar,
 /// then its argmax, until end-of-generation or the grammar's end.
-fn masked_full_logits_tokens(prompt: &[u32], grammar: &hearth_core::constraint::GrammarRequest, max_tokens: usize) -> Vec<u32> {
+fn masked_full_logits_tokens(
+    prompt: &[u32],
+    grammar: &hearth_core::constraint::GrammarRequest,
+    max_tokens: usize,
+) -> Vec<u32> {
     use hearth_core::constraint::{GrammarCompiler, GrammarState};
     let engine_options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
     let (file, mut runner) = cpu_runner(QWEN_05B, &engine_options);
@@ -923,10 +932,19 @@ fn constrained_answers_from_candidates_equal_those_of_rows_masked_whole() {
         "required": ["language", "lines", "summary"], "additionalProperties": false
     });
     let grammars = [
-        GrammarRequest { grammar: Grammar::JsonSchema { schema, strict: true }, param: "response_format", activation: Activation::Always },
-        GrammarRequest { grammar: Grammar::Regex("zq[0-9]{3} (yes|no) #[a-f]{4}".into()), param: "structured_outputs", activation: Activation::Always },
+        GrammarRequest {
+            grammar: Grammar::JsonSchema { schema, strict: true },
+            param: "response_format",
+            activation: Activation::Always,
+        },
+        GrammarRequest {
+            grammar: Grammar::Regex("zq[0-9]{3} (yes|no) #[a-f]{4}".into()),
+            param: "structured_outputs",
+            activation: Activation::Always,
+        },
     ];
-    let oracle: Vec<Vec<u32>> = grammars.iter().zip(&prompts).map(|(g, p)| masked_full_logits_tokens(p, g, max_tokens)).collect();
+    let oracle: Vec<Vec<u32>> =
+        grammars.iter().zip(&prompts).map(|(g, p)| masked_full_logits_tokens(p, g, max_tokens)).collect();
     for batched in [false, true] {
         let mut s = scheduler(4, None);
         let mut generations: Vec<Generation> = Vec::new();
@@ -945,12 +963,19 @@ fn constrained_answers_from_candidates_equal_those_of_rows_masked_whole() {
         }
         for (k, generation) in generations.iter().enumerate() {
             let want = tokenizer.decode(&oracle[k], false).unwrap_or_default();
-            assert_eq!(generation.tokens, oracle[k], "grammar {k}, batched {batched}: {:?} vs {want:?}", generation.text);
+            assert_eq!(
+                generation.tokens, oracle[k],
+                "grammar {k}, batched {batched}: {:?} vs {want:?}",
+                generation.text
+            );
             let stats = generation.constraint.as_ref().expect("constraint stats");
             if k == 1 {
                 assert!(stats.full_logits_rows > 0, "the regex's rows needed their whole logits: {stats:?}");
             }
-            eprintln!("grammar {k}, batched {batched}: {:?}, {} rows again whole", generation.text, stats.full_logits_rows);
+            eprintln!(
+                "grammar {k}, batched {batched}: {:?}, {} rows again whole",
+                generation.text, stats.full_logits_rows
+            );
         }
     }
 }

@@ -211,8 +211,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
     let prompt = prompt.tokenize_with_tools(engine.tokenizer(), engine.chat_template(), None, tools.as_ref())?;
-    let tool_format =
-        tools.as_ref().map(|t| t.apply(engine.chat_template(), engine.tokenizer(), &mut options)).transpose()?.flatten();
+    let tool_format = tools
+        .as_ref()
+        .map(|t| t.apply(engine.chat_template(), engine.tokenizer(), &mut options))
+        .transpose()?
+        .flatten();
     let drafting = args.speculative.set_up(&args.model, &mut engine)?;
     let stream = !args.json;
     let mut stdout = std::io::stdout();

@@ -235,7 +235,12 @@ impl Runner {
     /// The first half of [`Runner::step_for_async`]: checks the batch, reserves its KV positions
     /// and submits the step. The caller may work on the CPU while the device runs it (a GPU
     /// backend's submit returns at once), then must take it with [`Runner::finish_step`].
-    pub fn begin_step(&mut self, batch: &[BatchEntry<'_>], mode: LogitsMode, readback: Readback) -> Result<PendingStep> {
+    pub fn begin_step(
+        &mut self,
+        batch: &[BatchEntry<'_>],
+        mode: LogitsMode,
+        readback: Readback,
+    ) -> Result<PendingStep> {
         let n_logits = self.model.config.n_logits;
         let readback = match readback.top_k() {
             Some(k) => readback.with_k(k.clamp(1, n_logits.max(1))),

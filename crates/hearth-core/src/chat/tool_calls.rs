@@ -90,7 +90,11 @@ impl ToolCallFormat {
                 // (The markers as tokens, `<tool_call>`, where the vocabulary has them; as text
                 // otherwise.)
                 let marker = |text: &str| {
-                    if tokenizer.token_id(text).is_some() { text.to_string() } else { format!("\"{text}\"") }
+                    if tokenizer.token_id(text).is_some() {
+                        text.to_string()
+                    } else {
+                        format!("\"{text}\"")
+                    }
                 };
                 let call = format!("{} \"\\n\" body \"\\n\" {}", marker(OPEN), marker(CLOSE));
                 // (A named function is called once, as OpenAI's forced function call.)
@@ -517,7 +521,8 @@ mod tests {
             [ToolCall { name: "get_weather".into(), arguments: r#"{"city": "Paris", "days": {"n": 2}}"#.into() }]
         );
         // Text (even text that holds a call later) stays text, and so does JSON that is no call.
-        for text in [format!("Sure: {LLAMA3_CALL}"), r#"{"name": "f"}"#.to_string(), "{\"name\": \"f\", \"para".into()] {
+        for text in [format!("Sure: {LLAMA3_CALL}"), r#"{"name": "f"}"#.to_string(), "{\"name\": \"f\", \"para".into()]
+        {
             let (content, calls) = ToolCallFormat::Llama3.parser().parse(&text);
             assert_eq!((content.as_deref(), calls.len()), (Some(text.as_str()), 0), "{text}");
         }

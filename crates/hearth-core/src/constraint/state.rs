@@ -117,7 +117,13 @@ impl GrammarState {
             Activation::IfStarted => Phase::Starting(Box::new(grammar.matcher())),
             Activation::Always => Phase::Matching(Box::new(grammar.matcher())),
         };
-        GrammarState { phase, speculated: 0, param: grammar.param(), stats: ConstraintStats { compile_us, ..Default::default() }, prepared: None }
+        GrammarState {
+            phase,
+            speculated: 0,
+            param: grammar.param(),
+            stats: ConstraintStats { compile_us, ..Default::default() },
+            prepared: None,
+        }
     }
 
     fn failure(&self, message: impl std::fmt::Display) -> CoreError {

@@ -37,7 +37,11 @@ impl Request {
             let Value::String(text) = text else {
                 return Err(bad("grammar", "grammar must be a string (GBNF or Lark)."));
             };
-            sources.push(GrammarRequest { grammar: grammar_text(&text, "grammar")?, param: "grammar", activation: Activation::Always });
+            sources.push(GrammarRequest {
+                grammar: grammar_text(&text, "grammar")?,
+                param: "grammar",
+                activation: Activation::Always,
+            });
         }
         match sources.len() {
             0 | 1 => Ok(sources.pop()),

@@ -963,11 +963,13 @@ impl Scheduler {
                             let (ids, logits) = top.row(row);
                             // (Structured output: the allowed candidates, when they hold the top
                             // allowed tokens the sampler needs; else the row again, whole.)
-                            let (sampled_ids, sampled_logits) = match active.grammar.as_mut().filter(|g| g.is_active()) {
+                            let (sampled_ids, sampled_logits) = match active.grammar.as_mut().filter(|g| g.is_active())
+                            {
                                 None => (ids, logits),
                                 Some(grammar) => {
                                     let allowed = (&mut allowed_ids, &mut allowed_logits);
-                                    if let Err(error) = grammar.allowed_candidates((ids, logits), allowed.0, allowed.1) {
+                                    if let Err(error) = grammar.allowed_candidates((ids, logits), allowed.0, allowed.1)
+                                    {
                                         ended.push((*i, Err(error)));
                                         continue;
                                     }
