@@ -749,10 +749,10 @@ fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
     }
 }
 
-/// Structured output in the batch: forced tokens (kept without sampling) give the greedy answer
-/// decoded token by token (a request reporting log-probabilities samples every token), a lazy
-/// grammar before its trigger changes nothing, and free requests batched with constrained ones
-/// keep their solo tokens.
+/// Structured output in the batch: forced tokens (verified as drafts in the pass of the token
+/// before them) give the greedy answer masked decoding gives token by token, with each token's
+/// log-probability from the row that predicted it; a lazy grammar before its trigger changes
+/// nothing, and free requests batched with constrained ones keep their solo tokens.
 #[test]
 fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answers() {
     use hearth_core::constraint::{Activation, Grammar, GrammarRequest};
@@ -771,8 +771,9 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
         param: "response_format",
         activation: Activation::Always,
     };
+    let (oracle, oracle_logprobs) = masked_full_logits_decode(&prompts[0], &grammar, max_tokens);
     let constrained = GenerateOptions { max_tokens, grammar: Some(grammar), ..GenerateOptions::default() };
-    let sampled_each = GenerateOptions { logprobs: Some(0), ..constrained.clone() };
+    let reporting = GenerateOptions { logprobs: Some(2), ..constrained.clone() };
     // A lazy grammar whose trigger never comes: the free answer.
     let lazy = GrammarRequest {
         grammar: Grammar::Regex("x".into()),
@@ -784,23 +785,33 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
     let mut s = scheduler(8, None);
     let free_ids: Vec<RequestId> =
         prompts.iter().map(|p| s.submit(p.clone(), greedy(max_tokens)).expect("submit")).collect();
-    let forced_id = s.submit(prompts[0].clone(), constrained).expect("submit");
-    let sampled_id = s.submit(prompts[0].clone(), sampled_each).expect("submit");
+    let constrained_id = s.submit(prompts[0].clone(), constrained).expect("submit");
+    let reporting_id = s.submit(prompts[0].clone(), reporting).expect("submit");
     let waiting_id = s.submit(prompts[1].clone(), waiting).expect("submit");
     let (done, streamed) = run(&mut s, |_, _| {});
     for (i, id) in free_ids.iter().enumerate() {
         assert_eq!(done[id].tokens, free[i], "free request {i} beside constrained ones");
     }
-    let (forced, sampled) = (&done[&forced_id], &done[&sampled_id]);
-    assert_eq!(forced.tokens, sampled.tokens, "forced tokens change the greedy answer");
-    assert_eq!(streamed[&forced_id], forced.text);
-    let stats = forced.constraint.as_ref().expect("constraint stats");
-    assert!(stats.forced_tokens > 0, "{stats:?}");
-    assert_eq!(stats.masks() + stats.forced_tokens, forced.tokens.len());
-    assert_eq!(sampled.constraint.as_ref().expect("stats").forced_tokens, 0);
-    let value: serde_json::Value =
-        serde_json::from_str(&forced.text).unwrap_or_else(|e| panic!("{e}: {}", forced.text));
-    assert!(["python", "rust"].contains(&value["language"].as_str().unwrap_or_default()), "{}", forced.text);
+    for id in [constrained_id, reporting_id] {
+        let generation = &done[&id];
+        assert_eq!(generation.tokens, oracle, "{:?}", generation.text);
+        assert_eq!(streamed[&id], generation.text);
+        let stats = generation.constraint.as_ref().expect("constraint stats");
+        assert!(stats.forced_tokens > 0, "{stats:?}");
+        // Every kept token's row was masked, the forced ones' too.
+        assert!(stats.masks() >= generation.tokens.len(), "{stats:?}");
+        let value: serde_json::Value =
+            serde_json::from_str(&generation.text).unwrap_or_else(|e| panic!("{e}: {}", generation.text));
+        assert!(["python", "rust"].contains(&value["language"].as_str().unwrap_or_default()), "{}", generation.text);
+    }
+    let logprobs = done[&reporting_id].logprobs.as_ref().expect("log-probabilities");
+    assert_eq!(logprobs.len(), oracle_logprobs.len(), "one per token, forced ones included");
+    for (k, (got, want)) in logprobs.iter().zip(&oracle_logprobs).enumerate() {
+        assert_eq!(got.token, want.token);
+        assert!((got.logprob - want.logprob).abs() < 1e-3, "token {k}: {got:?} vs {want:?}");
+        assert_eq!(got.top.len(), 2);
+        assert_eq!(got.top[0].0, want.top[0].0, "token {k}: {got:?} vs {want:?}");
+    }
     assert_eq!(done[&waiting_id].tokens, free[1], "a lazy grammar before its trigger");
 }
 
@@ -878,12 +889,13 @@ Respond in the format {"name": function name, "parameters": dictionary of argume
 }
 
 /// The full-logits oracle of a constrained greedy answer: every row masked whole by the grammar,
-/// then its argmax, until end-of-generation or the grammar's end.
-fn masked_full_logits_tokens(
+/// then its argmax, until end-of-generation or the grammar's end, token by token (no forced
+/// tokens). With each token's log-probability (2 alternatives) in its unmasked row.
+fn masked_full_logits_decode(
     prompt: &[u32],
     grammar: &hearth_core::constraint::GrammarRequest,
     max_tokens: usize,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<TokenLogprob>) {
     use hearth_core::constraint::{GrammarCompiler, GrammarState};
     let engine_options = EngineOptions { n_ctx: 512, prefill_chunk: PREFILL_CHUNK, ..EngineOptions::default() };
     let (file, mut runner) = cpu_runner(QWEN_05B, &engine_options);
@@ -897,8 +909,9 @@ fn masked_full_logits_tokens(
     }
     let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..SamplingParams::default() });
     let mut history = prompt.to_vec();
-    let mut tokens = Vec::new();
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
     while tokens.len() < max_tokens {
+        let unmasked = logits.clone();
         state.mask_logits(&mut logits).expect("mask");
         let token = sampler.sample(&mut logits, &history);
         if tokenizer.is_end_of_generation(token) {
@@ -906,13 +919,14 @@ fn masked_full_logits_tokens(
         }
         state.accept(token).expect("accept");
         tokens.push(token);
+        logprobs.push(TokenLogprob::from_logits(&unmasked, token, 2));
         history.push(token);
         if state.is_complete() {
             break;
         }
         logits = runner.step(&[BatchEntry { seq, tokens: &[token] }], LogitsMode::Last).expect("decode").to_vec();
     }
-    tokens
+    (tokens, logprobs)
 }
 
 /// Constrained greedy answers sampled from candidates (the allowed ones among a row's top
@@ -944,7 +958,7 @@ fn constrained_answers_from_candidates_equal_those_of_rows_masked_whole() {
         },
     ];
     let oracle: Vec<Vec<u32>> =
-        grammars.iter().zip(&prompts).map(|(g, p)| masked_full_logits_tokens(p, g, max_tokens)).collect();
+        grammars.iter().zip(&prompts).map(|(g, p)| masked_full_logits_decode(p, g, max_tokens).0).collect();
     for batched in [false, true] {
         let mut s = scheduler(4, None);
         let mut generations: Vec<Generation> = Vec::new();

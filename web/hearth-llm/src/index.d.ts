@@ -277,7 +277,8 @@ export interface Usage {
   /** Requests with `speculative`: draft tokens proposed and accepted. */
   speculative?: SpeculativeUsage;
   /** Constrained requests: token masks computed and their times (with `n` > 1, the slowest
-   * choice's times), and the tokens the grammar forced (kept without sampling). */
+   * choice's times), and the tokens the grammar forced (verified with the token before them:
+   * no step of their own). */
   grammar?: {
     masks: number;
     forced_tokens: number;

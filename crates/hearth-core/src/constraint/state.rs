@@ -14,7 +14,8 @@ pub struct ConstraintStats {
     /// Time each of its masks took to compute, in microseconds (one per sampled token, and one
     /// per verified draft).
     pub mask_us: Vec<f32>,
-    /// Tokens the grammar forced (kept without sampling: the only token it allowed).
+    /// Tokens the grammar forced that the model kept (verified in the pass of the token before
+    /// them: no step of their own).
     pub forced_tokens: usize,
     /// Time compiling the grammar took (0 when the compiler's cache had it), in microseconds.
     pub compile_us: f32,
@@ -255,20 +256,21 @@ impl GrammarState {
         }
     }
 
-    /// The tokens the grammar forces next (it allows nothing else), consumed: the answer keeps
-    /// them without sampling. None before a lazy grammar's trigger, or for a tokenizer whose
-    /// encoding of a continuation is not canonical.
-    pub fn take_forced(&mut self) -> Vec<u32> {
-        let Phase::Matching(matcher) = &mut self.phase else { return Vec::new() };
-        if matcher.is_stopped() {
-            return Vec::new();
+    /// The tokens the grammar forces next (it allows no other text), as the tokenizer spells
+    /// that text, without consuming them: drafts to verify ([`crate::scheduler`]). None before a
+    /// lazy grammar's trigger, once the answer is complete, or for a tokenizer whose encoding of
+    /// a continuation is not canonical. (llguidance leaves out the forced text's last bytes when
+    /// a longer token could begin with them.)
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        match &mut self.phase {
+            Phase::Matching(matcher) if !matcher.is_stopped() => matcher.compute_ff_tokens(),
+            _ => Vec::new(),
         }
-        let forced = matcher.consume_ff_tokens();
-        if !forced.is_empty() {
-            self.prepared = None;
-        }
-        self.stats.forced_tokens += forced.len();
-        forced
+    }
+
+    /// Counts forced tokens the model kept.
+    pub fn count_forced(&mut self, kept: usize) {
+        self.stats.forced_tokens += kept;
     }
 
     /// How many of `drafts` (after the tokens accepted so far), in order, the grammar allows:

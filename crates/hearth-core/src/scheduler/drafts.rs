@@ -287,51 +287,18 @@ impl RequestDrafts {
         }
     }
 
-    /// Checks the planned drafts against the step's output rows from `first_row` on (logits
-    /// `[rows, n_logits]` or each row's candidates); `context` as given to [`Self::plan`]. A
-    /// constrained request's `grammar` masks each row after the drafts before it (its drafts are
-    /// a prefix the grammar allows; the whole rows are read back), and is rolled back after.
+    /// Checks the planned drafts against the step's output rows from `first_row` on
+    /// ([`verify_rows`]); `context` as given to [`Self::plan`].
     pub fn verify(
         &mut self,
         sampler: &mut Sampler,
         context: &[u32],
-        output: StepOutput<'_>,
-        n_logits: usize,
-        first_row: usize,
-        mut grammar: Option<&mut GrammarState>,
+        rows: EntryRows<'_>,
+        grammar: Option<&mut GrammarState>,
     ) -> Result<VerificationOutcome> {
         let drafts = &self.batch[1..];
         let distributions = self.distributions.as_deref().map(|d| &d[..drafts.len().min(d.len())]);
-        let (mut history, mut row_scratch) = (Vec::new(), Vec::new());
-        let missing =
-            || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
-        let mut target = |i: usize| -> Result<Distribution> {
-            history.clear();
-            history.extend_from_slice(context);
-            history.extend_from_slice(&drafts[..i]);
-            let row = first_row + i;
-            match output {
-                StepOutput::Logits(logits) => {
-                    row_scratch.clear();
-                    row_scratch
-                        .extend_from_slice(logits.get(row * n_logits..(row + 1) * n_logits).ok_or_else(missing)?);
-                    if let Some(grammar) = grammar.as_deref_mut() {
-                        grammar.mask_logits_after(&drafts[..i], &mut row_scratch)?;
-                    }
-                    Ok(sampler.distribution(&mut row_scratch, &history))
-                }
-                StepOutput::TopK(top) if row < top.n_rows() => {
-                    let (ids, logits) = top.row(row);
-                    Ok(sampler.distribution_candidates(ids, logits, &history))
-                }
-                StepOutput::TopK(_) => Err(missing()),
-            }
-        };
-        let outcome = verify_proposal(drafts, distributions, &mut target, &mut self.rng);
-        if let Some(grammar) = grammar {
-            grammar.end_speculation()?;
-        }
-        outcome
+        verify_rows(drafts, distributions, sampler, context, rows, grammar, &mut self.rng)
     }
 
     /// What the verification step reads back: candidates where the sampler allows them.
@@ -339,11 +306,14 @@ impl RequestDrafts {
         verify_readback(sampler, context, &self.batch[1..])
     }
 
-    /// The prompt's pass chose the first token.
-    pub fn observe_first_token(&mut self, token: u32) {
-        self.policy.observe_token(token);
-        if let Some(free) = self.free.as_mut() {
-            free.policy.observe_token(token);
+    /// Tokens kept without its drafts: the first (the prompt's pass chose it), or those of a
+    /// step that verified its grammar's forced tokens instead.
+    pub fn observe_tokens(&mut self, tokens: &[u32]) {
+        for &token in tokens {
+            self.policy.observe_token(token);
+            if let Some(free) = self.free.as_mut() {
+                free.policy.observe_token(token);
+            }
         }
     }
 
@@ -389,6 +359,71 @@ impl RequestDrafts {
     pub fn planned(&self) -> bool {
         self.planned
     }
+}
+
+/// Where one request's rows are in a step's output: the output (logits `[rows, n_logits]` or each
+/// row's candidates), `n_logits`, and the request's first row.
+#[derive(Clone, Copy)]
+pub(super) struct EntryRows<'a> {
+    pub output: StepOutput<'a>,
+    pub n_logits: usize,
+    pub first_row: usize,
+}
+
+impl<'a> EntryRows<'a> {
+    /// Row `i` of the request's whole logits (`None`: candidates only, or too few rows).
+    pub fn logits(&self, i: usize) -> Option<&'a [f32]> {
+        let row = self.first_row + i;
+        match self.output {
+            StepOutput::Logits(logits) => logits.get(row * self.n_logits..(row + 1) * self.n_logits),
+            StepOutput::TopK(_) => None,
+        }
+    }
+}
+
+/// Checks `drafts` (after `context`, whose last token is the pending one) against the request's
+/// rows: row i is the target's distribution after `context` + `drafts[..i]`, drawn from with
+/// `rng` where it is not greedy ([`verify_proposal`]). A constrained request's `grammar` masks
+/// each row after the drafts before it (its drafts are a prefix the grammar allows; the whole
+/// rows are read back), and is rolled back after.
+pub(super) fn verify_rows(
+    drafts: &[u32],
+    distributions: Option<&[Distribution]>,
+    sampler: &mut Sampler,
+    context: &[u32],
+    rows: EntryRows<'_>,
+    mut grammar: Option<&mut GrammarState>,
+    rng: &mut Xoshiro256StarStar,
+) -> Result<VerificationOutcome> {
+    let (mut history, mut row_scratch) = (Vec::new(), Vec::new());
+    let missing =
+        || CoreError::InvalidArgument(format!("the backend returned too few rows for {} tokens", drafts.len() + 1));
+    let mut target = |i: usize| -> Result<Distribution> {
+        history.clear();
+        history.extend_from_slice(context);
+        history.extend_from_slice(&drafts[..i]);
+        let row = rows.first_row + i;
+        match rows.output {
+            StepOutput::Logits(_) => {
+                row_scratch.clear();
+                row_scratch.extend_from_slice(rows.logits(i).ok_or_else(missing)?);
+                if let Some(grammar) = grammar.as_deref_mut() {
+                    grammar.mask_logits_after(&drafts[..i], &mut row_scratch)?;
+                }
+                Ok(sampler.distribution(&mut row_scratch, &history))
+            }
+            StepOutput::TopK(top) if row < top.n_rows() => {
+                let (ids, logits) = top.row(row);
+                Ok(sampler.distribution_candidates(ids, logits, &history))
+            }
+            StepOutput::TopK(_) => Err(missing()),
+        }
+    };
+    let outcome = verify_proposal(drafts, distributions, &mut target, rng);
+    if let Some(grammar) = grammar {
+        grammar.end_speculation()?;
+    }
+    outcome
 }
 
 /// How many drafts each of several requests verifies in one decode step: each request's best

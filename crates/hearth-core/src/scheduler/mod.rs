@@ -16,6 +16,7 @@
 //! [`crate::engine::Engine::generate_with`]: the same loop.
 
 mod drafts;
+mod forced;
 mod pass_costs;
 mod request;
 pub mod step_budget;
@@ -35,7 +36,7 @@ use crate::sampling::TokenLogprob;
 use crate::speculative::verify::VerificationOutcome;
 use crate::speculative::{BatchedDraftModel, DraftPolicy, DraftRequest, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
-use drafts::{DraftKind, DraftSource, FreeLookup, FreeStep, RequestDrafts};
+use drafts::{DraftKind, DraftSource, EntryRows, FreeLookup, FreeStep, RequestDrafts};
 use request::Active;
 use std::collections::VecDeque;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
@@ -641,6 +642,7 @@ impl Scheduler {
                 .map(|(i, r)| {
                     let active = &self.running[*i];
                     let tokens = match &active.drafts {
+                        _ if drafting && active.forced.planned() => &active.forced.batch[..],
                         Some(drafts) if drafting && drafts.planned() => &drafts.batch[..],
                         _ => &active.tokens[r.clone()],
                     };
@@ -682,7 +684,9 @@ impl Scheduler {
                     // No room for the drafts: the step goes without them.
                     drafts_allowed = false;
                     for (i, _) in &plan {
-                        if let Some(drafts) = self.running[*i].drafts.as_mut().filter(|l| l.planned()) {
+                        let active = &mut self.running[*i];
+                        active.forced.cancel();
+                        if let Some(drafts) = active.drafts.as_mut().filter(|l| l.planned()) {
                             drafts.drop_drafts();
                         }
                     }
@@ -732,6 +736,7 @@ impl Scheduler {
             self.runner.kv_mut().remove_sequence(seq);
         }
         active.preemptions += 1;
+        active.forced.cancel();
         if let Some(drafts) = active.drafts.as_mut() {
             drafts.cancel_plan();
         }
@@ -755,15 +760,29 @@ impl Scheduler {
             .fold(Readback::TopK(1), Readback::union)
     }
 
-    /// In a step of `plan` that only decodes, proposes the drafts of every drafting request
-    /// (prompt lookup's at once, the draft model's in shared passes) and decides how many each
-    /// verifies (alone: its policy's choice; with others: [`drafts::joint_lengths`]). Returns
-    /// whether any verifies drafts.
+    /// In a step of `plan` that only decodes, plans the tokens each constrained request's grammar
+    /// forces ([`forced`]), proposes the drafts of every other drafting request (prompt lookup's
+    /// at once, the draft model's in shared passes) and decides how many each verifies (alone:
+    /// its policy's choice; with others: [`drafts::joint_lengths`]). Returns whether any
+    /// verifies drafts.
     async fn plan_drafts(&mut self, plan: &[(usize, std::ops::Range<usize>)]) -> Result<bool> {
         if plan.iter().any(|(i, range)| range.len() != 1 || !self.samples_after(*i, range)) {
             return Ok(false);
         }
         let n_ctx = self.runner.n_ctx();
+        // Forced tokens are verified whole (the model keeps them but where it spells the text
+        // otherwise), ahead of any other drafts.
+        let mut forced_rows = 0;
+        for (i, _) in plan {
+            let active = &mut self.running[*i];
+            let room = draft_room(active, n_ctx);
+            let (Some(grammar), Some(&pending)) = (active.grammar.as_mut(), active.tokens.last()) else { continue };
+            forced_rows += active.forced.plan(pending, grammar, room);
+            if let Some(drafts) = active.drafts.as_mut().filter(|_| active.forced.planned()) {
+                drafts.cancel_plan();
+            }
+        }
+        self.last_step.draft_rows += forced_rows;
         let mut proposing = Vec::new();
         // Requests whose draft model proposes this step, with their budgets.
         let mut from_model = Vec::new();
@@ -772,7 +791,8 @@ impl Scheduler {
             let generated = active.generated();
             // (A request that reports log-probabilities decodes plainly: verified drafts carry no
             // alternatives at their positions.)
-            let plain = generated == 0 || active.options.logprobs.is_some();
+            let plain = generated == 0 || active.options.logprobs.is_some() || active.forced.planned();
+            let room = draft_room(active, n_ctx);
             let Some(drafts) = active.drafts.as_mut().filter(|_| !plain) else { continue };
             proposing.push(*i);
             if drafts.planned() {
@@ -780,11 +800,6 @@ impl Scheduler {
                 drafts.drop_drafts();
                 continue;
             }
-            // Each step yields accepted + 1 tokens and stores 1 + verified drafts; a rejected
-            // draft must be rolled back (a sliding window keeps MAX_DRAFT_ROWS past it).
-            let room =
-                active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
-            let room = room.min(MAX_DRAFT_ROWS);
             if drafts.needs_prompt_read() {
                 if let (DraftSource::Model(sequence), Some((draft, _))) =
                     (&mut drafts.source, self.draft_model.as_mut())
@@ -835,11 +850,12 @@ impl Scheduler {
         let requests: Vec<&RequestDrafts> =
             proposing.iter().filter_map(|&i| self.running[i].drafts.as_deref()).collect();
         let lengths = match requests.as_slice() {
-            [] => return Ok(false),
+            [] => return Ok(self.last_step.draft_rows > 0),
             [alone] if plan.len() == 1 => vec![alone.solo_length()],
             [first, ..] => {
                 let weighed: Vec<_> = requests.iter().map(|l| l.weighed(plan.len())).collect();
-                drafts::joint_lengths(&weighed, plan.len() - requests.len(), |rows| first.pass_ms(rows))
+                let other_rows = plan.len() - requests.len() + forced_rows;
+                drafts::joint_lengths(&weighed, other_rows, |rows| first.pass_ms(rows))
             }
         };
         for (&i, verify) in proposing.iter().zip(lengths) {
@@ -861,6 +877,7 @@ impl Scheduler {
                 match &active.drafts {
                     // (A constrained request's drafts are verified on whole rows, masked after
                     // the drafts before them.)
+                    _ if active.forced.planned() => Readback::Logits,
                     Some(drafts) if drafts.planned() && constrained => Readback::Logits,
                     Some(drafts) if drafts.planned() => drafts.readback(&active.sampler, &active.tokens),
                     _ => active.row_readback(),
@@ -892,7 +909,12 @@ impl Scheduler {
         for (entry, (i, range)) in plan.iter().enumerate() {
             let samples = self.samples_after(*i, range);
             let active = &mut self.running[*i];
-            let drafted = active.drafts.as_ref().filter(|l| all_rows && l.planned()).map(|l| l.batch.len());
+            let forced = all_rows && active.forced.planned();
+            let drafted = match &active.drafts {
+                _ if forced => Some(active.forced.batch.len()),
+                Some(drafts) if all_rows && drafts.planned() => Some(drafts.batch.len()),
+                _ => None,
+            };
             let first_row = if all_rows { next_row } else { entry };
             // The entry's rows in the output: its drafts' or its tokens' (all rows), else one.
             let entry_rows = if all_rows { drafted.unwrap_or(range.len()) } else { 1 };
@@ -919,136 +941,139 @@ impl Scheduler {
                 Readback::Logits => StepOutput::Logits(self.runner.last_logits()),
                 Readback::TopK(_) | Readback::TopKAndLogSumExp(_) => StepOutput::TopK(self.runner.last_top_k()),
             };
-            let tokens = match (drafted, active.drafts.as_mut(), active.seq) {
-                (Some(rows), Some(drafts), Some(seq)) if rows > 1 => {
-                    // Its drafts: the longest prefix the target keeps, then the target's own token.
-                    let verified = drafts
-                        .verify(
-                            &mut active.sampler,
-                            &active.tokens,
-                            output,
-                            n_logits,
-                            first_row,
-                            active.grammar.as_mut(),
-                        )
-                        .and_then(|outcome| {
-                            // The cache holds the context but the pending token, then the entry's rows.
-                            self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
-                            Ok(outcome)
-                        });
-                    match verified {
-                        Ok(outcome) => {
-                            drafts.observe_step(&outcome, step_rows, step_ms);
-                            drafts.batch[1..=outcome.accepted]
-                                .iter()
-                                .copied()
-                                .chain([outcome.continuation_token])
-                                .collect()
-                        }
-                        Err(error) => {
-                            ended.push((*i, Err(error)));
-                            continue;
-                        }
-                    }
-                }
-                _ => {
-                    // Borrowed, not copied (but for the one row the full-row sampler modifies):
-                    // the step's outputs stay as they are until every row is read (truncating a
-                    // request's KV leaves them). Every sampling row asked for at most the step's
-                    // k candidates; more changes nothing.
-                    let row = first_row + entry_rows - 1;
-                    let top_logprobs = active.options.logprobs;
-                    let (token, logprob) = match output {
-                        StepOutput::TopK(top) => {
-                            let (ids, logits) = top.row(row);
-                            // (Structured output: the allowed candidates, when they hold the top
-                            // allowed tokens the sampler needs; else the row again, whole.)
-                            let (sampled_ids, sampled_logits) = match active.grammar.as_mut().filter(|g| g.is_active())
-                            {
-                                None => (ids, logits),
-                                Some(grammar) => {
-                                    let allowed = (&mut allowed_ids, &mut allowed_logits);
-                                    if let Err(error) = grammar.allowed_candidates((ids, logits), allowed.0, allowed.1)
-                                    {
-                                        ended.push((*i, Err(error)));
-                                        continue;
-                                    }
-                                    let needed = active.sampler.readback(&active.tokens).top_k().unwrap_or(usize::MAX);
-                                    if allowed_ids.len() < needed {
-                                        grammar.count_full_logits_row();
-                                        active.full_logits_next = true;
-                                        evaluate_again.push(*i);
-                                        continue;
-                                    }
-                                    (&allowed_ids[..], &allowed_logits[..])
-                                }
-                            };
-                            let token = active.sampler.sample_candidates(sampled_ids, sampled_logits, &active.tokens);
-                            let logprob = top_logprobs.map(|n| {
-                                let log_sum_exp = top.log_sum_exp.get(row).copied().unwrap_or(f32::NAN);
-                                TokenLogprob::from_candidates(ids, logits, log_sum_exp, token, n)
+            let rows = EntryRows { output, n_logits, first_row };
+            // The tokens it keeps, with their log-probabilities when it reports them.
+            let (tokens, logprobs): (Vec<u32>, Vec<Option<TokenLogprob>>) =
+                match (drafted, active.drafts.as_mut(), active.grammar.as_mut(), active.seq) {
+                    (Some(rows_planned), drafts, Some(grammar), Some(seq)) if forced && rows_planned > 1 => {
+                        // The tokens its grammar forced: those the model keeps, then its own.
+                        let top = active.options.logprobs;
+                        let verified = active
+                            .forced
+                            .verify(&mut active.sampler, &active.tokens, rows, grammar, top)
+                            .and_then(|kept| {
+                                let stored = active.tokens.len() + kept.outcome.accepted;
+                                self.runner.kv_mut().truncate(seq, stored)?;
+                                Ok(kept)
                             });
-                            (token, logprob)
-                        }
-                        StepOutput::Logits(logits) => {
-                            active.full_logits_next = false;
-                            let logits = &logits[row * n_logits..(row + 1) * n_logits];
-                            row_logits.clear();
-                            row_logits.extend_from_slice(logits);
-                            // (Structured output: the grammar's mask comes before every filter.)
-                            if let Some(Err(error)) = active.grammar.as_mut().map(|g| g.mask_logits(&mut row_logits)) {
+                        match verified {
+                            Ok(kept) => {
+                                if let Some(drafts) = drafts {
+                                    drafts.observe_tokens(&kept.tokens);
+                                }
+                                (kept.tokens, kept.logprobs)
+                            }
+                            Err(error) => {
                                 ended.push((*i, Err(error)));
                                 continue;
                             }
-                            let token = active.sampler.sample(&mut row_logits, &active.tokens);
-                            (token, top_logprobs.map(|n| TokenLogprob::from_logits(logits, token, n)))
-                        }
-                    };
-                    active.pending_logprob = logprob;
-                    let decoding = active.generated() > 0;
-                    if let Some(drafts) = active.drafts.as_mut() {
-                        let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
-                        // (The first token comes from the prompt's pass: not a decode step.)
-                        if decoding {
-                            drafts.observe_step(&outcome, step_rows, step_ms)
-                        } else {
-                            drafts.observe_first_token(token)
                         }
                     }
-                    vec![token]
-                }
-            };
-            // Tokens the grammar forces after the last one (jump-forward: kept at once, evaluated
-            // in the next step with the rest, so they cost one row each and no step of their
-            // own) start at `forced_from`.
-            let mut tokens = tokens;
-            let mut forced_from = usize::MAX;
-            let mut k = 0;
-            while k < tokens.len() {
-                let token = tokens[k];
+                    (Some(rows_planned), Some(drafts), grammar, Some(seq)) if rows_planned > 1 => {
+                        // Its drafts: the longest prefix the target keeps, then the target's own token.
+                        let verified =
+                            drafts.verify(&mut active.sampler, &active.tokens, rows, grammar).and_then(|outcome| {
+                                // The cache holds the context but the pending token, then the entry's rows.
+                                self.runner.kv_mut().truncate(seq, active.tokens.len() + outcome.accepted)?;
+                                Ok(outcome)
+                            });
+                        match verified {
+                            Ok(outcome) => {
+                                drafts.observe_step(&outcome, step_rows, step_ms);
+                                let kept: Vec<u32> = drafts.batch[1..=outcome.accepted]
+                                    .iter()
+                                    .copied()
+                                    .chain([outcome.continuation_token])
+                                    .collect();
+                                let logprobs = vec![None; kept.len()];
+                                (kept, logprobs)
+                            }
+                            Err(error) => {
+                                ended.push((*i, Err(error)));
+                                continue;
+                            }
+                        }
+                    }
+                    (_, drafts, grammar, _) => {
+                        // Borrowed, not copied (but for the one row the full-row sampler modifies):
+                        // the step's outputs stay as they are until every row is read (truncating a
+                        // request's KV leaves them). Every sampling row asked for at most the step's
+                        // k candidates; more changes nothing.
+                        let row = first_row + entry_rows - 1;
+                        let top_logprobs = active.options.logprobs;
+                        let grammar = grammar.filter(|g| g.is_active());
+                        let (token, logprob) = match output {
+                            StepOutput::TopK(top) => {
+                                let (ids, logits) = top.row(row);
+                                // (Structured output: the allowed candidates, when they hold the top
+                                // allowed tokens the sampler needs; else the row again, whole.)
+                                let (sampled_ids, sampled_logits) = match grammar {
+                                    None => (ids, logits),
+                                    Some(grammar) => {
+                                        let allowed = (&mut allowed_ids, &mut allowed_logits);
+                                        if let Err(error) =
+                                            grammar.allowed_candidates((ids, logits), allowed.0, allowed.1)
+                                        {
+                                            ended.push((*i, Err(error)));
+                                            continue;
+                                        }
+                                        let needed =
+                                            active.sampler.readback(&active.tokens).top_k().unwrap_or(usize::MAX);
+                                        if allowed_ids.len() < needed {
+                                            grammar.count_full_logits_row();
+                                            active.full_logits_next = true;
+                                            evaluate_again.push(*i);
+                                            continue;
+                                        }
+                                        (&allowed_ids[..], &allowed_logits[..])
+                                    }
+                                };
+                                let token =
+                                    active.sampler.sample_candidates(sampled_ids, sampled_logits, &active.tokens);
+                                let logprob = top_logprobs.map(|n| {
+                                    let log_sum_exp = top.log_sum_exp.get(row).copied().unwrap_or(f32::NAN);
+                                    TokenLogprob::from_candidates(ids, logits, log_sum_exp, token, n)
+                                });
+                                (token, logprob)
+                            }
+                            StepOutput::Logits(logits) => {
+                                active.full_logits_next = false;
+                                let logits = &logits[row * n_logits..(row + 1) * n_logits];
+                                row_logits.clear();
+                                row_logits.extend_from_slice(logits);
+                                // (Structured output: the grammar's mask comes before every filter.)
+                                if let Some(Err(error)) = grammar.map(|g| g.mask_logits(&mut row_logits)) {
+                                    ended.push((*i, Err(error)));
+                                    continue;
+                                }
+                                let token = active.sampler.sample(&mut row_logits, &active.tokens);
+                                (token, top_logprobs.map(|n| TokenLogprob::from_logits(logits, token, n)))
+                            }
+                        };
+                        let decoding = active.tokens.len() > active.prompt_len;
+                        if let Some(drafts) = drafts {
+                            let outcome = VerificationOutcome { accepted: 0, proposed: 0, continuation_token: token };
+                            // (The first token comes from the prompt's pass: not a decode step.)
+                            if decoding {
+                                drafts.observe_step(&outcome, step_rows, step_ms)
+                            } else {
+                                drafts.observe_tokens(&[token])
+                            }
+                        }
+                        (vec![token], vec![logprob])
+                    }
+                };
+            for (token, logprob) in tokens.into_iter().zip(logprobs) {
                 let grammar = active.grammar.as_mut().filter(|_| !self.tokenizer.is_end_of_generation(token));
-                if let (Some(grammar), false) = (grammar, k >= forced_from) {
-                    if let Err(error) = grammar.accept(token) {
-                        ended.push((*i, Err(error)));
-                        break;
-                    }
+                if let Some(Err(error)) = grammar.map(|g| g.accept(token)) {
+                    ended.push((*i, Err(error)));
+                    break;
                 }
-                // (Forced tokens have no sampled log-probabilities: a request reporting them
-                // samples every token.)
-                if k + 1 == tokens.len() && forced_from == usize::MAX && active.options.logprobs.is_none() {
-                    if let Some(grammar) = active.grammar.as_mut() {
-                        forced_from = tokens.len();
-                        tokens.extend(grammar.take_forced());
-                    }
-                }
-                k += 1;
+                active.pending_logprob = logprob;
                 let (emit, finish) = active.accept(&self.tokenizer, token, n_ctx);
-                // A constrained answer ends where its grammar allows nothing more (the grammar is
-                // past the forced tokens: the last one is where it may be complete).
-                let last = k == tokens.len();
-                let finish = finish.or_else(|| {
-                    active.grammar.as_ref().filter(|g| last && g.is_complete()).map(|_| FinishReason::Stop)
-                });
+                // A constrained answer ends where its grammar allows nothing more.
+                let finish =
+                    finish.or_else(|| active.grammar.as_ref().filter(|g| g.is_complete()).map(|_| FinishReason::Stop));
                 if !emit.is_empty() {
                     let logprobs = active.unsent_logprobs();
                     events(SchedulerEvent::Text { id: active.id, delta: emit, logprobs });
@@ -1107,6 +1132,15 @@ struct LearntPolicy {
     policy: DraftPolicy,
     /// The free drafts' policy ([`DraftKind::LookupThenModel`]).
     free_policy: Option<DraftPolicy>,
+}
+
+/// How many drafts a request may verify in its next step: each step yields accepted + 1 tokens
+/// and stores 1 + verified drafts, within its token limit and the context; a rejected draft must
+/// be rolled back (a sliding window keeps [`MAX_DRAFT_ROWS`] past it).
+fn draft_room(active: &Active, n_ctx: usize) -> usize {
+    let generated = active.generated();
+    let room = active.options.max_tokens.saturating_sub(generated + 1).min(n_ctx.saturating_sub(active.tokens.len()));
+    room.min(MAX_DRAFT_ROWS)
 }
 
 /// Errors are not Clone (they may hold io::Error); the scheduler reports one per request.

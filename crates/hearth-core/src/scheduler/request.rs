@@ -2,6 +2,7 @@
 //! its sampler, streamed text and timings.
 
 use super::drafts::RequestDrafts;
+use super::forced::ForcedDrafts;
 use crate::backend::Readback;
 use crate::constraint::GrammarState;
 use crate::engine::Instant;
@@ -57,12 +58,15 @@ pub(super) struct Active {
     /// Its next row reads the whole logits: its grammar allowed too few of the last step's
     /// candidates (the row is evaluated again).
     pub full_logits_next: bool,
+    /// The tokens its grammar forces, when the step verifies them.
+    pub forced: ForcedDrafts,
 }
 
 impl Active {
     pub fn new(id: RequestId, prompt: Vec<u32>, options: GenerateOptions) -> Self {
         let sampler = Sampler::new(options.sampling.clone());
         let stream = TextStream::new(&options.stop, options.ignore_eos);
+        let forced = ForcedDrafts::new(options.sampling.seed);
         Active {
             id,
             seq: None,
@@ -89,6 +93,7 @@ impl Active {
             shares_prompt_of: None,
             grammar: None,
             full_logits_next: false,
+            forced,
         }
     }
 
