@@ -124,16 +124,66 @@ fn llama3_tool_call_grammars() {
         ),
     ];
     for (choice, valid, invalid) in cases {
-        let request = ToolCallFormat::Llama3.grammar(&tools(choice.clone()), &tokenizer).expect("a grammar");
-        let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}"));
-        let accepts = |text: &str| {
-            GrammarState::new(&compiled, 0.0).accepts(&tokenizer.encode(text, false, false).expect("encode"))
-        };
-        for text in valid {
-            assert!(accepts(text), "{choice:?} rejects {text}");
-        }
-        for text in invalid {
-            assert!(!accepts(text), "{choice:?} accepts {text}");
-        }
+        check_tool_grammar(ToolCallFormat::Llama3, &tools(choice), &valid, &invalid);
     }
+}
+
+/// Whether `format`'s grammar for `tools` accepts each of `valid` whole and none of `invalid`
+/// (tool-call markers written in the texts are their tokens).
+fn check_tool_grammar(
+    format: hearth_core::chat::ToolCallFormat,
+    tools: &hearth_core::request::ToolRequest,
+    valid: &[&str],
+    invalid: &[&str],
+) {
+    let (tokenizer, compiler) = compiler();
+    let request = format.grammar(tools, &tokenizer).expect("a grammar");
+    let compiled = compiler.compile(&request).unwrap_or_else(|e| panic!("{e}"));
+    let accepts =
+        |text: &str| GrammarState::new(&compiled, 0.0).accepts(&tokenizer.encode(text, false, true).expect("encode"));
+    let choice = &tools.choice;
+    for text in valid {
+        assert!(accepts(text), "{format:?} {choice:?} rejects {text}");
+    }
+    for text in invalid {
+        assert!(!accepts(text), "{format:?} {choice:?} accepts {text}");
+    }
+}
+
+/// The grammars of Hermes tool calls: `required` is `<tool_call>` calls valid under the tools'
+/// schemas; under `auto` text may come first, and an answer that begins as calls fenced as a JSON
+/// code block is held to the same schemas, while any other code block stays free.
+#[test]
+fn hermes_tool_call_grammars() {
+    use hearth_core::chat::ToolCallFormat;
+    use hearth_core::request::{Function, ToolChoice, ToolRequest};
+    let parameters = serde_json::json!({
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false
+    });
+    let tools = |choice| ToolRequest {
+        tools: vec![],
+        functions: vec![Function { name: "get_weather".into(), parameters: parameters.clone(), strict: true }],
+        choice,
+        parallel: true,
+    };
+    let call = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    let tagged = format!("<tool_call>\n{call}\n</tool_call>");
+    let fenced = format!("```json\n{call}\n```");
+    let two_fenced = format!("\n```\n{call}\n{call}\n```");
+    let bad_call = r#"{"name": "get_weather", "arguments": {"town": "Paris"}}"#;
+    let (bad_tagged, bad_fenced) =
+        (format!("<tool_call>\n{bad_call}\n</tool_call>"), format!("```json\n{bad_call}\n```"));
+    let prefaced = format!("Let me check.\n{tagged}");
+    check_tool_grammar(
+        ToolCallFormat::Hermes,
+        &tools(ToolChoice::Required),
+        &[&tagged, &format!("{tagged}\n{tagged}")],
+        &["It is sunny.", &fenced, &bad_tagged, &prefaced],
+    );
+    check_tool_grammar(
+        ToolCallFormat::Hermes,
+        &tools(ToolChoice::Auto),
+        &[&tagged, &prefaced, &fenced, &two_fenced, "It is sunny.", "```python\nprint(1)\n```"],
+        &[&bad_tagged, &bad_fenced, &format!("{fenced} and more")],
+    );
 }

@@ -755,7 +755,7 @@ fn prompt_logprobs_equal_those_of_every_row_and_change_no_tokens() {
 /// nothing, and free requests batched with constrained ones keep their solo tokens.
 #[test]
 fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answers() {
-    use hearth_core::constraint::{Activation, Grammar, GrammarRequest};
+    use hearth_core::constraint::{Activation, Grammar, GrammarRequest, Trigger};
     let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
     let prompts = prompts(&tokenizer, 3);
@@ -778,7 +778,7 @@ fn constrained_requests_batch_with_free_ones_and_forced_tokens_keep_greedy_answe
     let lazy = GrammarRequest {
         grammar: Grammar::Regex("x".into()),
         param: "tools",
-        activation: Activation::AfterToken("<tool_call>".into()),
+        activation: Activation::Lazy(vec![Trigger::Token("<tool_call>".into())]),
     };
     let waiting = GenerateOptions { grammar: Some(lazy), ..greedy(max_tokens) };
 

@@ -151,7 +151,9 @@ test("structured output on the wasm CPU engine: JSON mode with a schema (WebLLM'
     assert.equal(answer.finish, 'stop');
   }
   assert.equal(streamed.text, openai.text);
-  assert.equal(openai.usage.grammar.masks + openai.usage.grammar.forced_tokens, openai.usage.completion_tokens, JSON.stringify(openai.usage));
+  // One mask per token (forced tokens' rows are masked too), some tokens forced.
+  assert.ok(openai.usage.grammar.masks >= openai.usage.completion_tokens, JSON.stringify(openai.usage));
+  assert.ok(openai.usage.grammar.forced_tokens > 0, JSON.stringify(openai.usage));
   assert.match(grammar.text, /^The capital is [A-Z][a-z]+\.$/);
 });
 

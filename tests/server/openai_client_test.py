@@ -96,7 +96,8 @@ def main() -> None:
     engineer = parsed.choices[0].message.parsed
     assert isinstance(engineer, Engineer), parsed.choices[0].message.content
     grammar = parsed.usage.model_extra["grammar"]
-    assert grammar["masks"] + grammar["forced_tokens"] == parsed.usage.completion_tokens, parsed.usage
+    # One mask per token (forced tokens' rows are masked too), some tokens forced.
+    assert grammar["masks"] >= parsed.usage.completion_tokens and grammar["forced_tokens"] > 0, parsed.usage
     mode = client.chat.completions.create(
         model=args.model, messages=person, response_format={"type": "json_object"}, max_tokens=120, temperature=0
     )

@@ -3,12 +3,14 @@
 //! `tool_calls`.
 //!
 //! - Hermes / Qwen2.5 / Qwen3 (the template writes `<tool_call>`): each call is
-//!   `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, one per line.
+//!   `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, one per line. Under
+//!   `auto`, an answer that is calls fenced as a JSON code block (```` ```json\n{"name": ...``,
+//!   one per line; how Qwen2.5-Coder often answers) is read as calls too, as llama.cpp does.
 //! - Llama 3.1-3.3 (the template has an `ipython` role for tool results): the whole answer is one
 //!   call, `{"name": "...", "parameters": {...}}`.
 
 use super::ChatTemplate;
-use crate::constraint::{Activation, Grammar, GrammarRequest};
+use crate::constraint::{Activation, Grammar, GrammarRequest, PrefixMatch, PrefixPattern, Trigger, PREFIX_WINDOW};
 use crate::engine::GenerateOptions;
 use crate::error::CoreError;
 use crate::request::{ToolChoice, ToolRequest};
@@ -19,6 +21,13 @@ const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 /// What a Llama 3.x template writes for tool results (llama.cpp recognises the format by it).
 const LLAMA3_TOOL_ROLE: &str = "<|start_header_id|>ipython<|end_header_id|>";
+/// The beginning of an answer that is calls fenced as a JSON code block: the fence, then a call's
+/// `{"name":`.
+const FENCED_CALL_START: &str = r#"[ \t\r\n]*```(?:json)?[ \t]*\n[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:"#;
+/// The fence that closes them.
+const FENCE_CLOSE: &str = "\n```";
+/// The beginning of a Llama 3 call.
+const LLAMA3_CALL_START: &str = r"[ \t\r\n]*\{";
 
 /// Tokens that mark tool calls in the formats hearth knows. Where the vocabulary has them as
 /// tokens, they are structure: a grammar places them (`<tool_call>` in Lark is the token), and
@@ -101,17 +110,28 @@ impl ToolCallFormat {
                 let once = !tools.parallel || matches!(tools.choice, ToolChoice::Function(_));
                 let more = if once { "" } else { " (\"\\n\" call)*" };
                 match tools.choice {
-                    // After the trigger token: the rest of the first call.
-                    ToolChoice::Auto => (
-                        format!("start: \"\\n\" body \"\\n\" {}{more}\ncall: {call}", marker(CLOSE)),
-                        Activation::AfterToken(OPEN.to_string()),
-                    ),
+                    // From `<tool_call>` on, calls; or, from the answer's start, calls fenced as a
+                    // JSON code block.
+                    ToolChoice::Auto => {
+                        let fenced_more = if once { "" } else { " (\"\\n\" body)*" };
+                        let start = format!(
+                            "start: call{more} | fenced\ncall: {call}\n\
+                             fenced: FENCE_OPEN body{fenced_more} {FENCE_CLOSE:?}\n\
+                             FENCE_OPEN: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/"
+                        );
+                        let triggers =
+                            vec![Trigger::Token(OPEN.to_string()), Trigger::Prefix(FENCED_CALL_START.into())];
+                        (start, Activation::Lazy(triggers))
+                    }
                     _ => (format!("start: call{more}\ncall: {call}"), Activation::Always),
                 }
             }
             // (One call per answer: Llama 3's template renders one call per assistant turn.)
             ToolCallFormat::Llama3 => match tools.choice {
-                ToolChoice::Auto => ("start: body".to_string(), Activation::IfStarted),
+                ToolChoice::Auto => (
+                    "start: body | LEADING_SPACE body\nLEADING_SPACE: /[ \\t\\r\\n]+/".to_string(),
+                    Activation::Lazy(vec![Trigger::Prefix(LLAMA3_CALL_START.into())]),
+                ),
                 _ => ("start: body".to_string(), Activation::Always),
             },
         };
@@ -160,6 +180,9 @@ pub struct ToolCallParser {
     format: ToolCallFormat,
     /// Llama 3: the answer's first character has come (a call is the whole answer or none).
     decided: bool,
+    /// Hermes: whether the answer is calls fenced as a JSON code block (`None`: undecided, its
+    /// beginning held back), with the fence's line.
+    fenced: Option<Option<String>>,
     /// Text received and not yet emitted.
     pending: String,
     /// Inside a call: its text after `<tool_call>`, and what of it went out.
@@ -211,6 +234,13 @@ impl ToolCallParser {
             self.push_whole_answer_call(&mut deltas);
             return deltas;
         }
+        if self.fenced.is_none() && !self.decide_fence() {
+            return deltas;
+        }
+        if let Some(Some(_)) = self.fenced {
+            self.push_fenced_calls(&mut deltas);
+            return deltas;
+        }
         loop {
             match self.call.as_mut() {
                 None => {
@@ -251,6 +281,74 @@ impl ToolCallParser {
                 }
             }
         }
+    }
+
+    /// Hermes: whether the answer begins as calls fenced as a JSON code block (then its fence's
+    /// line is taken from the text held back); false while its beginning is undecided.
+    fn decide_fence(&mut self) -> bool {
+        let fenced = match fenced_call_start().check(self.pending.as_bytes()) {
+            PrefixMatch::Undecided if self.pending.len() <= PREFIX_WINDOW => return false,
+            PrefixMatch::Matched => {
+                let open = self.pending.find("```").map_or(0, |at| at + 3);
+                let line_end = self.pending[open..].find('\n').map_or(self.pending.len(), |at| open + at + 1);
+                self.call = Some(OpenCall::default());
+                Some(self.pending.drain(..line_end).collect())
+            }
+            _ => None,
+        };
+        self.fenced = Some(fenced);
+        true
+    }
+
+    /// Calls fenced as a JSON code block: the first one's name and arguments stream as they come;
+    /// at the closing fence every call is read (text after it is content).
+    fn push_fenced_calls(&mut self, deltas: &mut Vec<ToolCallDelta>) {
+        let pending = std::mem::take(&mut self.pending);
+        let Some(call) = self.call.as_mut() else {
+            // (After the closing fence.)
+            self.emit_content(pending, deltas);
+            return;
+        };
+        call.text.push_str(&pending);
+        let Some(end) = call.text.find(FENCE_CLOSE) else {
+            // (Once the first call is whole, the rest waits for the fence: the first call's
+            // stream must not run into the next one.)
+            let mut values = serde_json::Deserializer::from_str(&call.text).into_iter::<serde::de::IgnoredAny>();
+            if !matches!(values.next(), Some(Ok(_))) {
+                call.stream(self.calls.len(), self.format.arguments_key(), deltas);
+            }
+            return;
+        };
+        let after = call.text[end + FENCE_CLOSE.len()..].to_string();
+        call.text.truncate(end);
+        let Some(call) = self.call.take() else { return };
+        let key = self.format.arguments_key();
+        let bodies = json_values(&call.text);
+        let parsed: Option<Vec<ToolCall>> = bodies.iter().map(|body| parse_call(body, key)).collect();
+        match parsed.filter(|calls| !calls.is_empty()) {
+            Some(calls) => {
+                for (k, parsed) in calls.into_iter().enumerate() {
+                    let index = self.calls.len();
+                    let streamed = if k == 0 { call.arguments_at.map(|_| call.sent) } else { None };
+                    if streamed.is_none() {
+                        deltas.push(ToolCallDelta::Call { index, name: parsed.name.clone() });
+                    }
+                    let rest = parsed.arguments.get(streamed.unwrap_or(0)..).unwrap_or_default();
+                    if !rest.is_empty() {
+                        deltas.push(ToolCallDelta::Arguments { index, text: rest.to_string() });
+                    }
+                    self.calls.push(parsed);
+                }
+                self.after_call = true;
+            }
+            None => {
+                let fence = self.fenced.clone().flatten().unwrap_or_default();
+                self.emit_content(format!("{fence}{}{FENCE_CLOSE}", call.text), deltas);
+            }
+        }
+        // (Whitespace after the closing fence is not content.)
+        let after = after.trim_start().to_string();
+        self.emit_content(after, deltas);
     }
 
     /// Llama 3's calls: an answer that begins with `{` is a call to its end; any other is text.
@@ -323,6 +421,10 @@ impl ToolCallParser {
             return deltas;
         }
         let rest = match self.call.take() {
+            // (A fenced call that never closed, or the fence's beginning.)
+            Some(call) if self.fenced.as_ref().is_some_and(Option::is_some) => {
+                format!("{}{}{}", self.fenced.clone().flatten().unwrap_or_default(), call.text, self.pending)
+            }
             Some(call) => format!("{OPEN}{}{}", call.text, self.pending),
             // (Whitespace after the last call is not content.)
             None if self.after_call && self.pending.trim().is_empty() => String::new(),
@@ -350,6 +452,32 @@ impl ToolCallParser {
         self.push(text);
         self.into_message()
     }
+}
+
+/// The beginning of an answer that is fenced calls ([`FENCED_CALL_START`]).
+fn fenced_call_start() -> &'static PrefixPattern {
+    static PATTERN: std::sync::OnceLock<PrefixPattern> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| PrefixPattern::new(FENCED_CALL_START).expect("the fenced-call pattern compiles"))
+}
+
+/// The JSON values `text` holds one after another, each as its text (empty when anything else is
+/// in it).
+fn json_values(text: &str) -> Vec<&str> {
+    let mut values = Vec::new();
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde::de::IgnoredAny>();
+    let mut start = 0;
+    while let Some(value) = stream.next() {
+        if value.is_err() {
+            return Vec::new();
+        }
+        let end = stream.byte_offset();
+        values.push(text[start..end].trim());
+        start = end;
+    }
+    if !text[start..].trim().is_empty() {
+        return Vec::new();
+    }
+    values
 }
 
 /// The length of the longest suffix of `text` that begins `marker`.
@@ -539,6 +667,41 @@ mod tests {
             assert_eq!(arguments, r#"{"city": "Paris", "days": {"n": 2}}"#, "pieces of {piece}");
             let text = streamed(ToolCallFormat::Llama3, "It is sunny.", piece);
             assert!(text.iter().all(|d| matches!(d, ToolCallDelta::Content(_))), "pieces of {piece}");
+        }
+    }
+
+    const FENCED: &str = "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": {\"n\": 2}}}\n{\"name\": \"get_time\", \"arguments\": {}}\n```";
+
+    #[test]
+    fn calls_fenced_as_a_json_code_block_are_calls() {
+        for piece in [1, 2, 5, 1000] {
+            let deltas = streamed(ToolCallFormat::Hermes, FENCED, piece);
+            let names: Vec<&str> = deltas
+                .iter()
+                .filter_map(|d| if let ToolCallDelta::Call { name, .. } = d { Some(name.as_str()) } else { None })
+                .collect();
+            assert_eq!(names, ["get_weather", "get_time"], "pieces of {piece}");
+            assert!(!deltas.iter().any(|d| matches!(d, ToolCallDelta::Content(_))), "pieces of {piece}: {deltas:?}");
+            for (index, expected) in [r#"{"city": "Paris", "days": {"n": 2}}"#, "{}"].iter().enumerate() {
+                let arguments: String = deltas
+                    .iter()
+                    .filter_map(|d| match d {
+                        ToolCallDelta::Arguments { index: i, text } if *i == index => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(arguments, *expected, "pieces of {piece}");
+            }
+        }
+        // A code block of anything else, a fence left open, or JSON that is no call stay text.
+        for text in [
+            "```python\nprint(1)\n```".to_string(),
+            "```json\n{\"a\": 1}\n```".to_string(),
+            "```json\n{\"name\": \"f\", \"argu".to_string(),
+            format!("Here: {FENCED}"),
+        ] {
+            let (content, calls) = ToolCallParser::default().parse(&text);
+            assert_eq!((content.as_deref(), calls.len()), (Some(text.as_str()), 0), "{text}");
         }
     }
 

@@ -2,7 +2,8 @@
 //! small cache of compiled parsers keyed by grammar (an agent sends the same schema with every
 //! request; compiling a large one takes milliseconds).
 
-use super::grammar::{Activation, GrammarRequest};
+use super::grammar::{Activation, GrammarRequest, Trigger};
+use super::prefix::PrefixPattern;
 use super::token_env::TokenEnv;
 use crate::error::CoreError;
 use crate::tokenizer::Tokenizer;
@@ -28,8 +29,17 @@ pub struct CompiledGrammar {
     parser: Arc<Mutex<TokenParser>>,
     /// The request parameter it came from (errors name it).
     param: &'static str,
-    /// When it constrains an answer ([`GrammarRequest::activation`]), with its trigger token's id.
-    activation: Activation<u32>,
+    /// What starts it when it is lazy (`None`: it constrains the whole answer).
+    triggers: Option<Arc<LazyStart>>,
+    /// The model's tokens (a lazy grammar reads the text of the tokens before its trigger).
+    env: Arc<TokenEnv>,
+}
+
+/// A lazy grammar's triggers ([`Trigger`]), compiled for the model.
+#[derive(Debug, Default)]
+pub(super) struct LazyStart {
+    pub tokens: Vec<u32>,
+    pub prefixes: Vec<PrefixPattern>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -52,8 +62,15 @@ impl CompiledGrammar {
         self.param
     }
 
-    pub fn activation(&self) -> &Activation<u32> {
-        &self.activation
+    /// A lazy grammar's triggers (`None`: it constrains the whole answer).
+    pub(super) fn triggers(&self) -> Option<&LazyStart> {
+        self.triggers.as_deref()
+    }
+
+    /// The bytes of `token` (a special token's with llguidance's marker byte first).
+    pub(super) fn token_bytes(&self, token: u32) -> Vec<u8> {
+        use llguidance::toktrie::TokenizerEnv;
+        self.env.tok_trie().decode_raw(&[token])
     }
 }
 
@@ -72,15 +89,24 @@ impl GrammarCompiler {
     /// it does not support under `strict`, a bad regex, a Lark syntax error) is a
     /// [`CoreError::BadRequest`] naming the request parameter and llguidance's reason.
     pub fn compile(&self, request: &GrammarRequest) -> Result<CompiledGrammar, CoreError> {
-        let activation = match &request.activation {
-            Activation::Always => Activation::Always,
-            Activation::IfStarted => Activation::IfStarted,
-            Activation::AfterToken(text) => Activation::AfterToken(
-                self.env
-                    .tokenizer()
-                    .token_id(text)
-                    .ok_or_else(|| request.error(format!("'{text}' is not a single token of this model")))?,
-            ),
+        let triggers = match &request.activation {
+            Activation::Always => None,
+            Activation::Lazy(triggers) => {
+                let mut start = LazyStart::default();
+                for trigger in triggers {
+                    match trigger {
+                        Trigger::Token(text) => {
+                            start.tokens.push(self.env.tokenizer().token_id(text).ok_or_else(|| {
+                                request.error(format!("'{text}' is not a single token of this model"))
+                            })?)
+                        }
+                        Trigger::Prefix(pattern) => {
+                            start.prefixes.push(PrefixPattern::new(pattern).map_err(|e| request.error(e))?)
+                        }
+                    }
+                }
+                Some(Arc::new(start))
+            }
         };
         let key = request.cache_key();
         {
@@ -89,11 +115,16 @@ impl GrammarCompiler {
                 let entry = cache.remove(at).expect("the position is in the cache");
                 let compiled = entry.1.clone();
                 cache.push_back(entry);
-                return Ok(CompiledGrammar { param: request.param, activation, ..compiled });
+                return Ok(CompiledGrammar { param: request.param, triggers, ..compiled });
             }
         }
         let parser = self.factory.create_parser(request.top_level()?).map_err(|e| request.error(e))?;
-        let compiled = CompiledGrammar { parser: Arc::new(Mutex::new(parser)), param: request.param, activation };
+        let compiled = CompiledGrammar {
+            parser: Arc::new(Mutex::new(parser)),
+            param: request.param,
+            triggers,
+            env: self.env.clone(),
+        };
         // A grammar that compiles may still fail when its lexer is first built: start a matcher
         // now so that such a grammar is refused with the request, not mid-answer.
         let mut probe = compiled.matcher();

@@ -31,18 +31,30 @@ pub struct GrammarRequest {
 }
 
 /// When a grammar constrains an answer: from its first token, or lazily (tool calls the model may
-/// or may not make). `Token` is a token's text in a request, its id once compiled.
+/// or may not make).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Activation<Token = String> {
+pub enum Activation {
     /// The whole answer follows the grammar.
     Always,
-    /// The answer is free text until the model samples this token (one token of the vocabulary,
-    /// e.g. `<tool_call>`), and follows the grammar after it.
-    AfterToken(Token),
-    /// The answer follows the grammar if its first token can begin it (a Llama 3 call's `{`),
-    /// and is free text otherwise.
-    IfStarted,
+    /// The answer is free text until one of these triggers; from the trigger on it follows the
+    /// grammar, which reads the trigger's tokens first. Where the grammar does not accept them,
+    /// the answer stays free.
+    Lazy(Vec<Trigger>),
 }
+
+/// What starts a lazy grammar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// The model samples this token (one token of the vocabulary, e.g. `<tool_call>`) anywhere in
+    /// the answer: the grammar starts with it.
+    Token(String),
+    /// The answer begins with a match of this regular expression (within its first
+    /// [`PREFIX_WINDOW`] bytes, e.g. a Llama 3 call's `{`): the grammar starts with the answer.
+    Prefix(String),
+}
+
+/// How far into an answer a [`Trigger::Prefix`] is looked for.
+pub const PREFIX_WINDOW: usize = 96;
 
 /// Whitespace a JSON answer may hold between tokens: bounded, so a model cannot fill its whole
 /// budget with newlines (an unbounded run is a known failure of small models under JSON masks).

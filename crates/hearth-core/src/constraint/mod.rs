@@ -15,10 +15,12 @@
 mod compiler;
 mod gbnf;
 mod grammar;
+mod prefix;
 mod state;
 mod token_env;
 
 pub use compiler::{CompiledGrammar, GrammarCompiler};
 pub use gbnf::gbnf_to_lark;
-pub use grammar::{Activation, Grammar, GrammarRequest};
+pub use grammar::{Activation, Grammar, GrammarRequest, Trigger, PREFIX_WINDOW};
+pub use prefix::{PrefixMatch, PrefixPattern};
 pub use state::{ConstraintStats, GrammarState, GrammarUsage};

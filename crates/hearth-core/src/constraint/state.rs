@@ -2,7 +2,8 @@
 //! it keeps and rolled back with its KV cache.
 
 use super::compiler::CompiledGrammar;
-use super::grammar::Activation;
+use super::grammar::PREFIX_WINDOW;
+use super::prefix::PrefixMatch;
 use crate::engine::Instant;
 use crate::error::CoreError;
 use llguidance::toktrie::SimpleVob;
@@ -97,26 +98,68 @@ pub struct GrammarState {
 }
 
 enum Phase {
-    /// A lazy grammar before its trigger token: the answer is free.
-    Waiting {
-        trigger: u32,
-        grammar: CompiledGrammar,
-    },
-    /// Before the first token of a grammar that constrains the answer only if that token can
-    /// begin it (the first token itself is free).
-    Starting(Box<Matcher>),
+    /// A lazy grammar before its trigger: the answer is free.
+    Waiting(Box<Waiting>),
     Matching(Box<Matcher>),
     /// The answer did not begin the grammar: it is free to its end.
     Free,
 }
 
+/// A lazy grammar waiting for its trigger.
+struct Waiting {
+    grammar: CompiledGrammar,
+    /// The answer's tokens and text while a prefix trigger may still match its beginning (`None`
+    /// once none can).
+    beginning: Option<(Vec<u32>, Vec<u8>)>,
+}
+
+impl Waiting {
+    /// Takes the answer's next token; returns the tokens the grammar starts with when this one
+    /// triggers it (a trigger token; or the answer so far, whose beginning a prefix matches).
+    fn advance(&mut self, token: u32) -> Option<Vec<u32>> {
+        let start = self.grammar.triggers()?;
+        if start.tokens.contains(&token) {
+            return Some(vec![token]);
+        }
+        let (tokens, text) = self.beginning.as_mut()?;
+        tokens.push(token);
+        text.extend(self.grammar.token_bytes(token));
+        let checks: Vec<PrefixMatch> = start.prefixes.iter().map(|prefix| prefix.check(text)).collect();
+        if checks.contains(&PrefixMatch::Matched) {
+            // (Once: where the grammar does not accept the answer so far, no prefix starts it.)
+            return self.beginning.take().map(|(tokens, _)| tokens);
+        }
+        if !checks.contains(&PrefixMatch::Undecided) || text.len() > PREFIX_WINDOW {
+            self.beginning = None;
+        }
+        None
+    }
+
+    /// Whether nothing can trigger the grammar any more.
+    fn is_over(&self) -> bool {
+        self.beginning.is_none() && self.grammar.triggers().is_none_or(|start| start.tokens.is_empty())
+    }
+
+    /// How many of `drafts` may be verified before the grammar could start (its masks are needed
+    /// from there on).
+    fn free_drafts(&self, drafts: &[u32]) -> usize {
+        if self.beginning.is_some() {
+            return 0;
+        }
+        let tokens = self.grammar.triggers().map_or(&[][..], |start| &start.tokens[..]);
+        drafts.iter().position(|t| tokens.contains(t)).unwrap_or(drafts.len())
+    }
+}
+
 impl GrammarState {
     /// `compile_us`: what compiling `grammar` took (reported in its stats).
     pub fn new(grammar: &CompiledGrammar, compile_us: f32) -> Self {
-        let phase = match grammar.activation() {
-            Activation::AfterToken(trigger) => Phase::Waiting { trigger: *trigger, grammar: grammar.clone() },
-            Activation::IfStarted => Phase::Starting(Box::new(grammar.matcher())),
-            Activation::Always => Phase::Matching(Box::new(grammar.matcher())),
+        let phase = match grammar.triggers() {
+            None => Phase::Matching(Box::new(grammar.matcher())),
+            Some(start) => Phase::Waiting(Box::new(Waiting {
+                grammar: grammar.clone(),
+                beginning: (!start.prefixes.is_empty()).then(Default::default),
+            })),
         };
         GrammarState {
             phase,
@@ -224,26 +267,21 @@ impl GrammarState {
     }
 
     /// Advances past a token the request keeps (one the last mask allowed); a lazy grammar
-    /// starts matching after its trigger.
+    /// starts matching at its trigger.
     pub fn accept(&mut self, token: u32) -> Result<(), CoreError> {
         self.prepared = None;
         match &mut self.phase {
-            Phase::Waiting { trigger, grammar } => {
-                if token == *trigger {
-                    self.phase = Phase::Matching(Box::new(grammar.matcher()));
+            Phase::Waiting(waiting) => {
+                if let Some(tokens) = waiting.advance(token) {
+                    let mut matcher = waiting.grammar.matcher();
+                    if matcher.validate_tokens(&tokens).unwrap_or(0) == tokens.len()
+                        && matcher.consume_tokens(&tokens).is_ok()
+                    {
+                        self.phase = Phase::Matching(Box::new(matcher));
+                        return Ok(());
+                    }
                 }
-                Ok(())
-            }
-            Phase::Starting(matcher) => {
-                // The first token decides: one that begins the grammar starts matching.
-                if matcher.validate_tokens(&[token]).unwrap_or(0) == 1 {
-                    let consumed = matcher.consume_token(token);
-                    consumed.map_err(|e| CoreError::Constraint { param: self.param, message: e.to_string() })?;
-                    let Phase::Starting(matcher) = std::mem::replace(&mut self.phase, Phase::Free) else {
-                        unreachable!("matched above")
-                    };
-                    self.phase = Phase::Matching(matcher);
-                } else {
+                if waiting.is_over() {
                     self.phase = Phase::Free;
                 }
                 Ok(())
@@ -275,16 +313,11 @@ impl GrammarState {
 
     /// How many of `drafts` (after the tokens accepted so far), in order, the grammar allows:
     /// the drafts a speculative step may verify. A lazy grammar before its trigger allows the
-    /// drafts before the trigger (the rows after it would need the grammar's masks).
+    /// drafts before a trigger token, and none while a prefix may still start it (the rows after
+    /// a trigger would need the grammar's masks).
     pub fn valid_prefix(&mut self, drafts: &[u32]) -> usize {
         match &mut self.phase {
-            Phase::Waiting { trigger, .. } => drafts.iter().position(|t| t == trigger).unwrap_or(drafts.len()),
-            // (A first draft that begins the grammar is sampled instead: the rows after it would
-            // need the grammar's masks.)
-            Phase::Starting(matcher) => match matcher.validate_tokens(&drafts[..drafts.len().min(1)]) {
-                Ok(1) => 0,
-                _ => drafts.len(),
-            },
+            Phase::Waiting(waiting) => waiting.free_drafts(drafts),
             Phase::Matching(matcher) => matcher.validate_tokens(drafts).unwrap_or(0),
             Phase::Free => drafts.len(),
         }
@@ -324,7 +357,7 @@ impl GrammarState {
     pub fn is_complete(&self) -> bool {
         match &self.phase {
             Phase::Matching(matcher) => matcher.is_stopped() && !matcher.is_error(),
-            Phase::Waiting { .. } | Phase::Starting(_) | Phase::Free => false,
+            Phase::Waiting(_) | Phase::Free => false,
         }
     }
 
@@ -343,8 +376,7 @@ impl GrammarState {
         }
         match &mut self.phase {
             Phase::Matching(matcher) => matcher.is_accepting().unwrap_or(false),
-            Phase::Waiting { .. } | Phase::Free => true,
-            Phase::Starting(matcher) => matcher.is_accepting().unwrap_or(false),
+            Phase::Waiting(_) | Phase::Free => true,
         }
     }
 
