@@ -32,16 +32,12 @@ import json
 import os
 import pathlib
 import platform
-import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
+
+import bench_servers
+from bench_servers import Failed, send
 
 try:
     import jsonschema
@@ -52,113 +48,6 @@ except ImportError:  # install on first use
 SYSTEM = "You are a helpful assistant that answers in JSON."
 USER = "Generate a realistic JSON object that follows this JSON schema:\n"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-class ServerDown(Exception):
-    pass
-
-
-class Server:
-    """One server process, its stderr/stdout going to a log file."""
-
-    def __init__(self, engine, args):
-        self.engine, self.args = engine, args
-        self.proc = None
-        self.address = None
-        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-structured-{engine}-", suffix=".log", delete=False)
-        self.starts = 0
-        self.model_id = None
-
-    def command(self):
-        a = self.args
-        if self.engine == "hearth":
-            return [a.hearth, "serve", "-m", a.model, "--backend", "cpu", "--quiet", "--port", "0",
-                    "-c", str(a.ctx), "--max-batch", "1", "-t", str(a.threads)]
-        self.port = free_port()
-        return [a.llama_server, "-m", a.model, "--port", str(self.port), "--host", "127.0.0.1",
-                "-c", str(a.ctx), "-t", str(a.threads), "--jinja", "-np", "1"]
-
-    def start(self):
-        cmd = self.command()
-        self.starts += 1
-        with open(self.log.name, "ab") as log:
-            log.write(f"\n=== start {self.starts}: {' '.join(cmd)}\n".encode())
-            offset = log.tell()
-            env = dict(os.environ, **(self.args.llama_env if self.engine == "llama.cpp" else {}))
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, env=env)
-        deadline = time.monotonic() + self.args.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerDown(f"{self.engine} exited with {self.proc.returncode} before listening; see {self.log.name}")
-            if self.engine == "hearth":
-                with open(self.log.name, "rb") as log:
-                    log.seek(offset)
-                    m = re.search(rb"listening on http://(\S+)", log.read())
-                if m:
-                    self.address = m.group(1).decode()
-                    self.find_model_id()
-                    return
-            else:
-                self.address = f"127.0.0.1:{self.port}"
-                try:
-                    with urllib.request.urlopen(f"http://{self.address}/health", timeout=5) as r:
-                        if r.status == 200:
-                            self.find_model_id()
-                            return
-                except (urllib.error.URLError, OSError):
-                    pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerDown(f"{self.engine} did not come up in {self.args.startup_timeout} s; see {self.log.name}")
-
-    def find_model_id(self):
-        """The id /v1/models lists (Hearth checks a request's model against it)."""
-        try:
-            with urllib.request.urlopen(f"http://{self.address}/v1/models", timeout=30) as r:
-                self.model_id = json.load(r)["data"][0]["id"]
-        except Exception:
-            self.model_id = pathlib.Path(self.args.model).stem
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self):
-        self.stop()
-        self.start()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(address, body, timeout):
-    """(HTTP status, parsed JSON body or None, raw text)."""
-    request = urllib.request.Request(f"http://{address}/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            status, raw = r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read().decode("utf-8", "replace")
-    try:
-        return status, json.loads(raw), raw
-    except json.JSONDecodeError:
-        return status, None, raw
 
 
 def validate(schema, text):
@@ -194,35 +83,11 @@ def run_schema(server, item, args):
            "valid_declared_draft": None, "validation_errors": None, "completion_tokens": None,
            "prompt_tokens": None, "wall_s": None, "tok_s": None, "usage": None, "timings": None,
            "load_avg_1m": os.getloadavg()[0]}
-    if not server.alive():
-        try:
-            server.restart()
-        except ServerDown as e:
-            row["error"] = f"server down: {e}"
-            return row
-    start = time.perf_counter()
     try:
-        status, reply, raw = post(server.address, body, args.timeout)
-    except (TimeoutError, socket.timeout) as e:
-        row["error"] = f"timeout after {args.timeout} s ({e})"
-        row["wall_s"] = time.perf_counter() - start
-        try:
-            server.restart()  # it may still be generating the abandoned request
-        except ServerDown as e2:
-            row["error"] += f"; restart failed: {e2}"
+        status, reply, raw, row["wall_s"] = send(server, body, args.timeout)
+    except Failed as e:
+        row["error"] = f"{e.kind}: {e}"
         return row
-    except (urllib.error.URLError, ConnectionError, OSError) as e:
-        row["error"] = f"connection: {type(e).__name__}: {e}"
-        row["wall_s"] = time.perf_counter() - start
-        if not server.alive():
-            row["error"] += f" (server exited with {server.proc.returncode if server.proc else '?'})"
-        elif isinstance(getattr(e, "reason", None), TimeoutError):
-            try:
-                server.restart()
-            except ServerDown as e2:
-                row["error"] += f"; restart failed: {e2}"
-        return row
-    row["wall_s"] = time.perf_counter() - start
     row["status"] = status
     if status != 200 or not reply or "choices" not in reply:
         row["error"] = ("schema refused: " if status == 400 else f"HTTP {status}: ") + raw[:1000]
@@ -240,26 +105,14 @@ def run_schema(server, item, args):
     return row
 
 
+def describe(item, row):
+    state = ("ERROR " + row["error"][:120]) if row["error"] else (
+        f"{row['finish_reason']} valid={row['valid']} {row['completion_tokens']} tok {row['tok_s'] or 0:.1f} tok/s")
+    return f"{item['subset']}/{item['name']}: {state}"
+
+
 def run_engine(engine, items, args):
-    server = Server(engine, args)
-    rows = []
-    try:
-        try:
-            server.start()
-            post(server.address, {"model": server.model_id, "messages": [{"role": "user", "content": "Say hi."}],
-                                  "temperature": 0, "max_tokens": 8}, args.timeout)  # warm-up, not counted
-        except (ServerDown, OSError, urllib.error.URLError) as e:
-            print(f"{engine}: warm-up failed: {e}", file=sys.stderr)
-        for i, item in enumerate(items):
-            row = run_schema(server, item, args)
-            rows.append(row)
-            state = ("ERROR " + row["error"][:120]) if row["error"] else (
-                f"{row['finish_reason']} valid={row['valid']} {row['completion_tokens']} tok {row['tok_s'] or 0:.1f} tok/s")
-            print(f"[{engine} {i + 1}/{len(items)}] {item['subset']}/{item['name']}: {state} ({row['wall_s'] or 0:.1f} s)",
-                  file=sys.stderr, flush=True)
-    finally:
-        server.stop()
-    print(f"{engine}: server log {server.log.name} ({server.starts} start(s))", file=sys.stderr)
+    rows, server = bench_servers.run_engine(engine, items, args, "bench-structured", run_schema, describe)
     return rows, server.starts
 
 
