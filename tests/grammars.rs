@@ -95,7 +95,6 @@ fn lark_regex_and_choices() {
 fn llama3_tool_call_grammars() {
     use hearth_core::chat::ToolCallFormat;
     use hearth_core::request::{Function, ToolChoice, ToolRequest};
-    let (tokenizer, compiler) = compiler();
     let parameters = serde_json::json!({
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false
     });
