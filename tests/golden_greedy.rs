@@ -33,16 +33,22 @@ fn qwen_15b_matches_llama_cpp() {
     check(QWEN_15B, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
 }
 
-/// SmolLM2: the llama architecture (GQA 3:1, tied output head) in Q4_1 weights.
+/// SmolLM2: the llama architecture (GQA 3:1, tied output head) in Q4_1 weights. Its log-probs
+/// move more with attention's rounding than the other models' do: llama.cpp accumulates V in f16
+/// (see `check_exact`), and over this model's 30 layers that moves a log-prob by up to 0.85 nats
+/// and one top-2 margin from 0.46 to 0.01 (case d, step 28). With llama.cpp's numerics every
+/// token and log-prob matches (`smollm2_135m_matches_llama_cpp_exactly_with_its_numerics`), so
+/// the wider bounds here measure attention's rounding, not the model code.
 #[test]
 fn smollm2_135m_matches_llama_cpp() {
-    check(SMOLLM2_135M, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
+    check(SMOLLM2_135M, Tolerance { mean_logprob: 0.12, max_logprob: 1.0, decisive_margin: 0.5 });
 }
 
 /// With the CPU backend in llama.cpp's numerics (hearth-cpu's compat.rs: its f16 flash attention,
-/// its batch-dependent Q4_K/Q6_K mat-mul roundings) our logits are llama.cpp's bit for bit on
-/// these prompts; what remains of |Δ log-prob| (< 1e-3) is the fixture's own softmax (llama-server
-/// computes the log-probs in f32 over the sorted vocabulary). So every token must match, free
+/// its batch-dependent Q4_K/Q6_K mat-mul roundings; SmolLM2's Q4_1 mat-muls already round as
+/// llama.cpp's do) our logits are llama.cpp's bit for bit on these prompts; what remains of
+/// |Δ log-prob| (< 1e-3) is the fixture's own softmax (llama-server computes the log-probs in f32
+/// over the sorted vocabulary). So every token must match, free
 /// running and teacher-forced, and a near-tie may only be one below 1e-2.
 fn check_exact(stem: &str) {
     let golden = read_json(&format!("golden/{stem}.json"));
@@ -72,6 +78,11 @@ fn qwen_15b_matches_llama_cpp_exactly_with_its_numerics() {
     check_exact(QWEN_15B);
 }
 
+#[test]
+fn smollm2_135m_matches_llama_cpp_exactly_with_its_numerics() {
+    check_exact(SMOLLM2_135M);
+}
+
 /// Q4_K weights repacked into 16-row tiles (the CPU backend's default where the CPU has AVX-512
 /// VNNI) give the logits of the rows as stored, bit for bit: a 40-token prompt read (a prefill
 /// tile), single-token decode steps, and 5-token passes (speculative verification). Where the CPU
@@ -95,3 +106,4 @@ fn repacked_q4k_weights_keep_the_logits_bit_for_bit() {
         assert_eq!(differing, 0, "step {n} ({} tokens): {differing} logits differ", ids.len());
     }
 }
+
