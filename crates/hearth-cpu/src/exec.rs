@@ -2,8 +2,8 @@
 
 use crate::kv_store::KvStore;
 use crate::weights::CpuWeight;
-use crate::{attention, matmul, ops, CompiledGraph, CpuError};
-use hearth_core::graph::{BufId, Graph, Op, StepInput, WeightId};
+use crate::{attention, experts, matmul, ops, CompiledGraph, CpuError};
+use hearth_core::graph::{BufId, BufType, Graph, Op, StepInput, WeightId};
 use hearth_core::Result;
 
 pub(crate) struct ExecContext<'a> {
@@ -168,6 +168,23 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 }
                 bufs[out.0 as usize] = o;
             }
+            Op::RouteExperts { logits, routing, ids, weights } => {
+                let (mut i, mut wts) =
+                    (std::mem::take(&mut bufs[ids.0 as usize]), std::mem::take(&mut bufs[weights.0 as usize]));
+                experts::route(&bufs[logits.0 as usize], cols(*logits), routing, &mut i, &mut wts);
+                bufs[ids.0 as usize] = i;
+                bufs[weights.0 as usize] = wts;
+            }
+            Op::MatMulExperts { w: wid, x, ids, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                experts::matmul(w(*wid), &bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids), &mut o)?;
+                bufs[out.0 as usize] = o;
+            }
+            Op::CombineExperts { x, weights, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                experts::combine(&bufs[x.0 as usize], &bufs[weights.0 as usize], cols(*weights), &mut o);
+                bufs[out.0 as usize] = o;
+            }
         }
         timer.stop(op, |id| &ctx.weights[id.0 as usize]);
         if let Some(dir) = &taps {
@@ -226,14 +243,24 @@ impl OpTimer {
 /// runtimes can be compared op by op. When the variable names a directory, the whole output is
 /// also written there as raw little-endian f32 (`<op index>_<buffer name>.f32`).
 fn dump_tap(graph: &Graph, bufs: &[Vec<f32>], index: usize, op: &Op, dir: &std::path::Path) {
-    let Some(b) = op.output() else { return };
+    for b in op.outputs() {
+        dump_buffer(graph, bufs, index, op, b, dir);
+    }
+}
+
+fn dump_buffer(graph: &Graph, bufs: &[Vec<f32>], index: usize, op: &Op, b: BufId, dir: &std::path::Path) {
     let desc = &graph.bufs[b.0 as usize];
     let data = &bufs[b.0 as usize];
+    // Expert ids are bit patterns in the f32 buffers.
+    let show = |v: &f32| match desc.dtype {
+        BufType::U32 => format!("{:10}", v.to_bits()),
+        BufType::F32 => format!("{v:10.4}"),
+    };
     eprintln!("tap {index} {} -> {} [{}, {}]", op.name(), desc.name, desc.rows, desc.cols);
     for row in data.chunks(desc.cols.max(1)) {
         let c = row.len();
-        let head: Vec<String> = row.iter().take(3).map(|v| format!("{v:10.4}")).collect();
-        let tail: Vec<String> = row[c.saturating_sub(3)..].iter().map(|v| format!("{v:10.4}")).collect();
+        let head: Vec<String> = row.iter().take(3).map(show).collect();
+        let tail: Vec<String> = row[c.saturating_sub(3)..].iter().map(show).collect();
         eprintln!("    [{}, ..., {}]", head.join(", "), tail.join(", "));
     }
     eprintln!("    sum = {:.6}", data.iter().map(|&v| v as f64).sum::<f64>());

@@ -6,6 +6,7 @@
 mod attention;
 mod compat;
 mod exec;
+mod experts;
 mod fma;
 pub mod kernels;
 mod kv_store;

@@ -130,7 +130,6 @@ impl CpuWeight {
     }
 
     /// Expert `e`'s matrix, a dense weight `[n_rows, row_len]`; a dense weight is its own expert 0.
-    #[cfg_attr(not(test), expect(dead_code, reason = "MoE mat-muls pick their matrix here; no op reads experts yet"))]
     pub fn expert(&self, e: usize) -> Option<&CpuWeight> {
         match &self.bytes {
             Bytes::InExperts => self.experts.get(e),

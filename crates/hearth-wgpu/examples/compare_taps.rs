@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for cut in (from.max(1)..=limit.min(full.ops.len())).step_by(stride.max(1)) {
         let mut g = full.clone();
         g.ops.truncate(cut);
-        let Some(out) = g.ops[cut - 1].output() else { continue };
+        let Some(&out) = g.ops[cut - 1].outputs().last() else { continue };
         g.logits = out;
         let (mut a, mut b, mut top) = (Vec::new(), Vec::new(), TopK::default());
         let gc = cpu.compile(&g)?;

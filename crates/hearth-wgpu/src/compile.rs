@@ -223,6 +223,9 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         }
         Op::Attention { params, .. } => vectors(&[params.v_offset]),
         Op::Add { .. } | Op::Scale { .. } | Op::SwiGlu { .. } | Op::GeGlu { .. } | Op::LastRows { .. } => Ok(()),
+        Op::RouteExperts { .. } | Op::MatMulExperts { .. } | Op::CombineExperts { .. } => {
+            Err(format!("{} (mixture-of-experts ops have no WebGPU kernels yet)", op.name()))
+        }
     }
 }
 
@@ -898,6 +901,10 @@ impl Builder<'_> {
                     None,
                 )?;
             }
+            // `supports` refuses them before anything compiles.
+            Op::RouteExperts { .. } | Op::MatMulExperts { .. } | Op::CombineExperts { .. } => {
+                return Err(WgpuError::Unsupported(op.name().to_string()))
+            }
         }
         Ok(())
     }
@@ -991,11 +998,11 @@ pub(crate) fn compile(
             embed_rows = Some(embed_rows.map_or(rows, |r| r.min(rows)));
         }
         // A rounding (or a left-out producer) stands for its buffer only until it is written again.
-        if let Some(written) = op.output() {
+        for written in op.outputs() {
             b.rounded.retain(|&(x, _, _)| x != written);
             b.producers.retain(|(out, _)| *out != written);
         }
-        match (fusion, op.output()) {
+        match (fusion, op.outputs().first().copied()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
             (Fusion::SumBeforeRounding { residual, out }, _) => {
                 b.pending_sums.push(PendingSum { norm: op.clone(), residual, out })

@@ -79,7 +79,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
             if later.inputs().contains(&buf) {
                 return false;
             }
-            if later.output() == Some(buf) {
+            if later.writes(buf) {
                 return true;
             }
         }
@@ -101,10 +101,11 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
                     _ => return None,
                 }
             }
-            match later.output() {
-                Some(w) if w == out => break,
-                Some(w) if inputs.contains(&w) => inputs_changed = true,
-                _ => {}
+            if later.writes(out) {
+                break;
+            }
+            if later.outputs().iter().any(|w| inputs.contains(w)) {
+                inputs_changed = true;
             }
         }
         rounding
@@ -123,7 +124,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
                 Op::Attention { .. } => other_rounding = true,
                 _ => {}
             }
-            if later.output() == Some(out) {
+            if later.writes(out) {
                 break;
             }
         }

@@ -189,6 +189,27 @@ pub struct AttentionParams {
     pub v_offset: Option<WeightId>,
 }
 
+/// How a router's probabilities come from its logits (llama.cpp's `expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertGating {
+    /// Softmax over all experts (Mixtral, Qwen MoE, OLMoE, DeepSeek-V2).
+    Softmax,
+    /// A sigmoid per expert (DeepSeek-V3, Kimi).
+    Sigmoid,
+}
+
+/// How a token's experts and their weights are chosen from the router's logits, as llama.cpp's
+/// `build_moe_ffn` does: probabilities by `gating`, the `n_used` most probable experts (ties to
+/// the lower id), their probabilities as weights, divided by their sum when `normalize` (floored
+/// at 6.1e-5, as llama.cpp does), then multiplied by `scale`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertRouting {
+    pub n_used: usize,
+    pub gating: ExpertGating,
+    pub normalize: bool,
+    pub scale: f32,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// out[t] = dequant(table row tokens[t]). out: [n_tokens, n_embd].
@@ -226,6 +247,19 @@ pub enum Op {
     /// out: [n_seqs, cols], row s = x's row of the last token of sequence s — only those go
     /// through the output head.
     LastRows { x: BufId, out: BufId },
+    /// A mixture-of-experts router: from logits [n_tokens, n_expert] (f32), each token's
+    /// `routing.n_used` experts, most probable first, in ids [n_tokens, n_used] (u32), and their
+    /// weights [n_tokens, n_used] (f32), as [`ExpertRouting`] says.
+    RouteExperts { logits: BufId, routing: ExpertRouting, ids: BufId, weights: BufId },
+    /// Each token's mat-mul with its chosen experts: out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the
+    /// expert weight W: [n_expert][n, k] (GGML dims [k, n, n_expert]). ids: [n_tokens, n_used] (u32); x: [n_tokens, k] (every slot reads the
+    /// token's row) or [n_tokens, n_used * k] (slot s reads its own k values); out:
+    /// [n_tokens, n_used * n], slot after slot.
+    MatMulExperts { w: WeightId, x: BufId, ids: BufId, out: BufId },
+    /// out[t] = Σ_s weights[t, s] · x[t, s], summed slot after slot: the experts' outputs
+    /// x: [n_tokens, n_used * cols] combined by their router weights [n_tokens, n_used] into
+    /// out: [n_tokens, cols].
+    CombineExperts { x: BufId, weights: BufId, out: BufId },
 }
 
 impl Op {
@@ -243,6 +277,9 @@ impl Op {
             Op::SwiGlu { .. } => "swiglu",
             Op::GeGlu { .. } => "geglu",
             Op::LastRows { .. } => "last_rows",
+            Op::RouteExperts { .. } => "route_experts",
+            Op::MatMulExperts { .. } => "mat_mul_experts",
+            Op::CombineExperts { .. } => "combine_experts",
         }
     }
 
@@ -259,11 +296,15 @@ impl Op {
             Op::Attention { q, .. } => vec![*q],
             Op::Add { a, b, .. } => vec![*a, *b],
             Op::SwiGlu { gate, up, .. } | Op::GeGlu { gate, up, .. } => vec![*gate, *up],
+            Op::RouteExperts { logits, .. } => vec![*logits],
+            Op::MatMulExperts { x, ids, .. } => vec![*x, *ids],
+            Op::CombineExperts { x, weights, .. } => vec![*x, *weights],
         }
     }
 
-    /// The activation buffer the op writes; `None` for an op that writes only the KV cache.
-    pub fn output(&self) -> Option<BufId> {
+    /// The activation buffers the op writes: none for an op that writes only the KV cache, two
+    /// for a router (ids and weights).
+    pub fn outputs(&self) -> Vec<BufId> {
         match self {
             Op::Embed { out, .. }
             | Op::RmsNorm { out, .. }
@@ -272,10 +313,18 @@ impl Op {
             | Op::Add { out, .. }
             | Op::SwiGlu { out, .. }
             | Op::GeGlu { out, .. }
-            | Op::LastRows { out, .. } => Some(*out),
-            Op::Rope { x, .. } | Op::Scale { x, .. } => Some(*x),
-            Op::StoreKv { .. } => None,
+            | Op::LastRows { out, .. }
+            | Op::MatMulExperts { out, .. }
+            | Op::CombineExperts { out, .. } => vec![*out],
+            Op::Rope { x, .. } | Op::Scale { x, .. } => vec![*x],
+            Op::StoreKv { .. } => Vec::new(),
+            Op::RouteExperts { ids, weights, .. } => vec![*ids, *weights],
         }
+    }
+
+    /// Whether the op writes `buf`.
+    pub fn writes(&self, buf: BufId) -> bool {
+        self.outputs().contains(&buf)
     }
 }
 

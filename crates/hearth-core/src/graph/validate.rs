@@ -1,10 +1,10 @@
 //! The one shape check of a [`Graph`], run by every backend's `compile`: after it, a backend may
 //! index buffers and weights without bounds checks of its own. The aliasing rules are the
 //! strictest any backend needs (a WebGPU dispatch cannot bind one buffer both as read-write
-//! output and as a second input), so a graph valid on one backend is valid on all. Every op of
-//! the IR reads and writes f32 buffers and single-matrix weights; a u32 buffer or a weight with
-//! an expert dimension given to one is refused here, so no backend reads ids as values or an
-//! expert stack as one tall matrix.
+//! output and as a second input), so a graph valid on one backend is valid on all. Ops read and
+//! write f32 buffers and single-matrix weights, except the mixture-of-experts ops, which exchange
+//! u32 expert ids and read expert weights; a u32 buffer or an expert weight given to any other op
+//! is refused here, so no backend reads ids as values or an expert stack as one tall matrix.
 
 use super::{BufId, BufType, Graph, Op, WeightDesc, WeightId};
 use crate::error::CoreError;
@@ -50,16 +50,20 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
         CoreError::BadGraph { index: self.index, op: self.op.name(), reason }
     }
 
-    /// `[rows, cols]` of a buffer, which must be f32: every op reads and writes f32 (an op that
-    /// exchanges ids would check its u32 buffers apart).
+    /// `[rows, cols]` of an f32 buffer: what every op reads and writes, but expert ids.
     fn shape(&self, b: BufId) -> Result<(usize, usize), CoreError> {
+        self.typed_shape(b, BufType::F32)
+    }
+
+    /// `[rows, cols]` of a buffer, which must hold `dtype`.
+    fn typed_shape(&self, b: BufId, dtype: BufType) -> Result<(usize, usize), CoreError> {
         let d = self.graph.bufs.get(b.0 as usize).ok_or_else(|| self.bad(format!("unknown buffer {}", b.0)))?;
-        if d.dtype != BufType::F32 {
+        if d.dtype != dtype {
             return Err(CoreError::BufTypeMismatch {
                 index: self.index,
                 op: self.op.name(),
                 buffer: d.name.clone(),
-                expected: BufType::F32,
+                expected: dtype,
                 found: d.dtype,
             });
         }
@@ -83,10 +87,14 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
         Ok(cols)
     }
 
-    /// A weight read as one matrix or vector: every op reads one (an op that picks experts would
-    /// read an expert weight apart).
+    /// A weight read as a stack of matrices, one per expert (a dense weight is a stack of one).
+    fn experts(&self, id: WeightId) -> Result<&'w WeightDesc, CoreError> {
+        (self.weight)(id).ok_or_else(|| self.bad(format!("unknown weight {}", id.0)))
+    }
+
+    /// A weight read as one matrix or vector: every op but the expert mat-mul reads one.
     fn weight(&self, id: WeightId) -> Result<&'w WeightDesc, CoreError> {
-        let d = (self.weight)(id).ok_or_else(|| self.bad(format!("unknown weight {}", id.0)))?;
+        let d = self.experts(id)?;
         if d.n_experts() != 1 {
             return Err(CoreError::ExpertWeight {
                 index: self.index,
@@ -194,6 +202,46 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                     return Err(self.bad("output must have one row per sequence, of the input's width".into()));
                 }
             }
+            Op::RouteExperts { logits, routing, ids, weights } => {
+                let n_expert = self.per_token(*logits)?;
+                let k = routing.n_used;
+                if k == 0 || k > n_expert {
+                    return Err(self.bad(format!("{k} experts used of {n_expert}")));
+                }
+                if self.typed_shape(*ids, BufType::U32)? != (n, k) || self.shape(*weights)? != (n, k) {
+                    return Err(self.bad(format!("ids and weights must be [{n}, {k}]")));
+                }
+                if !routing.scale.is_finite() {
+                    return Err(self.bad(format!("expert weight scale {}", routing.scale)));
+                }
+            }
+            Op::MatMulExperts { w, x, ids, out } => {
+                let d = self.experts(*w)?;
+                let (_, k) = self.typed_shape(*ids, BufType::U32)?;
+                let x_cols = self.per_token(*x)?;
+                let broadcast = x_cols == d.row_len();
+                if k == 0 || !(broadcast || x_cols == k * d.row_len()) || k > d.n_experts() {
+                    return Err(
+                        self.bad(format!("x of {x_cols} columns for {k} slots of weight '{}' {:?}", d.name, d.dims))
+                    );
+                }
+                if self.typed_shape(*ids, BufType::U32)?.0 != n || self.per_token(*out)? != k * d.n_rows() || x == out {
+                    return Err(self.bad(format!(
+                        "ids [{n}, {k}] and out [{n}, {}] for weight '{}' {:?}",
+                        k * d.n_rows(),
+                        d.name,
+                        d.dims
+                    )));
+                }
+            }
+            Op::CombineExperts { x, weights, out } => {
+                let k = self.per_token(*weights)?;
+                let x_cols = self.per_token(*x)?;
+                let cols = self.per_token(*out)?;
+                if k == 0 || x_cols != k * cols || x == out || weights == out {
+                    return Err(self.bad(format!("x of {x_cols} columns for {k} slots of {cols}")));
+                }
+            }
         }
         Ok(())
     }
@@ -202,6 +250,7 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::{ExpertGating, ExpertRouting};
     use crate::quant::GgmlType;
 
     fn matrix(rows: u64, k: u64) -> WeightDesc {
@@ -365,14 +414,58 @@ mod tests {
     #[test]
     fn ops_name_what_they_read_and_write() {
         let (a, b, c) = (BufId(0), BufId(1), BufId(2));
-        assert_eq!((Op::Add { a, b, out: c }.inputs(), Op::Add { a, b, out: c }.output()), (vec![a, b], Some(c)));
+        assert_eq!((Op::Add { a, b, out: c }.inputs(), Op::Add { a, b, out: c }.outputs()), (vec![a, b], vec![c]));
         assert_eq!(
-            (Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.output()),
-            (vec![a], Some(a))
+            (Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.outputs()),
+            (vec![a], vec![a])
         );
         let store = Op::StoreKv { layer: 0, k: a, v: b, k_offset: None, v_offset: None };
-        assert_eq!((store.inputs(), store.output()), (vec![a, b], None));
+        assert_eq!((store.inputs(), store.outputs()), (vec![a, b], vec![]));
         let embed = Op::Embed { table: WeightId(0), out: c };
-        assert_eq!((embed.inputs(), embed.output()), (vec![], Some(c)));
+        assert_eq!((embed.inputs(), embed.outputs()), (vec![], vec![c]));
+        let route = Op::RouteExperts { logits: a, routing: routing(2), ids: b, weights: c };
+        assert_eq!((route.inputs(), route.outputs()), (vec![a], vec![b, c]));
+        assert!(route.writes(b) && route.writes(c) && !route.writes(a));
+    }
+
+    fn routing(n_used: usize) -> ExpertRouting {
+        ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 }
+    }
+
+    /// A router over 8 experts choosing 2, the gate mat-mul of experts [k = 4, n = 3, 8 experts]
+    /// on each token's row, and the combination of the 2 slots.
+    fn moe_graph(x_cols: usize, ids_type: BufType) -> Graph {
+        let mut g = Graph::new(2, 1);
+        let logits = g.buf("router_logits", 2, 8);
+        let ids = g.typed_buf("expert_ids", ids_type, 2, 2);
+        let weights = g.buf("expert_weights", 2, 2);
+        let x = g.buf("x", 2, x_cols);
+        let out = g.buf("out", 2, 6);
+        let combined = g.buf("combined", 2, 3);
+        g.push(Op::RouteExperts { logits, routing: routing(2), ids, weights });
+        g.push(Op::MatMulExperts { w: WeightId(0), x, ids, out });
+        g.push(Op::CombineExperts { x: out, weights, out: combined });
+        g.logits = combined;
+        g
+    }
+
+    #[test]
+    fn expert_ops_read_u32_ids_and_expert_weights() {
+        let experts = WeightDesc { name: "blk.0.ffn_gate_exps.weight".into(), ty: GgmlType::F32, dims: vec![4, 3, 8] };
+        // x read whole by every slot, or a slice per slot.
+        moe_graph(4, BufType::U32).validate(|_| Some(&experts)).expect("broadcast x");
+        moe_graph(8, BufType::U32).validate(|_| Some(&experts)).expect("x per slot");
+        let err = moe_graph(6, BufType::U32).validate(|_| Some(&experts)).expect_err("6 columns");
+        assert!(matches!(err, CoreError::BadGraph { index: 1, op: "mat_mul_experts", .. }), "{err:?}");
+        // Ids must be u32, for the router and the mat-mul alike.
+        let err = moe_graph(4, BufType::F32).validate(|_| Some(&experts)).expect_err("f32 ids");
+        assert!(
+            matches!(&err, CoreError::BufTypeMismatch { index: 0, op: "route_experts", buffer, .. } if buffer == "expert_ids"),
+            "{err:?}"
+        );
+        // More experts used than the router scores.
+        let mut g = moe_graph(4, BufType::U32);
+        g.ops[0] = Op::RouteExperts { logits: BufId(0), routing: routing(9), ids: BufId(1), weights: BufId(2) };
+        assert!(matches!(g.validate(|_| Some(&experts)), Err(CoreError::BadGraph { index: 0, .. })));
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::{Metadata, Value};
-use crate::graph::RopeMode;
+use crate::graph::{ExpertGating, ExpertRouting, RopeMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -14,6 +14,9 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: q/k norm, embedding scale, GELU, post-norms, interleaved sliding-window layers.
     Gemma3,
+    /// Qwen 3 MoE: Qwen 3's attention, a mixture-of-experts FFN in every layer (softmax router,
+    /// top-k weights renormalised).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -23,6 +26,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -33,6 +37,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -41,6 +46,15 @@ impl Arch {
 pub enum FfnActivation {
     Silu,
     GeluTanh,
+}
+
+/// A mixture-of-experts FFN: `n_expert` SwiGLU experts of `n_ff_expert` hidden values each,
+/// `routing.n_used` of them per token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_ff_expert: usize,
+    pub routing: ExpertRouting,
 }
 
 /// Per-layer attention kind: global layers see the whole context, local ones a sliding window.
@@ -82,6 +96,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Gemma's extra norms after attention and after the FFN.
     pub post_norms: bool,
+    /// Every layer's FFN is a mixture of experts (`None`: dense, `n_ff` wide).
+    pub moe: Option<MoeConfig>,
     pub layers: Vec<LayerAttention>,
 }
 
@@ -178,12 +194,17 @@ impl ModelConfig {
             qkv_bias: false,
             qk_norm: false,
             post_norms: false,
+            moe: None,
             layers: vec![global; n_layer],
         };
         match arch {
             Arch::Llama => cfg.rope_mode = RopeMode::Normal,
             Arch::Qwen2 => cfg.qkv_bias = true,
             Arch::Qwen3 => cfg.qk_norm = true,
+            Arch::Qwen3Moe => {
+                cfg.qk_norm = true;
+                cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, true)?);
+            }
             Arch::Gemma3 => {
                 cfg.qk_norm = true;
                 cfg.post_norms = true;
@@ -204,6 +225,33 @@ impl ModelConfig {
         }
         Ok(cfg)
     }
+}
+
+/// Most experts accepted (real models: up to 384).
+const MAX_EXPERTS: usize = 1 << 12;
+
+/// The experts of a mixture-of-experts FFN from `{arch}.expert_count`, `expert_used_count` and
+/// `expert_feed_forward_length` (absent: `n_ff / n_used`, as llama.cpp reads it), routed by a
+/// softmax over all experts, the chosen weights divided by their sum when `normalize` (fixed per
+/// architecture in llama.cpp, which reads no key for it on these).
+fn moe_config(meta: &Metadata, arch_name: &str, n_embd: usize, n_ff: usize, normalize: bool) -> Result<MoeConfig> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let n_expert = meta.usize(&key("expert_count"))?;
+    let n_used = meta.usize(&key("expert_used_count"))?;
+    if n_expert == 0 || n_expert > MAX_EXPERTS || n_used == 0 || n_used > n_expert {
+        return Err(CoreError::BadHyperParameter(format!(
+            "expert_used_count {n_used} of expert_count {n_expert} (at most {MAX_EXPERTS} experts)"
+        )));
+    }
+    let n_ff_expert = meta.opt_usize(&key("expert_feed_forward_length"))?.filter(|&f| f > 0).unwrap_or(n_ff / n_used);
+    // The chosen experts' hidden values, and their outputs, lie side by side in one activation row.
+    if n_ff_expert == 0 || n_ff_expert.max(n_embd).saturating_mul(n_used) > MAX_DIM {
+        return Err(CoreError::BadHyperParameter(format!(
+            "{n_used} experts used of feed-forward length {n_ff_expert} (embedding {n_embd}) exceed rows of {MAX_DIM}"
+        )));
+    }
+    let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize, scale: 1.0 };
+    Ok(MoeConfig { n_expert, n_ff_expert, routing })
 }
 
 /// Largest layer count and tensor dimension accepted (real models: ~128 layers, dimensions below 2^17).

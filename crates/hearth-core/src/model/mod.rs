@@ -1,18 +1,19 @@
-//! Model graphs. One decoder, written once against [`Graph`], covers llama, qwen2, qwen3 and
-//! gemma3; the architectures differ only in the switches of [`ModelConfig`] (biases, q/k norms,
-//! post-norms, activation, RoPE flavour, per-layer sliding windows). Backends never see the
+//! Model graphs. One decoder, written once against [`Graph`], covers llama, qwen2, qwen3, gemma3
+//! and qwen3moe; the architectures differ only in the switches of [`ModelConfig`] (biases, q/k
+//! norms, post-norms, activation, RoPE flavour, per-layer sliding windows, a mixture of experts
+//! in place of the dense FFN). Backends never see the
 //! architecture, only the ops.
 
 pub mod config;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig};
-pub use weights::{LayerWeights, ModelWeights};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig};
+pub use weights::{FfnWeights, LayerWeights, ModelWeights};
 
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::graph::{AttentionParams, BufId, Graph, LogitsMode, Op, RopeParams};
+use crate::graph::{AttentionParams, BufId, BufType, Graph, LogitsMode, Op, RopeParams};
 use crate::kv::{KvGroup, KvType};
 
 pub struct Model {
@@ -151,19 +152,38 @@ impl Model {
     }
 
     /// Layer `il`'s feed-forward network, added to the residual stream: norm, gate and up
-    /// projections, the gated activation, the down projection and its post-norm.
+    /// projections, the gated activation, the down projection and its post-norm. In a mixture
+    /// of experts the router picks each token's experts first, the projections are theirs, and
+    /// their outputs are summed by the router's weights.
     fn ffn_block(&self, g: &mut Graph, b: &Activations, il: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[il];
         let (x, h, gate, up, proj) = (b.residual, b.normed, b.gate, b.up, b.proj);
-        g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
-        g.push(Op::MatMul { w: lw.ffn_gate, x: h, bias: None, out: gate });
-        g.push(Op::MatMul { w: lw.ffn_up, x: h, bias: None, out: up });
-        g.push(match c.ffn_activation {
+        let activation = |gate, up| match c.ffn_activation {
             FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
             FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
-        });
-        g.push(Op::MatMul { w: lw.ffn_down, x: gate, bias: None, out: proj });
+        };
+        g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
+        match (&lw.ffn, &c.moe, &b.experts) {
+            (FfnWeights::Dense { gate: wg, up: wu, down: wd }, _, _) => {
+                g.push(Op::MatMul { w: *wg, x: h, bias: None, out: gate });
+                g.push(Op::MatMul { w: *wu, x: h, bias: None, out: up });
+                g.push(activation(gate, up));
+                g.push(Op::MatMul { w: *wd, x: gate, bias: None, out: proj });
+            }
+            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd }, Some(moe), Some(e)) => {
+                g.push(Op::MatMul { w: *router, x: h, bias: None, out: e.router_logits });
+                let routing = moe.routing.clone();
+                g.push(Op::RouteExperts { logits: e.router_logits, routing, ids: e.ids, weights: e.weights });
+                g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, out: gate });
+                g.push(Op::MatMulExperts { w: *wu, x: h, ids: e.ids, out: up });
+                g.push(activation(gate, up));
+                g.push(Op::MatMulExperts { w: *wd, x: gate, ids: e.ids, out: e.outputs });
+                g.push(Op::CombineExperts { x: e.outputs, weights: e.weights, out: proj });
+            }
+            // Weights are uploaded as the config says: experts exactly when it has a MoE.
+            (FfnWeights::Experts { .. }, _, _) => unreachable!("expert weights without a MoE config"),
+        }
         if let Some(pn) = lw.ffn_post_norm {
             g.push(Op::RmsNorm { x: proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: proj });
         }
@@ -180,14 +200,30 @@ struct Activations {
     v: BufId,        // [n, n_head_kv * head_dim]
     attn: BufId,     // [n, n_head * head_dim]
     proj: BufId,     // [n, n_embd]: attention output / FFN output
-    gate: BufId,     // [n, n_ff], then the activated product
-    up: BufId,       // [n, n_ff]
+    gate: BufId,     // [n, n_ff] (MoE: [n, n_used * n_ff_expert]), then the activated product
+    up: BufId,       // [n, n_ff] (MoE: [n, n_used * n_ff_expert])
+    experts: Option<ExpertActivations>,
+}
+
+/// The buffers of a mixture-of-experts FFN.
+struct ExpertActivations {
+    router_logits: BufId, // [n, n_expert]
+    ids: BufId,           // [n, n_used] u32
+    weights: BufId,       // [n, n_used]
+    outputs: BufId,       // [n, n_used * n_embd]
 }
 
 impl Activations {
     fn new(g: &mut Graph, c: &ModelConfig, n: usize) -> Self {
         let q_width = c.n_head * c.head_dim;
         let kv_width = c.n_head_kv * c.head_dim;
+        let ff_width = c.moe.as_ref().map_or(c.n_ff, |m| m.routing.n_used * m.n_ff_expert);
+        let experts = c.moe.as_ref().map(|m| ExpertActivations {
+            router_logits: g.buf("ffn_moe_logits", n, m.n_expert),
+            ids: g.typed_buf("ffn_moe_topk", BufType::U32, n, m.routing.n_used),
+            weights: g.buf("ffn_moe_weights", n, m.routing.n_used),
+            outputs: g.buf("ffn_moe_down", n, m.routing.n_used * c.n_embd),
+        });
         Activations {
             residual: g.buf("residual", n, c.n_embd),
             normed: g.buf("normed", n, c.n_embd),
@@ -196,8 +232,9 @@ impl Activations {
             v: g.buf("v", n, kv_width),
             attn: g.buf("attn_out", n, q_width),
             proj: g.buf("proj", n, c.n_embd),
-            gate: g.buf("ffn_gate", n, c.n_ff),
-            up: g.buf("ffn_up", n, c.n_ff),
+            gate: g.buf("ffn_gate", n, ff_width),
+            up: g.buf("ffn_up", n, ff_width),
+            experts,
         }
     }
 }

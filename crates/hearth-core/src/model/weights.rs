@@ -21,10 +21,18 @@ pub struct LayerWeights {
     pub wo: WeightId,
     pub attn_post_norm: Option<WeightId>,
     pub ffn_norm: WeightId,
-    pub ffn_gate: WeightId,
-    pub ffn_up: WeightId,
-    pub ffn_down: WeightId,
+    pub ffn: FfnWeights,
     pub ffn_post_norm: Option<WeightId>,
+}
+
+/// A layer's feed-forward matrices.
+#[derive(Clone, Debug)]
+pub enum FfnWeights {
+    /// gate, up: [n_ff, n_embd]; down: [n_embd, n_ff].
+    Dense { gate: WeightId, up: WeightId, down: WeightId },
+    /// router: [n_expert, n_embd] (F32 in llama.cpp's files); gate, up: [n_expert][n_ff_expert,
+    /// n_embd]; down: [n_expert][n_embd, n_ff_expert].
+    Experts { router: WeightId, gate: WeightId, up: WeightId, down: WeightId },
 }
 
 #[derive(Clone, Debug)]
@@ -149,9 +157,22 @@ impl ModelWeights {
                 wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
                 ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,
-                ffn_gate: up.upload(&n("ffn_gate.weight"), &[e, ff])?,
-                ffn_up: up.upload(&n("ffn_up.weight"), &[e, ff])?,
-                ffn_down: up.upload(&n("ffn_down.weight"), &[ff, e])?,
+                ffn: match &cfg.moe {
+                    None => FfnWeights::Dense {
+                        gate: up.upload(&n("ffn_gate.weight"), &[e, ff])?,
+                        up: up.upload(&n("ffn_up.weight"), &[e, ff])?,
+                        down: up.upload(&n("ffn_down.weight"), &[ff, e])?,
+                    },
+                    Some(moe) => {
+                        let (x, fx) = (moe.n_expert as u64, moe.n_ff_expert as u64);
+                        FfnWeights::Experts {
+                            router: up.upload(&n("ffn_gate_inp.weight"), &[e, x])?,
+                            gate: up.upload(&n("ffn_gate_exps.weight"), &[e, fx, x])?,
+                            up: up.upload(&n("ffn_up_exps.weight"), &[e, fx, x])?,
+                            down: up.upload(&n("ffn_down_exps.weight"), &[fx, e, x])?,
+                        }
+                    }
+                },
                 ffn_post_norm: up.required_if(cfg.post_norms, &n("post_ffw_norm.weight"), &[e])?,
             });
         }

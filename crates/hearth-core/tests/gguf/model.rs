@@ -253,3 +253,115 @@ fn missing_tensor_and_wrong_shape_fail_session_load() {
     let (r, _) = load(tiny_llama(None, None, Some(("general.architecture", Value::String("mamba".into())))));
     assert!(matches!(r, Err(CoreError::UnknownArchitecture(_))));
 }
+
+/// A one-layer qwen3moe: tiny_llama's attention shapes with per-head q/k norms, and 4 experts of
+/// 6 hidden values, 2 of them per token.
+fn tiny_qwen3moe(skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
+    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
+    let mut kvs = vec![
+        ("general.architecture", Value::String("qwen3moe".into())),
+        ("qwen3moe.block_count", Value::U32(1)),
+        ("qwen3moe.embedding_length", Value::U32(EMBD as u32)),
+        ("qwen3moe.attention.head_count", Value::U32(2)),
+        ("qwen3moe.attention.head_count_kv", Value::U32(1)),
+        ("qwen3moe.feed_forward_length", Value::U32(FF as u32)),
+        ("qwen3moe.expert_feed_forward_length", Value::U32(6)),
+        ("qwen3moe.expert_count", Value::U32(4)),
+        ("qwen3moe.expert_used_count", Value::U32(2)),
+        ("qwen3moe.context_length", Value::U32(64)),
+        ("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("tokenizer.ggml.tokens", tokens),
+    ];
+    if let Some((k, v)) = override_kv {
+        match kvs.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => kvs.push((k, v)),
+        }
+    }
+    let mut w = GgufWriter::new(3);
+    for (k, v) in kvs {
+        w = w.kv(k, v);
+    }
+    let tensors: [(&str, &[u64]); 14] = [
+        ("token_embd.weight", &[EMBD, VOCAB]),
+        ("output_norm.weight", &[EMBD]),
+        ("blk.0.attn_norm.weight", &[EMBD]),
+        ("blk.0.attn_q.weight", &[EMBD, 8]),
+        ("blk.0.attn_k.weight", &[EMBD, 4]),
+        ("blk.0.attn_v.weight", &[EMBD, 4]),
+        ("blk.0.attn_q_norm.weight", &[4]),
+        ("blk.0.attn_k_norm.weight", &[4]),
+        ("blk.0.attn_output.weight", &[8, EMBD]),
+        ("blk.0.ffn_norm.weight", &[EMBD]),
+        ("blk.0.ffn_gate_inp.weight", &[EMBD, 4]),
+        ("blk.0.ffn_gate_exps.weight", &[EMBD, 6, 4]),
+        ("blk.0.ffn_up_exps.weight", &[EMBD, 6, 4]),
+        ("blk.0.ffn_down_exps.weight", &[6, EMBD, 4]),
+    ];
+    for (name, dims) in tensors {
+        if Some(name) != skip_tensor {
+            w = w.tensor(name, GgmlType::F32, dims);
+        }
+    }
+    w
+}
+
+#[test]
+fn a_mixture_of_experts_loads_its_expert_stacks_and_routes_in_the_graph() {
+    use hearth_core::graph::{ExpertGating, Op};
+    let file = parse(&tiny_qwen3moe(None, None).write().bytes).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    let moe = cfg.moe.clone().expect("a MoE config");
+    assert_eq!((moe.n_expert, moe.n_ff_expert, moe.routing.n_used), (4, 6, 2));
+    assert!(moe.routing.normalize && moe.routing.gating == ExpertGating::Softmax && moe.routing.scale == 1.0);
+    assert!(cfg.qk_norm);
+    // Without expert_feed_forward_length, n_ff / n_used, as llama.cpp reads it.
+    let file = parse(&tiny_qwen3moe(None, Some(("qwen3moe.expert_feed_forward_length", Value::U32(0)))).write().bytes)
+        .unwrap();
+    assert_eq!(ModelConfig::from_metadata(&file.metadata).unwrap().moe.expect("moe").n_ff_expert, 8);
+
+    let file = parse(&tiny_qwen3moe(None, None).write().bytes).unwrap();
+    let model =
+        hearth_core::model::Model::load(&file, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    let graph = model.build_graph(3, 1, hearth_core::graph::LogitsMode::Last);
+    let names: Vec<&str> = graph.ops.iter().map(Op::name).collect();
+    let ffn = names.iter().position(|n| *n == "route_experts").expect("a router");
+    assert_eq!(
+        names[ffn - 1..ffn + 6],
+        [
+            "mat_mul",
+            "route_experts",
+            "mat_mul_experts",
+            "mat_mul_experts",
+            "swiglu",
+            "mat_mul_experts",
+            "combine_experts"
+        ]
+    );
+}
+
+#[test]
+fn a_mixture_of_experts_with_bad_expert_counts_or_tensors_is_refused() {
+    let e = config_err(tiny_qwen3moe(None, Some(("qwen3moe.expert_used_count", Value::U32(5)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(ref m) if m.contains("expert_count 4")), "{e:?}");
+    let e = config_err(tiny_qwen3moe(None, Some(("qwen3moe.expert_count", Value::U64(u64::MAX)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(_)), "{e:?}");
+    let e = config_err(tiny_qwen3moe(None, Some(("qwen3moe.expert_feed_forward_length", Value::U64(1 << 40)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(_)), "{e:?}");
+    let (r, _) = load(tiny_qwen3moe(Some("blk.0.ffn_down_exps.weight"), None));
+    assert!(matches!(r, Err(CoreError::MissingTensor(ref t)) if t == "blk.0.ffn_down_exps.weight"), "{:?}", r.err());
+    // The experts stacked on the wrong axis.
+    let (r, _) = load(tiny_qwen3moe(Some("blk.0.ffn_up_exps.weight"), None).tensor(
+        "blk.0.ffn_up_exps.weight",
+        GgmlType::F32,
+        &[EMBD, 4, 6],
+    ));
+    assert!(matches!(r, Err(CoreError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.ffn_up_exps.weight"));
+    // A backend without the expert ops refuses the model when it loads.
+    let file = parse(&tiny_qwen3moe(None, None).write().bytes).unwrap();
+    let backend = RecordingBackend { refuse: Some("mat_mul_experts"), ..RecordingBackend::default() };
+    match Session::load(&file, Box::new(backend), &EngineOptions::default(), &mut |_, _| {}) {
+        Err(CoreError::Unsupported { what, .. }) => assert!(what.contains("mat_mul_experts"), "{what}"),
+        other => panic!("expected Unsupported, got {:?}", other.err()),
+    }
+}

@@ -1,0 +1,152 @@
+//! Mixture-of-experts ops: a whole expert FFN (router mat-mul, routing, the chosen experts'
+//! gate/up/down mat-muls, SwiGLU, the weighted combination) for every weight type of the expert
+//! stacks against the CPU oracle, and the oracle against a host reference in f64.
+
+use crate::case::{run_step, single, small_layout, tokens, Case, WEIGHT_TYPES};
+use crate::{Rng, Subject, Tolerance};
+use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, Op, WeightId};
+use hearth_core::quant::GgmlType;
+use hearth_cpu::CpuBackend;
+
+const N_EXPERT: usize = 8;
+const N_USED: usize = 2;
+const N_TOKENS: usize = 5;
+/// Rows of the table the tokens' input rows come from.
+const INPUT_ROWS: u32 = 64;
+
+/// The weights of [`moe_case`], by id.
+struct MoeWeights {
+    table: WeightId,
+    router: WeightId,
+    gate: WeightId,
+    up: WeightId,
+    down: WeightId,
+}
+
+/// One MoE FFN over `N_TOKENS` tokens of `n_embd` values, experts of `n_ff` hidden values in
+/// `ty`, the router F32 (as llama.cpp's files keep it); the output is the combined FFN output.
+fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rng: &mut Rng) -> (Case, MoeWeights) {
+    let mut c = Case::new(N_TOKENS);
+    let x = c.input("x", n_embd, rng);
+    let table = WeightId(c.weights.len() as u32 - 1);
+    let router = c.weight(GgmlType::F32, &[n_embd as u64, N_EXPERT as u64], rng);
+    let (e, f, x_count) = (n_embd as u64, n_ff as u64, N_EXPERT as u64);
+    let gate = c.weight(ty, &[e, f, x_count], rng);
+    let up = c.weight(ty, &[e, f, x_count], rng);
+    let down = c.weight(ty, &[f, e, x_count], rng);
+    let g = &mut c.graph;
+    let logits = g.buf("ffn_moe_logits", N_TOKENS, N_EXPERT);
+    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, N_TOKENS, N_USED);
+    let weights = g.buf("ffn_moe_weights", N_TOKENS, N_USED);
+    let gate_out = g.buf("gate", N_TOKENS, N_USED * n_ff);
+    let up_out = g.buf("up", N_TOKENS, N_USED * n_ff);
+    let down_out = g.buf("down", N_TOKENS, N_USED * n_embd);
+    let out = g.buf("out", N_TOKENS, n_embd);
+    g.push(Op::MatMul { w: router, x, bias: None, out: logits });
+    g.push(Op::RouteExperts { logits, routing, ids, weights });
+    g.push(Op::MatMulExperts { w: gate, x, ids, out: gate_out });
+    g.push(Op::MatMulExperts { w: up, x, ids, out: up_out });
+    g.push(Op::SwiGlu { gate: gate_out, up: up_out, out: gate_out });
+    g.push(Op::MatMulExperts { w: down, x: gate_out, ids, out: down_out });
+    g.push(Op::CombineExperts { x: down_out, weights, out });
+    g.logits = out;
+    (c, MoeWeights { table, router, gate, up, down })
+}
+
+fn softmax_top2() -> ExpertRouting {
+    ExpertRouting { n_used: N_USED, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 }
+}
+
+pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
+    let mut rng = Rng(21);
+    for ty in WEIGHT_TYPES {
+        let width = ty.block_len().max(32) * 2;
+        let (c, _) = moe_case(ty, width, width, softmax_top2(), &mut rng);
+        let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
+        c.check(subject, &format!("moe ffn {ty:?} {width}"), Tolerance::SUM_ORDER, &steps);
+    }
+}
+
+/// The oracle's MoE FFN against the same FFN computed here in f64 from the F32 weights (F32
+/// mat-muls round no activations), for softmax routing renormalised or scaled, and sigmoid
+/// routing; each token's result equals its result alone in a step (nothing depends on which
+/// tokens share the experts).
+pub fn mixture_of_experts_match_a_host_reference() {
+    let mut rng = Rng(22);
+    let (n_embd, n_ff) = (48, 40);
+    let routings = [
+        softmax_top2(),
+        ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() },
+        ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 },
+    ];
+    for routing in routings {
+        let (c, w) = moe_case(GgmlType::F32, n_embd, n_ff, routing.clone(), &mut rng);
+        let ids = tokens(N_TOKENS, INPUT_ROWS, &mut rng);
+        let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
+        let (kv, g) = c.load(&mut cpu);
+        let got = run_step(&mut cpu, g, kv, &single(ids.clone(), 0, &small_layout())).expect("execute");
+        let mut alone = Case::new(1);
+        alone.weights = c.weights.clone();
+        alone.graph = with_tokens(&c, 1);
+        let mut solo_cpu = CpuBackend::new(Some(1)).expect("cpu");
+        let (kv1, g1) = alone.load(&mut solo_cpu);
+        let values = |id: WeightId| -> Vec<f64> {
+            c.weights[id.0 as usize]
+                .1
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect()
+        };
+        let (table, router) = (values(w.table), values(w.router));
+        let (gate, up, down) = (values(w.gate), values(w.up), values(w.down));
+        let dot = |m: &[f64], row: usize, x: &[f64]| -> f64 {
+            m[row * x.len()..(row + 1) * x.len()].iter().zip(x).map(|(a, b)| a * b).sum()
+        };
+        for (t, &token) in ids.iter().enumerate() {
+            let x = &table[token as usize * n_embd..(token as usize + 1) * n_embd];
+            let logits: Vec<f64> = (0..N_EXPERT).map(|e| dot(&router, e, x)).collect();
+            let probs: Vec<f64> = match routing.gating {
+                ExpertGating::Softmax => {
+                    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                    logits.iter().map(|l| (l - max).exp() / z).collect()
+                }
+                ExpertGating::Sigmoid => logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect(),
+            };
+            let mut order: Vec<usize> = (0..N_EXPERT).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+            let chosen = &order[..routing.n_used];
+            let sum: f64 = chosen.iter().map(|&e| probs[e]).sum();
+            let mut want = vec![0f64; n_embd];
+            for &e in chosen {
+                let weight = if routing.normalize { probs[e] / sum } else { probs[e] } * routing.scale as f64;
+                let hidden: Vec<f64> = (0..n_ff)
+                    .map(|j| {
+                        let (g, u) = (dot(&gate, e * n_ff + j, x), dot(&up, e * n_ff + j, x));
+                        g / (1.0 + (-g).exp()) * u
+                    })
+                    .collect();
+                for (i, o) in want.iter_mut().enumerate() {
+                    *o += weight * dot(&down, e * n_embd + i, &hidden);
+                }
+            }
+            let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            let row = &got[t * n_embd..(t + 1) * n_embd];
+            Tolerance::ELEMENTWISE.assert_close(&format!("moe ffn {routing:?} token {t} vs f64"), row, &want);
+
+            // The token alone in its step: the same values, bit for bit.
+            let solo = run_step(&mut solo_cpu, g1, kv1, &single(vec![token], 0, &small_layout())).expect("execute");
+            Tolerance::EXACT.assert_close(&format!("moe ffn {routing:?} token {t} alone"), &solo, row);
+        }
+    }
+}
+
+/// `case`'s graph rebuilt for `n_tokens` tokens: every buffer's rows become `n_tokens`.
+fn with_tokens(case: &Case, n_tokens: usize) -> hearth_core::graph::Graph {
+    let mut g = case.graph.clone();
+    g.n_tokens = n_tokens;
+    for b in &mut g.bufs {
+        b.rows = n_tokens;
+    }
+    g
+}

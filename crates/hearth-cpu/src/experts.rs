@@ -1,0 +1,161 @@
+//! Mixture-of-experts ops: the router's choice of experts, the chosen experts' mat-muls, and the
+//! weighted sum of their outputs, computed as llama.cpp's `build_moe_ffn` does. Expert ids live
+//! in the f32 activation buffers as bit patterns (`f32::from_bits`), exact and never computed on.
+
+use crate::matmul::{self, QuantizedActivations};
+use crate::weights::CpuWeight;
+use crate::{CpuError, Numerics};
+use hearth_core::graph::{BufId, ExpertGating, ExpertRouting};
+
+/// ggml's floor for the sum of the chosen experts' probabilities before dividing by it.
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+/// For each token's row of `logits` ([n_tokens, n_expert]): its `routing.n_used` experts, most
+/// probable first (ties to the lower id), into `ids` ([n_tokens, n_used], as bit patterns), and
+/// their weights into `weights` ([n_tokens, n_used]).
+pub(crate) fn route(logits: &[f32], n_expert: usize, routing: &ExpertRouting, ids: &mut [f32], weights: &mut [f32]) {
+    let k = routing.n_used;
+    let mut probs = vec![0f32; n_expert];
+    let mut order: Vec<usize> = (0..n_expert).collect();
+    for ((row, ids), weights) in
+        logits.chunks_exact(n_expert).zip(ids.chunks_exact_mut(k)).zip(weights.chunks_exact_mut(k))
+    {
+        match routing.gating {
+            ExpertGating::Softmax => softmax(row, &mut probs),
+            ExpertGating::Sigmoid => probs.iter_mut().zip(row).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp())),
+        }
+        order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
+        // A stable sort, so equal probabilities keep the lower id first; NaN (from NaN logits)
+        // sorts last rather than panicking.
+        order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or(std::cmp::Ordering::Equal));
+        for ((id, w), &e) in ids.iter_mut().zip(weights.iter_mut()).zip(&order) {
+            *id = f32::from_bits(e as u32);
+            *w = probs[e];
+        }
+        if routing.normalize {
+            let sum = weights.iter().sum::<f32>().max(MIN_WEIGHT_SUM);
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        if routing.scale != 1.0 {
+            weights.iter_mut().for_each(|w| *w *= routing.scale);
+        }
+    }
+}
+
+/// ggml's softmax of a row: exponentials of the shifted values summed in f64, then scaled by the
+/// reciprocal of the sum.
+fn softmax(row: &[f32], out: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = (v - max).exp();
+        sum += *o as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the expert weight `w` ([n_expert][n, k]); `x` holds
+/// `k` values per token (read by every slot) or `n_used * k` (a slice per slot), and `out`
+/// `n_used * n`. The (token, slot) rows of each expert are gathered and go through one mat-mul,
+/// whose every row equals its one-row product bit for bit, so a token's result does not depend
+/// on which other tokens share its step.
+pub(crate) fn matmul(w: &CpuWeight, x: &[f32], ids: &[f32], n_used: usize, out: &mut [f32]) -> Result<(), CpuError> {
+    let n_tokens = ids.len() / n_used;
+    let (k, n) = (w.desc.row_len(), w.desc.n_rows());
+    let x_cols = x.len() / n_tokens.max(1);
+    let n_expert = w.desc.n_experts();
+    // (token, slot) pairs per expert.
+    let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (pair, id) in ids.iter().enumerate() {
+        let e = id.to_bits() as usize;
+        let rows = rows_of.get_mut(e).ok_or_else(|| CpuError::BadStep(format!("expert id {e} of {n_expert}")))?;
+        rows.push(pair);
+    }
+    let (mut gathered, mut products) = (Vec::new(), Vec::new());
+    for (e, pairs) in rows_of.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+        let expert = w.expert(e).ok_or_else(|| CpuError::BadStep(format!("expert {e} of '{}'", w.desc.name)))?;
+        gathered.clear();
+        for &pair in pairs {
+            let (t, s) = (pair / n_used, pair % n_used);
+            let start = if x_cols == k { t * x_cols } else { t * x_cols + s * k };
+            gathered.extend_from_slice(&x[start..start + k]);
+        }
+        products.resize(pairs.len() * n, 0.0);
+        // llama.cpp's batch-dependent roundings (compat.rs) are its dense mat-mul's; its expert
+        // mat-muls round as ours do, one (token, slot) row at a time.
+        let mut cache = QuantizedActivations::default();
+        matmul::matmul(expert, &gathered, BufId(u32::MAX), k, None, &mut cache, Numerics::Hearth, &mut products);
+        for (&pair, row) in pairs.iter().zip(products.chunks_exact(n)) {
+            out[pair * n..(pair + 1) * n].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
+/// out[t] = Σ_s weights[t, s] · x[t, s] for x: [n_tokens, n_used * cols], summed slot after
+/// slot as llama.cpp adds its experts' weighted outputs.
+pub(crate) fn combine(x: &[f32], weights: &[f32], n_used: usize, out: &mut [f32]) {
+    let cols = out.len() / (weights.len() / n_used).max(1);
+    for ((o, xs), ws) in out.chunks_exact_mut(cols).zip(x.chunks_exact(n_used * cols)).zip(weights.chunks_exact(n_used))
+    {
+        for (s, (slot, &w)) in xs.chunks_exact(cols).zip(ws).enumerate() {
+            if s == 0 {
+                o.iter_mut().zip(slot).for_each(|(o, &v)| *o = v * w);
+            } else {
+                o.iter_mut().zip(slot).for_each(|(o, &v)| *o += v * w);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids_of(ids: &[f32]) -> Vec<u32> {
+        ids.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Softmax, top-2, renormalised: the weights are the two probabilities over their sum, which
+    /// is a softmax over the two logits alone.
+    #[test]
+    fn softmax_routing_picks_the_largest_and_renormalises() {
+        let logits = [0.1f32, 2.0, -1.0, 1.5, 2.0, 0.0, 0.3, -3.0];
+        let mut routing = ExpertRouting { n_used: 2, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
+        let (mut ids, mut weights) = ([0f32; 2], [0f32; 2]);
+        route(&logits, 8, &routing, &mut ids, &mut weights);
+        // Experts 1 and 4 tie: the lower id first.
+        assert_eq!(ids_of(&ids), [1, 4]);
+        assert!((weights[0] - 0.5).abs() < 1e-6 && (weights[1] - 0.5).abs() < 1e-6, "{weights:?}");
+
+        // Without renormalisation the weights are the softmax over all 8, scaled.
+        routing.normalize = false;
+        routing.scale = 2.5;
+        route(&logits, 8, &routing, &mut ids, &mut weights);
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        let p = (2.0f64).exp() / z * 2.5;
+        assert!((weights[0] as f64 - p).abs() < 1e-6, "{weights:?} vs {p}");
+    }
+
+    #[test]
+    fn sigmoid_routing_weighs_each_expert_on_its_own() {
+        let logits = [0.0f32, 3.0, -2.0, 1.0];
+        let routing = ExpertRouting { n_used: 3, gating: ExpertGating::Sigmoid, normalize: false, scale: 1.0 };
+        let (mut ids, mut weights) = ([0f32; 3], [0f32; 3]);
+        route(&logits, 4, &routing, &mut ids, &mut weights);
+        assert_eq!(ids_of(&ids), [1, 3, 0]);
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert_eq!(weights, [sigmoid(3.0), sigmoid(1.0), sigmoid(0.0)]);
+    }
+
+    #[test]
+    fn combine_sums_the_weighted_slots() {
+        // 2 tokens, 2 slots of 3 values.
+        let x = [1.0f32, 2.0, 3.0, 10.0, 20.0, 30.0, -1.0, 0.0, 1.0, 4.0, 4.0, 4.0];
+        let weights = [0.75f32, 0.25, 0.5, 0.5];
+        let mut out = [0f32; 6];
+        combine(&x, &weights, 2, &mut out);
+        assert_eq!(out, [3.25, 6.5, 9.75, 1.5, 2.0, 2.5]);
+    }
+}
