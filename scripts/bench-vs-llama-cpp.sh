@@ -2,6 +2,8 @@
 # Side-by-side CPU benchmark: `hearth bench` and llama.cpp's `llama-bench`, same model, same threads,
 # one after the other in one run. Usage: scripts/bench-vs-llama-cpp.sh LLAMA_BENCH_BINARY [THREADS] [P] [N] [R]
 # (llama-bench comes from a llama.cpp build, e.g. the sources vendored in the llama-cpp-python sdist.)
+# HEARTH_BENCH_MODELS: the models, as cached model stems or .gguf paths (default: the built-in Qwen
+# and Gemma models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_BENCH=${1:?path to llama-bench}
@@ -11,9 +13,12 @@ cargo build --release -q -p hearth
 HEARTH="$CARGO_TARGET_DIR/release/hearth"
 MODELS="${HEARTH_CACHE_DIR:-$HOME/.cache/hearth}/models"
 printf '| model | hearth pp%s | llama.cpp pp%s | ratio | hearth tg%s | llama.cpp tg%s | ratio |\n|---|---|---|---|---|---|---|\n' "$P" "$P" "$N" "$N"
-for m in qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m; do
-  h=$("$HEARTH" bench -m "$MODELS/$m.gguf" -t "$THREADS" -p "$P" -n "$N" -r "$R" --json --quiet)
-  l=$("$LLAMA_BENCH" -m "$MODELS/$m.gguf" -t "$THREADS" -p "$P" -n "$N" -r "$R" -o json 2>/dev/null)
+for m in ${HEARTH_BENCH_MODELS:-qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m}; do
+  path="$m"
+  [[ "$m" == *.gguf ]] || path="$MODELS/$m.gguf"
+  m=$(basename "$path" .gguf)
+  h=$("$HEARTH" bench -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" --json --quiet)
+  l=$("$LLAMA_BENCH" -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" -o json 2>/dev/null)
   python3 - "$m" "$h" "$l" <<'PY'
 import json, sys
 m, h, l = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])

@@ -167,6 +167,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let per_token = |a: u64, b: u64| (b - a) as f64 / args.gen_tokens.max(1) as f64;
     let report = serde_json::json!({
         "model": path.display().to_string(),
+        "parameters": { "total": session.parameters().total, "active": session.parameters().active },
         "backend": session.backend().name(),
         "backend_variant": session.backend().variant(),
         "threads": args.model.threads,
@@ -200,7 +201,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let (p, g) = (stat(&pp), stat(&tg));
-        println!("model      {}", path.display());
+        println!("model      {} ({})", path.display(), session.parameters());
         let variant = session.backend().variant().map(|v| format!(", {v}")).unwrap_or_default();
         println!("backend    {}{variant} ({} reps after 1 warm-up)", session.backend().name(), args.reps);
         println!("prefill    pp{:<5} {:>8.1} ± {:.1} tok/s", args.prompt_tokens, p.mean, p.sd);

@@ -182,6 +182,10 @@ impl Session {
         self.runner.config()
     }
 
+    pub fn parameters(&self) -> crate::model::ParameterCount {
+        self.runner.parameters()
+    }
+
     pub fn backend(&self) -> &dyn Backend {
         self.runner.backend()
     }
@@ -385,6 +389,10 @@ impl Engine {
 
     pub fn config(&self) -> &ModelConfig {
         self.runner().config()
+    }
+
+    pub fn parameters(&self) -> crate::model::ParameterCount {
+        self.runner().parameters()
     }
 
     pub fn backend(&self) -> &dyn Backend {

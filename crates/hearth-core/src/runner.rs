@@ -107,6 +107,11 @@ impl Runner {
         &self.model.config
     }
 
+    /// The model's parameters, total and active per token.
+    pub fn parameters(&self) -> crate::model::ParameterCount {
+        self.model.parameters
+    }
+
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

@@ -159,6 +159,9 @@ fn spawn_worker(
                     args.model.contains(['/', '\\']) || args.model.ends_with(".gguf") || args.model.contains("://");
                 let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
                 let names = vec![id.clone(), args.model.clone(), file, stem];
+                if !args.quiet {
+                    eprintln!("hearth serve: {id}: {}", scheduler.runner().parameters());
+                }
                 let _ = ready.send(Ok((id, names, prompter)));
                 worker::run(scheduler, jobs, metrics, max_batch);
             }

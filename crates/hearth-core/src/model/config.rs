@@ -6,7 +6,8 @@ use crate::graph::{ExpertGating, ExpertRouting, RopeMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
-    /// Llama 2/3, SmolLM, Mistral: normal RoPE, SwiGLU.
+    /// Llama 2/3, SmolLM, Mistral: normal RoPE, SwiGLU; Mixtral: the same with a mixture of
+    /// experts (`llama.expert_count` > 0; softmax router, top-k weights renormalised).
     Llama,
     /// Qwen 2/2.5: q/k/v biases, NeoX RoPE.
     Qwen2,
@@ -17,6 +18,9 @@ pub enum Arch {
     /// Qwen 3 MoE: Qwen 3's attention, a mixture-of-experts FFN in every layer (softmax router,
     /// top-k weights renormalised).
     Qwen3Moe,
+    /// OLMoE: q/k RMSNorm over the whole projection (before the heads are split), NeoX RoPE,
+    /// experts weighted by their softmax probabilities as they are (not renormalised).
+    Olmoe,
 }
 
 impl Arch {
@@ -27,6 +31,7 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "olmoe" => Arch::Olmoe,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -38,6 +43,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Olmoe => "olmoe",
         }
     }
 }
@@ -55,6 +61,17 @@ pub struct MoeConfig {
     pub n_expert: usize,
     pub n_ff_expert: usize,
     pub routing: ExpertRouting,
+}
+
+/// RMSNorm of the queries and keys before RoPE, with learned weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head's values on their own (weights of `head_dim`): qwen3, gemma3.
+    PerHead,
+    /// The whole projection of a token (weights of `n_head * head_dim`, and of
+    /// `n_head_kv * head_dim` for keys): olmoe.
+    WholeRow,
 }
 
 /// Per-layer attention kind: global layers see the whole context, local ones a sliding window.
@@ -93,7 +110,7 @@ pub struct ModelConfig {
     pub embd_scale: Option<f32>,
     pub ffn_activation: FfnActivation,
     pub qkv_bias: bool,
-    pub qk_norm: bool,
+    pub qk_norm: QkNorm,
     /// Gemma's extra norms after attention and after the FFN.
     pub post_norms: bool,
     /// Every layer's FFN is a mixture of experts (`None`: dense, `n_ff` wide).
@@ -192,21 +209,32 @@ impl ModelConfig {
             embd_scale: None,
             ffn_activation: FfnActivation::Silu,
             qkv_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
             post_norms: false,
             moe: None,
             layers: vec![global; n_layer],
         };
         match arch {
-            Arch::Llama => cfg.rope_mode = RopeMode::Normal,
+            Arch::Llama => {
+                cfg.rope_mode = RopeMode::Normal;
+                if meta.opt_usize(&key("expert_count"))?.unwrap_or(0) > 0 {
+                    cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, true)?);
+                }
+            }
             Arch::Qwen2 => cfg.qkv_bias = true,
-            Arch::Qwen3 => cfg.qk_norm = true,
+            Arch::Qwen3 => cfg.qk_norm = QkNorm::PerHead,
             Arch::Qwen3Moe => {
-                cfg.qk_norm = true;
-                cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, true)?);
+                cfg.qk_norm = QkNorm::PerHead;
+                // Experts n_ff / n_used wide unless the file says, as llama.cpp reads them.
+                let n_used = meta.usize(&key("expert_used_count"))?.max(1);
+                cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff / n_used, true)?);
+            }
+            Arch::Olmoe => {
+                cfg.qk_norm = QkNorm::WholeRow;
+                cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, false)?);
             }
             Arch::Gemma3 => {
-                cfg.qk_norm = true;
+                cfg.qk_norm = QkNorm::PerHead;
                 cfg.post_norms = true;
                 cfg.scale_queries = true;
                 cfg.ffn_activation = FfnActivation::GeluTanh;
@@ -231,10 +259,16 @@ impl ModelConfig {
 const MAX_EXPERTS: usize = 1 << 12;
 
 /// The experts of a mixture-of-experts FFN from `{arch}.expert_count`, `expert_used_count` and
-/// `expert_feed_forward_length` (absent: `n_ff / n_used`, as llama.cpp reads it), routed by a
-/// softmax over all experts, the chosen weights divided by their sum when `normalize` (fixed per
-/// architecture in llama.cpp, which reads no key for it on these).
-fn moe_config(meta: &Metadata, arch_name: &str, n_embd: usize, n_ff: usize, normalize: bool) -> Result<MoeConfig> {
+/// `expert_feed_forward_length` (absent: `default_n_ff`, per architecture as llama.cpp reads it),
+/// routed by a softmax over all experts, the chosen weights divided by their sum when `normalize`
+/// (fixed per architecture in llama.cpp, which reads no key for it on these).
+fn moe_config(
+    meta: &Metadata,
+    arch_name: &str,
+    n_embd: usize,
+    default_n_ff: usize,
+    normalize: bool,
+) -> Result<MoeConfig> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let n_expert = meta.usize(&key("expert_count"))?;
     let n_used = meta.usize(&key("expert_used_count"))?;
@@ -243,7 +277,7 @@ fn moe_config(meta: &Metadata, arch_name: &str, n_embd: usize, n_ff: usize, norm
             "expert_used_count {n_used} of expert_count {n_expert} (at most {MAX_EXPERTS} experts)"
         )));
     }
-    let n_ff_expert = meta.opt_usize(&key("expert_feed_forward_length"))?.filter(|&f| f > 0).unwrap_or(n_ff / n_used);
+    let n_ff_expert = meta.opt_usize(&key("expert_feed_forward_length"))?.filter(|&f| f > 0).unwrap_or(default_n_ff);
     // The chosen experts' hidden values, and their outputs, lie side by side in one activation row.
     if n_ff_expert == 0 || n_ff_expert.max(n_embd).saturating_mul(n_used) > MAX_DIM {
         return Err(CoreError::BadHyperParameter(format!(

@@ -1,5 +1,5 @@
-//! Model graphs. One decoder, written once against [`Graph`], covers llama, qwen2, qwen3, gemma3
-//! and qwen3moe; the architectures differ only in the switches of [`ModelConfig`] (biases, q/k
+//! Model graphs. One decoder, written once against [`Graph`], covers llama (and Mixtral), qwen2,
+//! qwen3, gemma3, qwen3moe and olmoe; the architectures differ only in the switches of [`ModelConfig`] (biases, q/k
 //! norms, post-norms, activation, RoPE flavour, per-layer sliding windows, a mixture of experts
 //! in place of the dense FFN). Backends never see the
 //! architecture, only the ops.
@@ -7,7 +7,7 @@
 pub mod config;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, QkNorm};
 pub use weights::{FfnWeights, LayerWeights, ModelWeights};
 
 use crate::backend::{Backend, KvLayout};
@@ -19,6 +19,50 @@ use crate::kv::{KvGroup, KvType};
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
+    pub parameters: ParameterCount,
+}
+
+/// A model's weights counted in values: all the file holds, and those one token's forward pass
+/// reads (a mixture of experts reads `n_used` of its `n_expert` experts per layer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParameterCount {
+    pub total: u64,
+    pub active: u64,
+}
+
+impl ParameterCount {
+    /// Counted from `file`'s tensors; expert stacks (`[k, n, n_expert]`) count `n_used` experts
+    /// as active.
+    pub fn of(file: &GgufFile, config: &ModelConfig) -> Self {
+        let mut count = ParameterCount::default();
+        for t in &file.tensors {
+            let values = t.n_elements();
+            count.total += values;
+            count.active += match &config.moe {
+                Some(moe) if t.dims.len() == 3 && t.dims[2] == moe.n_expert as u64 => {
+                    values / moe.n_expert as u64 * moe.routing.n_used as u64
+                }
+                _ => values,
+            };
+        }
+        count
+    }
+}
+
+impl std::fmt::Display for ParameterCount {
+    /// "494M parameters", or "30.5B parameters, 3.3B active" for a mixture of experts.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let human = |n: u64| match n {
+            n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+            n if n >= 1_000_000 => format!("{:.0}M", n as f64 / 1e6),
+            n => format!("{:.0}K", n as f64 / 1e3),
+        };
+        write!(f, "{} parameters", human(self.total))?;
+        if self.active != self.total {
+            write!(f, ", {} active", human(self.active))?;
+        }
+        Ok(())
+    }
 }
 
 impl Model {
@@ -33,7 +77,8 @@ impl Model {
         let mut config = ModelConfig::from_metadata(&file.metadata)?;
         config.limit_logits(logits_vocab)?;
         let weights = ModelWeights::upload(&config, file, backend, on_progress)?;
-        Ok(Model { config, weights })
+        let parameters = ParameterCount::of(file, &config);
+        Ok(Model { config, weights, parameters })
     }
 
     /// Layers grouped by attention span: global layers in one KV block group, and the layers of
@@ -110,8 +155,12 @@ impl Model {
         g.push(Op::MatMul { w: lw.wk, x: h, bias: lw.bk, out: k });
         g.push(Op::MatMul { w: lw.wv, x: h, bias: lw.bv, out: v });
         if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
-            g.push(Op::RmsNorm { x: q, weight: Some(qn), eps: c.rms_eps, group: c.head_dim, out: q });
-            g.push(Op::RmsNorm { x: k, weight: Some(kn), eps: c.rms_eps, group: c.head_dim, out: k });
+            let (q_group, k_group) = match c.qk_norm {
+                QkNorm::WholeRow => (c.n_head * c.head_dim, c.n_head_kv * c.head_dim),
+                QkNorm::PerHead | QkNorm::None => (c.head_dim, c.head_dim),
+            };
+            g.push(Op::RmsNorm { x: q, weight: Some(qn), eps: c.rms_eps, group: q_group, out: q });
+            g.push(Op::RmsNorm { x: k, weight: Some(kn), eps: c.rms_eps, group: k_group, out: k });
         }
         let rope = RopeParams {
             mode: c.rope_mode,

@@ -1,7 +1,7 @@
 //! Finds, checks and uploads the tensors of a model. Shapes are validated here, once, so backends
 //! can trust every row length they are given.
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, QkNorm};
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -129,6 +129,8 @@ impl ModelWeights {
         let q_width = (cfg.n_head * cfg.head_dim) as u64;
         let kv_width = (cfg.n_head_kv * cfg.head_dim) as u64;
         let (hd, ff) = (cfg.head_dim as u64, cfg.n_ff as u64);
+        // A q/k norm's weights span a head, or the whole projection.
+        let qk_norm_len = |width: u64| if cfg.qk_norm == QkNorm::WholeRow { width } else { hd };
 
         let token_embd = up.upload("token_embd.weight", &[e, v])?;
         let output_norm = up.upload("output_norm.weight", &[e])?;
@@ -152,8 +154,16 @@ impl ModelWeights {
                 bq: up.required_if(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
                 bk: up.required_if(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
                 bv: up.required_if(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
-                q_norm: up.required_if(cfg.qk_norm, &n("attn_q_norm.weight"), &[hd])?,
-                k_norm: up.required_if(cfg.qk_norm, &n("attn_k_norm.weight"), &[hd])?,
+                q_norm: up.required_if(
+                    cfg.qk_norm != QkNorm::None,
+                    &n("attn_q_norm.weight"),
+                    &[qk_norm_len(q_width)],
+                )?,
+                k_norm: up.required_if(
+                    cfg.qk_norm != QkNorm::None,
+                    &n("attn_k_norm.weight"),
+                    &[qk_norm_len(kv_width)],
+                )?,
                 wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
                 ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,

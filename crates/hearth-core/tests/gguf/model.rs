@@ -314,7 +314,7 @@ fn a_mixture_of_experts_loads_its_expert_stacks_and_routes_in_the_graph() {
     let moe = cfg.moe.clone().expect("a MoE config");
     assert_eq!((moe.n_expert, moe.n_ff_expert, moe.routing.n_used), (4, 6, 2));
     assert!(moe.routing.normalize && moe.routing.gating == ExpertGating::Softmax && moe.routing.scale == 1.0);
-    assert!(cfg.qk_norm);
+    assert_eq!(cfg.qk_norm, hearth_core::model::QkNorm::PerHead);
     // Without expert_feed_forward_length, n_ff / n_used, as llama.cpp reads it.
     let file = parse(&tiny_qwen3moe(None, Some(("qwen3moe.expert_feed_forward_length", Value::U32(0)))).write().bytes)
         .unwrap();
@@ -323,6 +323,8 @@ fn a_mixture_of_experts_loads_its_expert_stacks_and_routes_in_the_graph() {
     let file = parse(&tiny_qwen3moe(None, None).write().bytes).unwrap();
     let model =
         hearth_core::model::Model::load(&file, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    // 864 values, 576 of them in the three expert stacks, of which a token reads 2 experts of 4.
+    assert_eq!((model.parameters.total, model.parameters.active), (864, 576));
     let graph = model.build_graph(3, 1, hearth_core::graph::LogitsMode::Last);
     let names: Vec<&str> = graph.ops.iter().map(Op::name).collect();
     let ffn = names.iter().position(|n| *n == "route_experts").expect("a router");
