@@ -106,4 +106,3 @@ fn repacked_q4k_weights_keep_the_logits_bit_for_bit() {
         assert_eq!(differing, 0, "step {n} ({} tokens): {differing} logits differ", ids.len());
     }
 }
-
