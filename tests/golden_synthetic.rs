@@ -59,3 +59,8 @@ fn gemma3_sliding_window_q8_0_matches_llama_cpp() {
 fn qwen3moe_f32_matches_llama_cpp() {
     check("qwen3moe-f32", EXACT);
 }
+
+#[test]
+fn qwen3moe_q8_0_matches_llama_cpp() {
+    check("qwen3moe-q8_0", QUANTIZED);
+}
