@@ -85,7 +85,7 @@ const VOCAB: u64 = 4;
 /// A one-layer llama: 2 query heads and 1 KV head of size 4.
 fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
     let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
-    let mut kvs = vec![
+    let kvs = vec![
         ("general.architecture", Value::String("llama".into())),
         ("llama.block_count", Value::U32(1)),
         ("llama.embedding_length", Value::U32(EMBD as u32)),
@@ -96,18 +96,6 @@ fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Op
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("tokenizer.ggml.tokens", tokens),
     ];
-    if let Some((k, v)) = override_kv {
-        match kvs.iter_mut().find(|(key, _)| *key == k) {
-            Some(slot) => slot.1 = v,
-            None => kvs.push((k, v)),
-        }
-    }
-    let mut w = GgufWriter::new(3);
-    for (k, v) in kvs {
-        if Some(k) != skip_key {
-            w = w.kv(k, v);
-        }
-    }
     let tensors: [(&str, &[u64]); 11] = [
         ("token_embd.weight", &[EMBD, VOCAB]),
         ("output_norm.weight", &[EMBD]),
@@ -121,7 +109,31 @@ fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Op
         ("blk.0.ffn_up.weight", &[EMBD, FF]),
         ("blk.0.ffn_down.weight", &[FF, EMBD]),
     ];
-    for (name, dims) in tensors {
+    f32_model(kvs, &tensors, skip_key, skip_tensor, override_kv)
+}
+
+/// A GGUF of `kvs` (with `override_kv` replacing or adding one, and `skip_key` left out) and F32
+/// `tensors` (but `skip_tensor`).
+fn f32_model<'a>(
+    mut kvs: Vec<(&'a str, Value)>,
+    tensors: &[(&str, &[u64])],
+    skip_key: Option<&str>,
+    skip_tensor: Option<&str>,
+    override_kv: Option<(&'a str, Value)>,
+) -> GgufWriter {
+    if let Some((k, v)) = override_kv {
+        match kvs.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => kvs.push((k, v)),
+        }
+    }
+    let mut w = GgufWriter::new(3);
+    for (k, v) in kvs {
+        if Some(k) != skip_key {
+            w = w.kv(k, v);
+        }
+    }
+    for &(name, dims) in tensors {
         if Some(name) != skip_tensor {
             w = w.tensor(name, GgmlType::F32, dims);
         }
@@ -258,7 +270,7 @@ fn missing_tensor_and_wrong_shape_fail_session_load() {
 /// 6 hidden values, 2 of them per token.
 fn tiny_qwen3moe(skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
     let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
-    let mut kvs = vec![
+    let kvs = vec![
         ("general.architecture", Value::String("qwen3moe".into())),
         ("qwen3moe.block_count", Value::U32(1)),
         ("qwen3moe.embedding_length", Value::U32(EMBD as u32)),
@@ -272,16 +284,6 @@ fn tiny_qwen3moe(skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) 
         ("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
         ("tokenizer.ggml.tokens", tokens),
     ];
-    if let Some((k, v)) = override_kv {
-        match kvs.iter_mut().find(|(key, _)| *key == k) {
-            Some(slot) => slot.1 = v,
-            None => kvs.push((k, v)),
-        }
-    }
-    let mut w = GgufWriter::new(3);
-    for (k, v) in kvs {
-        w = w.kv(k, v);
-    }
     let tensors: [(&str, &[u64]); 14] = [
         ("token_embd.weight", &[EMBD, VOCAB]),
         ("output_norm.weight", &[EMBD]),
@@ -298,12 +300,7 @@ fn tiny_qwen3moe(skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) 
         ("blk.0.ffn_up_exps.weight", &[EMBD, 6, 4]),
         ("blk.0.ffn_down_exps.weight", &[6, EMBD, 4]),
     ];
-    for (name, dims) in tensors {
-        if Some(name) != skip_tensor {
-            w = w.tensor(name, GgmlType::F32, dims);
-        }
-    }
-    w
+    f32_model(kvs, &tensors, None, skip_tensor, override_kv)
 }
 
 #[test]
