@@ -2,9 +2,12 @@
 // backend and llama.cpp multiply quantized weights with, so the mat-mul's integer dot products
 // (matmul_q8.wgsl) are the CPU's integer sums.
 // Q8_0: blocks of 32, d = amax / 127 stored as f16, q = round_even(x * 127 / amax).
+// Q8_1: Q8_0's codes and scale, plus s = Σq · amax / 127 stored as f16 (the weight's min times s
+//       is the block's offset term for Q4_1 / Q5_1).
 // Q8_K: blocks of 256, iscale = -127 / (value of largest magnitude, the first one on a tie),
 //       q = min(round_even(x * iscale), 127), d = 1 / iscale (f32).
-// F16: each value rounded to f16, written as f32 (quant.wgsl's F16 mat-mul reads f32).
+// F16 / BF16: each value rounded to f16 / bf16, written as f32 (quant.wgsl's F16 and BF16
+//       mat-muls read f32).
 // Fully parallel: one invocation per 4 values, a 64-invocation workgroup per 256 values of a row
 // (one Q8_K block or eight Q8_0 blocks), the block maximum found by a shared-memory tree.
 //
@@ -37,7 +40,8 @@ struct ActQuantParams {
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 // Q8_0 / Q8_K: [rows * k / 4] u32, 4 codes each (value 4i + j in byte j), then
 // [rows * k / block_len] f32 scales (as bits), block b's at scales_at + b.
-// F16: [rows, k] f32 (as bits).
+// Q8_1: the codes, then [rows * k / 32] (d, s) pairs of f32, block b's at scales_at + 2b.
+// F16 / BF16: [rows, k] f32 (as bits).
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
 #ifdef SWIGLU || GEGLU
 // [rows, k] f32
@@ -65,8 +69,12 @@ const WG: u32 = 64u;
 // Invocations per block (256 values).
 const GROUP: u32 = 64u;
 #else
-// Q8_0: 32 values.
+// Q8_0 / Q8_1: 32 values.
 const GROUP: u32 = 8u;
+#endif
+#ifdef Q8_1
+// Per invocation: the sum of its 4 codes, then (a tree per block) the block's sum.
+var<workgroup> code_sums: array<i32, WG>;
 #endif
 
 // Per invocation: its candidate for the block's value of largest magnitude and that value's
@@ -179,7 +187,13 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
     for (var j = 0u; j < 4u && col + j < k; j++) {
         OUT[i + j] = bitcast<u32>(round_f16(value(i + j, col + j, scale)));
     }
-#else
+#endif
+#ifdef BF16
+    for (var j = 0u; j < 4u && col + j < k; j++) {
+        OUT[i + j] = bitcast<u32>(round_bf16(value(i + j, col + j, scale)));
+    }
+#endif
+#ifdef Q8_0 || Q8_1 || Q8_K
     let valid = col < k;
     var x = vec4<f32>(0.0);
     if (valid) {
@@ -212,7 +226,7 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
     }
     let vmax = best_value[tid - tid % GROUP];
     let amax = abs(vmax);
-#ifdef Q8_0
+#ifdef Q8_0 || Q8_1
     var id = 0.0;
     if (amax != 0.0) {
         id = div_rn(127.0, amax);
@@ -220,6 +234,18 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
     let q = vec4<i32>(round(x * id));
     let d = round_f16(div_rn(amax, 127.0));
     let block_len = 32u;
+#endif
+#ifdef Q8_1
+    // The block's code sum, in integers (so in any order), times the unrounded scale.
+    code_sums[tid] = q.x + q.y + q.z + q.w;
+    workgroupBarrier();
+    for (var stride = GROUP / 2u; stride > 0u; stride /= 2u) {
+        if (tid % GROUP < stride) {
+            code_sums[tid] += code_sums[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let s = round_f16(f32(code_sums[tid - tid % GROUP]) * div_rn(amax, 127.0));
 #endif
 #ifdef Q8_K
     var q = vec4<i32>(0);
@@ -234,7 +260,12 @@ fn round_chunk(row: u32, k: u32, chunk_col: u32, tid: u32, scale: f32) {
     if (valid) {
         OUT[i / 4u] = pack_codes(q);
         if (tid % GROUP == 0u) {
+#ifdef Q8_1
+            OUT[P.scales_at + 2u * (i / block_len)] = bitcast<u32>(d);
+            OUT[P.scales_at + 2u * (i / block_len) + 1u] = bitcast<u32>(s);
+#else
             OUT[P.scales_at + i / block_len] = bitcast<u32>(d);
+#endif
         }
     }
 #endif

@@ -18,6 +18,16 @@ fn round_f16(x: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
 }
 
+// Round to nearest-even bf16 (the top half of the f32), as the CPU's conversion does; a NaN
+// stays a NaN.
+fn round_bf16(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
+    return bitcast<f32>((bits + 0x7fffu + ((bits >> 16u) & 1u)) & 0xffff0000u);
+}
+
 // tanh without overflow for large |x| (exp(2x) overflows f32 past ~44).
 fn safe_tanh(x: f32) -> f32 {
     let t = exp(-2.0 * abs(x));

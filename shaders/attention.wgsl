@@ -10,7 +10,7 @@
 //     which merges them as they finish and writes the output itself; the same code computes
 //     every split either way, per head in the same order whatever the group;
 //   attention_reduce (REDUCE): one workgroup per token merges its splits in order, as MERGED
-//     does; with ROUND_Q8_0 or ROUND_Q8_K it writes the row rounded for the output projection
+//     does; with ROUND_Q8_0, ROUND_Q8_1 or ROUND_Q8_K it writes the row rounded for the output projection
 //     instead (no rounding dispatch of its own).
 // Capability variants: SHADER_F16 reads an f16 cache as WGSL f16 (exact, as unpack2x16float);
 // SUBGROUPS takes each key tile's maximum score with subgroupMax instead of a serial scan;
@@ -43,7 +43,7 @@ struct AttentionParams {
     grid_splits: u32,
     // query heads a workgroup computes, of one KV head
     group: u32,
-    // ROUND_Q8_0 / ROUND_Q8_K (the reduce): the word of XQ where the scales start
+    // ROUND_Q8_0 / ROUND_Q8_1 / ROUND_Q8_K (the reduce): the word of XQ where the scales start
     scales_at: u32,
 }
 
@@ -99,10 +99,10 @@ fn merge_weights(merged: vec2<f32>, split: vec2<f32>) -> vec4<f32> {
 }
 
 #ifdef REDUCE
-#ifdef ROUND_Q8_0 || ROUND_Q8_K
+#ifdef ROUND_Q8_0 || ROUND_Q8_1 || ROUND_Q8_K
 // The merged row rounded for the mat-muls that read it, as act_quant.wgsl rounds (and lays out)
 // activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P.scales_at the f32 scale
-// of each block of ROUND_BLOCK values.
+// of each block of ROUND_BLOCK values (ROUND_Q8_1: each block's (d, s) pair).
 @group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
 // One token's merged row.
 var<workgroup> row_sh: array<f32, 2048>;
@@ -124,7 +124,7 @@ fn round_row(t: u32, k: u32, tid: u32) {
             }
         }
         let amax = abs(vmax);
-#ifdef ROUND_Q8_0
+#ifdef ROUND_Q8_0 || ROUND_Q8_1
         var id = 0.0;
         if (amax != 0.0) {
             id = div_rn(127.0, amax);
@@ -138,10 +138,11 @@ fn round_row(t: u32, k: u32, tid: u32) {
             d = div_rn(1.0, iscale);
         }
 #endif
+        var code_sum = 0;
         for (var w = 0u; w < ROUND_BLOCK / 4u; w++) {
             let at = first + 4u * w;
             let x = vec4<f32>(row_sh[at], row_sh[at + 1u], row_sh[at + 2u], row_sh[at + 3u]);
-#ifdef ROUND_Q8_0
+#ifdef ROUND_Q8_0 || ROUND_Q8_1
             let q = vec4<i32>(round(x * id));
 #else
             var q = vec4<i32>(0);
@@ -150,8 +151,15 @@ fn round_row(t: u32, k: u32, tid: u32) {
             }
 #endif
             XQ[(t * k + at) / 4u] = pack_codes(q);
+            code_sum += q.x + q.y + q.z + q.w;
         }
+#ifdef ROUND_Q8_1
+        let pair = P.scales_at + 2u * ((t * k) / ROUND_BLOCK + b);
+        XQ[pair] = bitcast<u32>(d);
+        XQ[pair + 1u] = bitcast<u32>(round_f16(f32(code_sum) * div_rn(amax, 127.0)));
+#else
         XQ[P.scales_at + (t * k) / ROUND_BLOCK + b] = bitcast<u32>(d);
+#endif
     }
 }
 #else
@@ -194,13 +202,13 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         let kvh = h / (n_head / P.n_head_kv);
         v = acc * (1.0 / merged.y) + V_OFFSET[kvh * hd + d];
 #endif
-#ifdef ROUND_Q8_0 || ROUND_Q8_K
+#ifdef ROUND_Q8_0 || ROUND_Q8_1 || ROUND_Q8_K
         row_sh[i] = v;
 #else
         OUT[t * q_width + i] = v;
 #endif
     }
-#ifdef ROUND_Q8_0 || ROUND_Q8_K
+#ifdef ROUND_Q8_0 || ROUND_Q8_1 || ROUND_Q8_K
     workgroupBarrier();
     round_row(t, q_width, lid.x);
 #endif

@@ -5,11 +5,13 @@
 // and only the f32 sums of the blocks' scaled results are ordered differently.
 // Weights are bound as array<u32>, blocks in row order (a tensor too large for one binding is
 // split into row ranges, each its own buffer starting at row `row0`), each read as whole aligned
-// words: Q4_K's GGUF blocks (36 words) unchanged; Q4_0, Q5_0, Q8_0 and Q6_K as weights.rs's
-// `SplitScales` lays them out, the block bodies (4, 5, 8, 52 words) followed by every block's f16
-// scale. Segment s's weight type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...): Q4_0, Q5_0,
-// Q8_0 (32-value blocks, Q8_0 activations), or with SUPER_BLOCKS Q4_K, Q6_K (256-value
-// super-blocks, Q8_K activations); all segments are of one of these two families.
+// words: the GGUF blocks of Q4_1, Q5_1 (5, 6 words), Q2_K, Q4_K and Q5_K (21, 36, 44 words)
+// unchanged; Q4_0, Q5_0, Q8_0, Q3_K and Q6_K as weights.rs's `SplitScales` lays them out, the
+// block bodies (4, 5, 8, 27, 52 words) followed by every block's f16 scale. Segment s's weight
+// type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...), all segments rounding their activations
+// alike: Q4_0, Q5_0, Q8_0 (32-value blocks, Q8_0 activations); Q4_1, Q5_1 (32-value blocks,
+// Q8_1 activations: Q8_0's with each block's code sum times its scale); or with SUPER_BLOCKS
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-value super-blocks, Q8_K activations).
 //
 // Shape (the one the fastest WebGPU engines use): a 64-invocation workgroup computes ROWS weight
 // rows for TILE_T tokens; THREADS invocations share a weight block (16 for a 256-value
@@ -39,8 +41,8 @@ enable subgroups;
 @group(0) @binding(0) var<uniform> P: MatMulParams;
 // [rows_in_chunk * k / BLOCK_LEN] blocks (see the top), padded to 4 bytes
 @group(0) @binding(1) var<storage, read> W0: array<u32>;
-// [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales
-// (act_quant.wgsl's layout)
+// [n_tokens * k / 4] u32 codes, then from word scales_at [n_tokens * k / block_len] f32 scales,
+// for Q8_1 (d, s) pairs (act_quant.wgsl's layout)
 @group(0) @binding(2) var<storage, read> XQ: array<u32>;
 // [n_tokens, n] f32
 @group(0) @binding(3) var<storage, read_write> OUT0: array<f32>;
@@ -116,11 +118,13 @@ const ONES: u32 = 0x01010101u;
 const LOW4: u32 = 0x0f0f0f0fu;
 
 // One token's activation words for this invocation's values of a block, their sums (for the
-// weight types whose codes carry an offset or a min) and the block's scale.
+// weight types whose codes carry an offset or a min), the block's scale and, for Q8_1, the
+// block's code sum times its scale.
 struct Act {
     q: vec4<u32>,
     sums: vec4<i32>,
     d: f32,
+    s: f32,
 }
 
 // Q4_K sub-block j's 6-bit (scale, min) from the 12 scale bytes in s.
@@ -144,10 +148,20 @@ fn scale_min_k4(j: u32, s: vec3<u32>) -> vec2<i32> {
 // A weight block's codes for this invocation, decoded once and applied to every token.
 struct Weights {
     q: vec4<u32>,
-    // Q4_K: (scale, min) of the low and high sub-blocks; Q6_K: the 4 sub-block scales.
+    // Q4_K, Q5_K: (scale, min) of the low and high sub-blocks; Q2_K, Q3_K, Q6_K: the 4 sub-block
+    // scales.
     sc: vec4<i32>,
+    // Q2_K: the 4 sub-block mins.
+    mins: vec4<i32>,
     d: f32,
+    // Q4_1, Q5_1: the block's min, for one slot only (the other's 0: the term is the block's);
+    // the K-quants with mins: the super-block's scale of the mins.
     dmin: f32,
+}
+
+// Byte `i` (0..3) of `w`, unsigned.
+fn u8_in(w: u32, i: u32) -> i32 {
+    return i32((w >> (8u * i)) & 0xffu);
 }
 
 // Bit i of x (i < 4) to bit 0 of byte i.
@@ -172,17 +186,32 @@ const BLOCK_WORDS_$S: u32 = 5u;
 #ifdef T$S_Q4_0
 const BLOCK_WORDS_$S: u32 = 4u;
 #endif
+#ifdef T$S_Q4_1
+const BLOCK_WORDS_$S: u32 = 5u;
+#endif
+#ifdef T$S_Q5_1
+const BLOCK_WORDS_$S: u32 = 6u;
+#endif
+#ifdef T$S_Q2_K
+const BLOCK_WORDS_$S: u32 = 21u;
+#endif
+#ifdef T$S_Q3_K
+const BLOCK_WORDS_$S: u32 = 27u;
+#endif
+#ifdef T$S_Q5_K
+const BLOCK_WORDS_$S: u32 = 44u;
+#endif
 
 // Where this invocation's values sit in a block, in activation words from the block's start.
 fn act_words_$S(slot: u32) -> vec4<u32> {
-#ifdef T$S_Q4_K
+#ifdef T$S_Q4_K || T$S_Q5_K
     // chunk c = slot / 4 of 64 values: low nibbles are values 64c + 8p.., high ones 64c + 32 + 8p..
     let c = slot / 4u;
     let p = slot % 4u;
     let lo = (64u * c + 8u * p) / 4u;
     return vec4<u32>(lo, lo + 1u, lo + 8u, lo + 9u);
 #endif
-#ifdef T$S_Q6_K
+#ifdef T$S_Q2_K || T$S_Q3_K || T$S_Q6_K
     // half n = slot / 8, l0 = 4 (slot % 8): values 128n + 32g + l0.. for g = 0..3
     let at = (128u * (slot / 8u) + 4u * (slot % 8u)) / 4u;
     return vec4<u32>(at, at + 8u, at + 16u, at + 24u);
@@ -191,7 +220,7 @@ fn act_words_$S(slot: u32) -> vec4<u32> {
     // values 16p..16p+15
     return vec4<u32>(4u * slot, 4u * slot + 1u, 4u * slot + 2u, 4u * slot + 3u);
 #endif
-#ifdef T$S_Q4_0 || T$S_Q5_0
+#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q4_1 || T$S_Q5_1
     // values 8p.. (low nibbles) and 16 + 8p.. (high nibbles)
     return vec4<u32>(2u * slot, 2u * slot + 1u, 2u * slot + 4u, 2u * slot + 5u);
 #endif
@@ -204,13 +233,19 @@ fn load_act_$S(token: u32, block: u32, slot: u32) -> Act {
     var a: Act;
     a.q = vec4<u32>(XQ[first + at.x], XQ[first + at.y], XQ[first + at.z], XQ[first + at.w]);
     a.sums = vec4<i32>(dot4(a.q.x, ONES), dot4(a.q.y, ONES), dot4(a.q.z, ONES), dot4(a.q.w, ONES));
+#ifdef T$S_Q4_1 || T$S_Q5_1
+    let pair = P.scales_at + 2u * ((token * k) / BLOCK_LEN + block);
+    a.d = bitcast<f32>(XQ[pair]);
+    a.s = bitcast<f32>(XQ[pair + 1u]);
+#else
     a.d = bitcast<f32>(XQ[P.scales_at + (token * k) / BLOCK_LEN + block]);
+#endif
     return a;
 }
 
 // One weight block times one token's activations, scaled.
 fn block_dot_$S(w: Weights, a: Act) -> f32 {
-#ifdef T$S_Q4_K
+#ifdef T$S_Q4_K || T$S_Q5_K
     let s = w.sc.x * (dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y)) + w.sc.z * (dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w));
     let m = w.sc.y * (a.sums.x + a.sums.y) + w.sc.w * (a.sums.z + a.sums.w);
     return a.d * (w.d * f32(s) - w.dmin * f32(m));
@@ -219,6 +254,19 @@ fn block_dot_$S(w: Weights, a: Act) -> f32 {
     let dots = vec4<i32>(dot4(w.q.x, a.q.x), dot4(w.q.y, a.q.y), dot4(w.q.z, a.q.z), dot4(w.q.w, a.q.w));
     let s = dot(w.sc, dots - 32 * a.sums);
     return a.d * w.d * f32(s);
+#endif
+#ifdef T$S_Q2_K || T$S_Q3_K
+    let dots = vec4<i32>(dot4(w.q.x, a.q.x), dot4(w.q.y, a.q.y), dot4(w.q.z, a.q.z), dot4(w.q.w, a.q.w));
+#endif
+#ifdef T$S_Q2_K
+    return a.d * (w.d * f32(dot(w.sc, dots)) - w.dmin * f32(dot(w.mins, a.sums)));
+#endif
+#ifdef T$S_Q3_K
+    return a.d * w.d * f32(dot(w.sc, dots - 4 * a.sums));
+#endif
+#ifdef T$S_Q4_1 || T$S_Q5_1
+    let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
+    return a.d * w.d * f32(s) + w.dmin * a.s;
 #endif
 #ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q8_0
     let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
@@ -244,8 +292,8 @@ fn split_scale_$S(scales_at: u32, bi: u32) -> f32 {
 fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     var w: Weights;
     let b = bi * BLOCK_WORDS_$S;
-#ifdef T$S_Q4_K
-    // super-block: d f16, dmin f16, scales[12], qs[128]
+#ifdef T$S_Q4_K || T$S_Q5_K
+    // super-block: d f16, dmin f16, scales[12], (Q5_K: qh[32],) qs[128]
     let c = slot / 4u;
     let p = slot % 4u;
     let dd = unpack2x16float(W$S[b]);
@@ -255,9 +303,64 @@ fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     let lo = scale_min_k4(2u * c, s);
     let hi = scale_min_k4(2u * c + 1u, s);
     w.sc = vec4<i32>(lo, hi);
+#endif
+#ifdef T$S_Q4_K
     let q0 = W$S[b + 4u + 8u * c + 2u * p];
     let q1 = W$S[b + 5u + 8u * c + 2u * p];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef T$S_Q5_K
+    // value 64c + l's 5th bit is bit 2c of qh[l], value 64c + 32 + l's bit 2c + 1
+    let q0 = W$S[b + 12u + 8u * c + 2u * p];
+    let q1 = W$S[b + 13u + 8u * c + 2u * p];
+    let h0 = W$S[b + 4u + 2u * p] >> (2u * c);
+    let h1 = W$S[b + 5u + 2u * p] >> (2u * c);
+    w.q = vec4<u32>(
+        (q0 & LOW4) | ((h0 & ONES) << 4u),
+        (q1 & LOW4) | ((h1 & ONES) << 4u),
+        ((q0 >> 4u) & LOW4) | (((h0 >> 1u) & ONES) << 4u),
+        ((q1 >> 4u) & LOW4) | (((h1 >> 1u) & ONES) << 4u),
+    );
+#endif
+#ifdef T$S_Q2_K || T$S_Q3_K
+    // value 128n + 32j + l: 2 bits at 2j of qs[32n + l], sub-block scale 8n + 2j + l / 16
+    let n = slot / 8u;
+    let l0 = slot % 8u;
+    let h = l0 / 4u;
+#endif
+#ifdef T$S_Q2_K
+    // super-block: scales[16] (scale in the low nibble, min in the high), qs[64], d f16, dmin f16
+    let qs = W$S[b + 4u + 8u * n + l0];
+    w.q = vec4<u32>(qs & 0x03030303u, (qs >> 2u) & 0x03030303u, (qs >> 4u) & 0x03030303u, (qs >> 6u) & 0x03030303u);
+    let s0 = W$S[b + 2u * n];
+    let s1 = W$S[b + 2u * n + 1u];
+    let sc = vec4<i32>(u8_in(s0, h), u8_in(s0, h + 2u), u8_in(s1, h), u8_in(s1, h + 2u));
+    w.sc = sc & vec4<i32>(0xf);
+    w.mins = sc >> vec4<u32>(4u);
+    let dd = unpack2x16float(W$S[b + 20u]);
+    w.d = dd.x;
+    w.dmin = dd.y;
+#endif
+#ifdef T$S_Q3_K
+    // body: hmask[32] (bit 4n + j of hmask[l]: the high bit, set for codes 0..3, clear for -4..-1),
+    // qs[64], scales[12] (16 6-bit scales, 32 off)
+    let qs = W$S[b + 8u + 8u * n + l0];
+    let hm = W$S[b + l0] >> (4u * n);
+    w.q = vec4<u32>(
+        (qs & 0x03030303u) | ((hm & ONES) << 2u),
+        ((qs >> 2u) & 0x03030303u) | (((hm >> 1u) & ONES) << 2u),
+        ((qs >> 4u) & 0x03030303u) | (((hm >> 2u) & ONES) << 2u),
+        ((qs >> 6u) & 0x03030303u) | (((hm >> 3u) & ONES) << 2u),
+    );
+    // Scale bytes 8n .. 8n + 7: low nibbles from bytes 0..7 (shifted by 4n), high 2 bits from
+    // bytes 8..11.
+    let a0 = W$S[b + 24u];
+    let a1 = W$S[b + 25u];
+    let hi = W$S[b + 26u];
+    let x0 = ((a0 >> (4u * n)) & LOW4) | (((hi >> (4u * n)) & 0x03030303u) << 4u);
+    let x1 = ((a1 >> (4u * n)) & LOW4) | (((hi >> (4u * n + 2u)) & 0x03030303u) << 4u);
+    w.sc = vec4<i32>(u8_in(x0, h), u8_in(x0, h + 2u), u8_in(x1, h), u8_in(x1, h + 2u)) - vec4<i32>(32);
+    w.d = split_scale_$S(scales_at, bi);
 #endif
 #ifdef T$S_Q6_K
     // body: ql[128], qh[64], scales[16] i8
@@ -291,6 +394,30 @@ fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     let q0 = W$S[b + 2u * slot];
     let q1 = W$S[b + 2u * slot + 1u];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef T$S_Q4_1
+    // block: d f16, m f16, qs[16] as Q4_0
+    let dm = unpack2x16float(W$S[b]);
+    w.d = dm.x;
+    w.dmin = select(0.0, dm.y, slot == 0u);
+    let q0 = W$S[b + 1u + 2u * slot];
+    let q1 = W$S[b + 2u + 2u * slot];
+    w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef T$S_Q5_1
+    // block: d f16, m f16, qh u32, qs[16] as Q5_0
+    let dm = unpack2x16float(W$S[b]);
+    w.d = dm.x;
+    w.dmin = select(0.0, dm.y, slot == 0u);
+    let qh = W$S[b + 1u] >> (8u * slot);
+    let q0 = W$S[b + 2u + 2u * slot];
+    let q1 = W$S[b + 3u + 2u * slot];
+    w.q = vec4<u32>(
+        (q0 & LOW4) | (spread_bits(qh & 0xfu) << 4u),
+        (q1 & LOW4) | (spread_bits((qh >> 4u) & 0xfu) << 4u),
+        ((q0 >> 4u) & LOW4) | (spread_bits((qh >> 16u) & 0xfu) << 4u),
+        ((q1 >> 4u) & LOW4) | (spread_bits((qh >> 20u) & 0xfu) << 4u),
+    );
 #endif
 #ifdef T$S_Q5_0
     // body: qh u32 (bit j: the 5th bit of value j), qs[16] as Q4_0

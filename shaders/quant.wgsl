@@ -1,13 +1,14 @@
 // Weights over raw GGUF bytes: the embedding lookup for every weight type, and the matrix
-// product for F32 and F16 weights (the quantized types multiply 8-bit activations in
-// matmul_q8.wgsl; MATMUL here reads f32 activations, f16-rounded for F16 weights).
+// product for F32, F16 and BF16 weights (the quantized types multiply 8-bit activations in
+// matmul_q8.wgsl; MATMUL here reads f32 activations, rounded to f16 / bf16 for F16 / BF16
+// weights).
 //
 // Weights are bound as array<u32> (a tensor too large for one binding is split into row ranges,
-// each its own buffer starting at row `row0`): F32, F16 and Q4_K as their GGUF bytes (rows of
-// row_bytes each), Q4_0, Q5_0, Q8_0 and Q6_K as weights.rs's `SplitScales` lays them out (block
-// bodies in row order, then every block's f16 scale); values are extracted byte by byte.
-// Exactly one weight-type define is set:
-// F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K. Scales are f16 read with unpack2x16float (no
+// each its own buffer starting at row `row0`): F32, F16, BF16, Q4_1, Q5_1, Q2_K, Q4_K and Q5_K
+// as their GGUF bytes (rows of row_bytes each), Q4_0, Q5_0, Q8_0, Q3_K and Q6_K as weights.rs's
+// `SplitScales` lays them out (block bodies in row order, then every block's f16 scale); values
+// are extracted byte by byte. Exactly one weight-type define is set:
+// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Scales are f16 read with unpack2x16float (no
 // shader-f16 needed).
 // Capability variants (device.rs DeviceInfo::defines): with SHADER_F16, F16 weights are bound
 // as array<vec2<f16>> and read as WGSL f16 (F16_NATIVE; exact, as unpack2x16float);
@@ -72,7 +73,7 @@ fn i8_of(b: u32) -> i32 {
 }
 #endif
 
-#ifdef Q4_0 || Q5_0 || Q8_0 || Q6_K
+#ifdef Q4_0 || Q5_0 || Q8_0 || Q3_K || Q6_K
 // Block `bi`'s f16 scale, after the chunk's P.rows rows of P.row_len / block_len bodies.
 fn split_scale(bi: u32, body_words: u32, block_len: u32) -> f32 {
     let scales_at = P.rows * (P.row_len / block_len) * body_words;
@@ -94,9 +95,56 @@ fn dequant(row: u32, i: u32) -> f32 {
     return f16_at(base + 2u * i);
 #endif
 #endif
+#ifdef BF16
+    return bitcast<f32>(u16_at(base + 2u * i) << 16u);
+#endif
 #ifdef Q4_0 || Q5_0 || Q8_0
     let bi = row * (P.row_len / 32u) + i / 32u;
     let j = i % 32u;
+#endif
+#ifdef Q4_1 || Q5_1
+    let j = i % 32u;
+#endif
+#ifdef Q4_1
+    // block: d f16, m f16, qs[16] as Q4_0 (unsigned codes)
+    let b = base + (i / 32u) * 20u;
+    let q = (byte_at(b + 4u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
+    return f16_at(b) * f32(q) + f16_at(b + 2u);
+#endif
+#ifdef Q5_1
+    // block: d f16, m f16, qh u32, qs[16] as Q5_0 (unsigned codes)
+    let b = base + (i / 32u) * 24u;
+    let hi = ((byte_at(b + 4u + j / 8u) >> (j % 8u)) & 1u) << 4u;
+    let q = ((byte_at(b + 8u + j % 16u) >> (4u * (j / 16u))) & 0xfu) | hi;
+    return f16_at(b) * f32(q) + f16_at(b + 2u);
+#endif
+#ifdef Q2_K || Q3_K
+    // value 128n + 32g + l of a super-block: 2 bits at 2g of qs[32n + l], sub-block 8n + 2g + l / 16
+    let j = i % 256u;
+    let n = j / 128u;
+    let g = (j % 128u) / 32u;
+    let l = j % 32u;
+    let sub = 8u * n + 2u * g + l / 16u;
+#endif
+#ifdef Q2_K
+    // super-block of 256: scales[16] (scale low nibble, min high nibble), qs[64], d f16, dmin f16
+    let b = base + (i / 256u) * 84u;
+    let q = (byte_at(b + 16u + 32u * n + l) >> (2u * g)) & 3u;
+    let sc = byte_at(b + sub);
+    return f16_at(b + 80u) * f32(sc & 0xfu) * f32(q) - f16_at(b + 82u) * f32(sc >> 4u);
+#endif
+#ifdef Q3_K
+    // body of a super-block of 256: hmask[32], qs[64], scales[12] (16 6-bit scales, 32 off: low
+    // nibbles in bytes 0..7, high 2 bits in bytes 8..11); a clear hmask bit subtracts 4
+    let bi = row * (P.row_len / 256u) + i / 256u;
+    let b = bi * 108u;
+    let q2 = (byte_at(b + 32u + 32u * n + l) >> (2u * g)) & 3u;
+    let high = (byte_at(b + l) >> (4u * n + g)) & 1u;
+    let q = i32(q2 | (high << 2u)) - 4;
+    let sc_lo = (byte_at(b + 96u + sub % 8u) >> (4u * (sub / 8u))) & 0xfu;
+    let sc_hi = (byte_at(b + 104u + sub % 4u) >> (2u * (sub / 4u))) & 3u;
+    let sc = i32(sc_lo | (sc_hi << 4u)) - 32;
+    return split_scale(bi, 27u, 256u) * f32(sc) * f32(q);
 #endif
 #ifdef Q8_0
     // body: qs[32] i8
@@ -115,9 +163,14 @@ fn dequant(row: u32, i: u32) -> f32 {
     let q = ((byte_at(b + 4u + j % 16u) >> (4u * (j / 16u))) & 0xfu) | hi;
     return split_scale(bi, 5u, 32u) * f32(i32(q) - 16);
 #endif
+#ifdef Q4_K || Q5_K
+    // super-block of 256: d f16, dmin f16, scales[12] (8 pairs of 6-bit scale/min),
+    // (Q5_K: qh[32],) qs[128]
 #ifdef Q4_K
-    // super-block of 256: d f16, dmin f16, scales[12] (8 pairs of 6-bit scale/min), qs[128]
     let b = base + (i / 256u) * 144u;
+#else
+    let b = base + (i / 256u) * 176u;
+#endif
     let j = i % 256u;
     let chunk = j / 64u;
     let half = (j % 64u) / 32u;
@@ -133,7 +186,13 @@ fn dequant(row: u32, i: u32) -> f32 {
         sc = (byte_at(s + sub + 4u) & 0xfu) | ((byte_at(s + sub - 4u) >> 6u) << 4u);
         m = (byte_at(s + sub + 4u) >> 4u) | ((byte_at(s + sub) >> 6u) << 4u);
     }
+#ifdef Q4_K
     let q = (byte_at(b + 16u + 32u * chunk + l) >> (4u * half)) & 0xfu;
+#else
+    // the 5th bit: bit 2 chunk + half of qh[l]
+    let q = ((byte_at(b + 48u + 32u * chunk + l) >> (4u * half)) & 0xfu)
+        | (((byte_at(b + 16u + l) >> (2u * chunk + half)) & 1u) << 4u);
+#endif
     return f16_at(b) * f32(sc) * f32(q) - f16_at(b + 2u) * f32(m);
 #endif
 #ifdef Q6_K

@@ -205,6 +205,9 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
             ("norm_in_place", GgmlType::Q5_0, GgmlType::Q8_0, 96),
             ("swiglu", GgmlType::Q4_0, GgmlType::Q8_0, 96),
             ("geglu", GgmlType::Q4_K, GgmlType::Q4_K, 256),
+            ("norm", GgmlType::Q5_K, GgmlType::Q2_K, 512),
+            ("swiglu", GgmlType::Q4_1, GgmlType::Q5_1, 96),
+            ("geglu", GgmlType::Q3_K, GgmlType::Q6_K, 256),
         ] {
             let mut c = Case::new(rows);
             let x = c.input("x", k, &mut rng);
@@ -257,9 +260,12 @@ pub fn post_norm_chains_feeding_matmuls(subject: &dyn Subject) {
     let mut rng = Rng(10);
     for rows in [1, 3] {
         let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
-        for (ty, k, sum_in_place, readers) in
-            [(GgmlType::Q5_0, 640, true, 2), (GgmlType::Q8_0, 96, false, 1), (GgmlType::Q6_K, 1280, true, 1)]
-        {
+        for (ty, k, sum_in_place, readers) in [
+            (GgmlType::Q5_0, 640, true, 2),
+            (GgmlType::Q8_0, 96, false, 1),
+            (GgmlType::Q6_K, 1280, true, 1),
+            (GgmlType::Q4_1, 640, false, 2),
+        ] {
             let mut c = Case::new(rows);
             let residual = c.input("residual", k, &mut rng);
             let proj = c.input("proj", k, &mut rng);
@@ -313,6 +319,8 @@ pub fn sibling_matmuls_sharing_an_input(subject: &dyn Subject) {
             ([GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K], 512, true),
             ([GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q6_K], 256, false),
             ([GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q8_0], 64, false),
+            ([GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_1], 96, true),
+            ([GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q2_K], 256, false),
         ] {
             let mut c = Case::new(rows);
             let x = c.input("x", k, &mut rng);

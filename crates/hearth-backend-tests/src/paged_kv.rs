@@ -403,8 +403,9 @@ pub fn attention_over_long_contexts(subject: &dyn Subject) {
 
 /// Attention read only by a quantized output projection, as in every model (a backend may write
 /// attention's output already rounded for the projection): 8-bit activations in blocks of 32
-/// (Q5_0 weights) and of 256 (Q4_K), three sequences, a quantized and an f16 cache; then once
-/// more with a second reader after two mat-muls that round other activations.
+/// (Q5_0 weights), of 32 with code sums (Q4_1) and of 256 (Q4_K, Q3_K), three sequences, a
+/// quantized and an f16 cache; then once more with a second reader after two mat-muls that round
+/// other activations.
 pub fn attention_feeding_an_output_projection(subject: &dyn Subject) {
     let mut rng = Rng(17);
     let plan: [&[(usize, usize)]; 2] = [&[(5, 0), (1, 0), (6, 0)], &[(2, 5), (9, 1), (1, 6)]];
@@ -412,6 +413,8 @@ pub fn attention_feeding_an_output_projection(subject: &dyn Subject) {
         (KvType::F16, GgmlType::Q4_K, false),
         (KvType::Q4_0, GgmlType::Q5_0, false),
         (KvType::F16, GgmlType::Q5_0, true),
+        (KvType::Q8_0, GgmlType::Q4_1, false),
+        (KvType::F16, GgmlType::Q3_K, true),
     ] {
         let layout = two_groups(kv_type, 128, 4, 5, 12);
         let mut c = attention_case(12, 3, params(0, 4, 2, 64, None, None), layout.clone(), &mut rng);

@@ -8,7 +8,7 @@ use crate::kernel_params::{
 };
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
-use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
+use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors, KERNEL_TYPES};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
@@ -179,6 +179,8 @@ pub(crate) enum ActRounding {
     None,
     /// F16 weights: each value rounded to f16, kept as f32 (quant.wgsl's mat-mul).
     F16,
+    /// BF16 weights: each value rounded to bf16, kept as f32 (quant.wgsl's mat-mul).
+    BF16,
     /// The quantized types: 8-bit codes and a scale per block (matmul_q8.wgsl).
     Q8 { define: &'static str },
 }
@@ -187,8 +189,10 @@ impl ActRounding {
     pub(crate) fn of(ty: GgmlType) -> Self {
         match ty.vec_dot_type() {
             GgmlType::Q8_0 => ActRounding::Q8 { define: "Q8_0" },
+            GgmlType::Q8_1 => ActRounding::Q8 { define: "Q8_1" },
             GgmlType::Q8_K => ActRounding::Q8 { define: "Q8_K" },
             GgmlType::F16 => ActRounding::F16,
+            GgmlType::BF16 => ActRounding::BF16,
             _ => ActRounding::None,
         }
     }
@@ -203,7 +207,12 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         let w = weight(id)?;
         match type_define(w.desc.ty) {
             Some(_) => Ok(()),
-            None => Err(format!("{role} of weight '{}' stored as {} (the WebGPU kernels decode F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K)", w.desc.name, w.desc.ty.name())),
+            None => Err(format!(
+                "{role} of weight '{}' stored as {} (the WebGPU kernels decode {})",
+                w.desc.name,
+                w.desc.ty.name(),
+                KERNEL_TYPES.map(|t| t.name()).join(", ")
+            )),
         }
     };
     let vectors = |ids: &[Option<WeightId>]| -> Result<(), String> {
@@ -303,7 +312,8 @@ impl Builder<'_> {
         let (rows, _) = self.shape(x);
         let mut defines = vec![match rounding {
             ActRounding::Q8 { define, .. } => define,
-            _ => "F16",
+            ActRounding::BF16 => "BF16",
+            ActRounding::F16 | ActRounding::None => "F16",
         }];
         let mut entries = vec![(2, Res::Buf(scratch.clone()))];
         let (mut eps, mut first_eps) = (0f32, 0f32);
@@ -851,7 +861,11 @@ impl Builder<'_> {
                 match fusion {
                     Fusion::RoundsOutput { rounding: rounding @ ActRounding::Q8 { define } } => {
                         let scratch = self.reserve_rounding(*out, rounding)?;
-                        defines.push(if define == "Q8_K" { "ROUND_Q8_K" } else { "ROUND_Q8_0" });
+                        defines.push(match define {
+                            "Q8_K" => "ROUND_Q8_K",
+                            "Q8_1" => "ROUND_Q8_1",
+                            _ => "ROUND_Q8_0",
+                        });
                         entries.push((4, Res::Buf(scratch)));
                         params.scales_at = (rows * p.n_head * p.head_dim / 4) as u32;
                     }

@@ -44,7 +44,7 @@ pub(crate) enum Fusion {
         other: BufId,
     },
     /// The first of two or three consecutive mat-muls that read the same input with weights of
-    /// one rounding (Q4_0/Q5_0/Q8_0, or Q4_K/Q6_K), row length and bias presence, each in one
+    /// one rounding (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1, or the K-quants), row length and bias presence, each in one
     /// chunk (q/k/v, gate/up): one dispatch computes all their products (matmul_q8.wgsl
     /// SEGMENTS, each segment decoding its own type).
     Siblings {

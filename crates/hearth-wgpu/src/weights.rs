@@ -59,8 +59,21 @@ const UPLOAD_PIECE: usize = 16 << 20;
 
 /// The weight types the kernels decode (`shaders/quant.wgsl`, `matmul_q8.wgsl`), each with its
 /// shader define (the type's GGML name).
-pub(crate) const KERNEL_TYPES: [GgmlType; 7] =
-    [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+pub(crate) const KERNEL_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 /// The shader define of a type the kernels decode.
 pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
@@ -69,11 +82,22 @@ pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
 
 /// matmul_q8.wgsl's define for the weight type of sibling segment `segment` (T0_Q4_K, T1_Q6_K, ...).
 pub(crate) fn segment_type_define(segment: usize, ty: GgmlType) -> Option<&'static str> {
-    const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
-    const DEFINES: [[&str; 5]; 3] = [
-        ["T0_Q4_0", "T0_Q5_0", "T0_Q8_0", "T0_Q4_K", "T0_Q6_K"],
-        ["T1_Q4_0", "T1_Q5_0", "T1_Q8_0", "T1_Q4_K", "T1_Q6_K"],
-        ["T2_Q4_0", "T2_Q5_0", "T2_Q8_0", "T2_Q4_K", "T2_Q6_K"],
+    const TYPES: [GgmlType; 10] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    const DEFINES: [[&str; 10]; 3] = [
+        ["T0_Q4_0", "T0_Q4_1", "T0_Q5_0", "T0_Q5_1", "T0_Q8_0", "T0_Q2_K", "T0_Q3_K", "T0_Q4_K", "T0_Q5_K", "T0_Q6_K"],
+        ["T1_Q4_0", "T1_Q4_1", "T1_Q5_0", "T1_Q5_1", "T1_Q8_0", "T1_Q2_K", "T1_Q3_K", "T1_Q4_K", "T1_Q5_K", "T1_Q6_K"],
+        ["T2_Q4_0", "T2_Q4_1", "T2_Q5_0", "T2_Q5_1", "T2_Q8_0", "T2_Q2_K", "T2_Q3_K", "T2_Q4_K", "T2_Q5_K", "T2_Q6_K"],
     ];
     let at = TYPES.iter().position(|t| *t == ty)?;
     DEFINES.get(segment).map(|defines| defines[at])
@@ -136,8 +160,8 @@ fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> impl It
 }
 
 /// The device layout of the weight types whose GGUF blocks are not whole u32 words (Q4_0, Q5_0,
-/// Q8_0: 18, 22, 34 bytes; Q6_K: 210): each block's f16 scale is moved out, so that every load is
-/// one aligned word. A chunk holds every block's other bytes (its body: 4, 5, 8 or 52 words) in
+/// Q8_0: 18, 22, 34 bytes; Q3_K: 110; Q6_K: 210): each block's f16 scale is moved out, so that every
+/// load is one aligned word. A chunk holds every block's other bytes (its body: 4, 5, 8, 27 or 52 words) in
 /// block order, then the blocks' scales, two per word (block b's in the low half of word b / 2
 /// when b is even); its size is the GGUF bytes' own. matmul_q8.wgsl and quant.wgsl read it.
 #[derive(Clone, Copy, Debug)]
@@ -153,6 +177,7 @@ pub(crate) fn split_scales(ty: GgmlType) -> Option<SplitScales> {
         GgmlType::Q4_0 => (18, 0),
         GgmlType::Q5_0 => (22, 0),
         GgmlType::Q8_0 => (34, 0),
+        GgmlType::Q3_K => (110, 108),
         GgmlType::Q6_K => (210, 208),
         _ => return None,
     };
@@ -407,7 +432,7 @@ mod tests {
     #[test]
     fn split_layout_holds_bodies_then_scales_whatever_the_pieces() {
         let bytes: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q3_K, GgmlType::Q6_K] {
             let split = split_scales(ty).expect("split type");
             // Odd and even blocks a row, pieces of one row and of several, a chunk after others.
             for (blocks_per_row, rows, skip_rows, piece) in

@@ -1,30 +1,40 @@
 //! `Backend::supports` answers before anything compiles, and agrees with what `compile` accepts:
-//! a weight type the WebGPU kernels do not decode is refused with the weight's name and type,
-//! as a `CoreError::Unsupported` that `--backend auto` and the browser's 'auto' fall back on.
+//! an op the WebGPU kernels do not run is refused by name, as a `CoreError::Unsupported` that
+//! `--backend auto` and the browser's 'auto' fall back on; every weight type is supported.
 
 mod common;
 
-use common::case::{random_weight, Case};
+use common::case::{random_weight, Case, WEIGHT_TYPES};
 use common::Rng;
 use hearth_core::backend::{Backend, Capability, WeightData};
 use hearth_core::gguf::MemorySource;
-use hearth_core::graph::{Op, WeightDesc};
+use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, Op, WeightDesc};
 use hearth_core::quant::GgmlType;
 use hearth_core::CoreError;
 use hearth_cpu::CpuBackend;
 use hearth_wgpu::WgpuOptions;
 use std::sync::Arc;
 
-/// A mat-mul of a [16, 256] weight of `ty` (raw random blocks: nothing runs) after a random input.
-fn mat_mul_case(ty: GgmlType, rng: &mut Rng) -> Case {
+/// A mixture-of-experts FFN's routing, expert mat-mul and combination over 2 tokens (random F32
+/// weights: nothing runs).
+fn experts_case(rng: &mut Rng) -> Case {
+    let (n_embd, n_ff, n_expert, n_used) = (256usize, 64usize, 4usize, 2usize);
     let mut case = Case::new(2);
-    let x = case.input("x", 256, rng);
-    let bytes: Vec<u8> = (0..ty.row_bytes(256).expect("row bytes") * 16).map(|_| rng.next_u64() as u8).collect();
-    case.weights.push((WeightDesc { name: "blk.0.ffn_down.weight".into(), ty, dims: vec![256, 16] }, bytes));
-    let w = hearth_core::graph::WeightId(case.weights.len() as u32 - 1);
-    let out = case.graph.buf("out", 2, 16);
-    case.graph.push(Op::MatMul { w, x, bias: None, out });
-    case.graph.logits = out;
+    let x = case.input("x", n_embd, rng);
+    let router = case.weight(GgmlType::F32, &[n_embd as u64, n_expert as u64], rng);
+    let up = case.weight(GgmlType::Q4_K, &[n_embd as u64, n_ff as u64, n_expert as u64], rng);
+    let g = &mut case.graph;
+    let logits = g.buf("ffn_moe_logits", 2, n_expert);
+    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, 2, n_used);
+    let weights = g.buf("ffn_moe_weights", 2, n_used);
+    let up_out = g.buf("up", 2, n_used * n_ff);
+    let out = g.buf("out", 2, n_ff);
+    let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
+    g.push(Op::MatMul { w: router, x, bias: None, out: logits });
+    g.push(Op::RouteExperts { logits, routing, ids, weights });
+    g.push(Op::MatMulExperts { w: up, x, ids, out: up_out });
+    g.push(Op::CombineExperts { x: up_out, weights, out });
+    g.logits = out;
     case
 }
 
@@ -35,30 +45,33 @@ fn upload(case: &Case, backend: &mut dyn Backend) {
     }
 }
 
+/// Every GGUF weight type has a kernel; what the kernels lack is the mixture-of-experts ops.
 #[test]
-fn a_weight_type_without_a_kernel_is_refused_by_name_before_compiling() {
+fn an_op_without_a_kernel_is_refused_by_name_before_compiling() {
     let Some(mut gpu) = common::open(WgpuOptions::from_env()) else { return };
     let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
-    let mut rng = Rng(5);
-    for ty in [GgmlType::Q4_1, GgmlType::Q5_K] {
-        let case = mat_mul_case(ty, &mut rng);
-        upload(&case, &mut gpu);
-        upload(&case, &mut cpu);
-        let matmul = case.graph.ops.last().expect("op");
-        let refused = gpu.supports(Capability::Op { op: matmul, graph: &case.graph }).expect_err("no WebGPU kernel");
-        assert!(refused.contains("blk.0.ffn_down.weight") && refused.contains(ty.name()), "{refused}");
-        // The CPU runs every weight type.
-        cpu.supports(Capability::Op { op: matmul, graph: &case.graph }).expect("the CPU has a kernel");
-        // compile agrees, with the structured error the loaders fall back on.
-        match gpu.compile(&case.graph) {
-            Err(CoreError::Unsupported { backend, what }) => {
-                assert!(backend == "wgpu" && what.contains(ty.name()), "{what}")
+    let case = experts_case(&mut Rng(5));
+    upload(&case, &mut gpu);
+    upload(&case, &mut cpu);
+    for op in &case.graph.ops {
+        let on_gpu = gpu.supports(Capability::Op { op, graph: &case.graph });
+        match op {
+            Op::Embed { .. } | Op::MatMul { .. } => on_gpu.expect("the input's lookup and the router have kernels"),
+            _ => {
+                let refused = on_gpu.expect_err("no WebGPU kernel");
+                assert!(refused.contains(op.name()), "{refused}");
             }
-            Err(other) => panic!("expected Unsupported, got {other}"),
-            Ok(_) => panic!("{ty:?} compiled on wgpu"),
         }
-        gpu = common::open(WgpuOptions::from_env()).expect("reopen");
-        cpu = CpuBackend::new(Some(1)).expect("cpu");
+        // The CPU runs every op.
+        cpu.supports(Capability::Op { op, graph: &case.graph }).expect("the CPU has a kernel");
+    }
+    // compile agrees, with the structured error the loaders fall back on.
+    match gpu.compile(&case.graph) {
+        Err(CoreError::Unsupported { backend, what }) => {
+            assert!(backend == "wgpu" && what.contains("route_experts"), "{what}")
+        }
+        Err(other) => panic!("expected Unsupported, got {other}"),
+        Ok(_) => panic!("the expert ops compiled on wgpu"),
     }
 }
 
@@ -66,9 +79,7 @@ fn a_weight_type_without_a_kernel_is_refused_by_name_before_compiling() {
 fn the_kernels_weight_types_are_supported() {
     let Some(mut gpu) = common::open(WgpuOptions::from_env()) else { return };
     let mut rng = Rng(6);
-    for ty in
-        [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K]
-    {
+    for ty in WEIGHT_TYPES {
         // A multiple of every block length (32 and the K-quants' 256).
         let row_len = 256;
         let mut case = Case::new(2);
