@@ -17,8 +17,10 @@
 // It also reports the kernel variant the engine picked against the adapter's features: SwiftShader
 // offers `subgroups` (not `shader-f16`), but wgpu 30 cannot request `subgroups` in a browser, so
 // the variant is the 'f32' fallback there (asserted below; issue #3).
+// SmolLM2 135M, whose Q4_1 weights take the kernels' 8-bit activations with code sums, is held to
+// the same rule against its own fixture.
 //
-// Needs what gemma.test.js needs.
+// Needs what gemma.test.js needs, and SmolLM2 in the model cache (`hearth models fetch all`).
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -33,6 +35,8 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
 const dist = join(root, 'web/hearth-llm/dist');
 const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
 const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/gemma_fibonacci_greedy.json'), 'utf8'));
+// SmolLM2 135M in Q4_1: the weight types whose 8-bit activations carry each block's code sum.
+const smollm2 = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/smollm2_fibonacci_greedy.json'), 'utf8'));
 
 // Gemma's decisive top-1/top-2 margin, as in crates/hearth-wgpu/tests/models.rs (the golden tests'
 // rule for Gemma): below it, a 1-ulp difference in summation order may flip the choice.
@@ -164,6 +168,27 @@ test("backend 'webgpu': greedy tokens equal the native CPU backend at every deci
   const drafted = result.drafted.usage.speculative;
   assert.ok(drafted.accepted > 0, JSON.stringify(drafted));
   assert.equal(drafted.acceptance_rate, drafted.accepted / drafted.proposed);
+});
+
+test("backend 'webgpu' runs SmolLM2's Q4_1 weights: greedy tokens equal the native CPU backend at every decisive step", { timeout: 1_800_000 }, async () => {
+  assert.ok(existsSync(join(modelsDir, smollm2.model_file)), `${smollm2.model_file} is missing from ${modelsDir}`);
+  const result = await page.evaluate(async ({ modelUrl, prompt, maxTokens }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const completion = await engine.completions.create({ prompt, temperature: 0, max_tokens: maxTokens });
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return { completion, stats };
+  }, { modelUrl: `/models/${smollm2.model_file}`, prompt: smollm2.prompt, maxTokens: smollm2.tokens.length });
+  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
+  const ids = result.completion.hearth.token_ids;
+  process.stderr.write(`SmolLM2 on WebGPU (${result.stats.adapter.variant}): ${JSON.stringify(ids)}\n`);
+  assert.deepEqual(result.completion.hearth.prompt_token_ids, smollm2.prompt_tokens);
+  assert.equal(ids.length, smollm2.tokens.length);
+  const { compared, decisive, divergedAt } = compareDecisive(ids, smollm2);
+  process.stderr.write(`SmolLM2 WebGPU vs CPU: ${compared}/${smollm2.tokens.length} steps compared, ${decisive} decisive, ${divergedAt === null ? 'no divergence' : `diverged at non-decisive step ${divergedAt}`}\n`);
+  assert.ok(decisive >= MIN_DECISIVE, `only ${decisive} decisive steps compared`);
+  if (divergedAt === null) assert.equal(result.completion.choices[0].text, smollm2.text);
 });
 
 test("backend 'auto' skips a software adapter (SwiftShader) for the wasm CPU engine, and says why", { timeout: 900_000 }, async () => {

@@ -95,6 +95,7 @@ macro_rules! conformance_suite {
             use super::*;
             $crate::conformance_suite!(@tests $subject;
                 models::greedy_tokens_match_the_cpu,
+                models::smollm2_greedy_tokens_match_the_cpu,
                 models::decisive_tokens_match_the_cpu,
                 models::quantized_kv_decisive_tokens_match_the_cpu,
                 models::batched_steps_match_the_cpu,

@@ -16,7 +16,7 @@ use hearth_core::runner::{BatchEntry, Runner};
 use hearth_core::scheduler::Drafting;
 use hearth_core::speculative::SpeculativeOptions;
 use hearth_core::tokenizer::Tokenizer;
-use hearth_tests::{argmax, cpu_session_with, model_path, GEMMA_270M, QWEN_05B, QWEN_15B};
+use hearth_tests::{argmax, cpu_session_with, model_path, GEMMA_270M, QWEN_05B, QWEN_15B, SMOLLM2_135M};
 
 const N_CTX: usize = 96;
 const N_GENERATE: usize = 16;
@@ -201,6 +201,15 @@ pub fn greedy_tokens_match_the_cpu(subject: &dyn Subject) {
     exact_greedy_tokens(subject, GEMMA_270M, "def fibonacci(n):", N_EXACT, 1.2, 0.2);
     exact_greedy_tokens(subject, QWEN_05B, "def fibonacci(n):", N_EXACT, 0.6, 0.1);
     exact_greedy_tokens(subject, QWEN_15B, "def fibonacci(n):", N_EXACT_LARGE, 0.6, 0.1);
+}
+
+/// SmolLM2 135M, the llama architecture in Q4_1 weights: the mat-muls whose activations carry
+/// Q8_1's code sums (the weight's min times the block's sum), greedy tokens as the CPU's. The
+/// WebGPU kernels measure |Δ log-prob| mean 0.117 and max 0.65 over these tokens (30 layers of
+/// summation-order drift, as Gemma's 0.161 over 18), with one near-tie (margin 0.13) resolved the
+/// other way.
+pub fn smollm2_greedy_tokens_match_the_cpu(subject: &dyn Subject) {
+    exact_greedy_tokens(subject, SMOLLM2_135M, "def fibonacci(n):", N_EXACT, 1.0, 0.15);
 }
 
 /// Not exact: on this prompt the WebGPU kernels and the CPU part at step 11, and it is no near-tie — the CPU
