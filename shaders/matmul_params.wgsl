@@ -26,4 +26,7 @@ struct MatMulParams {
     seg2_rows: u32,
     seg2_row_bytes: u32,
     seg2_n: u32,
+    // EXPERTS: experts chosen per token, and experts in the weight's binding (`rows` each)
+    n_used: u32,
+    n_expert: u32,
 }

@@ -32,6 +32,11 @@
 // BIAS_W. The weight-reading code is written once and repeated per segment (`#foreach`), each
 // copy reading its own binding as its own type, so a workgroup chooses its segment once, not on
 // every load.
+// EXPERTS (with DECODE, one segment) multiplies a mixture of experts' chosen experts: the binding
+// holds P.n_expert experts' matrices of P.rows rows one after another, and grid z is one (token,
+// slot) pair, whose expert id route_experts wrote to IDS: the recorded step never changes with
+// the routing. Its activation row is the token's or, with PER_SLOT, the pair's own (x holding
+// n_used slices a token); its output is row `pair` of [n_tokens * n_used, n].
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
@@ -63,6 +68,10 @@ enable subgroups;
 // segment 2: [rows_2 * k / BLOCK_LEN] blocks, its output [n_tokens, n_2] f32
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
+#endif
+#ifdef EXPERTS
+// [n_tokens * n_used] u32: each (token, slot) pair's expert
+@group(0) @binding(10) var<storage, read> IDS: array<u32>;
 #endif
 
 fn store_out(segment: u32, at: u32, v: f32) {
@@ -435,11 +444,12 @@ fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     return w;
 }
 
-// This invocation's partial sums of ROWS rows from first_row for TILE_T tokens from t0.
-fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid: u32) -> array<f32, OUTPUTS> {
+// This invocation's partial sums of ROWS rows from first_row for TILE_T tokens from t0; the
+// rows are counted from row_base of the binding's binding_rows (an expert's, for EXPERTS).
+fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid: u32, row_base: u32, binding_rows: u32) -> array<f32, OUTPUTS> {
     let slot = tid % THREADS;
     let n_blocks = k / BLOCK_LEN;
-    let scales_at = rows * n_blocks * BLOCK_WORDS_$S;
+    let scales_at = binding_rows * n_blocks * BLOCK_WORDS_$S;
     var acc: array<f32, OUTPUTS>;
     for (var o = 0u; o < OUTPUTS; o++) {
         acc[o] = 0.0;
@@ -453,7 +463,7 @@ fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid:
         }
         for (var r = 0u; r < ROWS; r++) {
             if (first_row + r < rows) {
-                let w = load_weights_$S((first_row + r) * n_blocks + block, scales_at, slot);
+                let w = load_weights_$S((row_base + first_row + r) * n_blocks + block, scales_at, slot);
                 for (var t = 0u; t < TILE_T; t++) {
                     if (t0 + t < n_tokens) {
                         acc[r * TILE_T + t] += block_dot_$S(w, act[t]);
@@ -511,22 +521,38 @@ fn matmul_q8(
 #endif
     let first_row = group * ROWS;
     let k = P.row_len;
-    let n_tokens = P.n_tokens;
-    let t0 = wg.z * TILE_T;
+    var n_tokens = P.n_tokens;
+    var t0 = wg.z * TILE_T;
+    // The first output row (token) of this workgroup.
+    var out_t0 = t0;
+    var row_base = 0u;
+    var binding_rows = rows;
+#ifdef EXPERTS
+    let pair = wg.z;
+    row_base = IDS[pair] * rows;
+    binding_rows = rows * P.n_expert;
+#ifdef PER_SLOT
+    t0 = pair;
+#else
+    t0 = pair / P.n_used;
+#endif
+    n_tokens = t0 + 1u;
+    out_t0 = pair;
+#endif
     let tid = lid.x;
     var acc: array<f32, OUTPUTS>;
     // An if chain rather than a switch: llvmpipe skips the branches no invocation takes.
     if (segment == 0u) {
-        acc = accumulate_0(first_row, rows, k, n_tokens, t0, tid);
+        acc = accumulate_0(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
 #ifdef SEGMENTS
     if (segment == 1u) {
-        acc = accumulate_1(first_row, rows, k, n_tokens, t0, tid);
+        acc = accumulate_1(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
 #endif
 #ifdef SEGMENT3
     if (segment == 2u) {
-        acc = accumulate_2(first_row, rows, k, n_tokens, t0, tid);
+        acc = accumulate_2(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
 #endif
 #ifdef SUBGROUPS
@@ -569,7 +595,7 @@ fn matmul_q8(
 #ifdef BIAS
         b = BIAS_W[bias_at + row];
 #endif
-        let at = (t0 + t) * n + row;
+        let at = (out_t0 + t) * n + row;
         var v = acc[0] + b;
 #ifdef RESIDUAL
         v = RESID[at] + v;

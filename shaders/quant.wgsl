@@ -14,6 +14,8 @@
 // as array<vec2<f16>> and read as WGSL f16 (F16_NATIVE; exact, as unpack2x16float);
 // accumulation stays f32. SUBGROUPS sums
 // a mat-mul row's partial dots with subgroupAdd instead of a shared-memory tree.
+// EXPERTS (with DECODE) multiplies a mixture of experts' chosen experts, grid z one (token, slot)
+// pair whose expert id is read on the device, as matmul_q8.wgsl's EXPERTS does.
 // (`enable` directives must precede every declaration.)
 #ifdef SHADER_F16
 enable f16;
@@ -244,6 +246,10 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 // [n] f32 (stored as the GGUF F32 bytes)
 @group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
 #endif
+#ifdef EXPERTS
+// [n_tokens * n_used] u32: each (token, slot) pair's expert (matmul_q8.wgsl's EXPERTS, with DECODE)
+@group(0) @binding(10) var<storage, read> IDS: array<u32>;
+#endif
 
 const WG: u32 = 64u;
 // Activation rows handled by one workgroup: each weight value is dequantized once for all of them.
@@ -272,8 +278,22 @@ fn matmul(
     let rows = P.rows;
     let k = P.row_len;
     let n = P.n;
-    let n_tokens = P.n_tokens;
-    let t0 = wg.z * TILE_T;
+    var n_tokens = P.n_tokens;
+    var t0 = wg.z * TILE_T;
+    // The first output row (token) of this workgroup, and the weight row in the binding.
+    var out_t0 = t0;
+    var weight_row = local_row;
+#ifdef EXPERTS
+    let pair = wg.z;
+    weight_row = IDS[pair] * rows + local_row;
+#ifdef PER_SLOT
+    t0 = pair;
+#else
+    t0 = pair / P.n_used;
+#endif
+    n_tokens = t0 + 1u;
+    out_t0 = pair;
+#endif
     let tid = lid.x;
     let valid = local_row < rows;
     var acc: array<f32, TILE_T>;
@@ -282,7 +302,7 @@ fn matmul(
     }
     if (valid) {
         for (var i = tid; i < k; i += WG) {
-            let w = dequant(local_row, i);
+            let w = dequant(weight_row, i);
             for (var u = 0u; u < TILE_T; u++) {
                 if (t0 + u < n_tokens) {
                     acc[u] += w * X[(t0 + u) * k + i];
@@ -325,7 +345,7 @@ fn matmul(
 #endif
         for (var u = 0u; u < TILE_T; u++) {
             if (t0 + u < n_tokens) {
-                OUT[(t0 + u) * n + row] = partial[0][u] + b;
+                OUT[(out_t0 + u) * n + row] = partial[0][u] + b;
             }
         }
     }

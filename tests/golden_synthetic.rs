@@ -11,56 +11,52 @@
 //! moves the worst log-prob by ~0.02. Quantized ones carry llama.cpp's activation-quantization
 //! noise and get the real models' bounds.
 
-use hearth_tests::golden::{compare_with_llama_cpp, Tolerance};
+use hearth_tests::golden::{check_synthetic, SYNTHETIC_MODELS};
 use hearth_tests::*;
 
-const EXACT: Tolerance = Tolerance { mean_logprob: 0.005, max_logprob: 0.03, decisive_margin: 0.02 };
-const QUANTIZED: Tolerance = Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.3 };
-
-fn check(stem: &str, tol: Tolerance) {
-    let golden = read_json(&format!("synthetic/{stem}.json"));
+fn check(stem: &str) {
+    let tol = SYNTHETIC_MODELS.iter().find(|(s, _)| *s == stem).map(|(_, tol)| *tol).expect("a synthetic model");
     let path = fixtures_dir().join("synthetic").join(format!("{stem}.gguf"));
     let (_file, mut session) = cpu_session_at(&path, 256);
-    let report = compare_with_llama_cpp(stem, &mut session, &golden, tol);
-    assert_eq!(report.steps, 4 * 24, "{stem}: llama.cpp stopped early in a case");
+    check_synthetic(stem, &mut session, tol);
 }
 
 #[test]
 fn llama_mha_f16_matches_llama_cpp() {
-    check("llama-mha-f16", EXACT);
+    check("llama-mha-f16");
 }
 
 #[test]
 fn qwen2_mqa_biases_matches_llama_cpp() {
-    check("qwen2-mqa-f32", EXACT);
+    check("qwen2-mqa-f32");
 }
 
 #[test]
 fn gemma3_sliding_window_f32_matches_llama_cpp() {
-    check("gemma3-swa-f32", EXACT);
+    check("gemma3-swa-f32");
 }
 
 #[test]
 fn llama_gqa_q8_0_matches_llama_cpp() {
-    check("llama-gqa-q8_0", QUANTIZED);
+    check("llama-gqa-q8_0");
 }
 
 #[test]
 fn qwen3_gqa_q4_k_matches_llama_cpp() {
-    check("qwen3-gqa-q4_k", QUANTIZED);
+    check("qwen3-gqa-q4_k");
 }
 
 #[test]
 fn gemma3_sliding_window_q8_0_matches_llama_cpp() {
-    check("gemma3-swa-q8_0", QUANTIZED);
+    check("gemma3-swa-q8_0");
 }
 
 #[test]
 fn qwen3moe_f32_matches_llama_cpp() {
-    check("qwen3moe-f32", EXACT);
+    check("qwen3moe-f32");
 }
 
 #[test]
 fn qwen3moe_q8_0_matches_llama_cpp() {
-    check("qwen3moe-q8_0", QUANTIZED);
+    check("qwen3moe-q8_0");
 }

@@ -26,6 +26,7 @@ struct MoeWeights {
 /// One MoE FFN over `N_TOKENS` tokens of `n_embd` values, experts of `n_ff` hidden values in
 /// `ty`, the router F32 (as llama.cpp's files keep it); the output is the combined FFN output.
 fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rng: &mut Rng) -> (Case, MoeWeights) {
+    let n_used = routing.n_used;
     let mut c = Case::new(N_TOKENS);
     let x = c.input("x", n_embd, rng);
     let table = WeightId(c.weights.len() as u32 - 1);
@@ -36,11 +37,11 @@ fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rn
     let down = c.weight(ty, &[f, e, x_count], rng);
     let g = &mut c.graph;
     let logits = g.buf("ffn_moe_logits", N_TOKENS, N_EXPERT);
-    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, N_TOKENS, N_USED);
-    let weights = g.buf("ffn_moe_weights", N_TOKENS, N_USED);
-    let gate_out = g.buf("gate", N_TOKENS, N_USED * n_ff);
-    let up_out = g.buf("up", N_TOKENS, N_USED * n_ff);
-    let down_out = g.buf("down", N_TOKENS, N_USED * n_embd);
+    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, N_TOKENS, n_used);
+    let weights = g.buf("ffn_moe_weights", N_TOKENS, n_used);
+    let gate_out = g.buf("gate", N_TOKENS, n_used * n_ff);
+    let up_out = g.buf("up", N_TOKENS, n_used * n_ff);
+    let down_out = g.buf("down", N_TOKENS, n_used * n_embd);
     let out = g.buf("out", N_TOKENS, n_embd);
     g.push(Op::MatMul { w: router, x, bias: None, out: logits });
     g.push(Op::RouteExperts { logits, routing, ids, weights });
@@ -64,6 +65,32 @@ pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
         let (c, _) = moe_case(ty, width, width, softmax_top2(), &mut rng);
         let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
         c.check(subject, &format!("moe ffn {ty:?} {width}"), Tolerance::SUM_ORDER, &steps);
+    }
+}
+
+/// Every routing variant (softmax renormalised, softmax scaled, sigmoid, more experts per token)
+/// over a step of several tokens and a decode step of one, the experts' ids and weights computed
+/// and used where the backend keeps its buffers.
+pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
+    let mut rng = Rng(23);
+    let routings = [
+        softmax_top2(),
+        ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() },
+        ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 },
+        ExpertRouting { n_used: 5, gating: ExpertGating::Sigmoid, normalize: false, scale: 0.5 },
+    ];
+    for ty in [GgmlType::F32, GgmlType::Q4_K] {
+        for routing in &routings {
+            let width = ty.block_len().max(32) * 2;
+            let (c, _) = moe_case(ty, width, width, routing.clone(), &mut rng);
+            let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
+            c.check(subject, &format!("moe ffn {ty:?} {routing:?}"), Tolerance::SUM_ORDER, &steps);
+            let mut decode = Case::new(1);
+            decode.weights = c.weights.clone();
+            decode.graph = with_tokens(&c, 1);
+            let steps = [single(tokens(1, INPUT_ROWS, &mut rng), 0, &small_layout())];
+            decode.check(subject, &format!("moe ffn {ty:?} {routing:?} one token"), Tolerance::SUM_ORDER, &steps);
+        }
     }
 }
 

@@ -3,14 +3,14 @@
 use crate::device::Gpu;
 use crate::fusion::{fusion_plan, Fusion, HeadsChain, MatMulPart, HEAD_CONSTANTS};
 use crate::kernel_params::{
-    uniform_bytes, ActQuantParams, AttentionParams, ElementwiseParams, EmbedParams, HeadsParams, KernelParams,
-    MatMulParams, NormParams, RopeParams, StoreKvParams,
+    uniform_bytes, ActQuantParams, AttentionParams, ElementwiseParams, EmbedParams, ExpertParams, HeadsParams,
+    KernelParams, MatMulParams, NormParams, RopeParams, StoreKvParams,
 };
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors, KERNEL_TYPES};
 use crate::WgpuError;
-use hearth_core::graph::{BufId, Graph, Op, RopeMode, WeightId};
+use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
@@ -232,8 +232,18 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         }
         Op::Attention { params, .. } => vectors(&[params.v_offset]),
         Op::Add { .. } | Op::Scale { .. } | Op::SwiGlu { .. } | Op::GeGlu { .. } | Op::LastRows { .. } => Ok(()),
-        Op::RouteExperts { .. } | Op::MatMulExperts { .. } | Op::CombineExperts { .. } => {
-            Err(format!("{} (mixture-of-experts ops have no WebGPU kernels yet)", op.name()))
+        Op::RouteExperts { .. } | Op::CombineExperts { .. } => Ok(()),
+        Op::MatMulExperts { w, .. } => {
+            matrix(w, "an expert mat-mul")?;
+            let w = weight(w)?;
+            match w.all_experts() {
+                Some(_) => Ok(()),
+                None => Err(format!(
+                    "expert weight '{}' of {} bytes: its experts do not fit one storage binding",
+                    w.desc.name,
+                    w.bytes()
+                )),
+            }
         }
     }
 }
@@ -395,8 +405,6 @@ impl Builder<'_> {
         siblings: [Option<MatMulPart>; 2],
     ) -> Result<(), WgpuError> {
         let wt = self.weight(first.w)?;
-        let ty = type_define(wt.desc.ty)
-            .ok_or_else(|| WgpuError::Unsupported(format!("mat-mul weight type {}", wt.desc.ty.name())))?;
         let (k, n_out) = (wt.desc.row_len(), wt.desc.n_rows());
         let (rows, _) = self.shape(x);
         let row_bytes = wt.row_bytes as u32;
@@ -407,31 +415,10 @@ impl Builder<'_> {
             ActRounding::None => self.bufs[x.0 as usize].clone(),
             _ => self.rounded_activation(x, rounding, k)?,
         };
-        let eight_bit = matches!(rounding, ActRounding::Q8 { .. });
-        // matmul_q8.wgsl: 4 weight rows per workgroup; quant.wgsl: one.
-        let (file, entry, rows_per_group) =
-            if eight_bit { (ShaderFile::MatmulQ8, "matmul_q8", 4) } else { (ShaderFile::Quant, "matmul", 1) };
         // The siblings' weights (one chunk each, `fusion_plan` checked) and biases.
         let parts: Vec<MatMulPart> = std::iter::once(first).chain(siblings.into_iter().flatten()).collect();
-        let mut defines = vec!["MATMUL"];
-        if eight_bit {
-            // Each segment's type (one family: `fusion_plan` checked the rounding).
-            for (segment, part) in parts.iter().enumerate() {
-                let ty = self.weight(part.w)?.desc.ty;
-                defines.push(segment_type_define(segment, ty).ok_or_else(|| {
-                    WgpuError::Unsupported(format!("8-bit mat-mul segment {segment} of type {}", ty.name()))
-                })?);
-            }
-            if rounding == (ActRounding::Q8 { define: "Q8_K" }) {
-                defines.push("SUPER_BLOCKS");
-            }
-        } else {
-            defines.push(ty);
-        }
-        defines.extend(self.gpu.info.defines());
-        if ty == "F16" && self.gpu.info.shader_f16 {
-            defines.push("F16_NATIVE");
-        }
+        let types = parts.iter().map(|part| Ok(self.weight(part.w)?.desc.ty)).collect::<Result<Vec<_>, WgpuError>>()?;
+        let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&types, rounding)?;
         let bias = match parts.as_slice() {
             [only] => only.bias.map(|b| self.vector(b)).transpose()?,
             _ if first.bias.is_some() => {
@@ -514,6 +501,7 @@ impl Builder<'_> {
                 seg2_rows,
                 seg2_row_bytes,
                 seg2_n,
+                ..MatMulParams::default()
             };
             self.push(
                 PipelineKey::new(file, entry, &defines),
@@ -915,12 +903,141 @@ impl Builder<'_> {
                     None,
                 )?;
             }
-            // `supports` refuses them before anything compiles.
-            Op::RouteExperts { .. } | Op::MatMulExperts { .. } | Op::CombineExperts { .. } => {
-                return Err(WgpuError::Unsupported(op.name().to_string()))
+            Op::RouteExperts { logits, routing, ids, weights } => {
+                let (rows, n_expert) = self.shape(*logits);
+                let mut defines = vec!["ROUTE"];
+                if routing.gating == ExpertGating::Softmax {
+                    defines.push("SOFTMAX");
+                }
+                if routing.normalize {
+                    defines.push("NORMALIZE");
+                }
+                let params = ExpertParams {
+                    n_tokens: rows as u32,
+                    n_expert: n_expert as u32,
+                    n_used: routing.n_used as u32,
+                    scale: routing.scale,
+                    cols: 0,
+                    groups_x: 0,
+                };
+                let entries = vec![(1, self.buf(*logits)), (2, self.buf(*ids)), (3, self.buf(*weights))];
+                self.push(
+                    PipelineKey::new(ShaderFile::Experts, "route_experts", &defines),
+                    &params,
+                    entries,
+                    [rows.div_ceil(64) as u32, 1, 1],
+                    None,
+                )?;
+            }
+            Op::MatMulExperts { w, x, ids, out } => self.matmul_experts(*w, *x, *ids, *out)?,
+            Op::CombineExperts { x, weights, out } => {
+                let (rows, cols) = self.shape(*out);
+                let (_, n_used) = self.shape(*weights);
+                let (gx, gy) = fold((rows * cols).div_ceil(256));
+                let params = ExpertParams {
+                    n_tokens: rows as u32,
+                    n_expert: 0,
+                    n_used: n_used as u32,
+                    scale: 1.0,
+                    cols: cols as u32,
+                    groups_x: gx,
+                };
+                let entries = vec![(4, self.buf(*x)), (5, self.buf(*weights)), (6, self.buf(*out))];
+                self.push(
+                    PipelineKey::new(ShaderFile::Experts, "combine_experts", &["COMBINE"]),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    None,
+                )?;
             }
         }
         Ok(())
+    }
+
+    /// The kernel of a mat-mul with weights of `types` (sibling segments' in turn, all rounding
+    /// their activations as `rounding`): its file, entry point, weight rows per workgroup
+    /// (matmul_q8.wgsl: 4; quant.wgsl: one) and defines.
+    fn matmul_kernel(
+        &self,
+        types: &[GgmlType],
+        rounding: ActRounding,
+    ) -> Result<(ShaderFile, &'static str, usize, Vec<&'static str>), WgpuError> {
+        let unsupported = |ty: GgmlType| WgpuError::Unsupported(format!("mat-mul weight type {}", ty.name()));
+        let mut defines = vec!["MATMUL"];
+        let (file, entry, rows_per_group) = match rounding {
+            ActRounding::Q8 { define } => {
+                for (segment, &ty) in types.iter().enumerate() {
+                    defines.push(segment_type_define(segment, ty).ok_or_else(|| unsupported(ty))?);
+                }
+                if define == "Q8_K" {
+                    defines.push("SUPER_BLOCKS");
+                }
+                (ShaderFile::MatmulQ8, "matmul_q8", 4)
+            }
+            ActRounding::None | ActRounding::F16 | ActRounding::BF16 => {
+                let &[ty] = types else {
+                    return Err(WgpuError::Execution(format!("{} sibling mat-muls of f32 activations", types.len())));
+                };
+                defines.push(type_define(ty).ok_or_else(|| unsupported(ty))?);
+                if ty == GgmlType::F16 && self.gpu.info.shader_f16 {
+                    defines.push("F16_NATIVE");
+                }
+                (ShaderFile::Quant, "matmul", 1)
+            }
+        };
+        defines.extend(self.gpu.info.defines());
+        Ok((file, entry, rows_per_group, defines))
+    }
+
+    /// A mixture of experts' chosen experts' products: `out` [n_tokens, n_used * n] from `w`
+    /// ([n_expert][n, k], every expert in one binding) and `x`, [n_tokens, k] read by every slot
+    /// or [n_tokens, n_used * k] a slice per slot, one workgroup row per (token, slot) pair whose
+    /// expert the kernel reads from `ids` (so the recorded step holds whatever the routing).
+    fn matmul_experts(&mut self, w: WeightId, x: BufId, ids: BufId, out: BufId) -> Result<(), WgpuError> {
+        let wt = self.weight(w)?;
+        let (k, n_out, n_expert) = (wt.desc.row_len(), wt.desc.n_rows(), wt.desc.n_experts());
+        let (ty, row_bytes) = (wt.desc.ty, wt.row_bytes as u32);
+        let buffer = wt.all_experts().cloned().ok_or_else(|| {
+            WgpuError::Unsupported(format!(
+                "expert weight '{}': its experts do not fit one storage binding",
+                wt.desc.name
+            ))
+        })?;
+        let (rows, x_cols) = self.shape(x);
+        let (_, n_used) = self.shape(ids);
+        let rounding = ActRounding::of(ty);
+        let x_used = match rounding {
+            ActRounding::None => self.bufs[x.0 as usize].clone(),
+            _ => self.rounded_activation(x, rounding, x_cols)?,
+        };
+        let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&[ty], rounding)?;
+        defines.extend(["DECODE", "EXPERTS"]);
+        if x_cols != k {
+            defines.push("PER_SLOT");
+        }
+        let pairs = rows * n_used;
+        if pairs > MAX_GROUPS as usize {
+            return Err(WgpuError::Unsupported(format!(
+                "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS})"
+            )));
+        }
+        let (gx, gy) = fold(n_out.div_ceil(rows_per_group));
+        let params = MatMulParams {
+            rows: n_out as u32,
+            row_len: k as u32,
+            row_bytes,
+            n: n_out as u32,
+            n_tokens: rows as u32,
+            groups_x: gx,
+            // The 8-bit activations' scales follow their codes (act_quant.wgsl).
+            scales_at: (rows * x_cols / 4) as u32,
+            n_used: n_used as u32,
+            n_expert: n_expert as u32,
+            ..MatMulParams::default()
+        };
+        let entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used)), (3, self.buf(out)), (10, self.buf(ids))];
+        self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, pairs as u32], None)
     }
 }
 
@@ -956,7 +1073,7 @@ pub(crate) fn compile(
         .ops
         .iter()
         .filter_map(|op| match op {
-            Op::MatMul { x, .. } => graph.bufs.get(x.0 as usize).map(|d| d.rows * d.cols),
+            Op::MatMul { x, .. } | Op::MatMulExperts { x, .. } => graph.bufs.get(x.0 as usize).map(|d| d.rows * d.cols),
             _ => None,
         })
         .max();

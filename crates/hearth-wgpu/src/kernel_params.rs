@@ -85,6 +85,10 @@ kernel_params! {
         seg2_rows: u32,
         seg2_row_bytes: u32,
         seg2_n: u32,
+        /// EXPERTS: experts chosen per token (the product has `n_used * n` columns).
+        n_used: u32,
+        /// EXPERTS: experts in the weight's binding, `rows` rows each.
+        n_expert: u32,
     }
 
     /// act_quant.wgsl: rounding activations (with their producer as a prologue).
@@ -175,6 +179,17 @@ kernel_params! {
         group: u32,
         /// The reduce's 8-bit rounding: the word where its scales start.
         scales_at: u32,
+    }
+
+    /// experts.wgsl: routing and combining a mixture of experts.
+    struct ExpertParams in ["experts.wgsl"] {
+        n_tokens: u32,
+        n_expert: u32,
+        n_used: u32,
+        scale: f32,
+        /// COMBINE: values of a token's output row.
+        cols: u32,
+        groups_x: u32,
     }
 
     /// elementwise.wgsl.

@@ -16,11 +16,12 @@ pub enum ShaderFile {
     Attention,
     Elementwise,
     Sampling,
+    Experts,
 }
 
 impl ShaderFile {
     #[cfg(test)]
-    pub const ALL: [ShaderFile; 9] = [
+    pub const ALL: [ShaderFile; 10] = [
         ShaderFile::Quant,
         ShaderFile::MatmulQ8,
         ShaderFile::ActQuant,
@@ -30,6 +31,7 @@ impl ShaderFile {
         ShaderFile::Attention,
         ShaderFile::Elementwise,
         ShaderFile::Sampling,
+        ShaderFile::Experts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +45,7 @@ impl ShaderFile {
             ShaderFile::Attention => "attention.wgsl",
             ShaderFile::Elementwise => "elementwise.wgsl",
             ShaderFile::Sampling => "sampling.wgsl",
+            ShaderFile::Experts => "experts.wgsl",
         }
     }
 
@@ -77,6 +80,7 @@ impl ShaderFile {
             ShaderFile::Attention => include_str!("../../../shaders/attention.wgsl"),
             ShaderFile::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             ShaderFile::Sampling => include_str!("../../../shaders/sampling.wgsl"),
+            ShaderFile::Experts => include_str!("../../../shaders/experts.wgsl"),
         }
     }
 }

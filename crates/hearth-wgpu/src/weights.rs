@@ -1,8 +1,10 @@
 //! Weights on the device: each tensor's GGUF bytes in storage buffers (the types whose blocks
 //! are not whole words with their scales moved out, `SplitScales`), split into row ranges when
-//! the tensor is larger than one storage binding may be. A weight with an expert dimension is
-//! chunked per expert: no chunk holds rows of two experts, so each expert's matrix is a list of
-//! chunks of its own, laid out as a dense weight's.
+//! the tensor is larger than one storage binding may be. A weight with an expert dimension is one
+//! chunk when all its experts fit one binding (its experts' matrices one after another, as one
+//! matrix of n_expert × rows rows: the expert mat-mul picks an expert's rows by an id it reads on
+//! the device); otherwise it is chunked per expert, no chunk holding rows of two experts, and the
+//! expert mat-mul refuses it.
 
 use crate::device::Gpu;
 use crate::WgpuError;
@@ -11,9 +13,10 @@ use hearth_core::graph::{WeightDesc, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 
-/// Rows `row0 .. row0 + rows` of a weight's expert `expert` (0 for a dense weight), in their own
-/// buffer (bytes padded to 4).
+/// Rows `row0 .. row0 + rows` of a weight's expert `expert` (0 for a dense weight, and for every
+/// expert in one chunk), in their own buffer (bytes padded to 4).
 pub(crate) struct WeightChunk {
+    #[cfg_attr(not(test), expect(dead_code, reason = "the kernels bind all experts in one chunk or none"))]
     pub expert: usize,
     pub row0: usize,
     pub rows: usize,
@@ -28,12 +31,21 @@ pub(crate) struct GpuWeight {
 }
 
 impl GpuWeight {
-    /// The chunks of expert `e`'s matrix `[n_rows, row_len]` (all of a dense weight's for 0).
-    #[cfg_attr(not(test), expect(dead_code, reason = "MoE mat-muls pick their matrix here; no op reads experts yet"))]
+    /// The chunks of expert `e`'s matrix `[n_rows, row_len]` (all of a dense weight's for 0) when
+    /// the experts are chunked apart.
+    #[cfg(test)]
     pub fn expert_chunks(&self, e: usize) -> &[WeightChunk] {
         let first = self.chunks.partition_point(|c| c.expert < e);
         let end = self.chunks.partition_point(|c| c.expert <= e);
         &self.chunks[first..end]
+    }
+
+    /// The one buffer holding every expert's matrix, when the experts fit one binding.
+    pub fn all_experts(&self) -> Option<&wgpu::Buffer> {
+        match self.chunks.as_slice() {
+            [chunk] if chunk.rows == self.desc.n_experts() * self.desc.n_rows() => Some(&chunk.buffer),
+            _ => None,
+        }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -120,7 +132,7 @@ pub(crate) fn upload(
     if data.len != expected {
         return Err(bad(format!("{} bytes given, {:?} {} needs {expected}", data.len, desc.dims, desc.ty.name())));
     }
-    let rows_per_chunk = (max_binding as usize / row_bytes.max(1)).min(n_rows);
+    let rows_per_chunk = max_binding as usize / row_bytes.max(1);
     if rows_per_chunk == 0 {
         return Err(bad(format!("one row of {row_bytes} bytes exceeds the binding limit {max_binding}")));
     }
@@ -151,12 +163,18 @@ pub(crate) fn upload(
     Ok(GpuWeight { desc, row_bytes, chunks })
 }
 
-/// (expert, first row, rows) of each chunk: every expert's `n_rows` rows in chunks of at most
-/// `rows_per_chunk` (> 0), expert after expert.
-fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-    (0..n_experts).flat_map(move |e| {
-        (0..n_rows).step_by(rows_per_chunk).map(move |row0| (e, row0, rows_per_chunk.min(n_rows - row0)))
-    })
+/// (expert, first row, rows) of each chunk: every expert in one chunk of `n_experts * n_rows`
+/// rows when they fit `rows_per_chunk` (> 0), else every expert's `n_rows` rows in chunks of at
+/// most `rows_per_chunk`, expert after expert.
+fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> Vec<(usize, usize, usize)> {
+    if n_experts > 1 && n_experts * n_rows <= rows_per_chunk {
+        return vec![(0, 0, n_experts * n_rows)];
+    }
+    (0..n_experts)
+        .flat_map(move |e| {
+            (0..n_rows).step_by(rows_per_chunk).map(move |row0| (e, row0, rows_per_chunk.min(n_rows - row0)))
+        })
+        .collect()
 }
 
 /// The device layout of the weight types whose GGUF blocks are not whole u32 words (Q4_0, Q5_0,
@@ -390,11 +408,14 @@ mod tests {
     }
 
     #[test]
-    fn chunks_never_hold_rows_of_two_experts() {
-        let chunks: Vec<_> = chunk_rows(3, 5, 2).collect();
+    fn experts_share_a_chunk_only_when_all_fit() {
         let per_expert = |e| [(e, 0, 2), (e, 2, 2), (e, 4, 1)];
-        assert_eq!(chunks, [per_expert(0), per_expert(1), per_expert(2)].concat());
-        assert_eq!(chunk_rows(1, 4, 4).collect::<Vec<_>>(), [(0, 0, 4)], "a dense weight in one chunk");
+        assert_eq!(chunk_rows(3, 5, 2), [per_expert(0), per_expert(1), per_expert(2)].concat());
+        assert_eq!(chunk_rows(3, 5, 14), [(0, 0, 5), (1, 0, 5), (2, 0, 5)], "two experts never share");
+        assert_eq!(chunk_rows(3, 5, 15), [(0, 0, 15)], "every expert in one binding");
+        assert_eq!(chunk_rows(1, 4, 4), [(0, 0, 4)], "a dense weight in one chunk");
+        assert_eq!(chunk_rows(1, 4, 100), [(0, 0, 4)]);
+        assert_eq!(chunk_rows(1, 5, 2), [(0, 0, 2), (0, 2, 2), (0, 4, 1)]);
     }
 
     /// A weight of GGML dims [k, 5, 3 experts] uploaded with room for 2 rows a binding: each

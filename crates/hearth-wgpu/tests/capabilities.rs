@@ -1,5 +1,5 @@
 //! `Backend::supports` answers before anything compiles, and agrees with what `compile` accepts:
-//! an op the WebGPU kernels do not run is refused by name, as a `CoreError::Unsupported` that
+//! what the WebGPU kernels cannot run is refused by name, as a `CoreError::Unsupported` that
 //! `--backend auto` and the browser's 'auto' fall back on; every weight type is supported.
 
 mod common;
@@ -15,14 +15,15 @@ use hearth_cpu::CpuBackend;
 use hearth_wgpu::WgpuOptions;
 use std::sync::Arc;
 
-/// A mixture-of-experts FFN's routing, expert mat-mul and combination over 2 tokens (random F32
-/// weights: nothing runs).
+/// A mixture-of-experts FFN's routing, expert mat-mul and combination over 2 tokens (random
+/// weights: nothing runs), the expert weight named as in a GGUF.
 fn experts_case(rng: &mut Rng) -> Case {
     let (n_embd, n_ff, n_expert, n_used) = (256usize, 64usize, 4usize, 2usize);
     let mut case = Case::new(2);
     let x = case.input("x", n_embd, rng);
     let router = case.weight(GgmlType::F32, &[n_embd as u64, n_expert as u64], rng);
     let up = case.weight(GgmlType::Q4_K, &[n_embd as u64, n_ff as u64, n_expert as u64], rng);
+    case.weights[up.0 as usize].0.name = "blk.0.ffn_up_exps.weight".into();
     let g = &mut case.graph;
     let logits = g.buf("ffn_moe_logits", 2, n_expert);
     let ids = g.typed_buf("ffn_moe_topk", BufType::U32, 2, n_used);
@@ -45,22 +46,26 @@ fn upload(case: &Case, backend: &mut dyn Backend) {
     }
 }
 
-/// Every GGUF weight type has a kernel; what the kernels lack is the mixture-of-experts ops.
+/// Every op and weight type has a kernel; what the kernels cannot run is an expert mat-mul whose
+/// experts do not fit one storage binding (the kernel picks an expert's rows by the id it reads
+/// on the device). With a binding cap of 3 experts' bytes, the 4-expert weight is refused by name.
 #[test]
-fn an_op_without_a_kernel_is_refused_by_name_before_compiling() {
-    let Some(mut gpu) = common::open(WgpuOptions::from_env()) else { return };
-    let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
+fn experts_larger_than_a_binding_are_refused_by_name_before_compiling() {
     let case = experts_case(&mut Rng(5));
+    let expert_bytes = GgmlType::Q4_K.row_bytes(256).expect("row bytes") * 64;
+    let options = WgpuOptions { max_binding_bytes: Some(3 * expert_bytes as u64), ..WgpuOptions::from_env() };
+    let Some(mut gpu) = common::open(options) else { return };
+    let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
     upload(&case, &mut gpu);
     upload(&case, &mut cpu);
     for op in &case.graph.ops {
         let on_gpu = gpu.supports(Capability::Op { op, graph: &case.graph });
         match op {
-            Op::Embed { .. } | Op::MatMul { .. } => on_gpu.expect("the input's lookup and the router have kernels"),
-            _ => {
-                let refused = on_gpu.expect_err("no WebGPU kernel");
-                assert!(refused.contains(op.name()), "{refused}");
+            Op::MatMulExperts { .. } => {
+                let refused = on_gpu.expect_err("experts apart");
+                assert!(refused.contains("blk.0.ffn_up_exps.weight") && refused.contains("binding"), "{refused}");
             }
+            _ => on_gpu.unwrap_or_else(|e| panic!("{}: {e}", op.name())),
         }
         // The CPU runs every op.
         cpu.supports(Capability::Op { op, graph: &case.graph }).expect("the CPU has a kernel");
@@ -68,11 +73,15 @@ fn an_op_without_a_kernel_is_refused_by_name_before_compiling() {
     // compile agrees, with the structured error the loaders fall back on.
     match gpu.compile(&case.graph) {
         Err(CoreError::Unsupported { backend, what }) => {
-            assert!(backend == "wgpu" && what.contains("route_experts"), "{what}")
+            assert!(backend == "wgpu" && what.contains("blk.0.ffn_up_exps.weight"), "{what}")
         }
         Err(other) => panic!("expected Unsupported, got {other}"),
-        Ok(_) => panic!("the expert ops compiled on wgpu"),
+        Ok(_) => panic!("experts apart compiled on wgpu"),
     }
+    // With room for all 4 experts in one binding, the same graph compiles.
+    let Some(mut gpu) = common::open(WgpuOptions::from_env()) else { return };
+    let (_, graph) = case.load(&mut gpu);
+    gpu.release_graph(graph);
 }
 
 #[test]
