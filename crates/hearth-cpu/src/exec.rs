@@ -171,13 +171,15 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::RouteExperts { logits, routing, ids, weights } => {
                 let (mut i, mut wts) =
                     (std::mem::take(&mut bufs[ids.0 as usize]), std::mem::take(&mut bufs[weights.0 as usize]));
-                experts::route(&bufs[logits.0 as usize], cols(*logits), routing, &mut i, &mut wts);
+                let scratch = &mut compiled.experts;
+                experts::route(&bufs[logits.0 as usize], cols(*logits), routing, scratch, &mut i, &mut wts);
                 bufs[ids.0 as usize] = i;
                 bufs[weights.0 as usize] = wts;
             }
             Op::MatMulExperts { w: wid, x, ids, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                experts::matmul(w(*wid), &bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids), &mut o)?;
+                let (x, ids, n_used) = (&bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids));
+                experts::matmul(w(*wid), x, ids, n_used, &mut compiled.experts, &mut o)?;
                 bufs[out.0 as usize] = o;
             }
             Op::CombineExperts { x, weights, out } => {

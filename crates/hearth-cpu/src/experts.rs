@@ -13,22 +13,30 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 /// For each token's row of `logits` ([n_tokens, n_expert]): its `routing.n_used` experts, most
 /// probable first (ties to the lower id), into `ids` ([n_tokens, n_used], as bit patterns), and
 /// their weights into `weights` ([n_tokens, n_used]).
-pub(crate) fn route(logits: &[f32], n_expert: usize, routing: &ExpertRouting, ids: &mut [f32], weights: &mut [f32]) {
+pub(crate) fn route(
+    logits: &[f32],
+    n_expert: usize,
+    routing: &ExpertRouting,
+    scratch: &mut ExpertScratch,
+    ids: &mut [f32],
+    weights: &mut [f32],
+) {
     let k = routing.n_used;
-    let mut probs = vec![0f32; n_expert];
-    let mut order: Vec<usize> = (0..n_expert).collect();
+    let (probs, order) = (&mut scratch.probs, &mut scratch.order);
+    probs.resize(n_expert, 0.0);
+    order.resize(n_expert, 0);
     for ((row, ids), weights) in
         logits.chunks_exact(n_expert).zip(ids.chunks_exact_mut(k)).zip(weights.chunks_exact_mut(k))
     {
         match routing.gating {
-            ExpertGating::Softmax => softmax(row, &mut probs),
+            ExpertGating::Softmax => softmax(row, probs),
             ExpertGating::Sigmoid => probs.iter_mut().zip(row).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp())),
         }
         order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
         // A stable sort, so equal probabilities keep the lower id first; NaN (from NaN logits)
         // sorts last rather than panicking.
         order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or(std::cmp::Ordering::Equal));
-        for ((id, w), &e) in ids.iter_mut().zip(weights.iter_mut()).zip(&order) {
+        for ((id, w), &e) in ids.iter_mut().zip(weights.iter_mut()).zip(order.iter()) {
             *id = f32::from_bits(e as u32);
             *w = probs[e];
         }
@@ -55,24 +63,46 @@ fn softmax(row: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
+/// What the expert mat-muls of a compiled graph reuse from step to step, so that a step allocates
+/// only when it routes more rows to an expert than any step before.
+#[derive(Default)]
+pub(crate) struct ExpertScratch {
+    /// [n_expert] a token's router probabilities, and the experts in their order.
+    probs: Vec<f32>,
+    order: Vec<usize>,
+    /// Per expert, the (token, slot) pairs routed to it.
+    rows_of: Vec<Vec<usize>>,
+    /// [pairs, k] the pairs' input rows; [pairs, n] their products.
+    gathered: Vec<f32>,
+    products: Vec<f32>,
+    activations: QuantizedActivations,
+}
+
 /// out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the expert weight `w` ([n_expert][n, k]); `x` holds
 /// `k` values per token (read by every slot) or `n_used * k` (a slice per slot), and `out`
 /// `n_used * n`. The (token, slot) rows of each expert are gathered and go through one mat-mul,
 /// whose every row equals its one-row product bit for bit, so a token's result does not depend
 /// on which other tokens share its step.
-pub(crate) fn matmul(w: &CpuWeight, x: &[f32], ids: &[f32], n_used: usize, out: &mut [f32]) -> Result<(), CpuError> {
+pub(crate) fn matmul(
+    w: &CpuWeight,
+    x: &[f32],
+    ids: &[f32],
+    n_used: usize,
+    scratch: &mut ExpertScratch,
+    out: &mut [f32],
+) -> Result<(), CpuError> {
     let n_tokens = ids.len() / n_used;
     let (k, n) = (w.desc.row_len(), w.desc.n_rows());
     let x_cols = x.len() / n_tokens.max(1);
     let n_expert = w.desc.n_experts();
-    // (token, slot) pairs per expert.
-    let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    let ExpertScratch { rows_of, gathered, products, activations, .. } = scratch;
+    rows_of.resize_with(n_expert, Vec::new);
+    rows_of.iter_mut().for_each(Vec::clear);
     for (pair, id) in ids.iter().enumerate() {
         let e = id.to_bits() as usize;
         let rows = rows_of.get_mut(e).ok_or_else(|| CpuError::BadStep(format!("expert id {e} of {n_expert}")))?;
         rows.push(pair);
     }
-    let (mut gathered, mut products) = (Vec::new(), Vec::new());
     for (e, pairs) in rows_of.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
         let expert = w.expert(e).ok_or_else(|| CpuError::BadStep(format!("expert {e} of '{}'", w.desc.name)))?;
         gathered.clear();
@@ -83,9 +113,10 @@ pub(crate) fn matmul(w: &CpuWeight, x: &[f32], ids: &[f32], n_used: usize, out: 
         }
         products.resize(pairs.len() * n, 0.0);
         // llama.cpp's batch-dependent roundings (compat.rs) are its dense mat-mul's; its expert
-        // mat-muls round as ours do, one (token, slot) row at a time.
-        let mut cache = QuantizedActivations::default();
-        matmul::matmul(expert, &gathered, BufId(u32::MAX), k, None, &mut cache, Numerics::Hearth, &mut products);
+        // mat-muls round as ours do, one (token, slot) row at a time. Each expert's rows are
+        // new input: the rounding held for the last expert is stale.
+        activations.invalidate();
+        matmul::matmul(expert, gathered, BufId(u32::MAX), k, None, activations, Numerics::Hearth, products);
         for (&pair, row) in pairs.iter().zip(products.chunks_exact(n)) {
             out[pair * n..(pair + 1) * n].copy_from_slice(row);
         }
@@ -124,7 +155,7 @@ mod tests {
         let logits = [0.1f32, 2.0, -1.0, 1.5, 2.0, 0.0, 0.3, -3.0];
         let mut routing = ExpertRouting { n_used: 2, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
         let (mut ids, mut weights) = ([0f32; 2], [0f32; 2]);
-        route(&logits, 8, &routing, &mut ids, &mut weights);
+        route(&logits, 8, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
         // Experts 1 and 4 tie: the lower id first.
         assert_eq!(ids_of(&ids), [1, 4]);
         assert!((weights[0] - 0.5).abs() < 1e-6 && (weights[1] - 0.5).abs() < 1e-6, "{weights:?}");
@@ -132,7 +163,7 @@ mod tests {
         // Without renormalisation the weights are the softmax over all 8, scaled.
         routing.normalize = false;
         routing.scale = 2.5;
-        route(&logits, 8, &routing, &mut ids, &mut weights);
+        route(&logits, 8, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
         let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
         let p = (2.0f64).exp() / z * 2.5;
         assert!((weights[0] as f64 - p).abs() < 1e-6, "{weights:?} vs {p}");
@@ -143,7 +174,7 @@ mod tests {
         let logits = [0.0f32, 3.0, -2.0, 1.0];
         let routing = ExpertRouting { n_used: 3, gating: ExpertGating::Sigmoid, normalize: false, scale: 1.0 };
         let (mut ids, mut weights) = ([0f32; 3], [0f32; 3]);
-        route(&logits, 4, &routing, &mut ids, &mut weights);
+        route(&logits, 4, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
         assert_eq!(ids_of(&ids), [1, 3, 0]);
         let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
         assert_eq!(weights, [sigmoid(3.0), sigmoid(1.0), sigmoid(0.0)]);

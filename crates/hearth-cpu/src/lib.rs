@@ -58,6 +58,8 @@ pub(crate) struct CompiledGraph {
     bufs: Vec<Vec<f32>>,
     /// The last mat-mul input converted to 8-bit blocks (reused by the next mat-mul on it).
     activations: matmul::QuantizedActivations,
+    /// The expert mat-muls' gathered rows and products, reused by every step.
+    experts: experts::ExpertScratch,
 }
 
 pub struct CpuBackend {
@@ -230,7 +232,12 @@ impl Backend for CpuBackend {
         // Each buffer as 4-byte words, [rows, cols]: an f32 buffer's values, a u32 buffer's ids as
         // their bit patterns (`f32::to_bits`); every `BufType` is 4 bytes wide.
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.bytes().div_ceil(4)]).collect();
-        let id = self.graphs.insert(CompiledGraph { graph: graph.clone(), bufs, activations: Default::default() });
+        let id = self.graphs.insert(CompiledGraph {
+            graph: graph.clone(),
+            bufs,
+            activations: Default::default(),
+            experts: Default::default(),
+        });
         self.counters.graphs_compiled += 1;
         Ok(id)
     }
