@@ -36,7 +36,7 @@ const dist = join(root, 'web/hearth-llm/dist');
 const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
 const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/gemma_fibonacci_greedy.json'), 'utf8'));
 // SmolLM2 135M in Q4_1: the weight types whose 8-bit activations carry each block's code sum.
-const smollm2 = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/smollm2_fibonacci_greedy.json'), 'utf8'));
+const smollm2 = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/smollm2_counting_greedy.json'), 'utf8'));
 
 // Gemma's decisive top-1/top-2 margin, as in crates/hearth-wgpu/tests/models.rs (the golden tests'
 // rule for Gemma): below it, a 1-ulp difference in summation order may flip the choice.
