@@ -121,7 +121,7 @@ fn same_greedy_tokens(
 
 /// A warmed-up decode step builds no pipelines or bind groups and submits at most twice (a
 /// backend that compiles nothing counts none of them).
-fn decode_step_builds_nothing(stem: &str, gpu: &mut Session, input: &[u32]) {
+pub(crate) fn decode_step_builds_nothing(stem: &str, gpu: &mut Session, input: &[u32]) {
     let before = gpu.backend().counters();
     gpu.eval(input, LogitsMode::Last).expect("decode");
     let after = gpu.backend().counters();
