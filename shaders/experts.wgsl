@@ -10,7 +10,7 @@
 struct ExpertParams {
     // tokens (rows of every buffer)
     n_tokens: u32,
-    // ROUTE: experts (columns of the logits)
+    // ROUTE: experts (columns of the logits), at most MAX_EXPERTS
     n_expert: u32,
     // experts chosen per token
     n_used: u32,
@@ -18,7 +18,7 @@ struct ExpertParams {
     scale: f32,
     // COMBINE: values of a token's output row
     cols: u32,
-    // COMBINE: the folded grid's x width
+    // the folded grid's x width
     groups_x: u32,
 }
 
@@ -34,70 +34,116 @@ struct ExpertParams {
 
 // ggml's floor for the chosen probabilities' sum before dividing by it.
 const MIN_WEIGHT_SUM: f32 = 6.1035156e-5;
+// The widest router a workgroup holds (compile.rs MAX_ROUTED_EXPERTS refuses wider ones; the
+// widest in use has 512 experts).
+const MAX_EXPERTS: u32 = 1024u;
+const ROUTE_WG: u32 = 64u;
+const LOWEST: f32 = -3.4028235e38;
 
-// Expert e's probability for token t (`shift` and `inv_sum`: the softmax's maximum and 1 / Σ).
-fn probability(t: u32, e: u32, shift: f32, inv_sum: f32) -> f32 {
-    let l = LOGITS[t * P.n_expert + e];
-#ifdef SOFTMAX
-    return exp(l - shift) * inv_sum;
-#else
-    return 1.0 / (1.0 + exp(-l));
-#endif
+// [n_expert] the token's probabilities, a chosen expert's set to -1 once picked
+var<workgroup> probs: array<f32, MAX_EXPERTS>;
+// per thread: its best candidate (or its partial max / sum), then the tree reduction's
+var<workgroup> best_p: array<f32, ROUTE_WG>;
+var<workgroup> best_id: array<u32, ROUTE_WG>;
+
+// Reduces best_p to its maximum (MAX) or sum in best_p[0].
+fn reduce_values(tid: u32, take_max: bool) {
+    workgroupBarrier();
+    for (var stride = ROUTE_WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            let other = best_p[tid + stride];
+            best_p[tid] = select(best_p[tid] + other, max(best_p[tid], other), take_max);
+        }
+        workgroupBarrier();
+    }
 }
 
-// grid: ceil(n_tokens / 64) workgroups, an invocation per token (a router row is a few hundred
-// values at most; the n_used picks rescan it rather than sort it)
+// grid: n_tokens workgroups folded into x*y, a workgroup per token: its threads stride the experts
+// to compute each probability once (into workgroup memory), then each of the n_used picks is a
+// workgroup arg-max over the probabilities not yet picked, in the order (probability descending,
+// id ascending), so ties go to the lower id.
 @compute @workgroup_size(64)
-fn route_experts(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x;
+fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let t = wg.y * P.groups_x + wg.x;
     if (t >= P.n_tokens) {
         return;
     }
+    let tid = lid.x;
     let n_expert = P.n_expert;
-    var shift = 0.0;
-    var inv_sum = 1.0;
+    let row = t * n_expert;
 #ifdef SOFTMAX
-    shift = LOGITS[t * n_expert];
-    for (var e = 1u; e < n_expert; e++) {
-        shift = max(shift, LOGITS[t * n_expert + e]);
+    var partial = LOWEST;
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        partial = max(partial, LOGITS[row + e]);
     }
-    var sum = 0.0;
-    for (var e = 0u; e < n_expert; e++) {
-        sum += exp(LOGITS[t * n_expert + e] - shift);
+    best_p[tid] = partial;
+    reduce_values(tid, true);
+    let shift = best_p[0];
+    workgroupBarrier();
+    partial = 0.0;
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        let v = exp(LOGITS[row + e] - shift);
+        probs[e] = v;
+        partial += v;
     }
-    inv_sum = 1.0 / sum;
+    best_p[tid] = partial;
+    reduce_values(tid, false);
+    let inv_sum = 1.0 / best_p[0];
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        probs[e] = probs[e] * inv_sum;
+    }
+#else
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        probs[e] = 1.0 / (1.0 + exp(-LOGITS[row + e]));
+    }
 #endif
-    // Pick j is the most probable expert after pick j - 1 in the order (probability descending,
-    // id ascending): a strictly larger probability, scanning ids upwards, keeps the lower id.
-    var last_p = 0.0;
-    var last_id = 0u;
-    var total = 0.0;
+    workgroupBarrier();
     let first = t * P.n_used;
+    var total = 0.0;
     for (var j = 0u; j < P.n_used; j++) {
-        var best_p = -1.0;
-        var best = 0u;
-        for (var e = 0u; e < n_expert; e++) {
-            let p = probability(t, e, shift, inv_sum);
-            let after_last = j == 0u || p < last_p || (p == last_p && e > last_id);
-            if (after_last && p > best_p) {
-                best_p = p;
-                best = e;
+        // Each thread's candidate among its experts: a strictly larger probability, scanning ids
+        // upwards, keeps the lower id.
+        var candidate_p = -1.0;
+        var candidate = 0u;
+        for (var e = tid; e < n_expert; e += ROUTE_WG) {
+            let p = probs[e];
+            if (p > candidate_p) {
+                candidate_p = p;
+                candidate = e;
             }
         }
-        IDS[first + j] = best;
-        WEIGHTS[first + j] = best_p;
-        total += best_p;
-        last_p = best_p;
-        last_id = best;
+        best_p[tid] = candidate_p;
+        best_id[tid] = candidate;
+        workgroupBarrier();
+        for (var stride = ROUTE_WG / 2u; stride > 0u; stride /= 2u) {
+            if (tid < stride) {
+                let p = best_p[tid + stride];
+                let id = best_id[tid + stride];
+                if (p > best_p[tid] || (p == best_p[tid] && id < best_id[tid])) {
+                    best_p[tid] = p;
+                    best_id[tid] = id;
+                }
+            }
+            workgroupBarrier();
+        }
+        if (tid == 0u) {
+            let chosen = best_id[0];
+            IDS[first + j] = chosen;
+            WEIGHTS[first + j] = best_p[0];
+            total += best_p[0];
+            probs[chosen] = -1.0;
+        }
+        workgroupBarrier();
     }
+    if (tid == 0u) {
 #ifdef NORMALIZE
-    let norm = max(total, MIN_WEIGHT_SUM);
-    for (var j = 0u; j < P.n_used; j++) {
-        WEIGHTS[first + j] = WEIGHTS[first + j] / norm;
-    }
+        let norm = max(total, MIN_WEIGHT_SUM);
+#else
+        let norm = 1.0;
 #endif
-    for (var j = 0u; j < P.n_used; j++) {
-        WEIGHTS[first + j] = WEIGHTS[first + j] * P.scale;
+        for (var j = 0u; j < P.n_used; j++) {
+            WEIGHTS[first + j] = WEIGHTS[first + j] / norm * P.scale;
+        }
     }
 }
 #endif

@@ -1,4 +1,5 @@
-// The mat-muls' parameters (quant.wgsl `matmul`, matmul_q8.wgsl), appended to both files.
+// The mat-muls' parameters (quant.wgsl `matmul`, matmul_q8.wgsl) and their EXPERTS variant's ids,
+// appended to both files.
 // Mirrors kernel_params.rs (a test checks the fields).
 struct MatMulParams {
     // the chunk's first weight row (a tensor too large for one binding is split into row ranges)
@@ -30,3 +31,25 @@ struct MatMulParams {
     n_used: u32,
     n_expert: u32,
 }
+
+#ifdef EXPERTS
+// [n_tokens * n_used] u32: each (token, slot) pair's expert, as route_experts wrote them
+@group(0) @binding(10) var<storage, read> IDS: array<u32>;
+
+// Where the product of one (token, slot) pair of an EXPERTS mat-mul reads: its expert's first
+// weight row in the binding, and its activation row (the token's, or with PER_SLOT the pair's own
+// slice of x). Its output row is the pair's own.
+struct ExpertPair {
+    first_row: u32,
+    act_row: u32,
+}
+
+fn expert_pair(pair: u32) -> ExpertPair {
+#ifdef PER_SLOT
+    let act_row = pair;
+#else
+    let act_row = pair / P.n_used;
+#endif
+    return ExpertPair(IDS[pair] * P.rows, act_row);
+}
+#endif

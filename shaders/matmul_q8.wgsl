@@ -36,7 +36,8 @@
 // holds P.n_expert experts' matrices of P.rows rows one after another, and grid z is one (token,
 // slot) pair, whose expert id route_experts wrote to IDS: the recorded step never changes with
 // the routing. Its activation row is the token's or, with PER_SLOT, the pair's own (x holding
-// n_used slices a token); its output is row `pair` of [n_tokens * n_used, n].
+// n_used slices a token); its output is row `pair` of [n_tokens * n_used, n] (IDS and
+// expert_pair: matmul_params.wgsl).
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
@@ -69,11 +70,6 @@ enable subgroups;
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
 #endif
-#ifdef EXPERTS
-// [n_tokens * n_used] u32: each (token, slot) pair's expert
-@group(0) @binding(10) var<storage, read> IDS: array<u32>;
-#endif
-
 fn store_out(segment: u32, at: u32, v: f32) {
 #ifdef SEGMENT3
     if (segment == 2u) {
@@ -528,16 +524,12 @@ fn matmul_q8(
     var row_base = 0u;
     var binding_rows = rows;
 #ifdef EXPERTS
-    let pair = wg.z;
-    row_base = IDS[pair] * rows;
+    let pair = expert_pair(wg.z);
+    row_base = pair.first_row;
     binding_rows = rows * P.n_expert;
-#ifdef PER_SLOT
-    t0 = pair;
-#else
-    t0 = pair / P.n_used;
-#endif
+    t0 = pair.act_row;
     n_tokens = t0 + 1u;
-    out_t0 = pair;
+    out_t0 = wg.z;
 #endif
     let tid = lid.x;
     var acc: array<f32, OUTPUTS>;

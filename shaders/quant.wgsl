@@ -246,11 +246,6 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 // [n] f32 (stored as the GGUF F32 bytes)
 @group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
 #endif
-#ifdef EXPERTS
-// [n_tokens * n_used] u32: each (token, slot) pair's expert (matmul_q8.wgsl's EXPERTS, with DECODE)
-@group(0) @binding(10) var<storage, read> IDS: array<u32>;
-#endif
-
 const WG: u32 = 64u;
 // Activation rows handled by one workgroup: each weight value is dequantized once for all of them.
 // DECODE (one activation row) avoids the empty tile slots.
@@ -284,15 +279,11 @@ fn matmul(
     var out_t0 = t0;
     var weight_row = local_row;
 #ifdef EXPERTS
-    let pair = wg.z;
-    weight_row = IDS[pair] * rows + local_row;
-#ifdef PER_SLOT
-    t0 = pair;
-#else
-    t0 = pair / P.n_used;
-#endif
+    let pair = expert_pair(wg.z);
+    weight_row = pair.first_row + local_row;
+    t0 = pair.act_row;
     n_tokens = t0 + 1u;
-    out_t0 = pair;
+    out_t0 = wg.z;
 #endif
     let tid = lid.x;
     let valid = local_row < rows;

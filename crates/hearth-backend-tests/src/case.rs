@@ -41,21 +41,7 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// Every type a weight may be stored as.
-pub const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+pub const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 /// Random GGUF bytes for `rows` rows of `row_len` values of `ty`
 /// (`hearth_core::quant::synthetic::random_bytes`).

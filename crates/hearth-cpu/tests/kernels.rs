@@ -23,11 +23,12 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-/// A random weight row: random bytes with finite random f16 scales (floats for F32/F16).
+/// A random weight row: random bytes with finite random f16 scales (floats for F32/F16/BF16).
 fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| rng.unit().to_le_bytes()).collect(),
         GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(rng.unit() * 4.0).to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.unit() * 4.0).to_le_bytes()).collect(),
         _ => {
             let bytes = ty.row_bytes(n).expect("whole blocks");
             let mut row: Vec<u8> = (0..bytes).map(|_| rng.next_u32() as u8).collect();
@@ -53,20 +54,7 @@ fn magnitude(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f64 {
     wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum()
 }
 
-const WEIGHT_TYPES: [GgmlType; 12] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn row_lengths(ty: GgmlType) -> Vec<usize> {
     if ty.block_len() == 256 {

@@ -8,7 +8,7 @@ use crate::kernel_params::{
 };
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
-use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors, KERNEL_TYPES};
+use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, WeightId};
 use hearth_core::quant::GgmlType;
@@ -47,6 +47,9 @@ fn attention_group(n_head: usize, n_head_kv: usize, head_dim: usize) -> usize {
         .find(|g| sharing.is_multiple_of(*g) && g * head_dim <= ATTENTION_GROUP_VALUES)
         .unwrap_or(1)
 }
+
+/// The widest router route_experts holds in workgroup memory (experts.wgsl MAX_EXPERTS).
+pub(crate) const MAX_ROUTED_EXPERTS: usize = 1024;
 
 /// A 1-D count of workgroups folded into (x, y) when wider than one dimension allows.
 fn fold(n: usize) -> (u32, u32) {
@@ -211,7 +214,7 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
                 "{role} of weight '{}' stored as {} (the WebGPU kernels decode {})",
                 w.desc.name,
                 w.desc.ty.name(),
-                KERNEL_TYPES.map(|t| t.name()).join(", ")
+                GgmlType::WEIGHT_TYPES.map(|t| t.name()).join(", ")
             )),
         }
     };
@@ -236,6 +239,13 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         Op::MatMulExperts { w, .. } => {
             matrix(w, "an expert mat-mul")?;
             let w = weight(w)?;
+            if w.desc.n_experts() > MAX_ROUTED_EXPERTS {
+                return Err(format!(
+                    "expert weight '{}' of {} experts (the WebGPU router holds at most {MAX_ROUTED_EXPERTS})",
+                    w.desc.name,
+                    w.desc.n_experts()
+                ));
+            }
             match w.all_experts() {
                 Some(_) => Ok(()),
                 None => Err(format!(
@@ -912,20 +922,26 @@ impl Builder<'_> {
                 if routing.normalize {
                     defines.push("NORMALIZE");
                 }
+                if n_expert > MAX_ROUTED_EXPERTS {
+                    return Err(WgpuError::Unsupported(format!(
+                        "a router of {n_expert} experts (route_experts holds at most {MAX_ROUTED_EXPERTS})"
+                    )));
+                }
+                let (gx, gy) = fold(rows);
                 let params = ExpertParams {
                     n_tokens: rows as u32,
                     n_expert: n_expert as u32,
                     n_used: routing.n_used as u32,
                     scale: routing.scale,
                     cols: 0,
-                    groups_x: 0,
+                    groups_x: gx,
                 };
                 let entries = vec![(1, self.buf(*logits)), (2, self.buf(*ids)), (3, self.buf(*weights))];
                 self.push(
                     PipelineKey::new(ShaderFile::Experts, "route_experts", &defines),
                     &params,
                     entries,
-                    [rows.div_ceil(64) as u32, 1, 1],
+                    [gx, gy, 1],
                     None,
                 )?;
             }

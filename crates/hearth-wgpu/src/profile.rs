@@ -18,7 +18,7 @@ const MAX_QUERIES: u32 = 4096;
 pub(crate) fn family(key: &PipelineKey) -> String {
     let named =
         |names: &[&str]| -> Vec<&str> { key.defines.iter().copied().filter(|d| names.contains(d)).collect::<Vec<_>>() };
-    let types: Vec<&str> = crate::weights::KERNEL_TYPES.iter().map(|t| t.name()).collect();
+    let types: Vec<&str> = hearth_core::quant::GgmlType::WEIGHT_TYPES.iter().map(|t| t.name()).collect();
     let detail = match key.entry {
         // The segments' types (T0_Q5_0, T1_Q8_0, ...), each named once.
         "matmul_q8" => key

@@ -259,7 +259,14 @@ impl PipelineCache {
 
 #[cfg(test)]
 mod tests {
-    use super::preprocess;
+    use super::{preprocess, ShaderFile};
+
+    /// The router width experts.wgsl holds in workgroup memory is the one compile.rs refuses above.
+    #[test]
+    fn route_experts_capacity_mirrors_rust() {
+        let declared = format!("const MAX_EXPERTS: u32 = {}u;", crate::compile::MAX_ROUTED_EXPERTS);
+        assert!(ShaderFile::Experts.own_source().contains(&declared), "experts.wgsl lacks `{declared}`");
+    }
 
     /// `div_rn` (float_fns.wgsl) gives IEEE 754's quotient bit for bit, on the adapter at hand:
     /// the divisions the roundings make (127 / amax, amax / 127, -127 / max, 1 / iscale, max / -8,

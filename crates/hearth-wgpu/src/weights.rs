@@ -69,50 +69,29 @@ impl GpuWeight {
 /// Bytes per `write_buffer` when a weight is read from a source piece by piece (multiple of 4).
 const UPLOAD_PIECE: usize = 16 << 20;
 
-/// The weight types the kernels decode (`shaders/quant.wgsl`, `matmul_q8.wgsl`), each with its
-/// shader define (the type's GGML name).
-pub(crate) const KERNEL_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
-/// The shader define of a type the kernels decode.
+/// The shader define of a weight type (quant.wgsl decodes every one).
 pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
-    KERNEL_TYPES.contains(&ty).then(|| ty.name())
+    ty.is_weight_type().then(|| ty.name())
 }
+
+/// matmul_q8.wgsl's defines for a quantized weight type in sibling segments 0, 1 and 2.
+const SEGMENT_TYPE_DEFINES: [(GgmlType, [&str; 3]); 10] = [
+    (GgmlType::Q4_0, ["T0_Q4_0", "T1_Q4_0", "T2_Q4_0"]),
+    (GgmlType::Q4_1, ["T0_Q4_1", "T1_Q4_1", "T2_Q4_1"]),
+    (GgmlType::Q5_0, ["T0_Q5_0", "T1_Q5_0", "T2_Q5_0"]),
+    (GgmlType::Q5_1, ["T0_Q5_1", "T1_Q5_1", "T2_Q5_1"]),
+    (GgmlType::Q8_0, ["T0_Q8_0", "T1_Q8_0", "T2_Q8_0"]),
+    (GgmlType::Q2_K, ["T0_Q2_K", "T1_Q2_K", "T2_Q2_K"]),
+    (GgmlType::Q3_K, ["T0_Q3_K", "T1_Q3_K", "T2_Q3_K"]),
+    (GgmlType::Q4_K, ["T0_Q4_K", "T1_Q4_K", "T2_Q4_K"]),
+    (GgmlType::Q5_K, ["T0_Q5_K", "T1_Q5_K", "T2_Q5_K"]),
+    (GgmlType::Q6_K, ["T0_Q6_K", "T1_Q6_K", "T2_Q6_K"]),
+];
 
 /// matmul_q8.wgsl's define for the weight type of sibling segment `segment` (T0_Q4_K, T1_Q6_K, ...).
 pub(crate) fn segment_type_define(segment: usize, ty: GgmlType) -> Option<&'static str> {
-    const TYPES: [GgmlType; 10] = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
-    const DEFINES: [[&str; 10]; 3] = [
-        ["T0_Q4_0", "T0_Q4_1", "T0_Q5_0", "T0_Q5_1", "T0_Q8_0", "T0_Q2_K", "T0_Q3_K", "T0_Q4_K", "T0_Q5_K", "T0_Q6_K"],
-        ["T1_Q4_0", "T1_Q4_1", "T1_Q5_0", "T1_Q5_1", "T1_Q8_0", "T1_Q2_K", "T1_Q3_K", "T1_Q4_K", "T1_Q5_K", "T1_Q6_K"],
-        ["T2_Q4_0", "T2_Q4_1", "T2_Q5_0", "T2_Q5_1", "T2_Q8_0", "T2_Q2_K", "T2_Q3_K", "T2_Q4_K", "T2_Q5_K", "T2_Q6_K"],
-    ];
-    let at = TYPES.iter().position(|t| *t == ty)?;
-    DEFINES.get(segment).map(|defines| defines[at])
+    let (_, defines) = SEGMENT_TYPE_DEFINES.iter().find(|(t, _)| *t == ty)?;
+    defines.get(segment).copied()
 }
 
 pub(crate) fn upload(

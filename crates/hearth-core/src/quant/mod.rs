@@ -59,6 +59,23 @@ impl GgmlType {
         GgmlType::BF16,
     ];
 
+    /// Every type a weight may be stored as (all but the activation-only Q8_1 and Q8_K).
+    pub const WEIGHT_TYPES: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
     /// The id GGUF uses for this type (ggml's `enum ggml_type`).
     pub fn id(self) -> u32 {
         match self {
@@ -162,7 +179,7 @@ impl GgmlType {
 
     /// Whether this type may be the weight side of a mat-vec (Q8_1/Q8_K are activation-only).
     pub fn is_weight_type(self) -> bool {
-        !matches!(self, GgmlType::Q8_1 | GgmlType::Q8_K)
+        GgmlType::WEIGHT_TYPES.contains(&self)
     }
 }
 
