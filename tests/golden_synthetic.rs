@@ -1,10 +1,12 @@
 //! Tiny synthetic models (tests/fixtures/synthetic/make_models.py: random weights, fixed seeds)
 //! against llama.cpp's llama-server (make_reference.py): the architectures and shapes the real
 //! models do not cover — llama (MHA, and GQA with Q8_0), qwen3 (q/k norm, GQA, Q4_K/Q6_K), qwen2
-//! with MQA and biases, gemma3 with an 8-token sliding window that the 45-64-token sequences cross,
-//! the mixtures of experts qwen3moe, olmoe (8 experts, 2 per token) and Mixtral (llama with 4
-//! experts, 2 per token; seeds whose routing has a near-tie are not used, since either expert is
-//! right there and the two pick differently by whole nats).
+//! with MQA and biases, granite (its four multipliers, an attention output bias), gemma3 with an
+//! 8-token sliding window that the 45-64-token sequences cross, the mixtures of experts qwen3moe,
+//! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token) and granitemoe
+//! (Mixtral's shapes with Granite's multipliers and a shared expert); seeds whose routing has a
+//! near-tie are not used, since either expert is right there and the two pick differently by
+//! whole nats.
 //! Models and references are in the repository, so this runs with no download. Rules:
 //! tests/support/golden.rs. Unquantized models must agree to 0.03 nats at worst (0.005 on
 //! average): llama.cpp's decode attention rounds its V accumulator to f16 at every key, ours
@@ -75,4 +77,14 @@ fn mixtral_f32_matches_llama_cpp() {
 #[test]
 fn mixtral_q8_0_matches_llama_cpp() {
     check("mixtral-q8_0");
+}
+
+#[test]
+fn granite_f16_matches_llama_cpp() {
+    check("granite-f16");
+}
+
+#[test]
+fn granitemoe_f32_matches_llama_cpp() {
+    check("granitemoe-f32");
 }

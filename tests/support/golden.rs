@@ -34,7 +34,7 @@ impl Tolerance {
 }
 
 /// The synthetic models (tests/fixtures/synthetic/, stems) and their tolerances.
-pub const SYNTHETIC_MODELS: [(&str, Tolerance); 11] = [
+pub const SYNTHETIC_MODELS: [(&str, Tolerance); 13] = [
     ("llama-mha-f16", Tolerance::SYNTHETIC_EXACT),
     ("qwen2-mqa-f32", Tolerance::SYNTHETIC_EXACT),
     ("gemma3-swa-f32", Tolerance::SYNTHETIC_EXACT),
@@ -48,6 +48,8 @@ pub const SYNTHETIC_MODELS: [(&str, Tolerance); 11] = [
     // itself 0.0058 nats from a float64 pass on average and 0.040 at worst (moe_f64.py).
     ("mixtral-f32", Tolerance { mean_logprob: 0.008, max_logprob: 0.05, ..Tolerance::SYNTHETIC_EXACT }),
     ("mixtral-q8_0", Tolerance::SYNTHETIC_QUANTIZED),
+    ("granite-f16", Tolerance::SYNTHETIC_EXACT),
+    ("granitemoe-f32", Tolerance::SYNTHETIC_EXACT),
 ];
 
 /// Synthetic model `stem` on `session` against its llama.cpp reference: all 4 cases of 24 steps.

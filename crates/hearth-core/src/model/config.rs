@@ -21,6 +21,12 @@ pub enum Arch {
     /// OLMoE: q/k RMSNorm over the whole projection (before the heads are split), NeoX RoPE,
     /// experts weighted by their softmax probabilities as they are (not renormalised).
     Olmoe,
+    /// Granite 3 (dense): llama with four multipliers: the embeddings', the attention scale,
+    /// each block's output before it joins the residual stream, and the logits' divisor.
+    Granite,
+    /// Granite 3 MoE: Granite with a mixture of experts (softmax router, top-k renormalised) and
+    /// optionally an ungated shared expert run for every token.
+    GraniteMoe,
 }
 
 impl Arch {
@@ -32,6 +38,8 @@ impl Arch {
             "gemma3" => Arch::Gemma3,
             "qwen3moe" => Arch::Qwen3Moe,
             "olmoe" => Arch::Olmoe,
+            "granite" => Arch::Granite,
+            "granitemoe" => Arch::GraniteMoe,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -44,6 +52,8 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Olmoe => "olmoe",
+            Arch::Granite => "granite",
+            Arch::GraniteMoe => "granitemoe",
         }
     }
 }
@@ -61,6 +71,9 @@ pub struct MoeConfig {
     pub n_expert: usize,
     pub n_ff_expert: usize,
     pub routing: ExpertRouting,
+    /// The width of a SwiGLU expert every token runs beside its routed ones, its output added to
+    /// theirs unweighted (granitemoe's shared expert); `None` when the model has none.
+    pub n_ff_shared: Option<usize>,
 }
 
 /// RMSNorm of the queries and keys before RoPE, with learned weights.
@@ -106,8 +119,13 @@ pub struct ModelConfig {
     /// llama.cpp's graph and the reference implementation do; the same in real arithmetic, and
     /// where the scale is a power of two, as for Gemma 3's head sizes, in f32 too).
     pub scale_queries: bool,
-    /// Multiplies the token embeddings (gemma: sqrt(n_embd)).
+    /// Multiplies the token embeddings (gemma: sqrt(n_embd); granite: `embedding_scale`).
     pub embd_scale: Option<f32>,
+    /// Multiplies each attention and FFN block's output before it joins the residual stream
+    /// (granite: `residual_scale`).
+    pub residual_scale: Option<f32>,
+    /// Multiplies the logits (granite: 1 / `logit_scale`).
+    pub logits_factor: Option<f32>,
     pub ffn_activation: FfnActivation,
     pub qkv_bias: bool,
     pub qk_norm: QkNorm,
@@ -207,6 +225,8 @@ impl ModelConfig {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             scale_queries: false,
             embd_scale: None,
+            residual_scale: None,
+            logits_factor: None,
             ffn_activation: FfnActivation::Silu,
             qkv_bias: false,
             qk_norm: QkNorm::None,
@@ -232,6 +252,31 @@ impl ModelConfig {
             Arch::Olmoe => {
                 cfg.qk_norm = QkNorm::WholeRow;
                 cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, false)?);
+            }
+            Arch::Granite | Arch::GraniteMoe => {
+                cfg.rope_mode = RopeMode::Normal;
+                // llama.cpp reads the three optional multipliers as 0 when absent, and 0 as "none".
+                let multiplier = |k: &str| -> Result<Option<f32>> { Ok(meta.opt_f32(&key(k))?.filter(|f| *f != 0.0)) };
+                cfg.embd_scale = multiplier("embedding_scale")?;
+                cfg.residual_scale = multiplier("residual_scale")?;
+                if let Some(scale) = multiplier("attention.scale")? {
+                    cfg.attn_scale = scale;
+                }
+                let logit_scale = meta.f32(&key("logit_scale"))?;
+                if !logit_scale.is_finite() || logit_scale == 0.0 {
+                    return Err(CoreError::BadHyperParameter(format!("logit_scale {logit_scale}")));
+                }
+                cfg.logits_factor = Some(1.0 / logit_scale);
+                if meta.opt_usize(&key("expert_count"))?.unwrap_or(0) > 0 {
+                    let mut moe = moe_config(meta, arch_name, n_embd, n_ff, true)?;
+                    moe.n_ff_shared = meta.opt_usize(&key("expert_shared_feed_forward_length"))?.filter(|&f| f > 0);
+                    if let Some(f) = moe.n_ff_shared.filter(|&f| f > MAX_DIM) {
+                        return Err(CoreError::BadHyperParameter(format!(
+                            "expert_shared_feed_forward_length {f} exceeds {MAX_DIM}"
+                        )));
+                    }
+                    cfg.moe = Some(moe);
+                }
             }
             Arch::Gemma3 => {
                 cfg.qk_norm = QkNorm::PerHead;
@@ -285,7 +330,7 @@ fn moe_config(
         )));
     }
     let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize, scale: 1.0 };
-    Ok(MoeConfig { n_expert, n_ff_expert, routing })
+    Ok(MoeConfig { n_expert, n_ff_expert, routing, n_ff_shared: None })
 }
 
 /// Largest layer count and tensor dimension accepted (real models: ~128 layers, dimensions below 2^17).

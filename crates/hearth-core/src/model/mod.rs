@@ -1,14 +1,14 @@
 //! Model graphs. One decoder, written once against [`Graph`], covers llama (and Mixtral), qwen2,
-//! qwen3, gemma3, qwen3moe and olmoe; the architectures differ only in the switches of [`ModelConfig`] (biases, q/k
-//! norms, post-norms, activation, RoPE flavour, per-layer sliding windows, a mixture of experts
-//! in place of the dense FFN). Backends never see the
-//! architecture, only the ops.
+//! qwen3, gemma3, qwen3moe, olmoe and granite (dense and MoE); the architectures differ only in the
+//! switches of [`ModelConfig`] (biases, q/k norms, post-norms, activation, RoPE flavour, per-layer
+//! sliding windows, scale factors, a mixture of experts in place of the dense FFN, a shared
+//! expert). Backends never see the architecture, only the ops.
 
 pub mod config;
 pub mod weights;
 
 pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, QkNorm};
-pub use weights::{FfnWeights, LayerWeights, ModelWeights};
+pub use weights::{DenseFfn, FfnWeights, LayerWeights, ModelWeights};
 
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
@@ -138,6 +138,9 @@ impl Model {
         g.push(Op::RmsNorm { x: last, weight: Some(w.output_norm), eps: c.rms_eps, group: c.n_embd, out: out_norm });
         let logits_buf = g.buf("logits", n_out, c.n_logits); // [n_out, n_logits]
         g.push(Op::MatMul { w: w.output, x: out_norm, bias: None, out: logits_buf });
+        if let Some(factor) = c.logits_factor {
+            g.push(Op::Scale { x: logits_buf, factor });
+        }
         g.logits = logits_buf;
         g
     }
@@ -193,9 +196,12 @@ impl Model {
             v_offset,
         };
         g.push(Op::Attention { q, params, out: b.attn });
-        g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: None, out: b.proj });
+        g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: lw.bo, out: b.proj });
         if let Some(pn) = lw.attn_post_norm {
             g.push(Op::RmsNorm { x: b.proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: b.proj });
+        }
+        if let Some(factor) = c.residual_scale {
+            g.push(Op::Scale { x: b.proj, factor });
         }
         g.push(Op::Add { a: x, b: b.proj, out: x });
     }
@@ -207,28 +213,25 @@ impl Model {
     fn ffn_block(&self, g: &mut Graph, b: &Activations, il: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[il];
-        let (x, h, gate, up, proj) = (b.residual, b.normed, b.gate, b.up, b.proj);
-        let activation = |gate, up| match c.ffn_activation {
-            FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
-            FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
-        };
+        let (x, h, proj) = (b.residual, b.normed, b.proj);
         g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
         match (&lw.ffn, &c.moe, &b.experts) {
-            (FfnWeights::Dense { gate: wg, up: wu, down: wd }, _, _) => {
-                g.push(Op::MatMul { w: *wg, x: h, bias: None, out: gate });
-                g.push(Op::MatMul { w: *wu, x: h, bias: None, out: up });
-                g.push(activation(gate, up));
-                g.push(Op::MatMul { w: *wd, x: gate, bias: None, out: proj });
-            }
-            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd }, Some(moe), Some(e)) => {
+            (FfnWeights::Dense(ffn), _, _) => self.swiglu_ffn(g, ffn, h, [b.gate, b.up], proj),
+            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd, shared }, Some(moe), Some(e)) => {
+                let (gate, up) = (b.gate, b.up);
                 g.push(Op::MatMul { w: *router, x: h, bias: None, out: e.router_logits });
                 let routing = moe.routing.clone();
                 g.push(Op::RouteExperts { logits: e.router_logits, routing, ids: e.ids, weights: e.weights });
                 g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, out: gate });
                 g.push(Op::MatMulExperts { w: *wu, x: h, ids: e.ids, out: up });
-                g.push(activation(gate, up));
+                g.push(self.activation(gate, up));
                 g.push(Op::MatMulExperts { w: *wd, x: gate, ids: e.ids, out: e.outputs });
                 g.push(Op::CombineExperts { x: e.outputs, weights: e.weights, out: proj });
+                // The shared expert's output joins the routed experts' sum unweighted.
+                if let (Some(ffn), Some(s)) = (shared, &e.shared) {
+                    self.swiglu_ffn(g, ffn, h, [s.gate, s.up], s.out);
+                    g.push(Op::Add { a: proj, b: s.out, out: proj });
+                }
             }
             // Weights are uploaded as the config says: experts exactly when it has a MoE.
             (FfnWeights::Experts { .. }, _, _) => unreachable!("expert weights without a MoE config"),
@@ -236,7 +239,27 @@ impl Model {
         if let Some(pn) = lw.ffn_post_norm {
             g.push(Op::RmsNorm { x: proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: proj });
         }
+        if let Some(factor) = c.residual_scale {
+            g.push(Op::Scale { x: proj, factor });
+        }
         g.push(Op::Add { a: x, b: proj, out: x });
+    }
+
+    /// A dense gated FFN of `h` into `out`: the gate and up projections into `[gate, up]`, the
+    /// gated activation (into gate), and the down projection.
+    fn swiglu_ffn(&self, g: &mut Graph, ffn: &DenseFfn, h: BufId, [gate, up]: [BufId; 2], out: BufId) {
+        g.push(Op::MatMul { w: ffn.gate, x: h, bias: None, out: gate });
+        g.push(Op::MatMul { w: ffn.up, x: h, bias: None, out: up });
+        g.push(self.activation(gate, up));
+        g.push(Op::MatMul { w: ffn.down, x: gate, bias: None, out });
+    }
+
+    /// The gated activation of the model's FFNs, written over `gate`.
+    fn activation(&self, gate: BufId, up: BufId) -> Op {
+        match self.config.ffn_activation {
+            FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
+            FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
+        }
     }
 }
 
@@ -260,6 +283,14 @@ struct ExpertActivations {
     ids: BufId,           // [n, n_used] u32
     weights: BufId,       // [n, n_used]
     outputs: BufId,       // [n, n_used * n_embd]
+    shared: Option<SharedExpertActivations>,
+}
+
+/// The buffers of a shared expert.
+struct SharedExpertActivations {
+    gate: BufId, // [n, n_ff_shared], then the activated product
+    up: BufId,   // [n, n_ff_shared]
+    out: BufId,  // [n, n_embd]
 }
 
 impl Activations {
@@ -272,6 +303,11 @@ impl Activations {
             ids: g.typed_buf("ffn_moe_topk", BufType::U32, n, m.routing.n_used),
             weights: g.buf("ffn_moe_weights", n, m.routing.n_used),
             outputs: g.buf("ffn_moe_down", n, m.routing.n_used * c.n_embd),
+            shared: m.n_ff_shared.map(|f| SharedExpertActivations {
+                gate: g.buf("ffn_shexp_gate", n, f),
+                up: g.buf("ffn_shexp_up", n, f),
+                out: g.buf("ffn_shexp", n, c.n_embd),
+            }),
         });
         Activations {
             residual: g.buf("residual", n, c.n_embd),

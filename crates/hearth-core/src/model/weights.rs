@@ -19,20 +19,37 @@ pub struct LayerWeights {
     pub q_norm: Option<WeightId>,
     pub k_norm: Option<WeightId>,
     pub wo: WeightId,
+    /// The output projection's bias, where the file has one (llama.cpp reads it for llama and
+    /// granite).
+    pub bo: Option<WeightId>,
     pub attn_post_norm: Option<WeightId>,
     pub ffn_norm: WeightId,
     pub ffn: FfnWeights,
     pub ffn_post_norm: Option<WeightId>,
 }
 
+/// A SwiGLU FFN's matrices: gate, up: [n_ff, n_embd]; down: [n_embd, n_ff].
+#[derive(Clone, Copy, Debug)]
+pub struct DenseFfn {
+    pub gate: WeightId,
+    pub up: WeightId,
+    pub down: WeightId,
+}
+
 /// A layer's feed-forward matrices.
 #[derive(Clone, Debug)]
 pub enum FfnWeights {
-    /// gate, up: [n_ff, n_embd]; down: [n_embd, n_ff].
-    Dense { gate: WeightId, up: WeightId, down: WeightId },
+    Dense(DenseFfn),
     /// router: [n_expert, n_embd] (F32 in llama.cpp's files); gate, up: [n_expert][n_ff_expert,
-    /// n_embd]; down: [n_expert][n_embd, n_ff_expert].
-    Experts { router: WeightId, gate: WeightId, up: WeightId, down: WeightId },
+    /// n_embd]; down: [n_expert][n_embd, n_ff_expert]; `shared`: the shared expert, n_ff_shared
+    /// wide, where the model has one.
+    Experts {
+        router: WeightId,
+        gate: WeightId,
+        up: WeightId,
+        down: WeightId,
+        shared: Option<DenseFfn>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +114,16 @@ impl Uploader<'_> {
     fn progress(&mut self, uploaded: u64) {
         self.done_bytes += uploaded;
         (self.on_progress)(self.done_bytes, self.total_bytes);
+    }
+
+    /// The SwiGLU matrices `{prefix}ffn_{gate,up,down}{suffix}.weight` of an FFN `n_ff` wide.
+    fn dense_ffn(&mut self, prefix: &str, suffix: &str, n_embd: u64, n_ff: u64) -> Result<DenseFfn> {
+        let name = |m: &str| format!("{prefix}ffn_{m}{suffix}.weight");
+        Ok(DenseFfn {
+            gate: self.upload(&name("gate"), &[n_embd, n_ff])?,
+            up: self.upload(&name("up"), &[n_embd, n_ff])?,
+            down: self.upload(&name("down"), &[n_ff, n_embd])?,
+        })
     }
 
     fn optional(&mut self, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
@@ -165,14 +192,11 @@ impl ModelWeights {
                     &[qk_norm_len(kv_width)],
                 )?,
                 wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
+                bo: up.optional(&n("attn_output.bias"), &[e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
                 ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,
                 ffn: match &cfg.moe {
-                    None => FfnWeights::Dense {
-                        gate: up.upload(&n("ffn_gate.weight"), &[e, ff])?,
-                        up: up.upload(&n("ffn_up.weight"), &[e, ff])?,
-                        down: up.upload(&n("ffn_down.weight"), &[ff, e])?,
-                    },
+                    None => FfnWeights::Dense(up.dense_ffn(&n(""), "", e, ff)?),
                     Some(moe) => {
                         let (x, fx) = (moe.n_expert as u64, moe.n_ff_expert as u64);
                         FfnWeights::Experts {
@@ -180,6 +204,10 @@ impl ModelWeights {
                             gate: up.upload(&n("ffn_gate_exps.weight"), &[e, fx, x])?,
                             up: up.upload(&n("ffn_up_exps.weight"), &[e, fx, x])?,
                             down: up.upload(&n("ffn_down_exps.weight"), &[fx, e, x])?,
+                            shared: match moe.n_ff_shared {
+                                Some(fs) => Some(up.dense_ffn(&n(""), "_shexp", e, fs as u64)?),
+                                None => None,
+                            },
                         }
                     }
                 },

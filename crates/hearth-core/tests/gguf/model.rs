@@ -96,20 +96,73 @@ fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Op
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("tokenizer.ggml.tokens", tokens),
     ];
-    let tensors: [(&str, &[u64]); 11] = [
-        ("token_embd.weight", &[EMBD, VOCAB]),
-        ("output_norm.weight", &[EMBD]),
-        ("blk.0.attn_norm.weight", &[EMBD]),
-        ("blk.0.attn_q.weight", &[EMBD, 8]),
-        ("blk.0.attn_k.weight", &[EMBD, 4]),
-        ("blk.0.attn_v.weight", &[EMBD, 4]),
-        ("blk.0.attn_output.weight", &[8, EMBD]),
-        ("blk.0.ffn_norm.weight", &[EMBD]),
-        ("blk.0.ffn_gate.weight", &[EMBD, FF]),
-        ("blk.0.ffn_up.weight", &[EMBD, FF]),
-        ("blk.0.ffn_down.weight", &[FF, EMBD]),
+    f32_model(kvs, &TINY_LLAMA_TENSORS, skip_key, skip_tensor, override_kv)
+}
+
+/// tiny_llama's tensors (GGML dims).
+const TINY_LLAMA_TENSORS: [(&str, &[u64]); 11] = [
+    ("token_embd.weight", &[EMBD, VOCAB]),
+    ("output_norm.weight", &[EMBD]),
+    ("blk.0.attn_norm.weight", &[EMBD]),
+    ("blk.0.attn_q.weight", &[EMBD, 8]),
+    ("blk.0.attn_k.weight", &[EMBD, 4]),
+    ("blk.0.attn_v.weight", &[EMBD, 4]),
+    ("blk.0.attn_output.weight", &[8, EMBD]),
+    ("blk.0.ffn_norm.weight", &[EMBD]),
+    ("blk.0.ffn_gate.weight", &[EMBD, FF]),
+    ("blk.0.ffn_up.weight", &[EMBD, FF]),
+    ("blk.0.ffn_down.weight", &[FF, EMBD]),
+];
+
+/// tiny_llama as a dense granite: its keys under `granite.`, with Granite 3's four multipliers.
+fn tiny_granite(skip_key: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
+    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
+    let kvs = vec![
+        ("general.architecture", Value::String("granite".into())),
+        ("granite.block_count", Value::U32(1)),
+        ("granite.embedding_length", Value::U32(EMBD as u32)),
+        ("granite.attention.head_count", Value::U32(2)),
+        ("granite.attention.head_count_kv", Value::U32(1)),
+        ("granite.feed_forward_length", Value::U32(FF as u32)),
+        ("granite.context_length", Value::U32(64)),
+        ("granite.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("granite.embedding_scale", Value::F32(12.0)),
+        ("granite.residual_scale", Value::F32(0.22)),
+        ("granite.attention.scale", Value::F32(0.0078125)),
+        ("granite.logit_scale", Value::F32(8.0)),
+        ("tokenizer.ggml.tokens", tokens),
     ];
-    f32_model(kvs, &tensors, skip_key, skip_tensor, override_kv)
+    f32_model(kvs, &TINY_LLAMA_TENSORS, skip_key, None, override_kv)
+}
+
+#[test]
+fn granite_reads_its_multipliers_and_requires_a_logit_scale() {
+    use hearth_core::graph::Op;
+    let file = parse(&tiny_granite(None, None).write().bytes).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    assert_eq!((cfg.embd_scale, cfg.residual_scale, cfg.logits_factor), (Some(12.0), Some(0.22), Some(0.125)));
+    assert_eq!(cfg.attn_scale, 0.0078125);
+    assert_eq!(cfg.rope_mode, hearth_core::graph::RopeMode::Normal);
+    // The embeddings, each block's output (attention, FFN) and the logits are scaled.
+    let model =
+        hearth_core::model::Model::load(&file, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    let graph = model.build_graph(2, 1, hearth_core::graph::LogitsMode::Last);
+    let factors: Vec<f32> = graph
+        .ops
+        .iter()
+        .filter_map(|op| if let Op::Scale { factor, .. } = op { Some(*factor) } else { None })
+        .collect();
+    assert_eq!(factors, [12.0, 0.22, 0.22, 0.125]);
+    // As in llama.cpp, an absent or zero optional multiplier is none.
+    let file = parse(&tiny_granite(Some("granite.residual_scale"), None).write().bytes).unwrap();
+    assert_eq!(ModelConfig::from_metadata(&file.metadata).unwrap().residual_scale, None);
+    let file = parse(&tiny_granite(None, Some(("granite.attention.scale", Value::F32(0.0)))).write().bytes).unwrap();
+    assert_eq!(ModelConfig::from_metadata(&file.metadata).unwrap().attn_scale, 0.5, "1 / sqrt(head_dim 4)");
+    // The logit scale is required and must divide.
+    let e = config_err(tiny_granite(Some("granite.logit_scale"), None));
+    assert!(matches!(e, CoreError::MissingKey(ref k) if k == "granite.logit_scale"), "{e:?}");
+    let e = config_err(tiny_granite(None, Some(("granite.logit_scale", Value::F32(0.0)))));
+    assert!(matches!(e, CoreError::BadHyperParameter(ref m) if m.contains("logit_scale")), "{e:?}");
 }
 
 /// A GGUF of `kvs` (with `override_kv` replacing or adding one, and `skip_key` left out) and F32
