@@ -3,8 +3,9 @@
 //! models do not cover — llama (MHA, and GQA with Q8_0), qwen3 (q/k norm, GQA, Q4_K/Q6_K), qwen2
 //! with MQA and biases, granite (its four multipliers, an attention output bias), gemma3 with an
 //! 8-token sliding window that the 45-64-token sequences cross, the mixtures of experts qwen3moe,
-//! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token) and granitemoe
-//! (Mixtral's shapes with Granite's multipliers and a shared expert); seeds whose routing has a
+//! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token), qwen2moe (a
+//! sigmoid-gated shared expert) and granitemoe (Mixtral's shapes with Granite's multipliers and an
+//! ungated shared expert); seeds whose routing has a
 //! near-tie are not used, since either expert is right there and the two pick differently by
 //! whole nats.
 //! Models and references are in the repository, so this runs with no download. Rules:
@@ -77,6 +78,11 @@ fn mixtral_f32_matches_llama_cpp() {
 #[test]
 fn mixtral_q8_0_matches_llama_cpp() {
     check("mixtral-q8_0");
+}
+
+#[test]
+fn qwen2moe_f32_matches_llama_cpp() {
+    check("qwen2moe-f32");
 }
 
 #[test]

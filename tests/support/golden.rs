@@ -31,10 +31,15 @@ impl Tolerance {
     /// The synthetic models with quantized weights: llama.cpp's activation-quantization noise,
     /// the real models' bounds.
     pub const SYNTHETIC_QUANTIZED: Tolerance = Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.3 };
+    /// Unquantized mixtures of experts whose peaked routers amplify llama.cpp's f16 attention
+    /// rounding: llama.cpp itself is 0.0058 nats from a float64 pass on average and 0.040 at worst
+    /// on mixtral-f32, 0.0055 and 0.047 on qwen2moe-f32 (moe_f64.py).
+    pub const SYNTHETIC_PEAKED_ROUTER: Tolerance =
+        Tolerance { mean_logprob: 0.008, max_logprob: 0.06, ..Tolerance::SYNTHETIC_EXACT };
 }
 
 /// The synthetic models (tests/fixtures/synthetic/, stems) and their tolerances.
-pub const SYNTHETIC_MODELS: [(&str, Tolerance); 13] = [
+pub const SYNTHETIC_MODELS: [(&str, Tolerance); 14] = [
     ("llama-mha-f16", Tolerance::SYNTHETIC_EXACT),
     ("qwen2-mqa-f32", Tolerance::SYNTHETIC_EXACT),
     ("gemma3-swa-f32", Tolerance::SYNTHETIC_EXACT),
@@ -44,10 +49,9 @@ pub const SYNTHETIC_MODELS: [(&str, Tolerance); 13] = [
     ("qwen3moe-f32", Tolerance::SYNTHETIC_EXACT),
     ("qwen3moe-q8_0", Tolerance::SYNTHETIC_QUANTIZED),
     ("olmoe-f32", Tolerance::SYNTHETIC_EXACT),
-    // Its peaked router (4 experts) amplifies llama.cpp's f16 attention rounding: llama.cpp is
-    // itself 0.0058 nats from a float64 pass on average and 0.040 at worst (moe_f64.py).
-    ("mixtral-f32", Tolerance { mean_logprob: 0.008, max_logprob: 0.05, ..Tolerance::SYNTHETIC_EXACT }),
+    ("mixtral-f32", Tolerance::SYNTHETIC_PEAKED_ROUTER),
     ("mixtral-q8_0", Tolerance::SYNTHETIC_QUANTIZED),
+    ("qwen2moe-f32", Tolerance::SYNTHETIC_PEAKED_ROUTER),
     ("granite-f16", Tolerance::SYNTHETIC_EXACT),
     ("granitemoe-f32", Tolerance::SYNTHETIC_EXACT),
 ];

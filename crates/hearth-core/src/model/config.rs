@@ -27,6 +27,9 @@ pub enum Arch {
     /// Granite 3 MoE: Granite with a mixture of experts (softmax router, top-k renormalised) and
     /// optionally an ungated shared expert run for every token.
     GraniteMoe,
+    /// Qwen 1.5/2 MoE: Qwen 2's attention (q/k/v biases, NeoX RoPE), experts weighted by their
+    /// softmax probabilities as they are, and a shared expert behind a per-token sigmoid gate.
+    Qwen2Moe,
 }
 
 impl Arch {
@@ -40,6 +43,7 @@ impl Arch {
             "olmoe" => Arch::Olmoe,
             "granite" => Arch::Granite,
             "granitemoe" => Arch::GraniteMoe,
+            "qwen2moe" => Arch::Qwen2Moe,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -54,6 +58,7 @@ impl Arch {
             Arch::Olmoe => "olmoe",
             Arch::Granite => "granite",
             Arch::GraniteMoe => "granitemoe",
+            Arch::Qwen2Moe => "qwen2moe",
         }
     }
 }
@@ -71,9 +76,25 @@ pub struct MoeConfig {
     pub n_expert: usize,
     pub n_ff_expert: usize,
     pub routing: ExpertRouting,
-    /// The width of a SwiGLU expert every token runs beside its routed ones, its output added to
-    /// theirs unweighted (granitemoe's shared expert); `None` when the model has none.
-    pub n_ff_shared: Option<usize>,
+    /// A SwiGLU expert every token runs beside its routed ones; `None` when the model has none.
+    pub shared: Option<SharedExpert>,
+}
+
+/// A mixture of experts' shared expert: `n_ff` hidden values, its output added to the routed
+/// experts' sum as `gate` says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedExpert {
+    pub n_ff: usize,
+    pub gate: SharedExpertGate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedExpertGate {
+    /// Added as it is (granitemoe).
+    None,
+    /// Multiplied by σ(h · g) per token, g a learned [n_embd] vector (qwen2moe's
+    /// `ffn_gate_inp_shexp`).
+    Sigmoid,
 }
 
 /// RMSNorm of the queries and keys before RoPE, with learned weights.
@@ -249,6 +270,16 @@ impl ModelConfig {
                 let n_used = meta.usize(&key("expert_used_count"))?.max(1);
                 cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff / n_used, true)?);
             }
+            Arch::Qwen2Moe => {
+                cfg.qkv_bias = true;
+                // As llama.cpp reads them: the experts n_ff / n_used wide and the shared expert
+                // n_ff wide unless the file says.
+                let n_used = meta.usize(&key("expert_used_count"))?.max(1);
+                let mut moe = moe_config(meta, arch_name, n_embd, n_ff / n_used, false)?;
+                let n_ff_shared = meta.opt_usize(&key("expert_shared_feed_forward_length"))?.filter(|&f| f > 0);
+                moe.shared = Some(SharedExpert { n_ff: n_ff_shared.unwrap_or(n_ff), gate: SharedExpertGate::Sigmoid });
+                cfg.moe = Some(moe);
+            }
             Arch::Olmoe => {
                 cfg.qk_norm = QkNorm::WholeRow;
                 cfg.moe = Some(moe_config(meta, arch_name, n_embd, n_ff, false)?);
@@ -269,12 +300,8 @@ impl ModelConfig {
                 cfg.logits_factor = Some(1.0 / logit_scale);
                 if meta.opt_usize(&key("expert_count"))?.unwrap_or(0) > 0 {
                     let mut moe = moe_config(meta, arch_name, n_embd, n_ff, true)?;
-                    moe.n_ff_shared = meta.opt_usize(&key("expert_shared_feed_forward_length"))?.filter(|&f| f > 0);
-                    if let Some(f) = moe.n_ff_shared.filter(|&f| f > MAX_DIM) {
-                        return Err(CoreError::BadHyperParameter(format!(
-                            "expert_shared_feed_forward_length {f} exceeds {MAX_DIM}"
-                        )));
-                    }
+                    let n_ff_shared = meta.opt_usize(&key("expert_shared_feed_forward_length"))?.filter(|&f| f > 0);
+                    moe.shared = n_ff_shared.map(|n_ff| SharedExpert { n_ff, gate: SharedExpertGate::None });
                     cfg.moe = Some(moe);
                 }
             }
@@ -295,6 +322,12 @@ impl ModelConfig {
                     }
                 }
             }
+        }
+        if let Some(shared) = cfg.moe.as_ref().and_then(|m| m.shared.as_ref()).filter(|s| s.n_ff > MAX_DIM) {
+            return Err(CoreError::BadHyperParameter(format!(
+                "expert_shared_feed_forward_length {} exceeds {MAX_DIM}",
+                shared.n_ff
+            )));
         }
         Ok(cfg)
     }
@@ -330,7 +363,7 @@ fn moe_config(
         )));
     }
     let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize, scale: 1.0 };
-    Ok(MoeConfig { n_expert, n_ff_expert, routing, n_ff_shared: None })
+    Ok(MoeConfig { n_expert, n_ff_expert, routing, shared: None })
 }
 
 /// Largest layer count and tensor dimension accepted (real models: ~128 layers, dimensions below 2^17).

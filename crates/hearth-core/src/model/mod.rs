@@ -1,5 +1,5 @@
 //! Model graphs. One decoder, written once against [`Graph`], covers llama (and Mixtral), qwen2,
-//! qwen3, gemma3, qwen3moe, olmoe and granite (dense and MoE); the architectures differ only in the
+//! qwen3, gemma3, qwen3moe, qwen2moe, olmoe and granite (dense and MoE); the architectures differ only in the
 //! switches of [`ModelConfig`] (biases, q/k norms, post-norms, activation, RoPE flavour, per-layer
 //! sliding windows, scale factors, a mixture of experts in place of the dense FFN, a shared
 //! expert). Backends never see the architecture, only the ops.
@@ -7,13 +7,13 @@
 pub mod config;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, QkNorm};
-pub use weights::{DenseFfn, FfnWeights, LayerWeights, ModelWeights};
+pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, QkNorm, SharedExpert, SharedExpertGate};
+pub use weights::{DenseFfn, FfnWeights, LayerWeights, ModelWeights, SharedFfn};
 
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::graph::{AttentionParams, BufId, BufType, Graph, LogitsMode, Op, RopeParams};
+use crate::graph::{AttentionParams, BufId, BufType, ExpertGating, ExpertRouting, Graph, LogitsMode, Op, RopeParams};
 use crate::kv::{KvGroup, KvType};
 
 pub struct Model {
@@ -227,10 +227,27 @@ impl Model {
                 g.push(self.activation(gate, up));
                 g.push(Op::MatMulExperts { w: *wd, x: gate, ids: e.ids, out: e.outputs });
                 g.push(Op::CombineExperts { x: e.outputs, weights: e.weights, out: proj });
-                // The shared expert's output joins the routed experts' sum unweighted.
-                if let (Some(ffn), Some(s)) = (shared, &e.shared) {
-                    self.swiglu_ffn(g, ffn, h, [s.gate, s.up], s.out);
-                    g.push(Op::Add { a: proj, b: s.out, out: proj });
+                if let (Some(shared), Some(s)) = (shared, &e.shared) {
+                    self.swiglu_ffn(g, &shared.ffn, h, [s.gate, s.up], s.out);
+                    let out = match (shared.gate, &s.gated) {
+                        // Gated: the expert behind a one-expert sigmoid router, its output
+                        // "combined" with the weight σ(h · g), exactly the gate's product.
+                        (Some(gate), Some(gated)) => {
+                            g.push(Op::MatMul { w: gate, x: h, bias: None, out: gated.logit });
+                            let routing = ExpertRouting {
+                                n_used: 1,
+                                gating: ExpertGating::Sigmoid,
+                                normalize: false,
+                                scale: 1.0,
+                            };
+                            let (ids, weights) = (gated.ids, gated.weight);
+                            g.push(Op::RouteExperts { logits: gated.logit, routing, ids, weights });
+                            g.push(Op::CombineExperts { x: s.out, weights: gated.weight, out: gated.out });
+                            gated.out
+                        }
+                        _ => s.out,
+                    };
+                    g.push(Op::Add { a: proj, b: out, out: proj });
                 }
             }
             // Weights are uploaded as the config says: experts exactly when it has a MoE.
@@ -291,6 +308,15 @@ struct SharedExpertActivations {
     gate: BufId, // [n, n_ff_shared], then the activated product
     up: BufId,   // [n, n_ff_shared]
     out: BufId,  // [n, n_embd]
+    gated: Option<GateActivations>,
+}
+
+/// The buffers of a shared expert's sigmoid gate.
+struct GateActivations {
+    logit: BufId,  // [n, 1]: h · g
+    ids: BufId,    // [n, 1] u32: the one-expert router's choice (always 0)
+    weight: BufId, // [n, 1]: σ(h · g)
+    out: BufId,    // [n, n_embd]: the shared expert's output times its weight
 }
 
 impl Activations {
@@ -303,10 +329,16 @@ impl Activations {
             ids: g.typed_buf("ffn_moe_topk", BufType::U32, n, m.routing.n_used),
             weights: g.buf("ffn_moe_weights", n, m.routing.n_used),
             outputs: g.buf("ffn_moe_down", n, m.routing.n_used * c.n_embd),
-            shared: m.n_ff_shared.map(|f| SharedExpertActivations {
-                gate: g.buf("ffn_shexp_gate", n, f),
-                up: g.buf("ffn_shexp_up", n, f),
+            shared: m.shared.as_ref().map(|shared| SharedExpertActivations {
+                gate: g.buf("ffn_shexp_gate", n, shared.n_ff),
+                up: g.buf("ffn_shexp_up", n, shared.n_ff),
                 out: g.buf("ffn_shexp", n, c.n_embd),
+                gated: (shared.gate == SharedExpertGate::Sigmoid).then(|| GateActivations {
+                    logit: g.buf("ffn_shexp_gate_inp", n, 1),
+                    ids: g.typed_buf("ffn_shexp_gate_id", BufType::U32, n, 1),
+                    weight: g.buf("ffn_shexp_gate_weight", n, 1),
+                    out: g.buf("ffn_shexp_out", n, c.n_embd),
+                }),
             }),
         });
         Activations {

@@ -1,7 +1,7 @@
 //! Finds, checks and uploads the tensors of a model. Shapes are validated here, once, so backends
 //! can trust every row length they are given.
 
-use super::config::{ModelConfig, QkNorm};
+use super::config::{ModelConfig, QkNorm, SharedExpertGate};
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -36,19 +36,27 @@ pub struct DenseFfn {
     pub down: WeightId,
 }
 
+/// A mixture of experts' shared expert: its FFN and, when gated, its gate vector g:
+/// [n_embd] (the expert's output is scaled by σ(h · g) per token).
+#[derive(Clone, Copy, Debug)]
+pub struct SharedFfn {
+    pub ffn: DenseFfn,
+    pub gate: Option<WeightId>,
+}
+
 /// A layer's feed-forward matrices.
 #[derive(Clone, Debug)]
 pub enum FfnWeights {
     Dense(DenseFfn),
     /// router: [n_expert, n_embd] (F32 in llama.cpp's files); gate, up: [n_expert][n_ff_expert,
-    /// n_embd]; down: [n_expert][n_embd, n_ff_expert]; `shared`: the shared expert, n_ff_shared
-    /// wide, where the model has one.
+    /// n_embd]; down: [n_expert][n_embd, n_ff_expert]; `shared`: the shared expert, where the
+    /// model has one.
     Experts {
         router: WeightId,
         gate: WeightId,
         up: WeightId,
         down: WeightId,
-        shared: Option<DenseFfn>,
+        shared: Option<SharedFfn>,
     },
 }
 
@@ -133,6 +141,16 @@ impl Uploader<'_> {
         self.upload(name, expected).map(Some)
     }
 
+    /// A projection's bias: required where the architecture always has one, otherwise used when
+    /// the file holds it (as llama.cpp does for every architecture).
+    fn bias(&mut self, required: bool, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
+        if required {
+            self.upload(name, expected).map(Some)
+        } else {
+            self.optional(name, expected)
+        }
+    }
+
     fn required_if(&mut self, present: bool, name: &str, expected: &[u64]) -> Result<Option<WeightId>> {
         if present {
             self.upload(name, expected).map(Some)
@@ -178,9 +196,9 @@ impl ModelWeights {
                 wq: up.upload(&n("attn_q.weight"), &[e, q_width])?,
                 wk: up.upload(&n("attn_k.weight"), &[e, kv_width])?,
                 wv: up.upload(&n("attn_v.weight"), &[e, kv_width])?,
-                bq: up.required_if(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
-                bk: up.required_if(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
-                bv: up.required_if(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
+                bq: up.bias(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
+                bk: up.bias(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
+                bv: up.bias(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
                 q_norm: up.required_if(
                     cfg.qk_norm != QkNorm::None,
                     &n("attn_q_norm.weight"),
@@ -204,8 +222,15 @@ impl ModelWeights {
                             gate: up.upload(&n("ffn_gate_exps.weight"), &[e, fx, x])?,
                             up: up.upload(&n("ffn_up_exps.weight"), &[e, fx, x])?,
                             down: up.upload(&n("ffn_down_exps.weight"), &[fx, e, x])?,
-                            shared: match moe.n_ff_shared {
-                                Some(fs) => Some(up.dense_ffn(&n(""), "_shexp", e, fs as u64)?),
+                            shared: match &moe.shared {
+                                Some(shared) => Some(SharedFfn {
+                                    ffn: up.dense_ffn(&n(""), "_shexp", e, shared.n_ff as u64)?,
+                                    gate: up.required_if(
+                                        shared.gate == SharedExpertGate::Sigmoid,
+                                        &n("ffn_gate_inp_shexp.weight"),
+                                        &[e],
+                                    )?,
+                                }),
                                 None => None,
                             },
                         }
