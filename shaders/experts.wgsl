@@ -20,6 +20,8 @@ struct ExpertParams {
     cols: u32,
     // the folded grid's x width
     groups_x: u32,
+    // TALLY: the router's first counter
+    tally_base: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: ExpertParams;
@@ -31,6 +33,11 @@ struct ExpertParams {
 @group(0) @binding(2) var<storage, read_write> IDS: array<u32>;
 // [n_tokens, n_used] f32: their weights
 @group(0) @binding(3) var<storage, read_write> WEIGHTS: array<f32>;
+#ifdef TALLY
+// [65536] u32: tokens routed per (router, expert) since the backend started (tally.rs); this
+// router's experts from P.tally_base
+@group(0) @binding(4) var<storage, read_write> TALLY: array<atomic<u32>>;
+#endif
 
 // ggml's floor for the chosen probabilities' sum before dividing by it.
 const MIN_WEIGHT_SUM: f32 = 6.1035156e-5;
@@ -132,6 +139,9 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
             WEIGHTS[first + j] = best_p[0];
             total += best_p[0];
             probs[chosen] = -1.0;
+#ifdef TALLY
+            atomicAdd(&TALLY[P.tally_base + chosen], 1u);
+#endif
         }
         workgroupBarrier();
     }

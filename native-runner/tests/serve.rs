@@ -738,3 +738,48 @@ fn official_openai_python_client() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A mixture of experts' /metrics counts the tokens each layer routed to each expert: every
+/// token the model forwarded (the prompt, then each generated token but the last) picks
+/// `expert_used_count` experts in every layer.
+#[test]
+fn metrics_count_the_tokens_routed_to_each_expert() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/synthetic/qwen3moe-f32.gguf");
+    let (n_layer, n_expert, n_used) = (3, 8, 2);
+    let server = Server::start_model(model, &[]);
+    let addr = server.addr.as_str();
+    let r = post(addr, "/v1/completions", &json!({"prompt": "the quick brown fox", "max_tokens": 6, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let usage = &r.json()["usage"];
+    let forwarded = usage["prompt_tokens"].as_u64().expect("prompt tokens")
+        + usage["completion_tokens"].as_u64().expect("completion tokens")
+        - 1;
+    // [layer][expert], parsed from hearth_expert_tokens_total{layer="l",expert="e"} n.
+    let tallies = || -> Vec<Vec<u64>> {
+        let metrics = request(addr, "GET", "/metrics", None, "").text();
+        let mut counts = vec![vec![0u64; n_expert]; n_layer];
+        for line in metrics.lines().filter(|l| l.starts_with("hearth_expert_tokens_total{")) {
+            let field = |key: &str| -> usize {
+                let start = line.find(&format!("{key}=\"")).expect(key) + key.len() + 2;
+                line[start..].split('"').next().and_then(|v| v.parse().ok()).expect("an index")
+            };
+            let n = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a count");
+            counts[field("layer")][field("expert")] = n;
+        }
+        counts
+    };
+    // The engine publishes the counts once it falls idle, right after the response.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut counts = tallies();
+    while counts.iter().any(|layer| layer.iter().sum::<u64>() == 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        counts = tallies();
+    }
+    for (layer, experts) in counts.iter().enumerate() {
+        assert_eq!(experts.iter().sum::<u64>(), n_used * forwarded, "layer {layer}: {experts:?}");
+        assert!(
+            experts.iter().filter(|&&n| n > 0).count() > n_used as usize,
+            "layer {layer} uses one pair of experts only: {experts:?}"
+        );
+    }
+}

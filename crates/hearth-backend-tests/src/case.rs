@@ -180,6 +180,9 @@ impl Case {
                 let got = run_step(backend.as_mut(), g, kv, step).expect("execute");
                 tolerance.assert_close(&format!("{what} [{variant}] step {s}"), &got, w);
             }
+            // The same experts picked, so the same tokens counted per expert.
+            let tallies = backend.expert_tallies().expect("expert tallies");
+            assert_eq!(tallies, cpu.expert_tallies().expect("cpu tallies"), "{what} [{variant}]: expert tallies");
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::case::{run_step, single, small_layout, tokens, Case, WEIGHT_TYPES};
 use crate::{Rng, Subject, Tolerance};
+use hearth_core::backend::Backend;
 use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, Op, WeightId};
 use hearth_core::quant::GgmlType;
 use hearth_cpu::CpuBackend;
@@ -44,7 +45,7 @@ fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rn
     let down_out = g.buf("down", N_TOKENS, n_used * n_embd);
     let out = g.buf("out", N_TOKENS, n_embd);
     g.push(Op::MatMul { w: router, x, bias: None, out: logits });
-    g.push(Op::RouteExperts { logits, routing, ids, weights });
+    g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(0) });
     g.push(Op::MatMulExperts { w: gate, x, ids, out: gate_out });
     g.push(Op::MatMulExperts { w: up, x, ids, out: up_out });
     g.push(Op::SwiGlu { gate: gate_out, up: up_out, out: gate_out });
@@ -96,8 +97,8 @@ pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
 
 /// The oracle's MoE FFN against the same FFN computed here in f64 from the F32 weights (F32
 /// mat-muls round no activations), for softmax routing renormalised or scaled, and sigmoid
-/// routing; each token's result equals its result alone in a step (nothing depends on which
-/// tokens share the experts).
+/// routing, and its expert tallies against the reference's picks; each token's result equals its
+/// result alone in a step (nothing depends on which tokens share the experts).
 pub fn mixture_of_experts_match_a_host_reference() {
     let mut rng = Rng(22);
     let (n_embd, n_ff) = (48, 40);
@@ -126,6 +127,7 @@ pub fn mixture_of_experts_match_a_host_reference() {
         };
         let (table, router) = (values(w.table), values(w.router));
         let (gate, up, down) = (values(w.gate), values(w.up), values(w.down));
+        let mut want_tallies = hearth_core::backend::ExpertTallies::default();
         let dot = |m: &[f64], row: usize, x: &[f64]| -> f64 {
             m[row * x.len()..(row + 1) * x.len()].iter().zip(x).map(|(a, b)| a * b).sum()
         };
@@ -143,6 +145,7 @@ pub fn mixture_of_experts_match_a_host_reference() {
             let mut order: Vec<usize> = (0..N_EXPERT).collect();
             order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
             let chosen = &order[..routing.n_used];
+            want_tallies.add_picks(0, N_EXPERT, chosen.iter().map(|&e| e as u32));
             let sum: f64 = chosen.iter().map(|&e| probs[e]).sum();
             let mut want = vec![0f64; n_embd];
             for &e in chosen {
@@ -165,6 +168,8 @@ pub fn mixture_of_experts_match_a_host_reference() {
             let solo = run_step(&mut solo_cpu, g1, kv1, &single(vec![token], 0, &small_layout())).expect("execute");
             Tolerance::EXACT.assert_close(&format!("moe ffn {routing:?} token {t} alone"), &solo, row);
         }
+        // Every pick counted once, under the router's tally.
+        assert_eq!(cpu.expert_tallies().expect("tallies"), want_tallies, "moe ffn {routing:?} expert tallies");
     }
 }
 

@@ -183,6 +183,40 @@ impl TopK {
     }
 }
 
+/// Tokens routed to each expert: `counts[router][expert]` for every router a graph tallies
+/// ([`Op::RouteExperts`]'s `tally`: the model's layer), over all the steps a backend ran, rows of
+/// every step counted (a speculative draft's rejected tokens too: their experts were computed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExpertTallies {
+    pub counts: Vec<Vec<u64>>,
+}
+
+impl ExpertTallies {
+    /// Adds `n` picks of `expert` by router `router` of `n_expert` experts.
+    pub fn add(&mut self, router: usize, n_expert: usize, expert: usize, n: u64) {
+        if self.counts.len() <= router {
+            self.counts.resize(router + 1, Vec::new());
+        }
+        let row = &mut self.counts[router];
+        if row.len() < n_expert.max(expert + 1) {
+            row.resize(n_expert.max(expert + 1), 0);
+        }
+        row[expert] += n;
+    }
+
+    /// Adds one pick per id in `ids` (a router's output) to router `router` of `n_expert` experts.
+    pub fn add_picks(&mut self, router: usize, n_expert: usize, ids: impl IntoIterator<Item = u32>) {
+        for id in ids {
+            self.add(router, n_expert, id as usize, 1);
+        }
+    }
+
+    /// Picks of every router's experts together.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().flatten().sum()
+    }
+}
+
 /// What [`Backend::supports`] is asked about. [`crate::runner::Runner::load`] asks for every op of
 /// the model's graphs and for the KV layout before it allocates or compiles anything, so a model a
 /// backend cannot run is refused with the reason (or run on another backend) instead of failing
@@ -260,6 +294,12 @@ pub trait Backend: Send {
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;
 
     fn counters(&self) -> BackendCounters;
+
+    /// The tokens routed to each expert by every step run so far (see [`ExpertTallies`]); empty
+    /// for a model without experts. A GPU backend counts on the device and reads the counts back
+    /// here, so this waits for the device: call it between steps, not per step. An error where
+    /// the wait is impossible (a browser).
+    fn expert_tallies(&mut self) -> Result<ExpertTallies>;
 
     /// Device time per kernel family over the steps taken since the last call, when the backend
     /// was opened to profile and can (the wgpu backend with `WgpuOptions::profile` on an adapter

@@ -116,6 +116,11 @@ impl Runner {
         self.backend.as_ref()
     }
 
+    /// Tokens routed to each expert so far ([`Backend::expert_tallies`]: waits for a GPU).
+    pub fn expert_tallies(&mut self) -> Result<crate::backend::ExpertTallies> {
+        self.backend.expert_tallies()
+    }
+
     /// The backend's device time per kernel family since the last call ([`Backend::kernel_profile`]).
     pub fn kernel_profile(&mut self) -> Option<Vec<crate::backend::KernelTime>> {
         self.backend.kernel_profile()

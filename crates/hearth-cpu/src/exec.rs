@@ -168,7 +168,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 }
                 bufs[out.0 as usize] = o;
             }
-            Op::RouteExperts { logits, routing, ids, weights } => {
+            Op::RouteExperts { logits, routing, ids, weights, .. } => {
                 let (mut i, mut wts) =
                     (std::mem::take(&mut bufs[ids.0 as usize]), std::mem::take(&mut bufs[weights.0 as usize]));
                 let scratch = &mut compiled.experts;

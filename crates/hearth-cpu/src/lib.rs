@@ -15,7 +15,8 @@ mod ops;
 mod weights;
 
 use hearth_core::backend::{
-    Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK, WeightData,
+    Backend, BackendCounters, Capability, ExpertTallies, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK,
+    WeightData,
 };
 use hearth_core::graph::{BufType, Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
@@ -69,6 +70,8 @@ pub struct CpuBackend {
     /// The step `submit` ran, whose output `take` reads: its graph and what to read back.
     pending: Option<(GraphId, Readback)>,
     counters: BackendCounters,
+    /// Tokens each router sent to each expert, counted from its ids after every step.
+    tallies: ExpertTallies,
     debug: exec::DebugOptions,
     numerics: Numerics,
     /// Whether Q4_K matrices are repacked at their first mat-mul (see weights.rs).
@@ -155,6 +158,7 @@ impl CpuBackend {
             graphs: GraphSlots::default(),
             pending: None,
             counters: BackendCounters::default(),
+            tallies: ExpertTallies::default(),
             debug: options.debug,
             numerics: options.numerics,
             repack: options.repack,
@@ -172,6 +176,18 @@ impl CpuBackend {
 
     fn weight(&self, id: WeightId) -> std::result::Result<&CpuWeight, CpuError> {
         self.weights.get(id.0 as usize).ok_or(CpuError::UnknownId { what: "weight", id: id.0 })
+    }
+}
+
+/// Adds the picks of the step `compiled` just ran to `tallies`, from each tallied router's ids.
+fn tally_experts(compiled: &CompiledGraph, tallies: &mut ExpertTallies) {
+    for op in &compiled.graph.ops {
+        if let Op::RouteExperts { logits, ids, tally: Some(router), .. } = op {
+            let n_expert = compiled.graph.desc(*logits).cols;
+            // A u32 buffer holds each id as its bit pattern.
+            let picks = compiled.bufs[ids.0 as usize].iter().map(|v| v.to_bits());
+            tallies.add_picks(*router, n_expert, picks);
+        }
     }
 }
 
@@ -255,6 +271,7 @@ impl Backend for CpuBackend {
         self.pool.install(|| exec::run(compiled, kv, &ctx))?;
         #[cfg(target_arch = "wasm32")]
         exec::run(compiled, kv, &ctx)?;
+        tally_experts(compiled, &mut self.tallies);
         self.pending = Some((graph, readback));
         self.counters.steps_executed += 1;
         self.counters.ops_executed += n_ops;
@@ -294,6 +311,10 @@ impl Backend for CpuBackend {
 
     fn counters(&self) -> BackendCounters {
         self.counters.clone()
+    }
+
+    fn expert_tallies(&mut self) -> Result<ExpertTallies> {
+        Ok(self.tallies.clone())
     }
 
     fn memory_bytes(&self) -> u64 {

@@ -8,6 +8,7 @@ use crate::kernel_params::{
 };
 use crate::replay::{make_bind_group, KvBinding};
 use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
+use crate::tally::TallyCounters;
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, WeightId};
@@ -138,6 +139,8 @@ struct Builder<'a> {
     weights: &'a [GpuWeight],
     joined: &'a mut JoinedVectors,
     graph: &'a Graph,
+    /// The expert counters tallied routers add their picks to.
+    tallies: Option<&'a TallyCounters>,
     bufs: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
     /// Two scratch buffers for rounded activations, used in turn, so that rounding the next
@@ -913,7 +916,7 @@ impl Builder<'_> {
                     None,
                 )?;
             }
-            Op::RouteExperts { logits, routing, ids, weights } => {
+            Op::RouteExperts { logits, routing, ids, weights, tally } => {
                 let (rows, n_expert) = self.shape(*logits);
                 let mut defines = vec!["ROUTE"];
                 if routing.gating == ExpertGating::Softmax {
@@ -928,15 +931,21 @@ impl Builder<'_> {
                     )));
                 }
                 let (gx, gy) = fold(rows);
-                let params = ExpertParams {
+                let mut params = ExpertParams {
                     n_tokens: rows as u32,
                     n_expert: n_expert as u32,
                     n_used: routing.n_used as u32,
                     scale: routing.scale,
                     cols: 0,
                     groups_x: gx,
+                    tally_base: 0,
                 };
-                let entries = vec![(1, self.buf(*logits)), (2, self.buf(*ids)), (3, self.buf(*weights))];
+                let mut entries = vec![(1, self.buf(*logits)), (2, self.buf(*ids)), (3, self.buf(*weights))];
+                if let (Some(router), Some(counters)) = (tally, self.tallies) {
+                    defines.push("TALLY");
+                    params.tally_base = counters.base(*router);
+                    entries.push((4, Res::Buf(counters.buffer.clone())));
+                }
                 self.push(
                     PipelineKey::new(ShaderFile::Experts, "route_experts", &defines),
                     &params,
@@ -957,6 +966,7 @@ impl Builder<'_> {
                     scale: 1.0,
                     cols: cols as u32,
                     groups_x: gx,
+                    tally_base: 0,
                 };
                 let entries = vec![(4, self.buf(*x)), (5, self.buf(*weights)), (6, self.buf(*out))];
                 self.push(
@@ -1063,6 +1073,7 @@ pub(crate) fn compile(
     pipelines: &mut PipelineCache,
     weights: &[GpuWeight],
     joined: &mut JoinedVectors,
+    tallies: Option<&TallyCounters>,
     graph: &Graph,
 ) -> Result<CompiledGraph, WgpuError> {
     let storage = |label: &str, bytes: usize, extra: wgpu::BufferUsages| {
@@ -1126,6 +1137,7 @@ pub(crate) fn compile(
         weights,
         joined,
         graph,
+        tallies,
         bufs,
         step,
         act_scratch,

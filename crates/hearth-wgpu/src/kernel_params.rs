@@ -190,6 +190,8 @@ kernel_params! {
         /// COMBINE: values of a token's output row.
         cols: u32,
         groups_x: u32,
+        /// TALLY: the router's first counter (tally.rs).
+        tally_base: u32,
     }
 
     /// elementwise.wgsl.

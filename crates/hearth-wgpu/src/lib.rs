@@ -17,18 +17,21 @@ mod profile;
 mod replay;
 mod sample;
 mod shader;
+mod tally;
 mod weights;
 
 use compile::CompiledGraph;
 use device::Gpu;
 use hearth_core::backend::{
-    Backend, BackendCounters, Capability, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback, TopK, WeightData,
+    Backend, BackendCounters, Capability, ExpertTallies, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback,
+    TopK, WeightData,
 };
 use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, DeviceFault, Result};
 use kv::GpuKv;
 use shader::PipelineCache;
+use tally::TallyCounters;
 use weights::GpuWeight;
 
 pub use device::{DeviceInfo, FaultWatch, KernelShapes, WgpuOptions};
@@ -128,6 +131,8 @@ pub struct WgpuBackend {
     counters: BackendCounters,
     /// The submitted step whose output is being mapped.
     pending: Option<PendingStep>,
+    /// The expert counters, from the first graph with a tallied router on.
+    tallies: Option<TallyCounters>,
     /// Device time per kernel family since the last `kernel_profile` (when profiling).
     profile: std::collections::BTreeMap<String, hearth_core::backend::KernelTime>,
 }
@@ -176,6 +181,7 @@ impl WgpuBackend {
             pipelines: PipelineCache::default(),
             counters: BackendCounters::default(),
             profile: Default::default(),
+            tallies: None,
             pending: None,
         }
     }
@@ -241,7 +247,10 @@ impl Backend for WgpuBackend {
 
     fn compile(&mut self, graph: &Graph) -> Result<GraphId> {
         graph.validate(|id| self.weights.get(id.0 as usize).map(|w| &w.desc))?;
-        let compiled = compile::compile(&self.gpu, &mut self.pipelines, &self.weights, &mut self.joined, graph)?;
+        TallyCounters::prepare(&mut self.tallies, &self.gpu, graph)?;
+        let tallies = self.tallies.as_ref();
+        let compiled =
+            compile::compile(&self.gpu, &mut self.pipelines, &self.weights, &mut self.joined, tallies, graph)?;
         self.counters.bind_groups_created += compiled.bind_groups_created();
         self.counters.graphs_compiled += 1;
         Ok(self.graphs.insert(compiled))
@@ -342,6 +351,22 @@ impl Backend for WgpuBackend {
 
     fn counters(&self) -> BackendCounters {
         self.counters_now()
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn expert_tallies(&mut self) -> Result<ExpertTallies> {
+        match &mut self.tallies {
+            Some(counters) => {
+                self.counters.bytes_read_back += (tally::TALLY_SLOTS * 4) as u64;
+                Ok(counters.read(&self.gpu)?)
+            }
+            None => Ok(ExpertTallies::default()),
+        }
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn expert_tallies(&mut self) -> Result<ExpertTallies> {
+        Err(WgpuError::Unsupported("expert tallies cannot be read synchronously in a browser".into()).into())
     }
 
     fn memory_bytes(&self) -> u64 {

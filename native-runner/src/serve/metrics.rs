@@ -1,5 +1,6 @@
 //! Prometheus counters, gauges and histograms for `GET /metrics` (text exposition format 0.0.4).
 
+use hearth_core::backend::ExpertTallies;
 use hearth_core::engine::Generation;
 use hearth_core::scheduler::SchedulerStats;
 use std::collections::BTreeMap;
@@ -72,6 +73,8 @@ pub struct Metrics {
     itl: Mutex<Histogram>,
     /// Time to compute each structured-output token mask.
     mask: Mutex<Histogram>,
+    /// Tokens routed to each expert of each layer (a mixture of experts), as last read.
+    experts: Mutex<ExpertTallies>,
 }
 
 impl Default for Metrics {
@@ -92,6 +95,7 @@ impl Default for Metrics {
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
             mask: Mutex::new(Histogram::new(MASK_BOUNDS)),
+            experts: Mutex::default(),
         }
     }
 }
@@ -132,6 +136,12 @@ impl Metrics {
     pub fn set_scheduler(&self, stats: SchedulerStats) {
         if let Ok(mut s) = self.scheduler.lock() {
             *s = stats;
+        }
+    }
+
+    pub fn set_expert_tallies(&self, tallies: ExpertTallies) {
+        if let Ok(mut e) = self.experts.lock() {
+            *e = tallies;
         }
     }
 
@@ -225,6 +235,17 @@ impl Metrics {
         }
         if let Ok(h) = self.mask.lock() {
             h.render(&mut out, "hearth_grammar_mask_seconds", "Time to compute a structured-output token mask.");
+        }
+        if let Ok(tallies) = self.experts.lock() {
+            if !tallies.counts.is_empty() {
+                let name = "hearth_expert_tokens_total";
+                let _ = writeln!(out, "# HELP {name} Tokens routed to each expert, by layer (the load balance of a mixture of experts).\n# TYPE {name} counter");
+                for (layer, experts) in tallies.counts.iter().enumerate() {
+                    for (expert, n) in experts.iter().enumerate() {
+                        let _ = writeln!(out, "{name}{{layer=\"{layer}\",expert=\"{expert}\"}} {n}");
+                    }
+                }
+            }
         }
         out
     }

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What happens to a request's choices (`choice` is the index in `choices[]`), in order per
 /// choice; the channel closes after every choice ended.
@@ -184,6 +184,7 @@ struct InFlight {
 pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>, max_batch: usize) {
     let mut in_flight: HashMap<RequestId, InFlight> = HashMap::new();
     let mut open = true;
+    let mut tallies = TallyRefresh::for_model(&scheduler);
     loop {
         if scheduler.is_idle() && in_flight.is_empty() {
             if !open {
@@ -225,6 +226,46 @@ pub fn run(mut scheduler: Scheduler, jobs: Receiver<Job>, metrics: Arc<Metrics>,
         // cancellation in /metrics also sees the blocks it freed.
         metrics.set_scheduler(scheduler.stats());
         metrics.cancelled.fetch_add(cancelled, Ordering::SeqCst);
+        let idle = scheduler.is_idle() && in_flight.is_empty();
+        tallies.refresh(&mut scheduler, &metrics, idle);
+    }
+}
+
+/// Publishes the expert tallies of a mixture of experts to /metrics: at most once a second while
+/// the engine works, and whenever it falls idle (a GPU backend reads its counters back from the
+/// device, a wait worth spreading out).
+enum TallyRefresh {
+    /// A model without experts, or a backend that cannot read its counters.
+    Off,
+    /// Published last at this time (`None`: not yet).
+    On { last: Option<Instant> },
+}
+
+impl TallyRefresh {
+    const INTERVAL: Duration = Duration::from_secs(1);
+
+    fn for_model(scheduler: &Scheduler) -> Self {
+        match scheduler.runner().config().moe {
+            Some(_) => TallyRefresh::On { last: None },
+            None => TallyRefresh::Off,
+        }
+    }
+
+    fn refresh(&mut self, scheduler: &mut Scheduler, metrics: &Metrics, idle: bool) {
+        let TallyRefresh::On { last } = *self else { return };
+        if !idle && last.is_some_and(|t| t.elapsed() < Self::INTERVAL) {
+            return;
+        }
+        match scheduler.runner_mut().expert_tallies() {
+            Ok(tallies) => {
+                metrics.set_expert_tallies(tallies);
+                *self = TallyRefresh::On { last: Some(Instant::now()) };
+            }
+            Err(e) => {
+                eprintln!("hearth serve: expert tallies are not counted: {e}");
+                *self = TallyRefresh::Off;
+            }
+        }
     }
 }
 

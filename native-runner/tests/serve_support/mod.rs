@@ -23,10 +23,15 @@ impl Server {
     /// drops, and when this test process ends (a server kept in a `static` is never dropped, and
     /// would otherwise outlive the tests).
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_model(MODEL, extra)
+    }
+
+    /// [`Server::start`] serving `model` (a built-in name or a GGUF path).
+    pub fn start_model(model: &str, extra: &[&str]) -> Server {
         let mut child = Command::new("sh")
             .args(["-c", r#""$@" & server=$!; read -r line; kill $server; wait $server"#, "sh"])
             .arg(env!("CARGO_BIN_EXE_hearth"))
-            .args(["serve", "-m", MODEL, "--backend", "cpu", "--quiet", "--port", "0", "-c", CTX, "--api-key", API_KEY])
+            .args(["serve", "-m", model, "--backend", "cpu", "--quiet", "--port", "0", "-c", CTX, "--api-key", API_KEY])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -249,8 +249,11 @@ pub enum Op {
     LastRows { x: BufId, out: BufId },
     /// A mixture-of-experts router: from logits [n_tokens, n_expert] (f32), each token's
     /// `routing.n_used` experts, most probable first, in ids [n_tokens, n_used] (u32), and their
-    /// weights [n_tokens, n_used] (f32), as [`ExpertRouting`] says.
-    RouteExperts { logits: BufId, routing: ExpertRouting, ids: BufId, weights: BufId },
+    /// weights [n_tokens, n_used] (f32), as [`ExpertRouting`] says. With `tally`, the backend
+    /// counts every pick as router `tally`'s (the model's layer) in its
+    /// [`crate::backend::Backend::expert_tallies`]; a router whose picks are no load (a shared
+    /// expert's gate) has none.
+    RouteExperts { logits: BufId, routing: ExpertRouting, ids: BufId, weights: BufId, tally: Option<usize> },
     /// Each token's mat-mul with its chosen experts: out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the
     /// expert weight W: [n_expert][n, k] (GGML dims [k, n, n_expert]). ids: [n_tokens, n_used] (u32); x: [n_tokens, k] (every slot reads the
     /// token's row) or [n_tokens, n_used * k] (slot s reads its own k values); out:

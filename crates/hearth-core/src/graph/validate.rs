@@ -202,7 +202,7 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                     return Err(self.bad("output must have one row per sequence, of the input's width".into()));
                 }
             }
-            Op::RouteExperts { logits, routing, ids, weights } => {
+            Op::RouteExperts { logits, routing, ids, weights, .. } => {
                 let n_expert = self.per_token(*logits)?;
                 let k = routing.n_used;
                 if k == 0 || k > n_expert {
@@ -423,7 +423,7 @@ mod tests {
         assert_eq!((store.inputs(), store.outputs()), (vec![a, b], vec![]));
         let embed = Op::Embed { table: WeightId(0), out: c };
         assert_eq!((embed.inputs(), embed.outputs()), (vec![], vec![c]));
-        let route = Op::RouteExperts { logits: a, routing: routing(2), ids: b, weights: c };
+        let route = Op::RouteExperts { logits: a, routing: routing(2), ids: b, weights: c, tally: None };
         assert_eq!((route.inputs(), route.outputs()), (vec![a], vec![b, c]));
         assert!(route.writes(b) && route.writes(c) && !route.writes(a));
     }
@@ -442,7 +442,7 @@ mod tests {
         let x = g.buf("x", 2, x_cols);
         let out = g.buf("out", 2, 6);
         let combined = g.buf("combined", 2, 3);
-        g.push(Op::RouteExperts { logits, routing: routing(2), ids, weights });
+        g.push(Op::RouteExperts { logits, routing: routing(2), ids, weights, tally: Some(0) });
         g.push(Op::MatMulExperts { w: WeightId(0), x, ids, out });
         g.push(Op::CombineExperts { x: out, weights, out: combined });
         g.logits = combined;
@@ -465,7 +465,8 @@ mod tests {
         );
         // More experts used than the router scores.
         let mut g = moe_graph(4, BufType::U32);
-        g.ops[0] = Op::RouteExperts { logits: BufId(0), routing: routing(9), ids: BufId(1), weights: BufId(2) };
+        g.ops[0] =
+            Op::RouteExperts { logits: BufId(0), routing: routing(9), ids: BufId(1), weights: BufId(2), tally: None };
         assert!(matches!(g.validate(|_| Some(&experts)), Err(CoreError::BadGraph { index: 0, .. })));
     }
 }

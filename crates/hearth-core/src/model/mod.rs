@@ -221,7 +221,8 @@ impl Model {
                 let (gate, up) = (b.gate, b.up);
                 g.push(Op::MatMul { w: *router, x: h, bias: None, out: e.router_logits });
                 let routing = moe.routing.clone();
-                g.push(Op::RouteExperts { logits: e.router_logits, routing, ids: e.ids, weights: e.weights });
+                let (logits, ids, weights) = (e.router_logits, e.ids, e.weights);
+                g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(il) });
                 g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, out: gate });
                 g.push(Op::MatMulExperts { w: *wu, x: h, ids: e.ids, out: up });
                 g.push(self.activation(gate, up));
@@ -241,7 +242,7 @@ impl Model {
                                 scale: 1.0,
                             };
                             let (ids, weights) = (gated.ids, gated.weight);
-                            g.push(Op::RouteExperts { logits: gated.logit, routing, ids, weights });
+                            g.push(Op::RouteExperts { logits: gated.logit, routing, ids, weights, tally: None });
                             g.push(Op::CombineExperts { x: s.out, weights: gated.weight, out: gated.out });
                             gated.out
                         }

@@ -73,6 +73,9 @@ impl Backend for RecordingBackend {
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
     }
+    fn expert_tallies(&mut self) -> Result<hearth_core::backend::ExpertTallies> {
+        Ok(Default::default())
+    }
     fn memory_bytes(&self) -> u64 {
         0
     }
