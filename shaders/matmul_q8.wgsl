@@ -6,10 +6,11 @@
 // Weights are bound as array<u32>, blocks in row order (a tensor too large for one binding is
 // split into row ranges, each its own buffer starting at row `row0`), each read as whole aligned
 // words: the GGUF blocks of Q4_1, Q5_1 (5, 6 words), Q2_K, Q4_K and Q5_K (21, 36, 44 words)
-// unchanged; Q4_0, Q5_0, Q8_0, Q3_K and Q6_K as weights.rs's `SplitScales` lays them out, the
-// block bodies (4, 5, 8, 27, 52 words) followed by every block's f16 scale. Segment s's weight
-// type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...), all segments rounding their activations
-// alike: Q4_0, Q5_0, Q8_0 (32-value blocks, Q8_0 activations); Q4_1, Q5_1 (32-value blocks,
+// unchanged; Q4_0, Q5_0, Q8_0, Q3_K, Q6_K and MXFP4 as weights.rs's `SplitScales` lays them out,
+// the block bodies (4, 5, 8, 27, 52, 4 words) followed by every block's scale (an f16, MXFP4's
+// exponent byte). Segment s's weight type is the define Ts_TYPE (T0_Q4_K, T1_Q6_K, ...), all
+// segments rounding their activations alike: Q4_0, Q5_0, Q8_0, MXFP4 (32-value blocks, Q8_0
+// activations; MXFP4's codes become their doubled E2M1 values, mxfp4_fns.wgsl); Q4_1, Q5_1 (32-value blocks,
 // Q8_1 activations: Q8_0's with each block's code sum times its scale); or with SUPER_BLOCKS
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-value super-blocks, Q8_K activations).
 //
@@ -188,7 +189,7 @@ const BLOCK_WORDS_$S: u32 = 8u;
 #ifdef T$S_Q5_0
 const BLOCK_WORDS_$S: u32 = 5u;
 #endif
-#ifdef T$S_Q4_0
+#ifdef T$S_Q4_0 || T$S_MXFP4
 const BLOCK_WORDS_$S: u32 = 4u;
 #endif
 #ifdef T$S_Q4_1
@@ -225,7 +226,7 @@ fn act_words_$S(slot: u32) -> vec4<u32> {
     // values 16p..16p+15
     return vec4<u32>(4u * slot, 4u * slot + 1u, 4u * slot + 2u, 4u * slot + 3u);
 #endif
-#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q4_1 || T$S_Q5_1
+#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q4_1 || T$S_Q5_1 || T$S_MXFP4
     // values 8p.. (low nibbles) and 16 + 8p.. (high nibbles)
     return vec4<u32>(2u * slot, 2u * slot + 1u, 2u * slot + 4u, 2u * slot + 5u);
 #endif
@@ -273,10 +274,10 @@ fn block_dot_$S(w: Weights, a: Act) -> f32 {
     let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
     return a.d * w.d * f32(s) + w.dmin * a.s;
 #endif
-#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q8_0
+#ifdef T$S_Q4_0 || T$S_Q5_0 || T$S_Q8_0 || T$S_MXFP4
     let s = dot4(w.q.x, a.q.x) + dot4(w.q.y, a.q.y) + dot4(w.q.z, a.q.z) + dot4(w.q.w, a.q.w);
 #endif
-#ifdef T$S_Q8_0
+#ifdef T$S_Q8_0 || T$S_MXFP4
     return a.d * w.d * f32(s);
 #endif
 #ifdef T$S_Q4_0
@@ -291,6 +292,13 @@ fn block_dot_$S(w: Weights, a: Act) -> f32 {
 fn split_scale_$S(scales_at: u32, bi: u32) -> f32 {
     return unpack2x16float(W$S[scales_at + bi / 2u])[bi & 1u];
 }
+
+#ifdef T$S_MXFP4
+// Block `bi`'s exponent byte, in the words from `scales_at` that follow the bodies.
+fn split_exponent_$S(scales_at: u32, bi: u32) -> u32 {
+    return (W$S[scales_at + bi / 4u] >> (8u * (bi & 3u))) & 0xffu;
+}
+#endif
 
 // Block `bi` (counted from the chunk's first row) for this invocation's slot; `scales_at` is the
 // first word of the scales for the split layouts.
@@ -399,6 +407,18 @@ fn load_weights_$S(bi: u32, scales_at: u32, slot: u32) -> Weights {
     let q0 = W$S[b + 2u * slot];
     let q1 = W$S[b + 2u * slot + 1u];
     w.q = vec4<u32>(q0 & LOW4, q1 & LOW4, (q0 >> 4u) & LOW4, (q1 >> 4u) & LOW4);
+#endif
+#ifdef T$S_MXFP4
+    // body: qs[16] as Q4_0's, each 4-bit E2M1 code taken as its doubled value (an int8)
+    w.d = e8m0_half(split_exponent_$S(scales_at, bi));
+    let q0 = W$S[b + 2u * slot];
+    let q1 = W$S[b + 2u * slot + 1u];
+    w.q = vec4<u32>(
+        mxfp4_bytes(q0 & LOW4),
+        mxfp4_bytes(q1 & LOW4),
+        mxfp4_bytes((q0 >> 4u) & LOW4),
+        mxfp4_bytes((q1 >> 4u) & LOW4),
+    );
 #endif
 #ifdef T$S_Q4_1
     // block: d f16, m f16, qs[16] as Q4_0

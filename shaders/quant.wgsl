@@ -5,11 +5,11 @@
 //
 // Weights are bound as array<u32> (a tensor too large for one binding is split into row ranges,
 // each its own buffer starting at row `row0`): F32, F16, BF16, Q4_1, Q5_1, Q2_K, Q4_K and Q5_K
-// as their GGUF bytes (rows of row_bytes each), Q4_0, Q5_0, Q8_0, Q3_K and Q6_K as weights.rs's
-// `SplitScales` lays them out (block bodies in row order, then every block's f16 scale); values
-// are extracted byte by byte. Exactly one weight-type define is set:
-// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Scales are f16 read with unpack2x16float (no
-// shader-f16 needed).
+// as their GGUF bytes (rows of row_bytes each), Q4_0, Q5_0, Q8_0, Q3_K, Q6_K and MXFP4 as
+// weights.rs's `SplitScales` lays them out (block bodies in row order, then every block's scale:
+// an f16, MXFP4's exponent byte); values are extracted byte by byte. Exactly one weight-type
+// define is set: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+// MXFP4. Scales are f16 read with unpack2x16float (no shader-f16 needed).
 // Capability variants (device.rs DeviceInfo::defines): with SHADER_F16, F16 weights are bound
 // as array<vec2<f16>> and read as WGSL f16 (F16_NATIVE; exact, as unpack2x16float);
 // accumulation stays f32. SUBGROUPS sums
@@ -82,6 +82,13 @@ fn split_scale(bi: u32, body_words: u32, block_len: u32) -> f32 {
     return unpack2x16float(W[scales_at + bi / 2u])[bi & 1u];
 }
 #endif
+#ifdef MXFP4
+// Block `bi`'s exponent byte, after the chunk's P.rows rows of P.row_len / 32 bodies of 4 words.
+fn split_exponent(bi: u32) -> u32 {
+    let scales_at = P.rows * (P.row_len / 32u) * 4u;
+    return (W[scales_at + bi / 4u] >> (8u * (bi & 3u))) & 0xffu;
+}
+#endif
 
 // Value `i` of the chunk's row `row` (P.row_len values of P.row_bytes bytes a row).
 fn dequant(row: u32, i: u32) -> f32 {
@@ -100,7 +107,7 @@ fn dequant(row: u32, i: u32) -> f32 {
 #ifdef BF16
     return bitcast<f32>(u16_at(base + 2u * i) << 16u);
 #endif
-#ifdef Q4_0 || Q5_0 || Q8_0
+#ifdef Q4_0 || Q5_0 || Q8_0 || MXFP4
     let bi = row * (P.row_len / 32u) + i / 32u;
     let j = i % 32u;
 #endif
@@ -156,6 +163,11 @@ fn dequant(row: u32, i: u32) -> f32 {
     // body: qs[16]: value j<16 is the low nibble of qs[j], j>=16 the high nibble of qs[j-16]
     let q = (byte_at(bi * 16u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
     return split_scale(bi, 4u, 32u) * f32(i32(q) - 8);
+#endif
+#ifdef MXFP4
+    // body: qs[16] as Q4_0's, 4-bit E2M1 codes
+    let q = (byte_at(bi * 16u + j % 16u) >> (4u * (j / 16u))) & 0xfu;
+    return f32(mxfp4_value(q)) * e8m0_half(split_exponent(bi));
 #endif
 #ifdef Q5_0
     // body: qh u32 (bit j = 5th bit of value j), qs[16] nibbles as Q4_0

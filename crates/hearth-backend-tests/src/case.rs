@@ -41,7 +41,7 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// Every type a weight may be stored as.
-pub const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
+pub const WEIGHT_TYPES: [GgmlType; GgmlType::WEIGHT_TYPES.len()] = GgmlType::WEIGHT_TYPES;
 
 /// Random GGUF bytes for `rows` rows of `row_len` values of `ty`
 /// (`hearth_core::quant::synthetic::random_bytes`).

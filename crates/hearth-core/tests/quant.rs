@@ -86,7 +86,8 @@ fn dequantize_matches_gguf_python_for_every_type() {
         eprintln!("{}: worst {} ulp", case.name, worst);
         covered.insert(case.ty.name());
     }
-    for ty in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"] {
+    for ty in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4"]
+    {
         assert!(covered.contains(ty), "no dequant fixture for {ty}");
     }
 }
@@ -152,7 +153,7 @@ fn vec_dot_matches_dot_of_dequantized_rows() {
         }
         covered.insert(case.ty.name());
     }
-    assert_eq!(covered.len(), 10, "weight types covered: {covered:?}");
+    assert_eq!(covered.len(), 11, "weight types covered: {covered:?}");
 }
 
 #[test]

@@ -23,7 +23,8 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-/// A random weight row: random bytes with finite random f16 scales (floats for F32/F16/BF16).
+/// A random weight row: random bytes with finite random f16 scales (MXFP4: small powers of two;
+/// floats for F32/F16/BF16).
 fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| rng.unit().to_le_bytes()).collect(),
@@ -35,6 +36,10 @@ fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
             for block in row.chunks_exact_mut(ty.block_bytes()) {
                 for &off in f16_fields(ty) {
                     block[off..off + 2].copy_from_slice(&f16::from_f32(rng.unit() * 0.05).to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // An E8M0 scale of 2^-12..2^-5.
+                    block[0] = 116 + (rng.next_u32() % 8) as u8;
                 }
             }
             row
@@ -54,7 +59,7 @@ fn magnitude(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f64 {
     wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum()
 }
 
-const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
+const WEIGHT_TYPES: [GgmlType; GgmlType::WEIGHT_TYPES.len()] = GgmlType::WEIGHT_TYPES;
 
 fn row_lengths(ty: GgmlType) -> Vec<usize> {
     if ty.block_len() == 256 {

@@ -63,7 +63,9 @@ impl ShaderFile {
             ShaderFile::Rope => format!("{}\n{ROPE_FNS}", self.own_source()),
             ShaderFile::KvStore => format!("{}\n{KV_CACHE}\n{ROPE_FNS}\n{FLOAT_FNS}", self.own_source()),
             ShaderFile::Attention => format!("{}\n{KV_CACHE}\n{ACTIVATION_FNS}\n{FLOAT_FNS}", self.own_source()),
-            ShaderFile::Quant | ShaderFile::MatmulQ8 => format!("{}\n{}", self.own_source(), MATMUL_PARAMS.1),
+            ShaderFile::Quant | ShaderFile::MatmulQ8 => {
+                format!("{}\n{}\n{}", self.own_source(), MATMUL_PARAMS.1, MXFP4_FNS)
+            }
             _ => self.own_source().to_string(),
         }
     }
@@ -84,6 +86,9 @@ impl ShaderFile {
         }
     }
 }
+
+/// MXFP4 decoding, shared by quant.wgsl and matmul_q8.wgsl.
+const MXFP4_FNS: &str = include_str!("../../../shaders/mxfp4_fns.wgsl");
 
 /// (file name, text) of the mat-muls' parameter struct, shared by quant.wgsl and matmul_q8.wgsl.
 pub(crate) const MATMUL_PARAMS: (&str, &str) =

@@ -75,7 +75,7 @@ pub(crate) fn type_define(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// matmul_q8.wgsl's defines for a quantized weight type in sibling segments 0, 1 and 2.
-const SEGMENT_TYPE_DEFINES: [(GgmlType, [&str; 3]); 10] = [
+const SEGMENT_TYPE_DEFINES: [(GgmlType, [&str; 3]); 11] = [
     (GgmlType::Q4_0, ["T0_Q4_0", "T1_Q4_0", "T2_Q4_0"]),
     (GgmlType::Q4_1, ["T0_Q4_1", "T1_Q4_1", "T2_Q4_1"]),
     (GgmlType::Q5_0, ["T0_Q5_0", "T1_Q5_0", "T2_Q5_0"]),
@@ -86,6 +86,7 @@ const SEGMENT_TYPE_DEFINES: [(GgmlType, [&str; 3]); 10] = [
     (GgmlType::Q4_K, ["T0_Q4_K", "T1_Q4_K", "T2_Q4_K"]),
     (GgmlType::Q5_K, ["T0_Q5_K", "T1_Q5_K", "T2_Q5_K"]),
     (GgmlType::Q6_K, ["T0_Q6_K", "T1_Q6_K", "T2_Q6_K"]),
+    (GgmlType::MXFP4, ["T0_MXFP4", "T1_MXFP4", "T2_MXFP4"]),
 ];
 
 /// matmul_q8.wgsl's define for the weight type of sibling segment `segment` (T0_Q4_K, T1_Q6_K, ...).
@@ -157,37 +158,48 @@ fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> Vec<(us
 }
 
 /// The device layout of the weight types whose GGUF blocks are not whole u32 words (Q4_0, Q5_0,
-/// Q8_0: 18, 22, 34 bytes; Q3_K: 110; Q6_K: 210): each block's f16 scale is moved out, so that every
-/// load is one aligned word. A chunk holds every block's other bytes (its body: 4, 5, 8, 27 or 52 words) in
-/// block order, then the blocks' scales, two per word (block b's in the low half of word b / 2
-/// when b is even); its size is the GGUF bytes' own. matmul_q8.wgsl and quant.wgsl read it.
+/// Q8_0: 18, 22, 34 bytes; Q3_K: 110; Q6_K: 210; MXFP4: 17): each block's scale (an f16; MXFP4's
+/// a u8 exponent) is moved out, so that every load is one aligned word. A chunk holds every
+/// block's other bytes (its body: 4, 5, 8, 27, 52 or 4 words) in block order, then the blocks'
+/// scales, two f16 per word (block b's in the low half of word b / 2 when b is even) or four u8
+/// (block b's in byte b % 4 of word b / 4); its size is the GGUF bytes' own. matmul_q8.wgsl and
+/// quant.wgsl read it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SplitScales {
     /// Bytes of a GGUF block.
     pub block_bytes: usize,
-    /// Where the block's f16 scale sits in it.
+    /// Where the block's scale sits in it.
     pub scale_at: usize,
+    /// Bytes of the scale: 2 (f16) or 1 (MXFP4's exponent).
+    pub scale_bytes: usize,
 }
 
 pub(crate) fn split_scales(ty: GgmlType) -> Option<SplitScales> {
-    let (block_bytes, scale_at) = match ty {
-        GgmlType::Q4_0 => (18, 0),
-        GgmlType::Q5_0 => (22, 0),
-        GgmlType::Q8_0 => (34, 0),
-        GgmlType::Q3_K => (110, 108),
-        GgmlType::Q6_K => (210, 208),
+    let (block_bytes, scale_at, scale_bytes) = match ty {
+        GgmlType::Q4_0 => (18, 0, 2),
+        GgmlType::Q5_0 => (22, 0, 2),
+        GgmlType::Q8_0 => (34, 0, 2),
+        GgmlType::Q3_K => (110, 108, 2),
+        GgmlType::Q6_K => (210, 208, 2),
+        GgmlType::MXFP4 => (17, 0, 1),
         _ => return None,
     };
-    Some(SplitScales { block_bytes, scale_at })
+    Some(SplitScales { block_bytes, scale_at, scale_bytes })
 }
 
 impl SplitScales {
+    /// Bytes of a block without its scale.
+    pub fn body_bytes(self) -> usize {
+        self.block_bytes - self.scale_bytes
+    }
+
     /// Appends the bodies and the scales of `blocks` (whole GGUF blocks).
     fn split(self, blocks: &[u8], bodies: &mut Vec<u8>, scales: &mut Vec<u8>) {
+        let scale_end = self.scale_at + self.scale_bytes;
         for block in blocks.chunks_exact(self.block_bytes) {
             bodies.extend_from_slice(&block[..self.scale_at]);
-            bodies.extend_from_slice(&block[self.scale_at + 2..]);
-            scales.extend_from_slice(&block[self.scale_at..self.scale_at + 2]);
+            bodies.extend_from_slice(&block[scale_end..]);
+            scales.extend_from_slice(&block[self.scale_at..scale_end]);
         }
     }
 }
@@ -253,11 +265,11 @@ impl Pieces {
     /// The chunk in the `SplitScales` layout, a piece of whole rows at a time.
     fn write_split(&mut self, write: &mut WriteAt, chunk: &ChunkSource, split: SplitScales) -> Result<(), String> {
         let blocks_per_row = chunk.row_bytes / split.block_bytes;
-        let body_bytes = split.block_bytes - 2;
+        let body_bytes = split.body_bytes();
         let scales_at = chunk.rows * blocks_per_row * body_bytes;
-        // An even number of blocks a piece, so that each piece's scales start on a word.
+        // Whole words of scales a piece, so that each piece's scales start on a word.
         let mut rows_per_piece = (self.piece / chunk.row_bytes).max(1);
-        if !blocks_per_row.is_multiple_of(2) && !rows_per_piece.is_multiple_of(2) {
+        while !(rows_per_piece * blocks_per_row * split.scale_bytes).is_multiple_of(4) {
             rows_per_piece += 1;
         }
         let mut row = 0;
@@ -271,7 +283,7 @@ impl Pieces {
             let first_block = row * blocks_per_row;
             write((first_block * body_bytes) as u64, &self.bodies);
             self.scales.resize(self.scales.len().div_ceil(4) * 4, 0);
-            write((scales_at + first_block * 2) as u64, &self.scales);
+            write((scales_at + first_block * split.scale_bytes) as u64, &self.scales);
             row += n;
         }
         Ok(())
@@ -432,8 +444,9 @@ mod tests {
     #[test]
     fn split_layout_holds_bodies_then_scales_whatever_the_pieces() {
         let bytes: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q3_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::MXFP4] {
             let split = split_scales(ty).expect("split type");
+            let (scale_bytes, scale_end) = (split.scale_bytes, split.scale_at + split.scale_bytes);
             // Odd and even blocks a row, pieces of one row and of several, a chunk after others.
             for (blocks_per_row, rows, skip_rows, piece) in
                 [(3, 5, 1, 1), (3, 5, 0, 2 * 210 * 3), (2, 7, 2, 1 << 20), (1, 9, 0, 40)]
@@ -442,14 +455,14 @@ mod tests {
                 let skip = skip_rows * row_bytes;
                 let out = written(Some(split), &bytes, skip, rows, row_bytes, piece);
                 let n_blocks = rows * blocks_per_row;
-                let body = split.block_bytes - 2;
+                let body = split.body_bytes();
                 for b in 0..n_blocks {
                     let block = &bytes[skip + b * split.block_bytes..skip + (b + 1) * split.block_bytes];
                     let mut want = block[..split.scale_at].to_vec();
-                    want.extend_from_slice(&block[split.scale_at + 2..]);
+                    want.extend_from_slice(&block[scale_end..]);
                     assert_eq!(&out[b * body..(b + 1) * body], &want[..], "{ty:?} body {b}");
-                    let at = n_blocks * body + 2 * b;
-                    assert_eq!(&out[at..at + 2], &block[split.scale_at..split.scale_at + 2], "{ty:?} scale {b}");
+                    let at = n_blocks * body + scale_bytes * b;
+                    assert_eq!(&out[at..at + scale_bytes], &block[split.scale_at..scale_end], "{ty:?} scale {b}");
                 }
                 assert!(out[n_blocks * split.block_bytes..].iter().all(|&x| x == 0), "{ty:?}: padding");
             }

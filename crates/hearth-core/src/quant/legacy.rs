@@ -7,6 +7,8 @@
 //! - Q5_1 (24 B): `d`, `m`, `qh[4]`, `qs[16]` — value `q*d + m`.
 //! - Q8_0 (34 B): `d`, `qs[32]` (i8) — value `q*d`.
 //! - Q8_1 (36 B): `d`, `s = d*sum(qs)`, `qs[32]` (i8) — activation-only.
+//! - MXFP4 (17 B): `e` (u8, an E8M0 power of two), `qs[16]` as Q4_0's — value
+//!   `E2M1[q] * 2^(e - 127)`, computed as ggml does: the doubled E2M1 value times `2^(e - 128)`.
 
 use super::GgmlType;
 use half::f16;
@@ -22,6 +24,16 @@ pub(crate) fn f16_at(bytes: &[u8], offset: usize) -> f32 {
 #[inline]
 fn u32_at(bytes: &[u8], offset: usize) -> u32 {
     u32::from_le_bytes([bytes[offset], bytes[offset + 1], bytes[offset + 2], bytes[offset + 3]])
+}
+
+/// The E2M1 (FP4) values doubled, by 4-bit code: an integer times [`e8m0_half`] is the value.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `ggml_e8m0_to_fp32_half`: half the E8M0 scale `e`, 2^(e - 128), subnormal for e < 2.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { (e as u32 - 1) << 23 };
+    f32::from_bits(bits)
 }
 
 /// The 32 unsigned 4- or 5-bit codes of a Q4_x/Q5_x block, in element order.
@@ -73,6 +85,12 @@ pub(super) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 let qs = &block[bytes - QK..];
                 for (o, &q) in out.iter_mut().zip(qs) {
                     *o = q as i8 as f32 * d;
+                }
+            }
+            GgmlType::MXFP4 => {
+                let d = e8m0_half(block[0]);
+                for (o, q) in out.iter_mut().zip(unpack_codes(&block[1..], None)) {
+                    *o = MXFP4_VALUES[q as usize] as f32 * d;
                 }
             }
             _ => unreachable!("legacy::dequantize called with {ty}"),
@@ -153,6 +171,12 @@ pub(super) fn vec_dot(ty: GgmlType, w: &[u8], a: &[u8]) -> f32 {
             GgmlType::Q8_0 => {
                 let sumi: i32 = x[2..].iter().zip(q8).map(|(&p, &q)| (p as i8 as i32) * (q as i8 as i32)).sum();
                 sumf += sumi as f32 * (f16_at(x, 0) * dy);
+            }
+            GgmlType::MXFP4 => {
+                let codes = unpack_codes(&x[1..], None);
+                let sumi: i32 =
+                    codes.iter().zip(q8).map(|(&c, &q)| MXFP4_VALUES[c as usize] as i32 * (q as i8 as i32)).sum();
+                sumf += (dy * e8m0_half(x[0])) * sumi as f32;
             }
             _ => unreachable!("legacy::vec_dot called with {ty}"),
         }

@@ -13,6 +13,7 @@ pub mod synthetic;
 
 /// The Q8_K activation quantizer without size checks, for backends that compile it for their ISA.
 pub use kquants::quantize_q8_k as quantize_q8_k_blocks;
+pub use legacy::{e8m0_half, MXFP4_VALUES};
 
 use crate::error::{CoreError, Result};
 
@@ -35,13 +36,14 @@ pub enum GgmlType {
     Q6_K,
     Q8_K,
     BF16,
+    MXFP4,
 }
 
 /// Elements per super-block of the K-quants.
 pub const QK_K: usize = 256;
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -57,10 +59,11 @@ impl GgmlType {
         GgmlType::Q6_K,
         GgmlType::Q8_K,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// Every type a weight may be stored as (all but the activation-only Q8_1 and Q8_K).
-    pub const WEIGHT_TYPES: [GgmlType; 13] = [
+    pub const WEIGHT_TYPES: [GgmlType; 14] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -74,6 +77,7 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::MXFP4,
     ];
 
     /// The id GGUF uses for this type (ggml's `enum ggml_type`).
@@ -94,6 +98,7 @@ impl GgmlType {
             GgmlType::Q6_K => 14,
             GgmlType::Q8_K => 15,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -118,6 +123,7 @@ impl GgmlType {
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q8_K => "Q8_K",
             GgmlType::BF16 => "BF16",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -126,7 +132,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::MXFP4 => 32,
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K => QK_K,
             GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
         }
@@ -149,6 +155,7 @@ impl GgmlType {
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::Q8_K => 292,
+            GgmlType::MXFP4 => 17,
         }
     }
 
@@ -170,7 +177,7 @@ impl GgmlType {
             GgmlType::F32 => GgmlType::F32,
             GgmlType::F16 => GgmlType::F16,
             GgmlType::BF16 => GgmlType::BF16,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::MXFP4 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K => GgmlType::Q8_K,
             GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => GgmlType::Q8_K,
@@ -205,7 +212,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::dequantize(ty, src, dst),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => legacy::dequantize(ty, src, dst),
-        GgmlType::Q8_0 | GgmlType::Q8_1 => legacy::dequantize(ty, src, dst),
+        GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::MXFP4 => legacy::dequantize(ty, src, dst),
         _ => kquants::dequantize(ty, src, dst),
     }
     Ok(())
@@ -239,7 +246,7 @@ pub fn vec_dot(ty: GgmlType, n: usize, weights: &[u8], activation: &[u8]) -> Res
     Ok(match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::vec_dot(ty, weights, activation),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => legacy::vec_dot(ty, weights, activation),
-        GgmlType::Q8_0 => legacy::vec_dot(ty, weights, activation),
+        GgmlType::Q8_0 | GgmlType::MXFP4 => legacy::vec_dot(ty, weights, activation),
         GgmlType::Q8_1 | GgmlType::Q8_K => {
             return Err(CoreError::UnsupportedTensorType { ty: ty.to_string(), what: "weights".into() })
         }

@@ -35,17 +35,20 @@ pub fn random_bytes(ty: GgmlType, n_values: usize, next_u64: &mut dyn FnMut() ->
         GgmlType::BF16 => {
             (0..n_values).for_each(|_| bytes.extend_from_slice(&half::bf16::from_f32(unit(next_u64())).to_le_bytes()))
         }
+        GgmlType::MXFP4 => {
+            check_whole_blocks(ty, n_values)?;
+            for _ in 0..n_values / ty.block_len() {
+                // A power-of-two scale of 2^-8..2^-5 (so values stay within ±0.375), random codes.
+                bytes.push(120 + (next_u64() % 4) as u8);
+                bytes.extend((0..16).map(|_| next_u64() as u8));
+            }
+        }
         _ => {
             let offsets = scale_offsets(ty).ok_or_else(|| CoreError::Unsupported {
                 backend: "synthetic weights".into(),
                 what: format!("weight type {}", ty.name()),
             })?;
-            if !n_values.is_multiple_of(ty.block_len()) {
-                return Err(CoreError::BadTensor {
-                    tensor: "synthetic".into(),
-                    reason: format!("{n_values} values are not whole {} blocks", ty.name()),
-                });
-            }
+            check_whole_blocks(ty, n_values)?;
             let (block_bytes, blocks) = (ty.block_bytes(), n_values / ty.block_len());
             bytes = (0..blocks * block_bytes).map(|_| next_u64() as u8).collect();
             for block in bytes.chunks_exact_mut(block_bytes) {
@@ -57,4 +60,14 @@ pub fn random_bytes(ty: GgmlType, n_values: usize, next_u64: &mut dyn FnMut() ->
         }
     }
     Ok(bytes)
+}
+
+fn check_whole_blocks(ty: GgmlType, n_values: usize) -> Result<()> {
+    if !n_values.is_multiple_of(ty.block_len()) {
+        return Err(CoreError::BadTensor {
+            tensor: "synthetic".into(),
+            reason: format!("{n_values} values are not whole {} blocks", ty.name()),
+        });
+    }
+    Ok(())
 }

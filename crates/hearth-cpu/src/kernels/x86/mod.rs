@@ -34,6 +34,7 @@ pub(super) fn supports(ty: GgmlType) -> bool {
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
+            | GgmlType::MXFP4
     )
 }
 
@@ -53,6 +54,7 @@ pub(super) unsafe fn vec_dot(vnni: bool, ty: GgmlType, n: usize, w: *const u8, a
         GgmlType::Q4_1 => legacy::q4_1_q8_1(nb, w, a),
         GgmlType::Q5_1 => legacy::q5_1_q8_1(nb, w, a),
         GgmlType::Q5_K => kquants::q5_k_q8_k(nb, w, a),
+        GgmlType::MXFP4 => legacy::mxfp4_q8_0(nb, w, a),
         _ => f32::NAN, // unreachable: guarded by `supports`
     }
 }
