@@ -5,6 +5,8 @@
 //   otherwise a sigmoid of each logit), its n_used most probable experts, ties to the lower id,
 //   and their probabilities as weights, renormalised to sum 1 (NORMALIZE), times P.scale.
 // combine_experts (COMBINE): out[t, c] = Σ_j weights[t, j] · x[t, j * cols + c], slot after slot.
+// group_experts (GROUP): a step's (token, slot) pairs sorted by expert and cut into tiles of at
+//   most P.cols pairs of one expert, for the mat-muls' EXPERTS_GROUPED variant (matmul_q8.wgsl).
 
 // Mirrors kernel_params.rs (a test checks the fields).
 struct ExpertParams {
@@ -16,7 +18,7 @@ struct ExpertParams {
     n_used: u32,
     // ROUTE: the factor applied to the weights
     scale: f32,
-    // COMBINE: values of a token's output row
+    // COMBINE: values of a token's output row; GROUP: pairs a tile
     cols: u32,
     // the folded grid's x width
     groups_x: u32,
@@ -183,5 +185,60 @@ fn combine_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         acc += X[row + j * cols] * SLOT_WEIGHTS[t * n_used + j];
     }
     OUT[i] = acc;
+}
+#endif
+
+#ifdef GROUP
+// [n_tokens * n_used] u32: each (token, slot) pair's expert (route_experts' ids)
+@group(0) @binding(1) var<storage, read> PAIR_IDS: array<u32>;
+// [n_tokens * n_used] u32: the pairs sorted by expert
+@group(0) @binding(2) var<storage, read_write> ORDER: array<u32>;
+// [1 + 3 * tiles] u32: the tile count, then each tile's (expert, first index in ORDER, pairs)
+@group(0) @binding(3) var<storage, read_write> TILES: array<u32>;
+
+const GROUP_WG: u32 = 256u;
+const MAX_GROUP_EXPERTS: u32 = 1024u;
+// Each expert's pairs, then its next free place in ORDER.
+var<workgroup> expert_count: array<atomic<u32>, MAX_GROUP_EXPERTS>;
+// Where each expert's pairs start in ORDER.
+var<workgroup> expert_start: array<u32, MAX_GROUP_EXPERTS>;
+
+// grid: one workgroup. Counts each expert's pairs, lays them out expert after expert in ORDER
+// (within an expert in no particular order: a pair's product does not depend on its tile's other
+// pairs) and cuts each expert's run into tiles of at most P.cols pairs.
+@compute @workgroup_size(256)
+fn group_experts(@builtin(local_invocation_id) lid: vec3<u32>) {
+    let tid = lid.x;
+    let n_pairs = P.n_tokens * P.n_used;
+    for (var e = tid; e < P.n_expert; e += GROUP_WG) {
+        atomicStore(&expert_count[e], 0u);
+    }
+    workgroupBarrier();
+    for (var p = tid; p < n_pairs; p += GROUP_WG) {
+        atomicAdd(&expert_count[PAIR_IDS[p]], 1u);
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+        var at = 0u;
+        var tiles = 0u;
+        for (var e = 0u; e < P.n_expert; e++) {
+            let count = atomicLoad(&expert_count[e]);
+            expert_start[e] = at;
+            for (var first = 0u; first < count; first += P.cols) {
+                TILES[1u + 3u * tiles] = e;
+                TILES[2u + 3u * tiles] = at + first;
+                TILES[3u + 3u * tiles] = min(P.cols, count - first);
+                tiles++;
+            }
+            at += count;
+            atomicStore(&expert_count[e], 0u);
+        }
+        TILES[0] = tiles;
+    }
+    workgroupBarrier();
+    for (var p = tid; p < n_pairs; p += GROUP_WG) {
+        let e = PAIR_IDS[p];
+        ORDER[expert_start[e] + atomicAdd(&expert_count[e], 1u)] = p;
+    }
 }
 #endif

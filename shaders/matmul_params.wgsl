@@ -32,24 +32,30 @@ struct MatMulParams {
     n_expert: u32,
 }
 
+#ifdef EXPERTS || EXPERTS_GROUPED
+// The activation row of (token, slot) pair `pair` of an expert mat-mul: the token's, or with
+// PER_SLOT the pair's own slice of x. Its output row is the pair's own.
+fn pair_act_row(pair: u32) -> u32 {
+#ifdef PER_SLOT
+    return pair;
+#else
+    return pair / P.n_used;
+#endif
+}
+#endif
+
 #ifdef EXPERTS
 // [n_tokens * n_used] u32: each (token, slot) pair's expert, as route_experts wrote them
 @group(0) @binding(10) var<storage, read> IDS: array<u32>;
 
 // Where the product of one (token, slot) pair of an EXPERTS mat-mul reads: its expert's first
-// weight row in the binding, and its activation row (the token's, or with PER_SLOT the pair's own
-// slice of x). Its output row is the pair's own.
+// weight row in the binding, and its activation row.
 struct ExpertPair {
     first_row: u32,
     act_row: u32,
 }
 
 fn expert_pair(pair: u32) -> ExpertPair {
-#ifdef PER_SLOT
-    let act_row = pair;
-#else
-    let act_row = pair / P.n_used;
-#endif
-    return ExpertPair(IDS[pair] * P.rows, act_row);
+    return ExpertPair(IDS[pair] * P.rows, pair_act_row(pair));
 }
 #endif

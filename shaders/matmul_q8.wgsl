@@ -38,7 +38,11 @@
 // slot) pair, whose expert id route_experts wrote to IDS: the recorded step never changes with
 // the routing. Its activation row is the token's or, with PER_SLOT, the pair's own (x holding
 // n_used slices a token); its output is row `pair` of [n_tokens * n_used, n] (IDS and
-// expert_pair: matmul_params.wgsl).
+// expert_pair: matmul_params.wgsl). EXPERTS_GROUPED (TILE_T pairs a workgroup) multiplies the
+// same pairs a step of many tokens makes, grouped by expert (experts.wgsl group_experts): grid z
+// is one tile of up to TILE_T pairs of one expert, so each weight block is read once per tile
+// rather than once per pair; z past the last tile returns at once. A pair's result is the same
+// bits in either variant (the same invocations add the same blocks in the same order).
 #ifdef SUBGROUPS_DIRECTIVE
 enable subgroups;
 #endif
@@ -71,6 +75,36 @@ enable subgroups;
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
 #endif
+#ifdef EXPERTS_GROUPED
+// [n_tokens * n_used] u32: the pairs sorted by expert
+@group(0) @binding(11) var<storage, read> ORDER: array<u32>;
+// [1 + 3 * tiles] u32: the tile count, then each tile's (expert, first index in ORDER, pairs)
+@group(0) @binding(12) var<storage, read> TILES: array<u32>;
+// This workgroup's tile (expert, first index in ORDER, pairs): 0 pairs past the last tile.
+var<workgroup> tile: vec3<u32>;
+// The tile's pairs: their activation rows and output rows.
+var<private> tile_act: array<u32, TILE_T>;
+var<private> tile_out: array<u32, TILE_T>;
+#endif
+
+// The activation row of tile token t: the step's row t0 + t, or a grouped tile's t-th pair's.
+fn act_row(t0: u32, t: u32) -> u32 {
+#ifdef EXPERTS_GROUPED
+    return tile_act[t];
+#else
+    return t0 + t;
+#endif
+}
+
+// The output row of tile token t.
+fn out_row(out_t0: u32, t: u32) -> u32 {
+#ifdef EXPERTS_GROUPED
+    return tile_out[t];
+#else
+    return out_t0 + t;
+#endif
+}
+
 fn store_out(segment: u32, at: u32, v: f32) {
 #ifdef SEGMENT3
     if (segment == 2u) {
@@ -474,7 +508,7 @@ fn accumulate_$S(first_row: u32, rows: u32, k: u32, n_tokens: u32, t0: u32, tid:
         var act: array<Act, TILE_T>;
         for (var t = 0u; t < TILE_T; t++) {
             if (t0 + t < n_tokens) {
-                act[t] = load_act_$S(t0 + t, block, slot);
+                act[t] = load_act_$S(act_row(t0, t), block, slot);
             }
         }
         for (var r = 0u; r < ROWS; r++) {
@@ -551,6 +585,28 @@ fn matmul_q8(
     n_tokens = t0 + 1u;
     out_t0 = wg.z;
 #endif
+#ifdef EXPERTS_GROUPED
+    if (lid.x == 0u) {
+        let z = wg.z;
+        tile = vec3<u32>(0u);
+        if (z < TILES[0]) {
+            tile = vec3<u32>(TILES[1u + 3u * z], TILES[2u + 3u * z], TILES[3u + 3u * z]);
+        }
+    }
+    let this_tile = workgroupUniformLoad(&tile);
+    if (this_tile.z == 0u) {
+        return;
+    }
+    for (var t = 0u; t < TILE_T; t++) {
+        let pair = ORDER[this_tile.y + min(t, this_tile.z - 1u)];
+        tile_act[t] = pair_act_row(pair);
+        tile_out[t] = pair;
+    }
+    row_base = this_tile.x * rows;
+    binding_rows = rows * P.n_expert;
+    t0 = 0u;
+    n_tokens = this_tile.z;
+#endif
     let tid = lid.x;
     var acc: array<f32, OUTPUTS>;
     // An if chain rather than a switch: llvmpipe skips the branches no invocation takes.
@@ -607,7 +663,7 @@ fn matmul_q8(
 #ifdef BIAS
         b = BIAS_W[bias_at + row];
 #endif
-        let at = (out_t0 + t) * n + row;
+        let at = out_row(out_t0, t) * n + row;
         var v = acc[0] + b;
 #ifdef RESIDUAL
         v = RESID[at] + v;

@@ -24,11 +24,18 @@ struct MoeWeights {
     down: WeightId,
 }
 
-/// One MoE FFN over `N_TOKENS` tokens of `n_embd` values, experts of `n_ff` hidden values in
+/// One MoE FFN over `n_tokens` tokens of `n_embd` values, experts of `n_ff` hidden values in
 /// `ty`, the router F32 (as llama.cpp's files keep it); the output is the combined FFN output.
-fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rng: &mut Rng) -> (Case, MoeWeights) {
+fn moe_case(
+    n_tokens: usize,
+    ty: GgmlType,
+    n_embd: usize,
+    n_ff: usize,
+    routing: ExpertRouting,
+    rng: &mut Rng,
+) -> (Case, MoeWeights) {
     let n_used = routing.n_used;
-    let mut c = Case::new(N_TOKENS);
+    let mut c = Case::new(n_tokens);
     let x = c.input("x", n_embd, rng);
     let table = WeightId(c.weights.len() as u32 - 1);
     let router = c.weight(GgmlType::F32, &[n_embd as u64, N_EXPERT as u64], rng);
@@ -37,13 +44,13 @@ fn moe_case(ty: GgmlType, n_embd: usize, n_ff: usize, routing: ExpertRouting, rn
     let up = c.weight(ty, &[e, f, x_count], rng);
     let down = c.weight(ty, &[f, e, x_count], rng);
     let g = &mut c.graph;
-    let logits = g.buf("ffn_moe_logits", N_TOKENS, N_EXPERT);
-    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, N_TOKENS, n_used);
-    let weights = g.buf("ffn_moe_weights", N_TOKENS, n_used);
-    let gate_out = g.buf("gate", N_TOKENS, n_used * n_ff);
-    let up_out = g.buf("up", N_TOKENS, n_used * n_ff);
-    let down_out = g.buf("down", N_TOKENS, n_used * n_embd);
-    let out = g.buf("out", N_TOKENS, n_embd);
+    let logits = g.buf("ffn_moe_logits", n_tokens, N_EXPERT);
+    let ids = g.typed_buf("ffn_moe_topk", BufType::U32, n_tokens, n_used);
+    let weights = g.buf("ffn_moe_weights", n_tokens, n_used);
+    let gate_out = g.buf("gate", n_tokens, n_used * n_ff);
+    let up_out = g.buf("up", n_tokens, n_used * n_ff);
+    let down_out = g.buf("down", n_tokens, n_used * n_embd);
+    let out = g.buf("out", n_tokens, n_embd);
     g.push(Op::MatMul { w: router, x, bias: None, out: logits });
     g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(0) });
     g.push(Op::MatMulExperts { w: gate, x, ids, out: gate_out });
@@ -63,7 +70,7 @@ pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
     let mut rng = Rng(21);
     for ty in WEIGHT_TYPES {
         let width = ty.block_len().max(32) * 2;
-        let (c, _) = moe_case(ty, width, width, softmax_top2(), &mut rng);
+        let (c, _) = moe_case(N_TOKENS, ty, width, width, softmax_top2(), &mut rng);
         let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
         c.check(subject, &format!("moe ffn {ty:?} {width}"), Tolerance::SUM_ORDER, &steps);
     }
@@ -83,7 +90,7 @@ pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
     for ty in [GgmlType::F32, GgmlType::Q4_K] {
         for routing in &routings {
             let width = ty.block_len().max(32) * 2;
-            let (c, _) = moe_case(ty, width, width, routing.clone(), &mut rng);
+            let (c, _) = moe_case(N_TOKENS, ty, width, width, routing.clone(), &mut rng);
             let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
             c.check(subject, &format!("moe ffn {ty:?} {routing:?}"), Tolerance::SUM_ORDER, &steps);
             let mut decode = Case::new(1);
@@ -91,6 +98,35 @@ pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
             decode.graph = with_tokens(&c, 1);
             let steps = [single(tokens(1, INPUT_ROWS, &mut rng), 0, &small_layout())];
             decode.check(subject, &format!("moe ffn {ty:?} {routing:?} one token"), Tolerance::SUM_ORDER, &steps);
+        }
+    }
+}
+
+/// Steps long enough for a backend to group the pairs by expert (hearth-wgpu:
+/// GROUPED_EXPERTS_MIN_TOKENS), for 32-value, 256-value and MXFP4 blocks, and with a slice of x
+/// per slot (the down projection's input): against the oracle, and each token's output the same
+/// bits as that token alone in a decode step on the same backend.
+pub fn mixture_of_experts_long_steps(subject: &dyn Subject) {
+    let mut rng = Rng(24);
+    const LONG: usize = 37;
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::MXFP4] {
+        let width = ty.block_len().max(32) * 2;
+        let (c, _) = moe_case(LONG, ty, width, width, softmax_top2(), &mut rng);
+        let ids = tokens(LONG, INPUT_ROWS, &mut rng);
+        let steps = [single(ids.clone(), 0, &small_layout())];
+        c.check(subject, &format!("moe ffn {ty:?} {LONG} tokens"), Tolerance::SUM_ORDER, &steps);
+        let alone = with_tokens(&c, 1);
+        for (variant, mut backend) in subject.variants() {
+            let (kv, g) = c.load(backend.as_mut());
+            let long = run_step(backend.as_mut(), g, kv, &steps[0]).expect("execute");
+            // The same weights, a one-token graph.
+            let g1 = backend.compile(&alone).expect("compile");
+            for (t, &token) in ids.iter().enumerate() {
+                let solo =
+                    run_step(backend.as_mut(), g1, kv, &single(vec![token], 0, &small_layout())).expect("execute");
+                let row = &long[t * width..(t + 1) * width];
+                Tolerance::EXACT.assert_close(&format!("moe ffn {ty:?} [{variant}] token {t} alone"), &solo, row);
+            }
         }
     }
 }
@@ -108,7 +144,7 @@ pub fn mixture_of_experts_match_a_host_reference() {
         ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 },
     ];
     for routing in routings {
-        let (c, w) = moe_case(GgmlType::F32, n_embd, n_ff, routing.clone(), &mut rng);
+        let (c, w) = moe_case(N_TOKENS, GgmlType::F32, n_embd, n_ff, routing.clone(), &mut rng);
         let ids = tokens(N_TOKENS, INPUT_ROWS, &mut rng);
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
         let (kv, g) = c.load(&mut cpu);

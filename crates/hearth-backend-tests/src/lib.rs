@@ -80,6 +80,7 @@ macro_rules! conformance_suite {
             ops::bad_input_is_an_error_not_a_panic,
             experts::mixture_of_experts_every_type,
             experts::mixture_of_experts_routing_variants,
+            experts::mixture_of_experts_long_steps,
             goldens::synthetic_models_match_llama_cpp,
             paged_kv::kv_offsets_are_invisible_to_attention_and_shrink_quantization_error,
             paged_kv::attention_one_sequence_gqa_window_softcap,

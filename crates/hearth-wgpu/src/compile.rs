@@ -165,6 +165,9 @@ struct Builder<'a> {
     /// which the mat-mul right after that norm makes.
     pending_sums: Vec<PendingSum>,
     dispatches: Vec<Dispatch>,
+    /// The expert mat-muls' grouping of a step's pairs by expert (group_experts), made once per
+    /// router output and shared by its gate, up and down products.
+    expert_groups: Option<ExpertGroups>,
     /// Parameter buffers made so far.
     params: Vec<wgpu::Buffer>,
 }
@@ -1038,15 +1041,25 @@ impl Builder<'_> {
             _ => self.rounded_activation(x, rounding, x_cols)?,
         };
         let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&[ty], rounding)?;
-        defines.extend(["DECODE", "EXPERTS"]);
+        let pairs = rows * n_used;
+        let grouped = matches!(rounding, ActRounding::Q8 { .. }) && rows >= GROUPED_EXPERTS_MIN_TOKENS;
+        let grid_z = if grouped { max_expert_tiles(pairs, n_expert) } else { pairs };
+        if grid_z > MAX_GROUPS as usize {
+            return Err(WgpuError::Unsupported(format!(
+                "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS} workgroups of them)"
+            )));
+        }
+        let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used)), (3, self.buf(out))];
+        if grouped {
+            let (order, tiles) = self.group_experts(ids, n_expert)?;
+            defines.push("EXPERTS_GROUPED");
+            entries.extend([(11, Res::Buf(order)), (12, Res::Buf(tiles))]);
+        } else {
+            defines.extend(["DECODE", "EXPERTS"]);
+            entries.push((10, self.buf(ids)));
+        }
         if x_cols != k {
             defines.push("PER_SLOT");
-        }
-        let pairs = rows * n_used;
-        if pairs > MAX_GROUPS as usize {
-            return Err(WgpuError::Unsupported(format!(
-                "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS})"
-            )));
         }
         let (gx, gy) = fold(n_out.div_ceil(rows_per_group));
         let params = MatMulParams {
@@ -1062,9 +1075,82 @@ impl Builder<'_> {
             n_expert: n_expert as u32,
             ..MatMulParams::default()
         };
-        let entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used)), (3, self.buf(out)), (10, self.buf(ids))];
-        self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, pairs as u32], None)
+        self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, grid_z as u32], None)
     }
+
+    /// The pairs of router output `ids` ([n_tokens, n_used] u32) grouped by expert: (order, tiles)
+    /// as group_experts writes them, made by a dispatch the first time a product asks for them.
+    fn group_experts(&mut self, ids: BufId, n_expert: usize) -> Result<(wgpu::Buffer, wgpu::Buffer), WgpuError> {
+        if let Some(g) = self.expert_groups.as_ref().filter(|g| g.ids == Some(ids)) {
+            return Ok((g.order.clone(), g.tiles.clone()));
+        }
+        let (rows, n_used) = self.shape(ids);
+        let pairs = rows * n_used;
+        if self.expert_groups.as_ref().is_none_or(|g| g.pairs < pairs) {
+            let storage = |label: &str, words: usize| {
+                self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: (words.max(1) * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            };
+            let tiles_words = 1 + 3 * max_expert_tiles(pairs, MAX_ROUTED_EXPERTS);
+            let made = ExpertGroups {
+                order: storage("expert order", pairs),
+                tiles: storage("expert tiles", tiles_words),
+                pairs,
+                ids: None,
+            };
+            // A smaller grouping made before stays alive with the graph (earlier dispatches use it).
+            if let Some(old) = self.expert_groups.replace(made) {
+                self.params.extend([old.order, old.tiles]);
+            }
+        }
+        let groups = self.expert_groups.as_mut().ok_or(WgpuError::Execution("expert groups".into()))?;
+        groups.ids = Some(ids);
+        let (order, tiles) = (groups.order.clone(), groups.tiles.clone());
+        let params = ExpertParams {
+            n_tokens: rows as u32,
+            n_expert: n_expert as u32,
+            n_used: n_used as u32,
+            scale: 0.0,
+            cols: EXPERT_TILE as u32,
+            groups_x: 1,
+            tally_base: 0,
+        };
+        let entries = vec![(1, self.buf(ids)), (2, Res::Buf(order.clone())), (3, Res::Buf(tiles.clone()))];
+        self.push(
+            PipelineKey::new(ShaderFile::Experts, "group_experts", &["GROUP"]),
+            &params,
+            entries,
+            [1, 1, 1],
+            None,
+        )?;
+        Ok((order, tiles))
+    }
+}
+
+/// Steps of at least this many tokens multiply their experts grouped by expert
+/// (matmul_q8.wgsl EXPERTS_GROUPED): in smaller ones a step's pairs rarely share an expert.
+pub(crate) const GROUPED_EXPERTS_MIN_TOKENS: usize = 16;
+/// Pairs of a tile of the grouped expert mat-mul (matmul_q8.wgsl's TILE_T).
+const EXPERT_TILE: usize = 8;
+
+/// A step's (token, slot) pairs sorted by expert (`order`: [n_pairs] u32) and cut into tiles
+/// (`tiles`: the count, then (expert, first, pairs) each), for the router output `ids` they were
+/// made from (`None` once it is written again).
+struct ExpertGroups {
+    order: wgpu::Buffer,
+    tiles: wgpu::Buffer,
+    pairs: usize,
+    ids: Option<BufId>,
+}
+
+/// The most tiles `pairs` pairs over `n_expert` experts make: each expert's pairs in tiles of
+/// EXPERT_TILE, the last one of each partial.
+fn max_expert_tiles(pairs: usize, n_expert: usize) -> usize {
+    pairs.div_ceil(EXPERT_TILE) + n_expert.min(pairs)
 }
 
 /// The dispatches of a graph `Graph::validate` accepted.
@@ -1147,6 +1233,7 @@ pub(crate) fn compile(
         producers: Vec::new(),
         pending_sums: Vec::new(),
         dispatches: Vec::new(),
+        expert_groups: None,
         params: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
@@ -1160,6 +1247,9 @@ pub(crate) fn compile(
         for written in op.outputs() {
             b.rounded.retain(|&(x, _, _)| x != written);
             b.producers.retain(|(out, _)| *out != written);
+            if let Some(groups) = b.expert_groups.as_mut().filter(|g| g.ids == Some(written)) {
+                groups.ids = None;
+            }
         }
         match (fusion, op.outputs().first().copied()) {
             (Fusion::Prologue, Some(out)) => b.producers.push((out, op.clone())),
@@ -1191,6 +1281,12 @@ pub(crate) fn compile(
         step_words: Vec::with_capacity(step_len),
         table_words: Vec::new(),
         top_k_plans: HashMap::new(),
-        owned: b.act_scratch.into_iter().chain(b.attention_partials).chain(b.params).collect(),
+        owned: b
+            .act_scratch
+            .into_iter()
+            .chain(b.attention_partials)
+            .chain(b.expert_groups.into_iter().flat_map(|g| [g.order, g.tiles]))
+            .chain(b.params)
+            .collect(),
     })
 }
