@@ -27,9 +27,11 @@ struct MatMulParams {
     seg2_rows: u32,
     seg2_row_bytes: u32,
     seg2_n: u32,
-    // EXPERTS: experts chosen per token, and experts in the weight's binding (`rows` each)
+    // EXPERTS: experts chosen per token, experts of the weight (`rows` each), and whole experts a
+    // binding holds (the last binding may hold fewer)
     n_used: u32,
     n_expert: u32,
+    experts_per_binding: u32,
 }
 
 #ifdef EXPERTS || EXPERTS_GROUPED
@@ -48,14 +50,14 @@ fn pair_act_row(pair: u32) -> u32 {
 // [n_tokens * n_used] u32: each (token, slot) pair's expert, as route_experts wrote them
 @group(0) @binding(10) var<storage, read> IDS: array<u32>;
 
-// Where the product of one (token, slot) pair of an EXPERTS mat-mul reads: its expert's first
-// weight row in the binding, and its activation row.
+// What the product of one (token, slot) pair of an EXPERTS mat-mul reads: its expert's weights
+// and its activation row.
 struct ExpertPair {
-    first_row: u32,
+    expert: u32,
     act_row: u32,
 }
 
 fn expert_pair(pair: u32) -> ExpertPair {
-    return ExpertPair(IDS[pair] * P.rows, pair_act_row(pair));
+    return ExpertPair(IDS[pair], pair_act_row(pair));
 }
 #endif

@@ -38,7 +38,9 @@
 // slot) pair, whose expert id route_experts wrote to IDS: the recorded step never changes with
 // the routing. Its activation row is the token's or, with PER_SLOT, the pair's own (x holding
 // n_used slices a token); its output is row `pair` of [n_tokens * n_used, n] (IDS and
-// expert_pair: matmul_params.wgsl). EXPERTS_GROUPED (TILE_T pairs a workgroup) multiplies the
+// expert_pair: matmul_params.wgsl). Experts too large for one binding together lie in up to
+// three (W0, W1, W2 with WEIGHTS1, WEIGHTS2), P.experts_per_binding whole experts each.
+// EXPERTS_GROUPED (TILE_T pairs a workgroup) multiplies the
 // same pairs a step of many tokens makes, grouped by expert (experts.wgsl group_experts): grid z
 // is one tile of up to TILE_T pairs of one expert, so each weight block is read once per tile
 // rather than once per pair; z past the last tile returns at once. A pair's result is the same
@@ -65,14 +67,20 @@ enable subgroups;
 // [n_tokens, n] f32: added to the product (an Add folded into this epilogue)
 @group(0) @binding(5) var<storage, read> RESID: array<f32>;
 #endif
-#ifdef SEGMENTS
-// segment 1: [rows_1 * k / BLOCK_LEN] blocks, its output [n_tokens, n_1] f32
+#ifdef WEIGHTS1
+// segment 1: [rows_1 * k / BLOCK_LEN] blocks (with EXPERTS: the second binding of experts)
 @group(0) @binding(6) var<storage, read> W1: array<u32>;
+#endif
+#ifdef SEGMENTS
+// segment 1's output [n_tokens, n_1] f32
 @group(0) @binding(7) var<storage, read_write> OUT1: array<f32>;
 #endif
-#ifdef SEGMENT3
-// segment 2: [rows_2 * k / BLOCK_LEN] blocks, its output [n_tokens, n_2] f32
+#ifdef WEIGHTS2
+// segment 2: [rows_2 * k / BLOCK_LEN] blocks (with EXPERTS: the third binding of experts)
 @group(0) @binding(8) var<storage, read> W2: array<u32>;
+#endif
+#ifdef SEGMENT3
+// segment 2's output [n_tokens, n_2] f32
 @group(0) @binding(9) var<storage, read_write> OUT2: array<f32>;
 #endif
 #ifdef EXPERTS_GROUPED
@@ -209,7 +217,7 @@ fn spread_bits(x: u32) -> u32 {
     return (x & 1u) | ((x & 2u) << 7u) | ((x & 4u) << 14u) | ((x & 8u) << 21u);
 }
 
-#foreach $S in 0, 1 if SEGMENTS, 2 if SEGMENT3
+#foreach $S in 0, 1 if WEIGHTS1, 2 if WEIGHTS2
 // Words of a block (its body, for the types whose scales follow the bodies).
 #ifdef T$S_Q4_K
 const BLOCK_WORDS_$S: u32 = 36u;
@@ -577,10 +585,12 @@ fn matmul_q8(
     var out_t0 = t0;
     var row_base = 0u;
     var binding_rows = rows;
+#ifdef EXPERTS || EXPERTS_GROUPED
+    var expert = 0u;
+#endif
 #ifdef EXPERTS
     let pair = expert_pair(wg.z);
-    row_base = pair.first_row;
-    binding_rows = rows * P.n_expert;
+    expert = pair.expert;
     t0 = pair.act_row;
     n_tokens = t0 + 1u;
     out_t0 = wg.z;
@@ -602,10 +612,17 @@ fn matmul_q8(
         tile_act[t] = pair_act_row(pair);
         tile_out[t] = pair;
     }
-    row_base = this_tile.x * rows;
-    binding_rows = rows * P.n_expert;
+    expert = this_tile.x;
     t0 = 0u;
     n_tokens = this_tile.z;
+#endif
+#ifdef EXPERTS || EXPERTS_GROUPED
+    // The binding holding the expert (W0, W1 or W2: P.experts_per_binding whole experts each),
+    // and the expert's first row in it.
+    segment = expert / P.experts_per_binding;
+    let binding_first = segment * P.experts_per_binding;
+    row_base = (expert - binding_first) * rows;
+    binding_rows = rows * min(P.experts_per_binding, P.n_expert - binding_first);
 #endif
     let tid = lid.x;
     var acc: array<f32, OUTPUTS>;
@@ -613,12 +630,12 @@ fn matmul_q8(
     if (segment == 0u) {
         acc = accumulate_0(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
-#ifdef SEGMENTS
+#ifdef WEIGHTS1
     if (segment == 1u) {
         acc = accumulate_1(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
 #endif
-#ifdef SEGMENT3
+#ifdef WEIGHTS2
     if (segment == 2u) {
         acc = accumulate_2(first_row, rows, k, n_tokens, t0, tid, row_base, binding_rows);
     }
@@ -653,6 +670,10 @@ fn matmul_q8(
     if (tid < OUTPUTS) {
         acc[0] = partial[0][tid];
     }
+#endif
+#ifdef EXPERTS || EXPERTS_GROUPED
+    // Every binding's experts write the one output.
+    segment = 0u;
 #endif
     // Invocation o < OUTPUTS writes output o = r * TILE_T + t.
     let r = tid / TILE_T;

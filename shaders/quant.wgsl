@@ -292,7 +292,7 @@ fn matmul(
     var weight_row = local_row;
 #ifdef EXPERTS
     let pair = expert_pair(wg.z);
-    weight_row = pair.first_row + local_row;
+    weight_row = pair.expert * rows + local_row;
     t0 = pair.act_row;
     n_tokens = t0 + 1u;
     out_t0 = wg.z;

@@ -252,14 +252,32 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
                     w.desc.n_experts()
                 ));
             }
-            match w.all_experts() {
-                Some(_) => Ok(()),
-                None => Err(format!(
-                    "expert weight '{}' of {} bytes: its experts do not fit one storage binding",
-                    w.desc.name,
-                    w.bytes()
-                )),
-            }
+            expert_bindings_supported(w)
+        }
+    }
+}
+
+/// Most bindings an expert weight's experts may take (matmul_q8.wgsl's W0, W1, W2).
+const MAX_EXPERT_BINDINGS: usize = 3;
+
+/// Whether the kernels bind expert weight `w`: whole experts in at most three bindings for the
+/// quantized types, one for F32/F16/BF16 (quant.wgsl).
+fn expert_bindings_supported(w: &GpuWeight) -> Result<(), String> {
+    let limit = match ActRounding::of(w.desc.ty) {
+        ActRounding::Q8 { .. } => MAX_EXPERT_BINDINGS,
+        _ => 1,
+    };
+    match w.expert_bindings() {
+        Some((bindings, _)) if bindings.len() <= limit => Ok(()),
+        Some((bindings, _)) => Err(format!(
+            "expert weight '{}' of {} bytes in {} storage bindings (the kernels bind at most {limit} for {})",
+            w.desc.name,
+            w.bytes(),
+            bindings.len(),
+            w.desc.ty.name()
+        )),
+        None => {
+            Err(format!("expert weight '{}' of {} bytes: one expert exceeds a storage binding", w.desc.name, w.bytes()))
         }
     }
 }
@@ -483,8 +501,8 @@ impl Builder<'_> {
         }
         match parts.len() {
             1 => {}
-            2 => defines.push("SEGMENTS"),
-            _ => defines.extend(["SEGMENTS", "SEGMENT3"]),
+            2 => defines.extend(["SEGMENTS", "WEIGHTS1"]),
+            _ => defines.extend(["SEGMENTS", "WEIGHTS1", "SEGMENT3", "WEIGHTS2"]),
         }
         for (row0, chunk_rows, buffer) in chunks {
             let chunk_groups = if parts.len() > 1 { groups } else { chunk_rows.div_ceil(rows_per_group) };
@@ -1027,12 +1045,10 @@ impl Builder<'_> {
         let wt = self.weight(w)?;
         let (k, n_out, n_expert) = (wt.desc.row_len(), wt.desc.n_rows(), wt.desc.n_experts());
         let (ty, row_bytes) = (wt.desc.ty, wt.row_bytes as u32);
-        let buffer = wt.all_experts().cloned().ok_or_else(|| {
-            WgpuError::Unsupported(format!(
-                "expert weight '{}': its experts do not fit one storage binding",
-                wt.desc.name
-            ))
-        })?;
+        expert_bindings_supported(wt).map_err(WgpuError::Unsupported)?;
+        let (bindings, experts_per_binding) =
+            wt.expert_bindings().ok_or(WgpuError::Execution("expert bindings".into()))?;
+        let bindings: Vec<wgpu::Buffer> = bindings.into_iter().cloned().collect();
         let (rows, x_cols) = self.shape(x);
         let (_, n_used) = self.shape(ids);
         let rounding = ActRounding::of(ty);
@@ -1040,7 +1056,8 @@ impl Builder<'_> {
             ActRounding::None => self.bufs[x.0 as usize].clone(),
             _ => self.rounded_activation(x, rounding, x_cols)?,
         };
-        let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&[ty], rounding)?;
+        let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&vec![ty; bindings.len()], rounding)?;
+        defines.extend(["WEIGHTS1", "WEIGHTS2"].into_iter().take(bindings.len() - 1));
         let pairs = rows * n_used;
         let grouped = matches!(rounding, ActRounding::Q8 { .. }) && rows >= GROUPED_EXPERTS_MIN_TOKENS;
         let grid_z = if grouped { max_expert_tiles(pairs, n_expert) } else { pairs };
@@ -1049,7 +1066,8 @@ impl Builder<'_> {
                 "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS} workgroups of them)"
             )));
         }
-        let mut entries = vec![(1, Res::Buf(buffer)), (2, Res::Buf(x_used)), (3, self.buf(out))];
+        let mut entries = vec![(2, Res::Buf(x_used)), (3, self.buf(out))];
+        entries.extend([1, 6, 8].into_iter().zip(bindings.into_iter().map(Res::Buf)));
         if grouped {
             let (order, tiles) = self.group_experts(ids, n_expert)?;
             defines.push("EXPERTS_GROUPED");
@@ -1073,6 +1091,7 @@ impl Builder<'_> {
             scales_at: (rows * x_cols / 4) as u32,
             n_used: n_used as u32,
             n_expert: n_expert as u32,
+            experts_per_binding: experts_per_binding as u32,
             ..MatMulParams::default()
         };
         self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, grid_z as u32], None)

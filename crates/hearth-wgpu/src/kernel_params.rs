@@ -87,8 +87,10 @@ kernel_params! {
         seg2_n: u32,
         /// EXPERTS: experts chosen per token (the product has `n_used * n` columns).
         n_used: u32,
-        /// EXPERTS: experts in the weight's binding, `rows` rows each.
+        /// EXPERTS: experts of the weight, `rows` rows each.
         n_expert: u32,
+        /// EXPERTS: whole experts a binding holds (the last binding may hold fewer).
+        experts_per_binding: u32,
     }
 
     /// act_quant.wgsl: rounding activations (with their producer as a prologue).

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 /// Rows `row0 .. row0 + rows` of a weight's expert `expert` (0 for a dense weight, and for every
 /// expert in one chunk), in their own buffer (bytes padded to 4).
 pub(crate) struct WeightChunk {
-    #[cfg_attr(not(test), expect(dead_code, reason = "the kernels bind all experts in one chunk or none"))]
+    /// The (first) expert whose rows the chunk holds.
+    #[cfg_attr(not(test), expect(dead_code, reason = "the kernels bind whole experts by their chunk's position"))]
     pub expert: usize,
     pub row0: usize,
     pub rows: usize,
@@ -40,12 +41,13 @@ impl GpuWeight {
         &self.chunks[first..end]
     }
 
-    /// The one buffer holding every expert's matrix, when the experts fit one binding.
-    pub fn all_experts(&self) -> Option<&wgpu::Buffer> {
-        match self.chunks.as_slice() {
-            [chunk] if chunk.rows == self.desc.n_experts() * self.desc.n_rows() => Some(&chunk.buffer),
-            _ => None,
-        }
+    /// The buffers holding the experts' matrices, whole experts each, and how many experts a
+    /// buffer holds (the last may hold fewer): when every expert fits a binding.
+    pub fn expert_bindings(&self) -> Option<(Vec<&wgpu::Buffer>, usize)> {
+        let n_rows = self.desc.n_rows();
+        let per_binding = self.chunks.first()?.rows / n_rows;
+        let whole = self.chunks.iter().all(|c| c.row0 == 0 && c.rows.is_multiple_of(n_rows));
+        (whole && per_binding > 0).then(|| (self.chunks.iter().map(|c| &c.buffer).collect(), per_binding))
     }
 
     pub fn bytes(&self) -> u64 {
@@ -120,6 +122,7 @@ pub(crate) fn upload(
     let mut chunks = Vec::new();
     let mut pieces = Pieces::new(UPLOAD_PIECE);
     for (expert, row0, rows) in chunk_rows(desc.n_experts(), n_rows, rows_per_chunk) {
+        // `rows` may span several whole experts, which lie one after another in the file.
         let expert_at = desc.expert_range(expert).map_err(|e| bad(e.to_string()))?.start;
         let offset = data.offset + (expert_at + row0 * row_bytes) as u64;
         let len = rows * row_bytes;
@@ -143,12 +146,14 @@ pub(crate) fn upload(
     Ok(GpuWeight { desc, row_bytes, chunks })
 }
 
-/// (expert, first row, rows) of each chunk: every expert in one chunk of `n_experts * n_rows`
-/// rows when they fit `rows_per_chunk` (> 0), else every expert's `n_rows` rows in chunks of at
-/// most `rows_per_chunk`, expert after expert.
+/// (first expert, first row, rows) of each chunk: as many whole experts a chunk as fit
+/// `rows_per_chunk` (> 0) rows, all of them in one when they fit; else (an expert larger than a
+/// binding) every expert's `n_rows` rows in chunks of at most `rows_per_chunk`, expert after
+/// expert.
 fn chunk_rows(n_experts: usize, n_rows: usize, rows_per_chunk: usize) -> Vec<(usize, usize, usize)> {
-    if n_experts > 1 && n_experts * n_rows <= rows_per_chunk {
-        return vec![(0, 0, n_experts * n_rows)];
+    if n_experts > 1 && n_rows <= rows_per_chunk {
+        let per_chunk = rows_per_chunk / n_rows;
+        return (0..n_experts).step_by(per_chunk).map(|e| (e, 0, per_chunk.min(n_experts - e) * n_rows)).collect();
     }
     (0..n_experts)
         .flat_map(move |e| {
@@ -399,10 +404,11 @@ mod tests {
     }
 
     #[test]
-    fn experts_share_a_chunk_only_when_all_fit() {
+    fn experts_share_chunks_whole() {
         let per_expert = |e| [(e, 0, 2), (e, 2, 2), (e, 4, 1)];
         assert_eq!(chunk_rows(3, 5, 2), [per_expert(0), per_expert(1), per_expert(2)].concat());
-        assert_eq!(chunk_rows(3, 5, 14), [(0, 0, 5), (1, 0, 5), (2, 0, 5)], "two experts never share");
+        assert_eq!(chunk_rows(3, 5, 14), [(0, 0, 10), (2, 0, 5)], "two whole experts a chunk");
+        assert_eq!(chunk_rows(3, 5, 5), [(0, 0, 5), (1, 0, 5), (2, 0, 5)], "one expert a chunk");
         assert_eq!(chunk_rows(3, 5, 15), [(0, 0, 15)], "every expert in one binding");
         assert_eq!(chunk_rows(1, 4, 4), [(0, 0, 4)], "a dense weight in one chunk");
         assert_eq!(chunk_rows(1, 4, 100), [(0, 0, 4)]);
