@@ -32,6 +32,11 @@ struct HeadsParams {
     // freq_base^(-2 / n_rot)
     theta_scale: f32,
     freq_scale: f32,
+    // YaRN (rope_fns.wgsl): ext_factor (0: none), correction range, cos/sin scale
+    yarn_ext: f32,
+    yarn_low: f32,
+    yarn_high: f32,
+    mscale: f32,
     layer: u32,
     // the folded grid's x width
     groups_x: u32,
@@ -386,7 +391,7 @@ fn prepare_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
 #ifdef FREQ_FACTORS
         ff = constant(P.freq_factors_at + i);
 #endif
-        let cs = rope_cos_sin(pos, i, theta_scale, P.freq_scale, ff);
+        let cs = rope_cos_sin(pos, i, theta_scale, P.freq_scale, ff, vec4<f32>(P.yarn_ext, P.yarn_low, P.yarn_high, P.mscale));
 #ifdef NEOX
         let i0 = i;
         let i1 = i + half_rot;

@@ -13,6 +13,11 @@ struct RopeParams {
     // freq_base^(-2 / n_rot)
     theta_scale: f32,
     freq_scale: f32,
+    // YaRN (rope_fns.wgsl): ext_factor (0: none), correction range, cos/sin scale
+    yarn_ext: f32,
+    yarn_low: f32,
+    yarn_high: f32,
+    mscale: f32,
     // X's row length
     cols: u32,
     // the folded grid's x width
@@ -62,7 +67,8 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 #ifdef FREQ_FACTORS
     ff = FF[i];
 #endif
-    let cs = rope_cos_sin(f32(STEP[2u + 2u * STEP[0] + t]), i, P.theta_scale, P.freq_scale, ff);
+    let yarn = vec4<f32>(P.yarn_ext, P.yarn_low, P.yarn_high, P.mscale);
+    let cs = rope_cos_sin(f32(STEP[2u + 2u * STEP[0] + t]), i, P.theta_scale, P.freq_scale, ff, yarn);
     let base = t * cols + h * P.head_dim;
 #ifdef NEOX
     let i0 = base + i;

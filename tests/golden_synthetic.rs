@@ -1,6 +1,6 @@
 //! Tiny synthetic models (tests/fixtures/synthetic/make_models.py: random weights, fixed seeds)
 //! against llama.cpp's llama-server (make_reference.py): the architectures and shapes the real
-//! models do not cover — llama (MHA, and GQA with Q8_0), qwen3 (q/k norm, GQA, Q4_K/Q6_K), qwen2
+//! models do not cover — llama (MHA, GQA with Q8_0, YaRN context extension), qwen3 (q/k norm, GQA, Q4_K/Q6_K), qwen2
 //! with MQA and biases, granite (its four multipliers, an attention output bias), gemma3 with an
 //! 8-token sliding window that the 45-64-token sequences cross, the mixtures of experts qwen3moe,
 //! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token), qwen2moe (a
@@ -93,4 +93,9 @@ fn granite_f16_matches_llama_cpp() {
 #[test]
 fn granitemoe_f32_matches_llama_cpp() {
     check("granitemoe-f32");
+}
+
+#[test]
+fn llama_yarn_f32_matches_llama_cpp() {
+    check("llama-yarn-f32");
 }

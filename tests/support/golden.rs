@@ -39,8 +39,9 @@ impl Tolerance {
 }
 
 /// The synthetic models (tests/fixtures/synthetic/, stems) and their tolerances.
-pub const SYNTHETIC_MODELS: [(&str, Tolerance); 14] = [
+pub const SYNTHETIC_MODELS: [(&str, Tolerance); 15] = [
     ("llama-mha-f16", Tolerance::SYNTHETIC_EXACT),
+    ("llama-yarn-f32", Tolerance::SYNTHETIC_EXACT),
     ("qwen2-mqa-f32", Tolerance::SYNTHETIC_EXACT),
     ("gemma3-swa-f32", Tolerance::SYNTHETIC_EXACT),
     ("llama-gqa-q8_0", Tolerance::SYNTHETIC_QUANTIZED),

@@ -6,7 +6,7 @@ use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, WEIGHT_
 use crate::{Rng, Subject, Tolerance};
 use hearth_core::backend::WeightData;
 use hearth_core::gguf::MemorySource;
-use hearth_core::graph::{Graph, Op, RopeMode, RopeParams, WeightDesc};
+use hearth_core::graph::{Graph, Op, RopeMode, RopeParams, RopeYarn, WeightDesc};
 use hearth_core::kv::BlockCopy;
 use hearth_core::quant::GgmlType;
 use hearth_core::CoreError;
@@ -97,26 +97,31 @@ pub fn rms_norm_shapes(subject: &dyn Subject) {
 
 pub fn rope_modes(subject: &dyn Subject) {
     let mut rng = Rng(5);
-    for (mode, head_dim, n_rot, heads, factors) in [
-        (RopeMode::Neox, 64, 64, 3, false),
-        (RopeMode::Normal, 32, 32, 2, true),
-        (RopeMode::Neox, 80, 32, 2, false),
-        (RopeMode::Normal, 6, 4, 5, false),
+    // (mode, head_dim, n_rot, heads, frequency factors, YaRN stretching a 32-position context 4 times)
+    for (mode, head_dim, n_rot, heads, factors, yarn) in [
+        (RopeMode::Neox, 64, 64, 3, false, false),
+        (RopeMode::Normal, 32, 32, 2, true, false),
+        (RopeMode::Neox, 80, 32, 2, false, false),
+        (RopeMode::Normal, 6, 4, 5, false, false),
+        (RopeMode::Neox, 64, 64, 2, false, true),
+        (RopeMode::Normal, 48, 32, 2, true, true),
     ] {
         let rows = 4;
         let mut c = Case::new(rows);
         let x = c.input("x", head_dim * heads, &mut rng);
         let freq_factors = factors.then(|| c.weight(GgmlType::F32, &[(n_rot / 2) as u64], &mut rng));
+        let freq_scale = if yarn { 0.25 } else { 1.0 };
+        let yarn = yarn.then(|| RopeYarn::new(n_rot, 32, 10000.0, 4.0, [32.0, 1.0], 1.0, None));
         c.graph.push(Op::Rope {
             x,
-            params: RopeParams { mode, head_dim, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors },
+            params: RopeParams { mode, head_dim, n_rot, freq_base: 10000.0, freq_scale, freq_factors, yarn },
         });
         c.graph.logits = x;
         let steps = [
             single(tokens(rows, 64, &mut rng), 0, &small_layout()),
             single(tokens(rows, 64, &mut rng), 37, &small_layout()),
         ];
-        c.check(subject, &format!("rope {mode:?} hd{head_dim} rot{n_rot}"), Tolerance::SUM_ORDER, &steps);
+        c.check(subject, &format!("rope {mode:?} hd{head_dim} rot{n_rot} {yarn:?}"), Tolerance::SUM_ORDER, &steps);
     }
     // q then k with the same parameters and different head counts, as attention blocks emit them
     // (a backend may rotate both in one kernel); k is widened by an F32 product to sum with q.
@@ -125,8 +130,15 @@ pub fn rope_modes(subject: &dyn Subject) {
         let mut c = Case::new(rows);
         let q = c.input("q", head_dim * 4, &mut rng);
         let k = c.input("k", head_dim * 2, &mut rng);
-        let params =
-            RopeParams { mode, head_dim, n_rot: head_dim, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        let params = RopeParams {
+            mode,
+            head_dim,
+            n_rot: head_dim,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
+        };
         c.graph.push(Op::Rope { x: q, params: params.clone() });
         c.graph.push(Op::Rope { x: k, params });
         let widen = c.weight(GgmlType::F32, &[(head_dim * 2) as u64, (head_dim * 4) as u64], &mut rng);

@@ -6,7 +6,7 @@
 use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, Step};
 use crate::{nmse, Rng, Subject, Tolerance};
 use hearth_core::backend::{Capability, KvLayout};
-use hearth_core::graph::{AttentionParams, BufId, Op, RopeMode, RopeParams, WeightDesc, WeightId};
+use hearth_core::graph::{AttentionParams, BufId, Op, RopeMode, RopeParams, RopeYarn, WeightDesc, WeightId};
 use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
 use hearth_core::quant::GgmlType;
 
@@ -270,6 +270,7 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
         norms: bool,
         offsets: bool,
         freq_factors: bool,
+        yarn: bool,
         query_scale: bool,
     }
     let chains = [
@@ -283,10 +284,11 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
             norms: true,
             offsets: false,
             freq_factors: false,
+            yarn: false,
             query_scale: true,
         },
         Chain {
-            what: "rope, KV offsets",
+            what: "YaRN rope, KV offsets",
             n_head: 4,
             n_head_kv: 2,
             head_dim: 64,
@@ -295,6 +297,7 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
             norms: false,
             offsets: true,
             freq_factors: false,
+            yarn: true,
             query_scale: false,
         },
         Chain {
@@ -307,6 +310,7 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
             norms: false,
             offsets: false,
             freq_factors: true,
+            yarn: false,
             query_scale: false,
         },
     ];
@@ -331,13 +335,16 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
                 let factors: Vec<f32> = (0..chain.n_rot / 2).map(|i| 1.0 + (i % 5) as f32).collect();
                 vector_weight(&mut c, "rope_freqs", &factors)
             });
+            // YaRN stretching a 32-position context 4 times.
+            let yarn = chain.yarn.then(|| RopeYarn::new(chain.n_rot, 32, 10000.0, 4.0, [32.0, 1.0], 1.0, None));
             let rope = RopeParams {
                 mode: chain.mode,
                 head_dim: hd,
                 n_rot: chain.n_rot,
                 freq_base: 10000.0,
-                freq_scale: 1.0,
+                freq_scale: if chain.yarn { 0.25 } else { 1.0 },
                 freq_factors,
+                yarn,
             };
             c.graph.push(Op::Rope { x: q, params: rope.clone() });
             c.graph.push(Op::Rope { x: k, params: rope });
@@ -495,6 +502,7 @@ pub fn rope_and_last_rows_per_sequence(subject: &dyn Subject) {
             freq_base: 10000.0,
             freq_scale: 1.0,
             freq_factors: None,
+            yarn: None,
         },
     });
     c.graph.logits = x;

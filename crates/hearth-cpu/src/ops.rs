@@ -60,8 +60,16 @@ fn rope_body(x: &mut [f32], cols: usize, p: &RopeParams, freq_factors: Option<&[
         let mut theta = positions[t] as f32;
         for (i, cs) in cos_sin.iter_mut().enumerate() {
             let ff = freq_factors.map_or(1.0, |f| f[i]);
-            let angle = p.freq_scale * (theta / ff);
-            *cs = (angle.cos(), angle.sin());
+            let extrapolated = theta / ff;
+            let interpolated = p.freq_scale * extrapolated;
+            *cs = match &p.yarn {
+                None => (interpolated.cos(), interpolated.sin()),
+                Some(yarn) => {
+                    let mix = yarn.mix(i);
+                    let angle = interpolated * (1.0 - mix) + extrapolated * mix;
+                    (angle.cos() * yarn.mscale, angle.sin() * yarn.mscale)
+                }
+            };
             theta *= theta_scale;
         }
         for head in row.chunks_exact_mut(p.head_dim) {

@@ -11,7 +11,7 @@ use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::tally::TallyCounters;
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
-use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, WeightId};
+use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, RopeYarn, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
@@ -255,6 +255,11 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
             expert_bindings_supported(w)
         }
     }
+}
+
+/// The RoPE's YaRN parameters for the kernels: ext_factor 0 (and mscale 1) without YaRN.
+fn rope_yarn_or_none(p: &hearth_core::graph::RopeParams) -> RopeYarn {
+    p.yarn.unwrap_or(RopeYarn { ext_factor: 0.0, corr_low: 0.0, corr_high: 0.0, mscale: 1.0 })
 }
 
 /// Most bindings an expert weight's experts may take (matmul_q8.wgsl's W0, W1, W2).
@@ -581,6 +586,7 @@ impl Builder<'_> {
             (10, Res::Buf(c)),
         ];
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let yarn = rope_yarn_or_none(p);
         let params = HeadsParams {
             n_tokens: n as u32,
             n_q_heads: n_q as u32,
@@ -590,6 +596,10 @@ impl Builder<'_> {
             n_rot: p.n_rot as u32,
             theta_scale,
             freq_scale: p.freq_scale,
+            yarn_ext: yarn.ext_factor,
+            yarn_low: yarn.corr_low,
+            yarn_high: yarn.corr_high,
+            mscale: yarn.mscale,
             layer: chain.layer as u32,
             groups_x: gx,
             eps: chain.eps,
@@ -730,6 +740,7 @@ impl Builder<'_> {
                 let total = rows * (n_heads + heads2) * (p.n_rot / 2);
                 let (gx, gy) = fold(total.div_ceil(64));
                 let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+                let yarn = rope_yarn_or_none(p);
                 let mut defines = vec![];
                 if p.mode == RopeMode::Neox {
                     defines.push("NEOX");
@@ -751,6 +762,10 @@ impl Builder<'_> {
                     n_rot: p.n_rot as u32,
                     theta_scale,
                     freq_scale: p.freq_scale,
+                    yarn_ext: yarn.ext_factor,
+                    yarn_low: yarn.corr_low,
+                    yarn_high: yarn.corr_high,
+                    mscale: yarn.mscale,
                     cols: cols as u32,
                     groups_x: gx,
                     n_heads2: heads2 as u32,

@@ -122,6 +122,11 @@ kernel_params! {
         /// freq_base^(-2 / n_rot).
         theta_scale: f32,
         freq_scale: f32,
+        /// YaRN: ext_factor (0: none), the correction range and the cos/sin scale.
+        yarn_ext: f32,
+        yarn_low: f32,
+        yarn_high: f32,
+        mscale: f32,
         cols: u32,
         groups_x: u32,
         /// SECOND: the second buffer's heads and row length.
@@ -149,6 +154,11 @@ kernel_params! {
         n_rot: u32,
         theta_scale: f32,
         freq_scale: f32,
+        /// YaRN: ext_factor (0: none), the correction range and the cos/sin scale.
+        yarn_ext: f32,
+        yarn_low: f32,
+        yarn_high: f32,
+        mscale: f32,
         layer: u32,
         groups_x: u32,
         eps: f32,

@@ -168,6 +168,59 @@ pub struct RopeParams {
     pub freq_scale: f32,
     /// Optional per-dimension divisors (llama 3 `rope_freqs.weight`, n_rot/2 entries).
     pub freq_factors: Option<WeightId>,
+    /// YaRN's blend of interpolated and extrapolated angles, for models trained with it.
+    pub yarn: Option<RopeYarn>,
+}
+
+/// YaRN's angles (ggml's `rope_yarn`): pair i's angle blends the interpolated angle
+/// (`freq_scale * theta`) and the extrapolated one (`theta`) by `mix_i = ramp_i * ext_factor`,
+/// `ramp_i = 1 - clamp((i - corr_low) / max(0.001, corr_high - corr_low), 0, 1)`; its cos and sin
+/// are multiplied by `mscale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeYarn {
+    pub ext_factor: f32,
+    pub corr_low: f32,
+    pub corr_high: f32,
+    pub mscale: f32,
+}
+
+impl RopeYarn {
+    /// As llama.cpp sets YaRN up (llama-context.cpp, ggml's `ggml_rope_yarn_corr_dims`) for `n_rot`
+    /// rotated values, a context of `n_ctx_orig` positions stretched `factor` times (> 1), the
+    /// correction range of `beta_fast` and `beta_slow` rotations, the file's `attn_factor` and,
+    /// when given, its `yarn_log_multiplier`.
+    pub fn new(
+        n_rot: usize,
+        n_ctx_orig: usize,
+        freq_base: f32,
+        factor: f32,
+        [beta_fast, beta_slow]: [f32; 2],
+        attn_factor: f32,
+        log_multiplier: Option<f32>,
+    ) -> Self {
+        let corr_dim = |rotations: f32| {
+            n_rot as f32 * (n_ctx_orig as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln() / (2.0 * freq_base.ln())
+        };
+        let corr_low = corr_dim(beta_fast).floor().max(0.0);
+        let corr_high = corr_dim(beta_slow).ceil().min(n_rot as f32 - 1.0);
+        let get_mscale = |mscale: f32| if factor <= 1.0 { 1.0 } else { 0.1 * mscale * factor.ln() + 1.0 };
+        // llama.cpp's attention factor, then ggml's magnitude correction in rope_yarn (which the
+        // first cancels but for the log multiplier's).
+        let mut attn = match log_multiplier.filter(|m| *m != 0.0) {
+            Some(all_dims) => get_mscale(1.0) / get_mscale(all_dims),
+            None => get_mscale(1.0),
+        };
+        attn *= 1.0 / (1.0 + 0.1 * factor.ln());
+        attn *= attn_factor;
+        let mscale = attn * (1.0 + 0.1 * (1.0 / (1.0 / factor)).ln());
+        RopeYarn { ext_factor: 1.0, corr_low, corr_high, mscale }
+    }
+
+    /// The blend of pair `i`: 1 keeps the extrapolated angle, 0 the interpolated one.
+    pub fn mix(&self, i: usize) -> f32 {
+        let y = (i as f32 - self.corr_low) / (self.corr_high - self.corr_low).max(0.001);
+        (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

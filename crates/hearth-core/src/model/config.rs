@@ -2,7 +2,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::{Metadata, Value};
-use crate::graph::{ExpertGating, ExpertRouting, RopeMode};
+use crate::graph::{ExpertGating, ExpertRouting, RopeMode, RopeYarn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -114,6 +114,7 @@ pub struct LayerAttention {
     pub window: Option<usize>,
     pub rope_base: f32,
     pub rope_scale: f32,
+    pub rope_yarn: Option<RopeYarn>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -216,11 +217,19 @@ impl ModelConfig {
             )));
         }
         let rope_base = meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
-        let rope_scale = match meta.opt_str(&key("rope.scaling.type"))? {
-            Some("linear") | None => {
-                meta.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0).map_or(1.0, |f| 1.0 / f)
+        let scaling_factor = meta.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0);
+        let (rope_scale, rope_yarn) = match meta.opt_str(&key("rope.scaling.type"))? {
+            Some("linear") | None => (scaling_factor.map_or(1.0, |f| 1.0 / f), None),
+            Some("none") => (1.0, None),
+            Some("yarn") => {
+                let factor = scaling_factor.unwrap_or(1.0);
+                // As llama.cpp reads them for these architectures: the original context (else the
+                // training context) and the attention factor; its default correction range.
+                let n_ctx_orig = meta.opt_usize(&key("rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train);
+                let attn_factor = meta.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+                let yarn = RopeYarn::new(n_rot, n_ctx_orig, rope_base, factor, [32.0, 1.0], attn_factor, None);
+                (1.0 / factor, Some(yarn))
             }
-            Some("none") => 1.0,
             Some(other) => {
                 return Err(CoreError::BadHyperParameter(format!("rope scaling type '{other}' is not supported yet")))
             }
@@ -228,7 +237,7 @@ impl ModelConfig {
         let n_vocab = meta.array("tokenizer.ggml.tokens")?.len();
         check_sizes(n_layer, n_embd, n_head, head_dim, n_ff)?;
 
-        let global = LayerAttention { window: None, rope_base, rope_scale };
+        let global = LayerAttention { window: None, rope_base, rope_scale, rope_yarn };
         let mut cfg = ModelConfig {
             arch,
             n_layer,
@@ -318,7 +327,12 @@ impl ModelConfig {
                 let local_base = meta.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
                 for (layer, local) in cfg.layers.iter_mut().zip(is_local) {
                     if local {
-                        *layer = LayerAttention { window: Some(window), rope_base: local_base, rope_scale: 1.0 };
+                        *layer = LayerAttention {
+                            window: Some(window),
+                            rope_base: local_base,
+                            rope_scale: 1.0,
+                            rope_yarn: None,
+                        };
                     }
                 }
             }

@@ -172,6 +172,7 @@ impl Model {
             freq_base: la.rope_base,
             freq_scale: la.rope_scale,
             freq_factors: self.weights.rope_freqs,
+            yarn: la.rope_yarn,
         };
         g.push(Op::Rope { x: q, params: rope.clone() });
         g.push(Op::Rope { x: k, params: rope });
