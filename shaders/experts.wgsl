@@ -47,7 +47,9 @@ const MIN_WEIGHT_SUM: f32 = 6.1035156e-5;
 // widest in use has 512 experts).
 const MAX_EXPERTS: u32 = 1024u;
 const ROUTE_WG: u32 = 64u;
-const LOWEST: f32 = -3.4028235e38;
+// Below every finite logit a router makes (attention.wgsl's floor; -3.4028235e38 itself rounds
+// past f32 as an abstract float, which Tint refuses).
+const LOWEST: f32 = -3.0e38;
 
 // [n_expert] the token's probabilities, a chosen expert's set to -1 once picked
 var<workgroup> probs: array<f32, MAX_EXPERTS>;
