@@ -14,7 +14,8 @@
 // The op producing the input runs here as a prologue when only mat-muls read its output
 // (compile.rs), so it costs no dispatch of its own and its f32 output is never written:
 // NORM: RMS normalisation of each row (WEIGHT: times a weight), as norm.wgsl computes it;
-// SWIGLU / GEGLU: silu(gate) * up / gelu(gate) * up, as elementwise.wgsl computes them.
+// SWIGLU / GEGLU / SWIGLU_OAI: silu(gate) * up / gelu(gate) * up / gpt-oss's clamped SwiGLU, as
+// elementwise.wgsl computes them.
 // SUM (with NORM): before that norm, the ops that produce its input, a residual add of another
 // RMS norm (Gemma's post-norms): S = residual + norm(X) (SUM_WEIGHT: times a weight), written
 // here because later ops read it, then normalised and rounded. One workgroup per row then rounds
@@ -36,14 +37,14 @@ struct ActQuantParams {
 }
 
 @group(0) @binding(0) var<uniform> P: ActQuantParams;
-// [rows, k] f32: the input (SWIGLU / GEGLU: the gate; SUM: the first norm's input)
+// [rows, k] f32: the input (SWIGLU / GEGLU / SWIGLU_OAI: the gate; SUM: the first norm's input)
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 // Q8_0 / Q8_K: [rows * k / 4] u32, 4 codes each (value 4i + j in byte j), then
 // [rows * k / block_len] f32 scales (as bits), block b's at scales_at + b.
 // Q8_1: the codes, then [rows * k / 32] (d, s) pairs of f32, block b's at scales_at + 2b.
 // F16 / BF16: [rows, k] f32 (as bits).
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
-#ifdef SWIGLU || GEGLU
+#ifdef SWIGLU || GEGLU || SWIGLU_OAI
 // [rows, k] f32
 @group(0) @binding(3) var<storage, read> UP: array<f32>;
 #endif
@@ -155,7 +156,10 @@ fn value(i: u32, col: u32, scale: f32) -> f32 {
 #ifdef GEGLU
     return gelu_ggml(X[i]) * UP[i];
 #endif
-#ifdef NORM || SWIGLU || GEGLU
+#ifdef SWIGLU_OAI
+    return clamped_swiglu(X[i], UP[i]);
+#endif
+#ifdef NORM || SWIGLU || GEGLU || SWIGLU_OAI
 #else
     return X[i];
 #endif

@@ -38,6 +38,15 @@ fn silu(x: f32) -> f32 {
     return x / (1.0 + exp(-x));
 }
 
+// gpt-oss's clamped SwiGLU of a gate and an up value, as ggml's swiglu_oai with gpt-oss's
+// constants (GluActivation::GPT_OSS; compile.rs refuses others): x = min(g, 7),
+// y = clamp(u, ±7), x / (1 + e^(-1.702 x)) · (y + 1).
+fn clamped_swiglu(g: f32, u: f32) -> f32 {
+    let x = min(g, 7.0);
+    let y = clamp(u, -7.0, 7.0);
+    return x / (1.0 + exp(1.702 * -x)) * (y + 1.0);
+}
+
 // GELU (tanh form) of the f16-rounded input, rounded to f16, as ggml's CPU table does.
 fn gelu_ggml(x: f32) -> f32 {
     if (x <= -10.0) {

@@ -98,6 +98,13 @@ fn merge_weights(merged: vec2<f32>, split: vec2<f32>) -> vec4<f32> {
     return vec4<f32>(m, merged.y * c_merged + split.y * c_split, c_merged, c_split);
 }
 
+// A sink joins a head's softmax as one more split would: one key of score `sink` (m = sink,
+// l = 1) whose value is zero. Returns (the new m and l, the factor of the output so far).
+fn merge_sink(merged: vec2<f32>, sink: f32) -> vec3<f32> {
+    let w = merge_weights(merged, vec2<f32>(sink, 1.0));
+    return vec3<f32>(w.xy, w.z);
+}
+
 #ifdef REDUCE
 #ifdef ROUND_Q8_0 || ROUND_Q8_1 || ROUND_Q8_K
 // The merged row rounded for the mat-muls that read it, as act_quant.wgsl rounds (and lays out)
@@ -172,6 +179,11 @@ fn round_row(t: u32, k: u32, tid: u32) {
 // [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
 @group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
 #endif
+#ifdef SINKS
+// [n_head] f32: each query head's sink logit (AttentionParams::sinks)
+@group(0) @binding(8) var<storage, read> SINKS: array<f32>;
+#endif
+
 
 // One workgroup per token: each value of its row merges the splits of its head in order.
 @compute @workgroup_size(128)
@@ -196,6 +208,11 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
             acc = acc * w.z + PART[at + d] * w.w;
             merged = w.xy;
         }
+#ifdef SINKS
+        let sunk = merge_sink(merged, SINKS[h]);
+        merged = sunk.xy;
+        acc = acc * sunk.z;
+#endif
         var v = acc * (1.0 / merged.y);
 #ifdef KV_OFFSET
         // The weights sum to 1: the values' offset comes back whole.
@@ -240,6 +257,10 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 #ifdef KV_OFFSET
 // [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
 @group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
+#endif
+#ifdef SINKS
+// [n_head] f32: each query head's sink logit (AttentionParams::sinks)
+@group(0) @binding(8) var<storage, read> SINKS: array<f32>;
 #endif
 #else
 // [n_tokens, n_head, MAX_SPLITS, head_dim + 2] f32: each split's unnormalised output, m and l
@@ -681,6 +702,17 @@ fn attention(
 #endif
     }
 #ifdef MERGED
+#ifdef SINKS
+    for (var g = 0u; g < MAX_GROUP; g++) {
+        if (g < group) {
+            let sunk = merge_sink(merged[g], SINKS[h0 + g]);
+            merged[g] = sunk.xy;
+            for (var u = 0u; u < DIMS_PER_THREAD; u++) {
+                merged_acc[u][g] = merged_acc[u][g] * sunk.z;
+            }
+        }
+    }
+#endif
     if (valid) {
         for (var g = 0u; g < MAX_GROUP; g++) {
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {

@@ -1,4 +1,4 @@
-// Element-wise ops over f32 activations: add, scale, swiglu, geglu, last_rows.
+// Element-wise ops over f32 activations: add, scale, swiglu, geglu, swiglu_oai, last_rows.
 // Every entry point uses a 1-D grid of 256-thread workgroups folded into 2-D (x * y) when wider
 // than 65535 workgroups; P.groups_x holds the folded grid's x width.
 // INPLACE: the output is also the first operand (`out` may alias `a` / `gate`), so the first
@@ -78,6 +78,17 @@ fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
     let i = index(wg, lid);
     if (i < P.len) {
         OUT[i] = gelu_ggml(first(i)) * B[i];
+    }
+}
+#endif
+
+#ifdef SWIGLU_OAI
+// gpt-oss's clamped SwiGLU, as activation_fns.wgsl's clamped_swiglu.
+@compute @workgroup_size(256)
+fn swiglu_oai(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = index(wg, lid);
+    if (i < P.len) {
+        OUT[i] = clamped_swiglu(first(i), B[i]);
     }
 }
 #endif

@@ -2,8 +2,9 @@
 // (hearth-cpu experts.rs) compute them; the chosen experts' products are the mat-muls' EXPERTS
 // variant (matmul_q8.wgsl, quant.wgsl), which read the ids written here on the device.
 // route_experts (ROUTE): per token, the router's probabilities (SOFTMAX: a softmax of the row;
-//   otherwise a sigmoid of each logit), its n_used most probable experts, ties to the lower id,
-//   and their probabilities as weights, renormalised to sum 1 (NORMALIZE), times P.scale.
+//   SOFTMAX_OF_CHOSEN: the logits themselves; otherwise a sigmoid of each logit), its n_used most
+//   probable experts, ties to the lower id, and their probabilities as weights (SOFTMAX_OF_CHOSEN:
+//   a softmax of the chosen logits), renormalised to sum 1 (NORMALIZE), times P.scale.
 // combine_experts (COMBINE): out[t, c] = Σ_j weights[t, j] · x[t, j * cols + c], slot after slot.
 // group_experts (GROUP): a step's (token, slot) pairs sorted by expert and cut into tiles of at
 //   most P.cols pairs of one expert, for the mat-muls' EXPERTS_GROUPED variant (matmul_q8.wgsl).
@@ -51,7 +52,7 @@ const ROUTE_WG: u32 = 64u;
 // past f32 as an abstract float, which Tint refuses).
 const LOWEST: f32 = -3.0e38;
 
-// [n_expert] the token's probabilities, a chosen expert's set to -1 once picked
+// [n_expert] the token's probabilities, a chosen expert's set to LOWEST once picked
 var<workgroup> probs: array<f32, MAX_EXPERTS>;
 // per thread: its best candidate (or its partial max / sum), then the tree reduction's
 var<workgroup> best_p: array<f32, ROUTE_WG>;
@@ -103,6 +104,13 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     for (var e = tid; e < n_expert; e += ROUTE_WG) {
         probs[e] = probs[e] * inv_sum;
     }
+#endif
+#ifdef SOFTMAX_OF_CHOSEN
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        probs[e] = LOGITS[row + e];
+    }
+#endif
+#ifdef SOFTMAX || SOFTMAX_OF_CHOSEN
 #else
     for (var e = tid; e < n_expert; e += ROUTE_WG) {
         probs[e] = 1.0 / (1.0 + exp(-LOGITS[row + e]));
@@ -114,7 +122,7 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     for (var j = 0u; j < P.n_used; j++) {
         // Each thread's candidate among its experts: a strictly larger probability, scanning ids
         // upwards, keeps the lower id.
-        var candidate_p = -1.0;
+        var candidate_p = LOWEST;
         var candidate = 0u;
         for (var e = tid; e < n_expert; e += ROUTE_WG) {
             let p = probs[e];
@@ -142,7 +150,7 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
             IDS[first + j] = chosen;
             WEIGHTS[first + j] = best_p[0];
             total += best_p[0];
-            probs[chosen] = -1.0;
+            probs[chosen] = LOWEST;
 #ifdef TALLY
             atomicAdd(&TALLY[P.tally_base + chosen], 1u);
 #endif
@@ -150,6 +158,23 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         workgroupBarrier();
     }
     if (tid == 0u) {
+#ifdef SOFTMAX_OF_CHOSEN
+        // The chosen logits' softmax, as the CPU's: shifted by the largest (the first chosen),
+        // the exponentials times the reciprocal of their sum.
+        let top = WEIGHTS[first];
+        var sum = 0.0;
+        for (var j = 0u; j < P.n_used; j++) {
+            let e = exp(WEIGHTS[first + j] - top);
+            WEIGHTS[first + j] = e;
+            sum += e;
+        }
+        let inv = 1.0 / sum;
+        total = 0.0;
+        for (var j = 0u; j < P.n_used; j++) {
+            WEIGHTS[first + j] = WEIGHTS[first + j] * inv;
+            total += WEIGHTS[first + j];
+        }
+#endif
 #ifdef NORMALIZE
         let norm = max(total, MIN_WEIGHT_SUM);
 #else

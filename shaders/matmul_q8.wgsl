@@ -620,6 +620,7 @@ fn matmul_q8(
     // The binding holding the expert (W0, W1 or W2: P.experts_per_binding whole experts each),
     // and the expert's first row in it.
     segment = expert / P.experts_per_binding;
+    bias_at = expert * rows;
     let binding_first = segment * P.experts_per_binding;
     row_base = (expert - binding_first) * rows;
     binding_rows = rows * min(P.experts_per_binding, P.n_expert - binding_first);

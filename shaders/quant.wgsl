@@ -255,7 +255,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 // [n_tokens, n] f32
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 #ifdef BIAS
-// [n] f32 (stored as the GGUF F32 bytes)
+// [n] f32 (stored as the GGUF F32 bytes); EXPERTS: [n_expert, n], each expert's bias
 @group(0) @binding(4) var<storage, read> BIAS_W: array<f32>;
 #endif
 const WG: u32 = 64u;
@@ -290,9 +290,12 @@ fn matmul(
     // The first output row (token) of this workgroup, and the weight row in the binding.
     var out_t0 = t0;
     var weight_row = local_row;
+    // Where the bias of this workgroup's weights starts in BIAS_W.
+    var bias_at = 0u;
 #ifdef EXPERTS
     let pair = expert_pair(wg.z);
     weight_row = pair.expert * rows + local_row;
+    bias_at = pair.expert * rows;
     t0 = pair.act_row;
     n_tokens = t0 + 1u;
     out_t0 = wg.z;
@@ -344,7 +347,7 @@ fn matmul(
         let row = P.row0 + local_row;
         var b = 0.0;
 #ifdef BIAS
-        b = BIAS_W[row];
+        b = BIAS_W[bias_at + row];
 #endif
         for (var u = 0u; u < TILE_T; u++) {
             if (t0 + u < n_tokens) {

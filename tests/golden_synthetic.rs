@@ -4,8 +4,9 @@
 //! with MQA and biases, granite (its four multipliers, an attention output bias), gemma3 with an
 //! 8-token sliding window that the 45-64-token sequences cross, the mixtures of experts qwen3moe,
 //! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token), qwen2moe (a
-//! sigmoid-gated shared expert) and granitemoe (Mixtral's shapes with Granite's multipliers and an
-//! ungated shared expert); seeds whose routing has a
+//! sigmoid-gated shared expert), granitemoe (Mixtral's shapes with Granite's multipliers and an
+//! ungated shared expert) and gpt-oss (attention sinks, YaRN, a sliding window on every other
+//! layer, biased experts with the clamped SwiGLU, weighed by a softmax over the chosen); seeds whose routing has a
 //! near-tie are not used, since either expert is right there and the two pick differently by
 //! whole nats.
 //! Models and references are in the repository, so this runs with no download. Rules:
@@ -83,6 +84,11 @@ fn mixtral_q8_0_matches_llama_cpp() {
 #[test]
 fn qwen2moe_f32_matches_llama_cpp() {
     check("qwen2moe-f32");
+}
+
+#[test]
+fn gpt_oss_f32_matches_llama_cpp() {
+    check("gpt-oss-f32");
 }
 
 #[test]

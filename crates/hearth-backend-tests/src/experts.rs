@@ -5,7 +5,8 @@
 use crate::case::{run_step, single, small_layout, tokens, Case, WEIGHT_TYPES};
 use crate::{Rng, Subject, Tolerance};
 use hearth_core::backend::Backend;
-use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, Op, WeightId};
+use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, GluActivation, Op, WeightDesc, WeightId};
+use hearth_core::model::ExpertBiases;
 use hearth_core::quant::GgmlType;
 use hearth_cpu::CpuBackend;
 
@@ -22,16 +23,36 @@ struct MoeWeights {
     gate: WeightId,
     up: WeightId,
     down: WeightId,
+    biases: Option<ExpertBiases>,
+}
+
+/// The experts' flavour.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Experts {
+    /// SwiGLU experts without biases (every MoE but gpt-oss).
+    SwiGlu,
+    /// gpt-oss's: a bias on the router and every expert matrix, the clamped SwiGLU.
+    GptOss,
+}
+
+/// An F32 weight of `dims` with random values of magnitude up to `scale`.
+fn scaled_f32(c: &mut Case, dims: &[u64], scale: f32, rng: &mut Rng) -> WeightId {
+    let n = dims.iter().product::<u64>() as usize;
+    let bytes = (0..n).flat_map(|_| (rng.f32() * scale).to_le_bytes()).collect();
+    c.weights
+        .push((WeightDesc { name: format!("w{}", c.weights.len()), ty: GgmlType::F32, dims: dims.to_vec() }, bytes));
+    WeightId(c.weights.len() as u32 - 1)
 }
 
 /// One MoE FFN over `n_tokens` tokens of `n_embd` values, experts of `n_ff` hidden values in
 /// `ty`, the router F32 (as llama.cpp's files keep it); the output is the combined FFN output.
+/// gpt-oss's gate and up biases reach ±8, so the clamp at ±7 bites.
 fn moe_case(
     n_tokens: usize,
     ty: GgmlType,
-    n_embd: usize,
-    n_ff: usize,
+    (n_embd, n_ff): (usize, usize),
     routing: ExpertRouting,
+    experts: Experts,
     rng: &mut Rng,
 ) -> (Case, MoeWeights) {
     let n_used = routing.n_used;
@@ -43,6 +64,19 @@ fn moe_case(
     let gate = c.weight(ty, &[e, f, x_count], rng);
     let up = c.weight(ty, &[e, f, x_count], rng);
     let down = c.weight(ty, &[f, e, x_count], rng);
+    let (activation, biases) = match experts {
+        Experts::SwiGlu => (GluActivation::Silu, None),
+        Experts::GptOss => {
+            let biases = ExpertBiases {
+                router: scaled_f32(&mut c, &[x_count], 1.0, rng),
+                gate: scaled_f32(&mut c, &[f, x_count], 8.0, rng),
+                up: scaled_f32(&mut c, &[f, x_count], 8.0, rng),
+                down: scaled_f32(&mut c, &[e, x_count], 1.0, rng),
+            };
+            (GluActivation::GPT_OSS, Some(biases))
+        }
+    };
+    let bias = |pick: fn(&ExpertBiases) -> WeightId| biases.as_ref().map(pick);
     let g = &mut c.graph;
     let logits = g.buf("ffn_moe_logits", n_tokens, N_EXPERT);
     let ids = g.typed_buf("ffn_moe_topk", BufType::U32, n_tokens, n_used);
@@ -51,15 +85,20 @@ fn moe_case(
     let up_out = g.buf("up", n_tokens, n_used * n_ff);
     let down_out = g.buf("down", n_tokens, n_used * n_embd);
     let out = g.buf("out", n_tokens, n_embd);
-    g.push(Op::MatMul { w: router, x, bias: None, out: logits });
+    g.push(Op::MatMul { w: router, x, bias: bias(|b| b.router), out: logits });
     g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(0) });
-    g.push(Op::MatMulExperts { w: gate, x, ids, out: gate_out });
-    g.push(Op::MatMulExperts { w: up, x, ids, out: up_out });
-    g.push(Op::SwiGlu { gate: gate_out, up: up_out, out: gate_out });
-    g.push(Op::MatMulExperts { w: down, x: gate_out, ids, out: down_out });
+    g.push(Op::MatMulExperts { w: gate, x, ids, bias: bias(|b| b.gate), out: gate_out });
+    g.push(Op::MatMulExperts { w: up, x, ids, bias: bias(|b| b.up), out: up_out });
+    g.push(Op::Glu { activation, gate: gate_out, up: up_out, out: gate_out });
+    g.push(Op::MatMulExperts { w: down, x: gate_out, ids, bias: bias(|b| b.down), out: down_out });
     g.push(Op::CombineExperts { x: down_out, weights, out });
     g.logits = out;
-    (c, MoeWeights { table, router, gate, up, down })
+    (c, MoeWeights { table, router, gate, up, down, biases })
+}
+
+/// gpt-oss's routing: the two largest logits, weighed by a softmax over them.
+fn gpt_oss_top2() -> ExpertRouting {
+    ExpertRouting { n_used: N_USED, gating: ExpertGating::SoftmaxOfChosen, normalize: false, scale: 1.0 }
 }
 
 fn softmax_top2() -> ExpertRouting {
@@ -70,27 +109,29 @@ pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
     let mut rng = Rng(21);
     for ty in WEIGHT_TYPES {
         let width = ty.block_len().max(32) * 2;
-        let (c, _) = moe_case(N_TOKENS, ty, width, width, softmax_top2(), &mut rng);
+        let (c, _) = moe_case(N_TOKENS, ty, (width, width), softmax_top2(), Experts::SwiGlu, &mut rng);
         let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
         c.check(subject, &format!("moe ffn {ty:?} {width}"), Tolerance::SUM_ORDER, &steps);
     }
 }
 
-/// Every routing variant (softmax renormalised, softmax scaled, sigmoid, more experts per token)
-/// over a step of several tokens and a decode step of one, the experts' ids and weights computed
-/// and used where the backend keeps its buffers.
+/// Every routing variant (softmax renormalised, softmax scaled, sigmoid, more experts per token,
+/// gpt-oss's softmax over the chosen with its biased, clamped experts) over a step of several
+/// tokens and a decode step of one, the experts' ids and weights computed and used where the
+/// backend keeps its buffers.
 pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
     let mut rng = Rng(23);
     let routings = [
-        softmax_top2(),
-        ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() },
-        ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 },
-        ExpertRouting { n_used: 5, gating: ExpertGating::Sigmoid, normalize: false, scale: 0.5 },
+        (softmax_top2(), Experts::SwiGlu),
+        (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
+        (ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 }, Experts::SwiGlu),
+        (ExpertRouting { n_used: 5, gating: ExpertGating::Sigmoid, normalize: false, scale: 0.5 }, Experts::SwiGlu),
+        (gpt_oss_top2(), Experts::GptOss),
     ];
-    for ty in [GgmlType::F32, GgmlType::Q4_K] {
-        for routing in &routings {
+    for ty in [GgmlType::F32, GgmlType::Q4_K, GgmlType::MXFP4] {
+        for (routing, experts) in &routings {
             let width = ty.block_len().max(32) * 2;
-            let (c, _) = moe_case(N_TOKENS, ty, width, width, routing.clone(), &mut rng);
+            let (c, _) = moe_case(N_TOKENS, ty, (width, width), routing.clone(), *experts, &mut rng);
             let steps = [single(tokens(N_TOKENS, INPUT_ROWS, &mut rng), 0, &small_layout())];
             c.check(subject, &format!("moe ffn {ty:?} {routing:?}"), Tolerance::SUM_ORDER, &steps);
             let mut decode = Case::new(1);
@@ -111,7 +152,8 @@ pub fn mixture_of_experts_long_steps(subject: &dyn Subject) {
     const LONG: usize = 37;
     for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::MXFP4] {
         let width = ty.block_len().max(32) * 2;
-        let (c, _) = moe_case(LONG, ty, width, width, softmax_top2(), &mut rng);
+        let experts = if ty == GgmlType::MXFP4 { Experts::GptOss } else { Experts::SwiGlu };
+        let (c, _) = moe_case(LONG, ty, (width, width), softmax_top2(), experts, &mut rng);
         let ids = tokens(LONG, INPUT_ROWS, &mut rng);
         let steps = [single(ids.clone(), 0, &small_layout())];
         c.check(subject, &format!("moe ffn {ty:?} {LONG} tokens"), Tolerance::SUM_ORDER, &steps);
@@ -133,18 +175,19 @@ pub fn mixture_of_experts_long_steps(subject: &dyn Subject) {
 
 /// The oracle's MoE FFN against the same FFN computed here in f64 from the F32 weights (F32
 /// mat-muls round no activations), for softmax routing renormalised or scaled, and sigmoid
-/// routing, and its expert tallies against the reference's picks; each token's result equals its
+/// routing, gpt-oss's routing and experts, and its expert tallies against the reference's picks; each token's result equals its
 /// result alone in a step (nothing depends on which tokens share the experts).
 pub fn mixture_of_experts_match_a_host_reference() {
     let mut rng = Rng(22);
     let (n_embd, n_ff) = (48, 40);
     let routings = [
-        softmax_top2(),
-        ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() },
-        ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 },
+        (softmax_top2(), Experts::SwiGlu),
+        (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
+        (ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 }, Experts::SwiGlu),
+        (gpt_oss_top2(), Experts::GptOss),
     ];
-    for routing in routings {
-        let (c, w) = moe_case(N_TOKENS, GgmlType::F32, n_embd, n_ff, routing.clone(), &mut rng);
+    for (routing, experts) in routings {
+        let (c, w) = moe_case(N_TOKENS, GgmlType::F32, (n_embd, n_ff), routing.clone(), experts, &mut rng);
         let ids = tokens(N_TOKENS, INPUT_ROWS, &mut rng);
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
         let (kv, g) = c.load(&mut cpu);
@@ -163,24 +206,39 @@ pub fn mixture_of_experts_match_a_host_reference() {
         };
         let (table, router) = (values(w.table), values(w.router));
         let (gate, up, down) = (values(w.gate), values(w.up), values(w.down));
+        // [n_expert] and [n_expert][rows] biases; zeros where the experts have none.
+        let bias_values = |pick: fn(&ExpertBiases) -> WeightId, len: usize| {
+            w.biases.as_ref().map_or_else(|| vec![0f64; len], |b| values(pick(b)))
+        };
+        let router_bias = bias_values(|b| b.router, N_EXPERT);
+        let (gate_bias, up_bias) = (bias_values(|b| b.gate, N_EXPERT * n_ff), bias_values(|b| b.up, N_EXPERT * n_ff));
+        let down_bias = bias_values(|b| b.down, N_EXPERT * n_embd);
         let mut want_tallies = hearth_core::backend::ExpertTallies::default();
         let dot = |m: &[f64], row: usize, x: &[f64]| -> f64 {
             m[row * x.len()..(row + 1) * x.len()].iter().zip(x).map(|(a, b)| a * b).sum()
         };
         for (t, &token) in ids.iter().enumerate() {
             let x = &table[token as usize * n_embd..(token as usize + 1) * n_embd];
-            let logits: Vec<f64> = (0..N_EXPERT).map(|e| dot(&router, e, x)).collect();
-            let probs: Vec<f64> = match routing.gating {
-                ExpertGating::Softmax => {
-                    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let z: f64 = logits.iter().map(|l| (l - max).exp()).sum();
-                    logits.iter().map(|l| (l - max).exp() / z).collect()
-                }
+            let logits: Vec<f64> = (0..N_EXPERT).map(|e| dot(&router, e, x) + router_bias[e]).collect();
+            let softmax = |values: &[f64]| -> Vec<f64> {
+                let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = values.iter().map(|l| (l - max).exp()).sum();
+                values.iter().map(|l| (l - max).exp() / z).collect()
+            };
+            let mut probs: Vec<f64> = match routing.gating {
+                ExpertGating::Softmax => softmax(&logits),
                 ExpertGating::Sigmoid => logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect(),
+                ExpertGating::SoftmaxOfChosen => logits.clone(),
             };
             let mut order: Vec<usize> = (0..N_EXPERT).collect();
             order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
             let chosen = &order[..routing.n_used];
+            if routing.gating == ExpertGating::SoftmaxOfChosen {
+                let chosen_logits: Vec<f64> = chosen.iter().map(|&e| logits[e]).collect();
+                for (&e, p) in chosen.iter().zip(softmax(&chosen_logits)) {
+                    probs[e] = p;
+                }
+            }
             want_tallies.add_picks(0, N_EXPERT, chosen.iter().map(|&e| e as u32));
             let sum: f64 = chosen.iter().map(|&e| probs[e]).sum();
             let mut want = vec![0f64; n_embd];
@@ -188,12 +246,20 @@ pub fn mixture_of_experts_match_a_host_reference() {
                 let weight = if routing.normalize { probs[e] / sum } else { probs[e] } * routing.scale as f64;
                 let hidden: Vec<f64> = (0..n_ff)
                     .map(|j| {
-                        let (g, u) = (dot(&gate, e * n_ff + j, x), dot(&up, e * n_ff + j, x));
-                        g / (1.0 + (-g).exp()) * u
+                        let row = e * n_ff + j;
+                        let (g, u) = (dot(&gate, row, x) + gate_bias[row], dot(&up, row, x) + up_bias[row]);
+                        match experts {
+                            Experts::SwiGlu => g / (1.0 + (-g).exp()) * u,
+                            Experts::GptOss => {
+                                let (g, u) = (g.min(7.0), u.clamp(-7.0, 7.0));
+                                g / (1.0 + (-1.702 * g).exp()) * (u + 1.0)
+                            }
+                        }
                     })
                     .collect();
                 for (i, o) in want.iter_mut().enumerate() {
-                    *o += weight * dot(&down, e * n_embd + i, &hidden);
+                    let row = e * n_embd + i;
+                    *o += weight * (dot(&down, row, &hidden) + down_bias[row]);
                 }
             }
             let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();

@@ -85,6 +85,7 @@ macro_rules! conformance_suite {
             paged_kv::kv_offsets_are_invisible_to_attention_and_shrink_quantization_error,
             paged_kv::attention_one_sequence_gqa_window_softcap,
             paged_kv::attention_several_sequences_every_kv_type,
+            paged_kv::attention_with_sinks,
             paged_kv::heads_prepared_for_attention,
             paged_kv::attention_over_long_contexts,
             paged_kv::attention_feeding_an_output_projection,

@@ -6,7 +6,7 @@ use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, WEIGHT_
 use crate::{Rng, Subject, Tolerance};
 use hearth_core::backend::WeightData;
 use hearth_core::gguf::MemorySource;
-use hearth_core::graph::{Graph, Op, RopeMode, RopeParams, RopeYarn, WeightDesc};
+use hearth_core::graph::{GluActivation, Graph, Op, RopeMode, RopeParams, RopeYarn, WeightDesc};
 use hearth_core::kv::BlockCopy;
 use hearth_core::quant::GgmlType;
 use hearth_core::CoreError;
@@ -155,7 +155,7 @@ pub fn elementwise_ops(subject: &dyn Subject) {
     let mut rng = Rng(7);
     for (rows, cols) in [(1, 7), (3, 300), (2, 4864)] {
         let steps = |rng: &mut Rng| vec![single(tokens(rows, 64, rng), 0, &small_layout())];
-        for kind in ["add", "add_in_place", "swiglu", "swiglu_in_place", "geglu", "scale", "last_row"] {
+        for kind in ["add", "add_in_place", "swiglu", "swiglu_in_place", "geglu", "swiglu_oai", "scale", "last_row"] {
             let mut c = Case::new(rows);
             let a = c.input("a", cols, &mut rng);
             let b = c.input("b", cols, &mut rng);
@@ -170,17 +170,24 @@ pub fn elementwise_ops(subject: &dyn Subject) {
                     a
                 }
                 "swiglu" => {
-                    c.graph.push(Op::SwiGlu { gate: a, up: b, out: fresh });
+                    c.graph.push(Op::Glu { activation: GluActivation::Silu, gate: a, up: b, out: fresh });
                     fresh
                 }
                 "swiglu_in_place" => {
-                    c.graph.push(Op::SwiGlu { gate: a, up: b, out: a });
+                    c.graph.push(Op::Glu { activation: GluActivation::Silu, gate: a, up: b, out: a });
                     a
                 }
                 "geglu" => {
                     c.graph.push(Op::Scale { x: a, factor: 6.0 });
-                    c.graph.push(Op::GeGlu { gate: a, up: b, out: a });
+                    c.graph.push(Op::Glu { activation: GluActivation::GeluTanh, gate: a, up: b, out: a });
                     a
+                }
+                "swiglu_oai" => {
+                    // Gate and up values to ±10, so that both clamps at ±7 bite.
+                    c.graph.push(Op::Scale { x: a, factor: 10.0 });
+                    c.graph.push(Op::Scale { x: b, factor: 10.0 });
+                    c.graph.push(Op::Glu { activation: GluActivation::GPT_OSS, gate: a, up: b, out: fresh });
+                    fresh
                 }
                 "scale" => {
                     c.graph.push(Op::Scale { x: a, factor: -2.5 });
@@ -194,7 +201,7 @@ pub fn elementwise_ops(subject: &dyn Subject) {
             };
             c.graph.logits = out;
             let tolerance = match kind {
-                "geglu" => Tolerance::TRANSCENDENTAL,
+                "geglu" | "swiglu_oai" => Tolerance::TRANSCENDENTAL,
                 "last_row" => Tolerance::EXACT,
                 _ => Tolerance::ELEMENTWISE,
             };
@@ -220,6 +227,7 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
             ("norm", GgmlType::Q5_K, GgmlType::Q2_K, 512),
             ("swiglu", GgmlType::Q4_1, GgmlType::Q5_1, 96),
             ("geglu", GgmlType::Q3_K, GgmlType::Q6_K, 256),
+            ("swiglu_oai", GgmlType::MXFP4, GgmlType::Q8_0, 96),
         ] {
             let mut c = Case::new(rows);
             let x = c.input("x", k, &mut rng);
@@ -237,11 +245,12 @@ pub fn producers_feeding_matmuls(subject: &dyn Subject) {
                 gated => {
                     let up = c.input("up", k, &mut rng);
                     let h = c.graph.buf("h", rows, k);
-                    c.graph.push(if gated == "swiglu" {
-                        Op::SwiGlu { gate: x, up, out: h }
-                    } else {
-                        Op::GeGlu { gate: x, up, out: h }
-                    });
+                    let activation = match gated {
+                        "swiglu" => GluActivation::Silu,
+                        "geglu" => GluActivation::GeluTanh,
+                        _ => GluActivation::GPT_OSS,
+                    };
+                    c.graph.push(Op::Glu { activation, gate: x, up, out: h });
                     h
                 }
             };

@@ -193,6 +193,7 @@ fn params(
         window,
         softcap,
         v_offset: None,
+        sinks: None,
     }
 }
 
@@ -248,6 +249,29 @@ pub fn attention_several_sequences_every_kv_type(subject: &dyn Subject) {
         let c = attention_case(73, 2, params(1, 2, 1, 64, Some(40), None), layout.clone(), &mut rng);
         let steps = schedule(&layout, 6, &plan, &mut rng);
         c.check(subject, &format!("long + short sequences, {} KV", kv_type.name()), Tolerance::ATTENTION, &steps);
+    }
+}
+
+/// gpt-oss's attention sinks: a logit per query head that joins its softmax's denominator, one
+/// far above the scores (it takes most of the weight), one far below, over two sequences (a
+/// prompt chunk and decodes), with and without a sliding window, for every KV type.
+pub fn attention_with_sinks(subject: &dyn Subject) {
+    let mut rng = Rng(31);
+    let plan: [&[(usize, usize)]; 3] = [&[(9, 0), (1, 0)], &[(1, 9), (9, 1)], &[(5, 10), (5, 10)]];
+    for kv_type in KV_TYPES {
+        for (layer, window) in [(0, None), (1, Some(5))] {
+            let layout = two_groups(kv_type, 64, 4, 5, 20);
+            let mut c = attention_case(10, 2, params(layer, 4, 2, 32, window, None), layout.clone(), &mut rng);
+            let sinks = vector_weight(&mut c, "attn_sinks", &[0.5, 9.0, -1.5, -30.0]);
+            for op in &mut c.graph.ops {
+                if let Op::Attention { params, .. } = op {
+                    params.sinks = Some(sinks);
+                }
+            }
+            let steps = schedule(&layout, 6, &plan, &mut rng);
+            let what = format!("attention sinks, {} KV, window {window:?}", kv_type.name());
+            c.check(subject, &what, Tolerance::ATTENTION, &steps);
+        }
     }
 }
 

@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     window: None,
                     softcap: None,
                     v_offset: None,
+                    sinks: None,
                 };
                 let mut out = vec![0f32; CHUNK * n_head * head_dim];
                 let repetitions = (40_000 / context).clamp(3, 40);
@@ -73,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for _ in 0..repetitions {
                     let start = Instant::now();
                     let paged = kv.paged(0, &step, 0, context - 1, offset)?;
-                    paged_attention(&q, paged, &params, pos0, CHUNK, Numerics::Hearth, &mut out)?;
+                    paged_attention(&q, paged, &params, None, pos0, CHUNK, Numerics::Hearth, &mut out)?;
                     best = best.min(start.elapsed().as_secs_f64());
                 }
                 println!("{name:>13} {:>5} context {context:>5}: {:8.3} ms", kv_type.name(), best * 1e3);

@@ -66,9 +66,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     window: None,
                     softcap: None,
                     v_offset: None,
+                    sinks: None,
                 };
                 let paged = kv.paged(layer, &step, 0, pos, Some(&offsets))?;
-                paged_attention(&q, paged, &params, pos, 1, Numerics::Hearth, &mut out)?;
+                paged_attention(&q, paged, &params, None, pos, 1, Numerics::Hearth, &mut out)?;
             }
             best = best.min(start.elapsed().as_secs_f64());
         }

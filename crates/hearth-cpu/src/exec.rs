@@ -3,7 +3,7 @@
 use crate::kv_store::KvStore;
 use crate::weights::CpuWeight;
 use crate::{attention, experts, matmul, ops, CompiledGraph, CpuError};
-use hearth_core::graph::{BufId, BufType, Graph, Op, StepInput, WeightId};
+use hearth_core::graph::{BufId, BufType, GluActivation, Graph, Op, StepInput, WeightId};
 use hearth_core::Result;
 
 pub(crate) struct ExecContext<'a> {
@@ -90,12 +90,12 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::RmsNorm { x, weight, eps, group, out } => {
                 let mut o = prepare_out(bufs, *x, *out);
-                ops::rms_norm(&mut o, *group, *eps, weight.map(|id| w(id).f32.as_deref().unwrap_or(&[])));
+                ops::rms_norm(&mut o, *group, *eps, weight.map(|id| w(id).values()));
                 bufs[out.0 as usize] = o;
             }
             Op::MatMul { w: wid, x, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                let bias = bias.map(|b| w(b).f32.as_deref().unwrap_or(&[]));
+                let bias = bias.map(|b| w(b).values());
                 matmul::matmul(
                     w(*wid),
                     &bufs[x.0 as usize],
@@ -109,17 +109,18 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 bufs[out.0 as usize] = o;
             }
             Op::Rope { x, params } => {
-                let factors = params.freq_factors.map(|f| w(f).f32.as_deref().unwrap_or(&[]));
+                let factors = params.freq_factors.map(|f| w(f).values());
                 ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, &positions);
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
-                let offset = |o: &Option<WeightId>| o.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
+                let offset = |o: &Option<WeightId>| o.map(|o| w(o).values());
                 kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], offset(k_offset), offset(v_offset))?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let q_width = cols(*q);
-                let v_offset = params.v_offset.map(|o| w(o).f32.as_deref().unwrap_or(&[]));
+                let v_offset = params.v_offset.map(|o| w(o).values());
+                let sinks = params.sinks.map(|s| w(s).values());
                 let mut t0 = 0;
                 for seq in seqs {
                     // The positions this sequence's queries see, read in place from its blocks.
@@ -131,6 +132,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                         &bufs[q.0 as usize][rows.clone()],
                         paged,
                         params,
+                        sinks,
                         seq.pos0,
                         seq.n_tokens,
                         ctx.numerics,
@@ -148,14 +150,14 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::Scale { x, factor } => {
                 bufs[x.0 as usize].iter_mut().for_each(|v| *v *= factor);
             }
-            Op::SwiGlu { gate, up, out } => {
+            Op::Glu { activation, gate, up, out } => {
                 let mut o = prepare_out(bufs, *gate, *out);
-                ops::swiglu(&mut o, &bufs[up.0 as usize]);
-                bufs[out.0 as usize] = o;
-            }
-            Op::GeGlu { gate, up, out } => {
-                let mut o = prepare_out(bufs, *gate, *out);
-                ops::geglu(&mut o, &bufs[up.0 as usize]);
+                let up = &bufs[up.0 as usize];
+                match *activation {
+                    GluActivation::Silu => ops::swiglu(&mut o, up),
+                    GluActivation::GeluTanh => ops::geglu(&mut o, up),
+                    GluActivation::ClampedSilu { alpha, limit } => ops::clamped_swiglu(&mut o, up, alpha, limit),
+                }
                 bufs[out.0 as usize] = o;
             }
             Op::LastRows { x, out } => {
@@ -176,10 +178,11 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 bufs[ids.0 as usize] = i;
                 bufs[weights.0 as usize] = wts;
             }
-            Op::MatMulExperts { w: wid, x, ids, out } => {
+            Op::MatMulExperts { w: wid, x, ids, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let (x, ids, n_used) = (&bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids));
-                experts::matmul(w(*wid), x, ids, n_used, &mut compiled.experts, &mut o)?;
+                let bias = bias.map(|b| w(b).values());
+                experts::matmul(w(*wid), x, ids, n_used, bias, &mut compiled.experts, &mut o)?;
                 bufs[out.0 as usize] = o;
             }
             Op::CombineExperts { x, weights, out } => {

@@ -22,7 +22,7 @@ pub(crate) fn route(
     weights: &mut [f32],
 ) {
     let k = routing.n_used;
-    let (probs, order) = (&mut scratch.probs, &mut scratch.order);
+    let ExpertScratch { probs, order, chosen, .. } = scratch;
     probs.resize(n_expert, 0.0);
     order.resize(n_expert, 0);
     for ((row, ids), weights) in
@@ -31,6 +31,7 @@ pub(crate) fn route(
         match routing.gating {
             ExpertGating::Softmax => softmax(row, probs),
             ExpertGating::Sigmoid => probs.iter_mut().zip(row).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp())),
+            ExpertGating::SoftmaxOfChosen => probs.copy_from_slice(row),
         }
         order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
         // A stable sort, so equal probabilities keep the lower id first; NaN (from NaN logits)
@@ -39,6 +40,11 @@ pub(crate) fn route(
         for ((id, w), &e) in ids.iter_mut().zip(weights.iter_mut()).zip(order.iter()) {
             *id = f32::from_bits(e as u32);
             *w = probs[e];
+        }
+        if routing.gating == ExpertGating::SoftmaxOfChosen {
+            chosen.clear();
+            chosen.extend_from_slice(weights);
+            softmax(chosen, weights);
         }
         if routing.normalize {
             let sum = weights.iter().sum::<f32>().max(MIN_WEIGHT_SUM);
@@ -70,6 +76,8 @@ pub(crate) struct ExpertScratch {
     /// [n_expert] a token's router probabilities, and the experts in their order.
     probs: Vec<f32>,
     order: Vec<usize>,
+    /// [n_used] a token's chosen logits (`ExpertGating::SoftmaxOfChosen`).
+    chosen: Vec<f32>,
     /// Per expert, the (token, slot) pairs routed to it.
     rows_of: Vec<Vec<usize>>,
     /// [pairs, k] the pairs' input rows; [pairs, n] their products.
@@ -78,9 +86,9 @@ pub(crate) struct ExpertScratch {
     activations: QuantizedActivations,
 }
 
-/// out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the expert weight `w` ([n_expert][n, k]); `x` holds
-/// `k` values per token (read by every slot) or `n_used * k` (a slice per slot), and `out`
-/// `n_used * n`. The (token, slot) rows of each expert are gathered and go through one mat-mul,
+/// out[t, s] = x[t, s] · W[ids[t, s]]ᵀ (+ bias[ids[t, s]]) for the expert weight `w`
+/// ([n_expert][n, k]) and its optional `bias` ([n_expert][n]); `x` holds `k` values per token
+/// (read by every slot) or `n_used * k` (a slice per slot), and `out` `n_used * n`. The (token, slot) rows of each expert are gathered and go through one mat-mul,
 /// whose every row equals its one-row product bit for bit, so a token's result does not depend
 /// on which other tokens share its step.
 pub(crate) fn matmul(
@@ -88,6 +96,7 @@ pub(crate) fn matmul(
     x: &[f32],
     ids: &[f32],
     n_used: usize,
+    bias: Option<&[f32]>,
     scratch: &mut ExpertScratch,
     out: &mut [f32],
 ) -> Result<(), CpuError> {
@@ -117,8 +126,14 @@ pub(crate) fn matmul(
         // new input: the rounding held for the last expert is stale.
         activations.invalidate();
         matmul::matmul(expert, gathered, BufId(u32::MAX), k, None, activations, Numerics::Hearth, products);
+        // The bias after the product, as ggml's `add_id` adds it.
+        let bias = bias.and_then(|b| b.get(e * n..(e + 1) * n));
         for (&pair, row) in pairs.iter().zip(products.chunks_exact(n)) {
-            out[pair * n..(pair + 1) * n].copy_from_slice(row);
+            let out = &mut out[pair * n..(pair + 1) * n];
+            match bias {
+                Some(b) => out.iter_mut().zip(row).zip(b).for_each(|((o, &p), &b)| *o = p + b),
+                None => out.copy_from_slice(row),
+            }
         }
     }
     Ok(())

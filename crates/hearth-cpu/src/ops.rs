@@ -194,6 +194,18 @@ fn gelu_f16(table: &[u16], x: f32) -> f32 {
 
 /// gate = gelu(gate) * up, with GELU evaluated on the f16-rounded input and rounded to f16, as
 /// ggml's table-driven CPU GELU does.
+/// gate = gpt-oss's clamped SwiGLU of gate and up, as ggml's `swiglu_oai` computes it:
+/// x = min(gate, limit), y = clamp(up, ±limit), x / (1 + e^(-alpha·x)) · (y + 1).
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for_each_chunk(gate, up, |gate, up| {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let x = g.min(limit);
+            let y = u.clamp(-limit, limit);
+            *g = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+        }
+    })
+}
+
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
     let table = gelu_f16_table();
     for_each_chunk(gate, up, |gate, up| {

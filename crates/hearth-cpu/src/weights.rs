@@ -43,8 +43,9 @@ pub(crate) struct CpuWeight {
     /// embedding table that is only looked up row by row is never repacked. None inside: not
     /// repacked (another type, repacking off, or a CPU without the kernel).
     x16: OnceLock<Option<X16Tiles>>,
-    /// Dequantized copy for 1-D weights (norms, biases).
-    pub f32: Option<Vec<f32>>,
+    /// Dequantized copy of a weight read as a vector (norms, biases, an expert stack's biases),
+    /// made by the first read ([`CpuWeight::values`]).
+    values: OnceLock<Vec<f32>>,
     pub row_bytes: usize,
     /// An expert weight's matrices, each a dense weight over its slice of the data
     /// ([`WeightDesc::expert_range`]): `[n_rows, row_len]` each. Empty for a dense weight.
@@ -83,7 +84,7 @@ impl CpuWeight {
                 bytes: Bytes::InExperts,
                 repack,
                 x16: OnceLock::new(),
-                f32: None,
+                values: OnceLock::new(),
                 row_bytes,
                 experts,
             });
@@ -95,13 +96,34 @@ impl CpuWeight {
             data.source.read_at(data.offset, &mut buf)?;
             Bytes::Owned(buf)
         };
-        let mut w = CpuWeight { desc, bytes, repack, x16: OnceLock::new(), f32: None, row_bytes, experts: Vec::new() };
-        if w.desc.dims.len() == 1 || matches!(w.desc.ty, GgmlType::F32) && w.desc.n_rows() == 1 {
-            let mut v = vec![0f32; row_len * w.desc.n_rows()];
+        let w = CpuWeight {
+            desc,
+            bytes,
+            repack,
+            x16: OnceLock::new(),
+            values: OnceLock::new(),
+            row_bytes,
+            experts: Vec::new(),
+        };
+        if w.desc.dims.len() == 1 {
+            // Norms and biases are read every step: decoded now, and any decoding error with them.
+            let mut v = vec![0f32; row_len];
             dequantize_row(w.desc.ty, w.bytes(), &mut v)?;
-            w.f32 = Some(v);
+            let _ = w.values.set(v);
         }
         Ok(w)
+    }
+
+    /// All of this dense weight's values, decoded to f32 on the first call; empty for an expert
+    /// stack (whose experts are weights of their own) or a type without a decoder.
+    pub fn values(&self) -> &[f32] {
+        self.values.get_or_init(|| {
+            let mut v = vec![0f32; self.desc.row_len() * self.desc.n_rows()];
+            if !self.experts.is_empty() || dequantize_row(self.desc.ty, self.bytes(), &mut v).is_err() {
+                v.clear();
+            }
+            v
+        })
     }
 
     /// This weight's x16 tiles, repacked on the first call (on the calling thread's rayon pool)
@@ -166,7 +188,7 @@ impl CpuWeight {
             Bytes::InExperts => self.experts.iter().map(CpuWeight::owned_bytes).sum(),
         };
         let x16 = self.x16.get().and_then(Option::as_ref).map_or(0, |x| x.tiles.len() as u64);
-        own + x16 + self.f32.as_ref().map_or(0, |v| v.len() as u64 * 4)
+        own + x16 + self.values.get().map_or(0, |v| v.len() as u64 * 4)
     }
 }
 

@@ -11,7 +11,7 @@ use crate::shader::{PipelineCache, PipelineKey, ShaderFile};
 use crate::tally::TallyCounters;
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
-use hearth_core::graph::{BufId, ExpertGating, Graph, Op, RopeMode, RopeYarn, WeightId};
+use hearth_core::graph::{BufId, ExpertGating, GluActivation, Graph, Op, RopeMode, RopeYarn, WeightId};
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
@@ -239,11 +239,17 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         Op::Attention { params, .. } if params.head_dim > MAX_HEAD_DIM => {
             Err(format!("attention heads of {} values (at most {MAX_HEAD_DIM})", params.head_dim))
         }
-        Op::Attention { params, .. } => vectors(&[params.v_offset]),
-        Op::Add { .. } | Op::Scale { .. } | Op::SwiGlu { .. } | Op::GeGlu { .. } | Op::LastRows { .. } => Ok(()),
+        Op::Attention { params, .. } => vectors(&[params.v_offset, params.sinks]),
+        Op::Glu { activation: activation @ GluActivation::ClampedSilu { .. }, .. }
+            if *activation != GluActivation::GPT_OSS =>
+        {
+            Err(format!("a clamped SwiGLU other than gpt-oss's ({activation:?})"))
+        }
+        Op::Add { .. } | Op::Scale { .. } | Op::Glu { .. } | Op::LastRows { .. } => Ok(()),
         Op::RouteExperts { .. } | Op::CombineExperts { .. } => Ok(()),
-        Op::MatMulExperts { w, .. } => {
+        Op::MatMulExperts { w, bias, .. } => {
             matrix(w, "an expert mat-mul")?;
+            vectors(&[*bias])?;
             let w = weight(w)?;
             if w.desc.n_experts() > MAX_ROUTED_EXPERTS {
                 return Err(format!(
@@ -254,6 +260,15 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
             }
             expert_bindings_supported(w)
         }
+    }
+}
+
+/// The shader define of a gated activation (elementwise.wgsl's and act_quant.wgsl's).
+fn glu_define(activation: GluActivation) -> &'static str {
+    match activation {
+        GluActivation::Silu => "SWIGLU",
+        GluActivation::GeluTanh => "GEGLU",
+        GluActivation::ClampedSilu { .. } => "SWIGLU_OAI",
     }
 }
 
@@ -398,12 +413,8 @@ impl Builder<'_> {
                     None => entries.push((1, self.buf(input))),
                 }
             }
-            Some(Op::SwiGlu { gate, up, .. }) => {
-                defines.push("SWIGLU");
-                entries.extend([(1, self.buf(gate)), (3, self.buf(up))]);
-            }
-            Some(Op::GeGlu { gate, up, .. }) => {
-                defines.push("GEGLU");
+            Some(Op::Glu { activation, gate, up, .. }) => {
+                defines.push(glu_define(activation));
                 entries.extend([(1, self.buf(gate)), (3, self.buf(up))]);
             }
             _ => entries.push((1, self.buf(x))),
@@ -850,6 +861,10 @@ impl Builder<'_> {
                     if let Some(o) = p.v_offset {
                         entries.push((7, Res::KvOffset(self.vector(o)?)));
                     }
+                    if let Some(sinks) = p.sinks {
+                        defines.push("SINKS");
+                        entries.push((8, Res::Buf(self.vector(sinks)?)));
+                    }
                     None
                 } else {
                     let partials =
@@ -911,6 +926,10 @@ impl Builder<'_> {
                 if let Some(o) = p.v_offset {
                     entries.push((7, Res::KvOffset(self.vector(o)?)));
                 }
+                if let Some(sinks) = p.sinks {
+                    defines.push("SINKS");
+                    entries.push((8, Res::Buf(self.vector(sinks)?)));
+                }
                 let need = KvNeed {
                     layer: p.layer,
                     k_width: None,
@@ -926,13 +945,9 @@ impl Builder<'_> {
                     Some(need),
                 )?;
             }
-            Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
-                let (entry, define) = match op {
-                    Op::Add { .. } => ("add", "ADD"),
-                    Op::SwiGlu { .. } => ("swiglu", "SWIGLU"),
-                    _ => ("geglu", "GEGLU"),
-                };
-                self.elementwise(entry, define, *a, Some(*b), *out, 0.0)?;
+            Op::Add { a, b, out } => self.elementwise("add", "ADD", *a, Some(*b), *out, 0.0)?,
+            Op::Glu { activation, gate, up, out } => {
+                self.elementwise(activation.name(), glu_define(*activation), *gate, Some(*up), *out, 0.0)?;
             }
             Op::Scale { x, factor } => {
                 self.elementwise("scale", "SCALE", *x, None, *x, *factor)?;
@@ -954,10 +969,14 @@ impl Builder<'_> {
             }
             Op::RouteExperts { logits, routing, ids, weights, tally } => {
                 let (rows, n_expert) = self.shape(*logits);
-                let mut defines = vec!["ROUTE"];
-                if routing.gating == ExpertGating::Softmax {
-                    defines.push("SOFTMAX");
-                }
+                let mut defines = vec![
+                    "ROUTE",
+                    match routing.gating {
+                        ExpertGating::Softmax => "SOFTMAX",
+                        ExpertGating::Sigmoid => "SIGMOID",
+                        ExpertGating::SoftmaxOfChosen => "SOFTMAX_OF_CHOSEN",
+                    },
+                ];
                 if routing.normalize {
                     defines.push("NORMALIZE");
                 }
@@ -990,7 +1009,7 @@ impl Builder<'_> {
                     None,
                 )?;
             }
-            Op::MatMulExperts { w, x, ids, out } => self.matmul_experts(*w, *x, *ids, *out)?,
+            Op::MatMulExperts { w, x, ids, bias, out } => self.matmul_experts(*w, *x, *ids, *bias, *out)?,
             Op::CombineExperts { x, weights, out } => {
                 let (rows, cols) = self.shape(*out);
                 let (_, n_used) = self.shape(*weights);
@@ -1056,7 +1075,14 @@ impl Builder<'_> {
     /// ([n_expert][n, k], every expert in one binding) and `x`, [n_tokens, k] read by every slot
     /// or [n_tokens, n_used * k] a slice per slot, one workgroup row per (token, slot) pair whose
     /// expert the kernel reads from `ids` (so the recorded step holds whatever the routing).
-    fn matmul_experts(&mut self, w: WeightId, x: BufId, ids: BufId, out: BufId) -> Result<(), WgpuError> {
+    fn matmul_experts(
+        &mut self,
+        w: WeightId,
+        x: BufId,
+        ids: BufId,
+        bias: Option<WeightId>,
+        out: BufId,
+    ) -> Result<(), WgpuError> {
         let wt = self.weight(w)?;
         let (k, n_out, n_expert) = (wt.desc.row_len(), wt.desc.n_rows(), wt.desc.n_experts());
         let (ty, row_bytes) = (wt.desc.ty, wt.row_bytes as u32);
@@ -1093,6 +1119,10 @@ impl Builder<'_> {
         }
         if x_cols != k {
             defines.push("PER_SLOT");
+        }
+        if let Some(bias) = bias {
+            defines.push("BIAS");
+            entries.push((4, Res::Buf(self.vector(bias)?)));
         }
         let (gx, gy) = fold(n_out.div_ceil(rows_per_group));
         let params = MatMulParams {

@@ -135,7 +135,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
             Op::RmsNorm { group, out, .. } if *group == graph.desc(*out).cols => {
                 only_rounded_readers(i, *out, &op.inputs()).map_or(Fusion::Own, |_| Fusion::Prologue)
             }
-            Op::SwiGlu { out, .. } | Op::GeGlu { out, .. } => {
+            Op::Glu { out, .. } => {
                 only_rounded_readers(i, *out, &op.inputs()).map_or(Fusion::Own, |_| Fusion::Prologue)
             }
             Op::Attention { out, .. }

@@ -35,7 +35,7 @@ fn experts_case(n_tokens: usize, rng: &mut Rng) -> Case {
     let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
     g.push(Op::MatMul { w: router, x, bias: None, out: logits });
     g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(0) });
-    g.push(Op::MatMulExperts { w: up, x, ids, out: up_out });
+    g.push(Op::MatMulExperts { w: up, x, ids, bias: None, out: up_out });
     g.push(Op::CombineExperts { x: up_out, weights, out });
     g.logits = out;
     case

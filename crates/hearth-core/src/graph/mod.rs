@@ -233,6 +233,10 @@ pub struct AttentionParams {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<usize>,
+    /// Attention sinks (gpt-oss): [n_head] f32 logits, one per query head, that join each
+    /// softmax's denominator as a key with no value would: weights e^(s_j - m) / (Σ e^(s_i - m)
+    /// + e^(sink - m)), m the largest of the scores and the sink.
+    pub sinks: Option<WeightId>,
     /// tanh soft-capping of the scores (gemma 2 style), if any. Not shift-invariant: a layer
     /// with a softcap must not be given a key offset.
     pub softcap: Option<f32>,
@@ -249,6 +253,34 @@ pub enum ExpertGating {
     Softmax,
     /// A sigmoid per expert (DeepSeek-V3, Kimi).
     Sigmoid,
+    /// The logits themselves choose, and a softmax over the chosen ones weighs them (gpt-oss:
+    /// llama.cpp's `SOFTMAX_WEIGHT`).
+    SoftmaxOfChosen,
+}
+
+/// The gate's activation in a gated FFN: out = act(gate) * up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GluActivation {
+    /// silu(g) · u (SwiGLU: llama, qwen, the experts of every MoE but gpt-oss).
+    Silu,
+    /// gelu_tanh(g) · u (GeGLU: gemma).
+    GeluTanh,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): x = min(g, limit), y = clamp(u, ±limit),
+    /// out = x · σ(alpha · x) · (y + 1).
+    ClampedSilu { alpha: f32, limit: f32 },
+}
+
+impl GluActivation {
+    /// gpt-oss's constants, as llama.cpp hard-codes them.
+    pub const GPT_OSS: GluActivation = GluActivation::ClampedSilu { alpha: 1.702, limit: 7.0 };
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GluActivation::Silu => "swiglu",
+            GluActivation::GeluTanh => "geglu",
+            GluActivation::ClampedSilu { .. } => "swiglu_oai",
+        }
+    }
 }
 
 /// How a token's experts and their weights are chosen from the router's logits, as llama.cpp's
@@ -293,10 +325,8 @@ pub enum Op {
     Add { a: BufId, b: BufId, out: BufId },
     /// x *= factor, in place.
     Scale { x: BufId, factor: f32 },
-    /// out = silu(gate) * up; `out` may be `gate`.
-    SwiGlu { gate: BufId, up: BufId, out: BufId },
-    /// out = gelu_tanh(gate) * up; `out` may be `gate`.
-    GeGlu { gate: BufId, up: BufId, out: BufId },
+    /// out = act(gate) * up as `activation` says; `out` may be `gate`. All [rows, cols].
+    Glu { activation: GluActivation, gate: BufId, up: BufId, out: BufId },
     /// out: [n_seqs, cols], row s = x's row of the last token of sequence s — only those go
     /// through the output head.
     LastRows { x: BufId, out: BufId },
@@ -310,8 +340,9 @@ pub enum Op {
     /// Each token's mat-mul with its chosen experts: out[t, s] = x[t, s] · W[ids[t, s]]ᵀ for the
     /// expert weight W: [n_expert][n, k] (GGML dims [k, n, n_expert]). ids: [n_tokens, n_used] (u32); x: [n_tokens, k] (every slot reads the
     /// token's row) or [n_tokens, n_used * k] (slot s reads its own k values); out:
-    /// [n_tokens, n_used * n], slot after slot.
-    MatMulExperts { w: WeightId, x: BufId, ids: BufId, out: BufId },
+    /// [n_tokens, n_used * n], slot after slot. `bias` ([n_expert][n] f32), when given, adds each
+    /// slot's expert's row to its output.
+    MatMulExperts { w: WeightId, x: BufId, ids: BufId, bias: Option<WeightId>, out: BufId },
     /// out[t] = Σ_s weights[t, s] · x[t, s], summed slot after slot: the experts' outputs
     /// x: [n_tokens, n_used * cols] combined by their router weights [n_tokens, n_used] into
     /// out: [n_tokens, cols].
@@ -330,8 +361,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Add { .. } => "add",
             Op::Scale { .. } => "scale",
-            Op::SwiGlu { .. } => "swiglu",
-            Op::GeGlu { .. } => "geglu",
+            Op::Glu { activation, .. } => activation.name(),
             Op::LastRows { .. } => "last_rows",
             Op::RouteExperts { .. } => "route_experts",
             Op::MatMulExperts { .. } => "mat_mul_experts",
@@ -351,7 +381,7 @@ impl Op {
             Op::StoreKv { k, v, .. } => vec![*k, *v],
             Op::Attention { q, .. } => vec![*q],
             Op::Add { a, b, .. } => vec![*a, *b],
-            Op::SwiGlu { gate, up, .. } | Op::GeGlu { gate, up, .. } => vec![*gate, *up],
+            Op::Glu { gate, up, .. } => vec![*gate, *up],
             Op::RouteExperts { logits, .. } => vec![*logits],
             Op::MatMulExperts { x, ids, .. } => vec![*x, *ids],
             Op::CombineExperts { x, weights, .. } => vec![*x, *weights],
@@ -367,8 +397,7 @@ impl Op {
             | Op::MatMul { out, .. }
             | Op::Attention { out, .. }
             | Op::Add { out, .. }
-            | Op::SwiGlu { out, .. }
-            | Op::GeGlu { out, .. }
+            | Op::Glu { out, .. }
             | Op::LastRows { out, .. }
             | Op::MatMulExperts { out, .. }
             | Op::CombineExperts { out, .. } => vec![*out],

@@ -6,7 +6,7 @@
 //! u32 expert ids and read expert weights; a u32 buffer or an expert weight given to any other op
 //! is refused here, so no backend reads ids as values or an expert stack as one tall matrix.
 
-use super::{BufId, BufType, Graph, Op, WeightDesc, WeightId};
+use super::{BufId, BufType, GluActivation, Graph, Op, WeightDesc, WeightId};
 use crate::error::CoreError;
 
 impl Graph {
@@ -184,8 +184,16 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                 if let Some(o) = p.v_offset {
                     self.vector(o, p.n_head_kv * p.head_dim)?;
                 }
+                if let Some(sinks) = p.sinks {
+                    self.vector(sinks, p.n_head)?;
+                }
             }
-            Op::Add { a, b, out } | Op::SwiGlu { gate: a, up: b, out } | Op::GeGlu { gate: a, up: b, out } => {
+            Op::Glu { activation: GluActivation::ClampedSilu { alpha, limit }, .. }
+                if !(alpha.is_finite() && limit.is_finite()) =>
+            {
+                return Err(self.bad(format!("clamped SwiGLU with alpha {alpha} and limit {limit}")));
+            }
+            Op::Add { a, b, out } | Op::Glu { gate: a, up: b, out, .. } => {
                 self.same(*a, *b)?;
                 self.same(*a, *out)?;
                 // `out` may be the first operand (updated in place), never the second.
@@ -215,8 +223,11 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                     return Err(self.bad(format!("expert weight scale {}", routing.scale)));
                 }
             }
-            Op::MatMulExperts { w, x, ids, out } => {
+            Op::MatMulExperts { w, x, ids, bias, out } => {
                 let d = self.experts(*w)?;
+                if let Some(b) = bias {
+                    self.vector(*b, d.n_experts() * d.n_rows())?;
+                }
                 let (_, k) = self.typed_shape(*ids, BufType::U32)?;
                 let x_cols = self.per_token(*x)?;
                 let broadcast = x_cols == d.row_len();
@@ -310,7 +321,7 @@ mod tests {
         let second = graph_with(|g| {
             let a = g.buf("a", 2, 4);
             let b = g.buf("b", 2, 4);
-            Op::SwiGlu { gate: a, up: b, out: b }
+            Op::Glu { activation: GluActivation::Silu, gate: a, up: b, out: b }
         });
         assert!(second.validate(|_| None).is_err());
     }
@@ -329,6 +340,7 @@ mod tests {
                 window: None,
                 softcap: None,
                 v_offset: None,
+                sinks: None,
             };
             Op::Attention { q, params, out }
         });
@@ -443,7 +455,7 @@ mod tests {
         let out = g.buf("out", 2, 6);
         let combined = g.buf("combined", 2, 3);
         g.push(Op::RouteExperts { logits, routing: routing(2), ids, weights, tally: Some(0) });
-        g.push(Op::MatMulExperts { w: WeightId(0), x, ids, out });
+        g.push(Op::MatMulExperts { w: WeightId(0), x, ids, bias: None, out });
         g.push(Op::CombineExperts { x: out, weights, out: combined });
         g.logits = combined;
         g

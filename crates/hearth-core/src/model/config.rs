@@ -2,7 +2,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::{Metadata, Value};
-use crate::graph::{ExpertGating, ExpertRouting, RopeMode, RopeYarn};
+use crate::graph::{ExpertGating, ExpertRouting, GluActivation, RopeMode, RopeYarn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -30,6 +30,10 @@ pub enum Arch {
     /// Qwen 1.5/2 MoE: Qwen 2's attention (q/k/v biases, NeoX RoPE), experts weighted by their
     /// softmax probabilities as they are, and a shared expert behind a per-token sigmoid gate.
     Qwen2Moe,
+    /// gpt-oss: attention sinks, a sliding window on every other layer, YaRN, q/k/v and output
+    /// biases; experts with biases and a clamped SwiGLU, chosen by their router logits (which
+    /// have a bias too) and weighed by a softmax over the chosen ones.
+    GptOss,
 }
 
 impl Arch {
@@ -44,6 +48,7 @@ impl Arch {
             "granite" => Arch::Granite,
             "granitemoe" => Arch::GraniteMoe,
             "qwen2moe" => Arch::Qwen2Moe,
+            "gpt-oss" => Arch::GptOss,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -59,14 +64,9 @@ impl Arch {
             Arch::Granite => "granite",
             Arch::GraniteMoe => "granitemoe",
             Arch::Qwen2Moe => "qwen2moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FfnActivation {
-    Silu,
-    GeluTanh,
 }
 
 /// A mixture-of-experts FFN: `n_expert` SwiGLU experts of `n_ff_expert` hidden values each,
@@ -78,6 +78,8 @@ pub struct MoeConfig {
     pub routing: ExpertRouting,
     /// A SwiGLU expert every token runs beside its routed ones; `None` when the model has none.
     pub shared: Option<SharedExpert>,
+    /// The router and every expert matrix have a bias (gpt-oss).
+    pub biases: bool,
 }
 
 /// A mixture of experts' shared expert: `n_ff` hidden values, its output added to the routed
@@ -148,11 +150,13 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// Multiplies the logits (granite: 1 / `logit_scale`).
     pub logits_factor: Option<f32>,
-    pub ffn_activation: FfnActivation,
+    pub ffn_activation: GluActivation,
     pub qkv_bias: bool,
     pub qk_norm: QkNorm,
     /// Gemma's extra norms after attention and after the FFN.
     pub post_norms: bool,
+    /// Every layer has attention sinks (`attn_sinks.weight`, one logit per query head: gpt-oss).
+    pub attn_sinks: bool,
     /// Every layer's FFN is a mixture of experts (`None`: dense, `n_ff` wide).
     pub moe: Option<MoeConfig>,
     pub layers: Vec<LayerAttention>,
@@ -257,10 +261,11 @@ impl ModelConfig {
             embd_scale: None,
             residual_scale: None,
             logits_factor: None,
-            ffn_activation: FfnActivation::Silu,
+            ffn_activation: GluActivation::Silu,
             qkv_bias: false,
             qk_norm: QkNorm::None,
             post_norms: false,
+            attn_sinks: false,
             moe: None,
             layers: vec![global; n_layer],
         };
@@ -314,11 +319,33 @@ impl ModelConfig {
                     cfg.moe = Some(moe);
                 }
             }
+            Arch::GptOss => {
+                // As llama.cpp's openai-moe.cpp: scores scaled by 1/sqrt(n_rot); a sliding window
+                // on even layers (swa pattern 2), which keep the global layers' RoPE (YaRN
+                // included) unless the file gives them a base of their own.
+                cfg.attn_scale = 1.0 / (n_rot as f32).sqrt();
+                cfg.attn_sinks = true;
+                cfg.ffn_activation = GluActivation::GPT_OSS;
+                let window = meta.usize(&key("attention.sliding_window"))?;
+                let is_local = sliding_window_layers(meta, &key("attention.sliding_window_pattern"), n_layer, 2)?;
+                let local_base = meta.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(rope_base);
+                for (layer, local) in cfg.layers.iter_mut().zip(is_local) {
+                    if local {
+                        layer.window = Some(window);
+                        layer.rope_base = local_base;
+                    }
+                }
+                let n_ff_expert = meta.usize(&key("expert_feed_forward_length"))?;
+                let mut moe = moe_config(meta, arch_name, n_embd, n_ff_expert, false)?;
+                moe.routing.gating = ExpertGating::SoftmaxOfChosen;
+                moe.biases = true;
+                cfg.moe = Some(moe);
+            }
             Arch::Gemma3 => {
                 cfg.qk_norm = QkNorm::PerHead;
                 cfg.post_norms = true;
                 cfg.scale_queries = true;
-                cfg.ffn_activation = FfnActivation::GeluTanh;
+                cfg.ffn_activation = GluActivation::GeluTanh;
                 cfg.embd_scale = Some((n_embd as f32).sqrt());
                 let window = meta.usize(&key("attention.sliding_window"))?;
                 // Gemma 3: five local layers, then one global (llama.cpp's swa pattern 6), local
@@ -377,7 +404,7 @@ fn moe_config(
         )));
     }
     let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize, scale: 1.0 };
-    Ok(MoeConfig { n_expert, n_ff_expert, routing, shared: None })
+    Ok(MoeConfig { n_expert, n_ff_expert, routing, shared: None, biases: false })
 }
 
 /// Largest layer count and tensor dimension accepted (real models: ~128 layers, dimensions below 2^17).

@@ -1,19 +1,22 @@
 //! Model graphs. One decoder, written once against [`Graph`], covers llama (and Mixtral), qwen2,
-//! qwen3, gemma3, qwen3moe, qwen2moe, olmoe and granite (dense and MoE); the architectures differ only in the
-//! switches of [`ModelConfig`] (biases, q/k norms, post-norms, activation, RoPE flavour, per-layer
-//! sliding windows, scale factors, a mixture of experts in place of the dense FFN, a shared
-//! expert). Backends never see the architecture, only the ops.
+//! qwen3, gemma3, qwen3moe, qwen2moe, olmoe, granite (dense and MoE) and gpt-oss; the
+//! architectures differ only in the switches of [`ModelConfig`] (biases, q/k norms, post-norms,
+//! attention sinks, activation, RoPE flavour, per-layer sliding windows, scale factors, a mixture
+//! of experts in place of the dense FFN, its biases, a shared expert). Backends never see the architecture, only the ops.
 
 pub mod config;
 pub mod weights;
 
-pub use config::{Arch, FfnActivation, LayerAttention, ModelConfig, MoeConfig, QkNorm, SharedExpert, SharedExpertGate};
-pub use weights::{DenseFfn, FfnWeights, LayerWeights, ModelWeights, SharedFfn};
+pub use config::{Arch, LayerAttention, ModelConfig, MoeConfig, QkNorm, SharedExpert, SharedExpertGate};
+pub use weights::{DenseFfn, ExpertBiases, FfnWeights, LayerWeights, ModelWeights, SharedFfn};
 
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::graph::{AttentionParams, BufId, BufType, ExpertGating, ExpertRouting, Graph, LogitsMode, Op, RopeParams};
+pub use crate::graph::GluActivation;
+use crate::graph::{
+    AttentionParams, BufId, BufType, ExpertGating, ExpertRouting, Graph, LogitsMode, Op, RopeParams, WeightId,
+};
 use crate::kv::{KvGroup, KvType};
 
 pub struct Model {
@@ -31,15 +34,16 @@ pub struct ParameterCount {
 }
 
 impl ParameterCount {
-    /// Counted from `file`'s tensors; expert stacks (`[k, n, n_expert]`) count `n_used` experts
-    /// as active.
+    /// Counted from `file`'s tensors; expert stacks (`[k, n, n_expert]`) and their biases count
+    /// `n_used` experts as active.
     pub fn of(file: &GgufFile, config: &ModelConfig) -> Self {
         let mut count = ParameterCount::default();
         for t in &file.tensors {
             let values = t.n_elements();
             count.total += values;
             count.active += match &config.moe {
-                Some(moe) if t.dims.len() == 3 && t.dims[2] == moe.n_expert as u64 => {
+                // Expert stacks and their biases (`[n, n_expert]`), by llama.cpp's "_exps" names.
+                Some(moe) if t.name.contains("_exps.") && t.dims.last() == Some(&(moe.n_expert as u64)) => {
                     values / moe.n_expert as u64 * moe.routing.n_used as u64
                 }
                 _ => values,
@@ -195,6 +199,7 @@ impl Model {
             window: la.window,
             softcap: None,
             v_offset,
+            sinks: lw.attn_sinks,
         };
         g.push(Op::Attention { q, params, out: b.attn });
         g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: lw.bo, out: b.proj });
@@ -218,16 +223,17 @@ impl Model {
         g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
         match (&lw.ffn, &c.moe, &b.experts) {
             (FfnWeights::Dense(ffn), _, _) => self.swiglu_ffn(g, ffn, h, [b.gate, b.up], proj),
-            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd, shared }, Some(moe), Some(e)) => {
+            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd, biases, shared }, Some(moe), Some(e)) => {
                 let (gate, up) = (b.gate, b.up);
-                g.push(Op::MatMul { w: *router, x: h, bias: None, out: e.router_logits });
+                let bias = |pick: fn(&ExpertBiases) -> WeightId| biases.as_ref().map(pick);
+                g.push(Op::MatMul { w: *router, x: h, bias: bias(|b| b.router), out: e.router_logits });
                 let routing = moe.routing.clone();
                 let (logits, ids, weights) = (e.router_logits, e.ids, e.weights);
                 g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(il) });
-                g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, out: gate });
-                g.push(Op::MatMulExperts { w: *wu, x: h, ids: e.ids, out: up });
+                g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, bias: bias(|b| b.gate), out: gate });
+                g.push(Op::MatMulExperts { w: *wu, x: h, ids: e.ids, bias: bias(|b| b.up), out: up });
                 g.push(self.activation(gate, up));
-                g.push(Op::MatMulExperts { w: *wd, x: gate, ids: e.ids, out: e.outputs });
+                g.push(Op::MatMulExperts { w: *wd, x: gate, ids: e.ids, bias: bias(|b| b.down), out: e.outputs });
                 g.push(Op::CombineExperts { x: e.outputs, weights: e.weights, out: proj });
                 if let (Some(shared), Some(s)) = (shared, &e.shared) {
                     self.swiglu_ffn(g, &shared.ffn, h, [s.gate, s.up], s.out);
@@ -275,10 +281,7 @@ impl Model {
 
     /// The gated activation of the model's FFNs, written over `gate`.
     fn activation(&self, gate: BufId, up: BufId) -> Op {
-        match self.config.ffn_activation {
-            FfnActivation::Silu => Op::SwiGlu { gate, up, out: gate },
-            FfnActivation::GeluTanh => Op::GeGlu { gate, up, out: gate },
-        }
+        Op::Glu { activation: self.config.ffn_activation, gate, up, out: gate }
     }
 }
 

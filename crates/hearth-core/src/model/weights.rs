@@ -1,7 +1,7 @@
 //! Finds, checks and uploads the tensors of a model. Shapes are validated here, once, so backends
 //! can trust every row length they are given.
 
-use super::config::{ModelConfig, QkNorm, SharedExpertGate};
+use super::config::{Arch, ModelConfig, QkNorm, SharedExpertGate};
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -23,6 +23,8 @@ pub struct LayerWeights {
     /// granite).
     pub bo: Option<WeightId>,
     pub attn_post_norm: Option<WeightId>,
+    /// [n_head] attention sink logits (gpt-oss).
+    pub attn_sinks: Option<WeightId>,
     pub ffn_norm: WeightId,
     pub ffn: FfnWeights,
     pub ffn_post_norm: Option<WeightId>,
@@ -49,15 +51,26 @@ pub struct SharedFfn {
 pub enum FfnWeights {
     Dense(DenseFfn),
     /// router: [n_expert, n_embd] (F32 in llama.cpp's files); gate, up: [n_expert][n_ff_expert,
-    /// n_embd]; down: [n_expert][n_embd, n_ff_expert]; `shared`: the shared expert, where the
-    /// model has one.
+    /// n_embd]; down: [n_expert][n_embd, n_ff_expert]; `biases`: theirs, where the model has
+    /// them; `shared`: the shared expert, where the model has one.
     Experts {
         router: WeightId,
         gate: WeightId,
         up: WeightId,
         down: WeightId,
+        biases: Option<ExpertBiases>,
         shared: Option<SharedFfn>,
     },
+}
+
+/// The biases of a mixture of experts (gpt-oss): router: [n_expert]; gate, up:
+/// [n_expert][n_ff_expert]; down: [n_expert][n_embd].
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertBiases {
+    pub router: WeightId,
+    pub gate: WeightId,
+    pub up: WeightId,
+    pub down: WeightId,
 }
 
 #[derive(Clone, Debug)]
@@ -212,7 +225,12 @@ impl ModelWeights {
                 wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
                 bo: up.optional(&n("attn_output.bias"), &[e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
-                ffn_norm: up.upload(&n("ffn_norm.weight"), &[e])?,
+                attn_sinks: up.required_if(cfg.attn_sinks, &n("attn_sinks.weight"), &[cfg.n_head as u64])?,
+                // gpt-oss names its pre-FFN norm as gemma names its post-attention norm.
+                ffn_norm: up.upload(
+                    &n(if cfg.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" }),
+                    &[e],
+                )?,
                 ffn: match &cfg.moe {
                     None => FfnWeights::Dense(up.dense_ffn(&n(""), "", e, ff)?),
                     Some(moe) => {
@@ -222,6 +240,15 @@ impl ModelWeights {
                             gate: up.upload(&n("ffn_gate_exps.weight"), &[e, fx, x])?,
                             up: up.upload(&n("ffn_up_exps.weight"), &[e, fx, x])?,
                             down: up.upload(&n("ffn_down_exps.weight"), &[fx, e, x])?,
+                            biases: match moe.biases {
+                                true => Some(ExpertBiases {
+                                    router: up.upload(&n("ffn_gate_inp.bias"), &[x])?,
+                                    gate: up.upload(&n("ffn_gate_exps.bias"), &[fx, x])?,
+                                    up: up.upload(&n("ffn_up_exps.bias"), &[fx, x])?,
+                                    down: up.upload(&n("ffn_down_exps.bias"), &[e, x])?,
+                                }),
+                                false => None,
+                            },
                             shared: match &moe.shared {
                                 Some(shared) => Some(SharedFfn {
                                     ffn: up.dense_ffn(&n(""), "_shexp", e, shared.n_ff as u64)?,

@@ -420,3 +420,32 @@ fn a_mixture_of_experts_with_bad_expert_counts_or_tensors_is_refused() {
         other => panic!("expected Unsupported, got {:?}", other.err()),
     }
 }
+
+/// gpt-oss, as llama.cpp's openai-moe.cpp reads it, from the synthetic file the goldens use
+/// (tests/fixtures/synthetic/make_models.py): a sliding window on even layers only, YaRN on all
+/// of them, sinks, the pre-FFN norm under its gemma name, biased experts chosen by their logits.
+#[test]
+fn gpt_oss_reads_its_windows_sinks_and_expert_biases() {
+    use hearth_core::graph::{ExpertGating, GluActivation, Op};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/synthetic/gpt-oss-f32.gguf");
+    let file = parse(&std::fs::read(path).expect("the gpt-oss fixture")).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    let windows: Vec<Option<usize>> = cfg.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(8), None, Some(8)]);
+    assert!(cfg.layers.iter().all(|l| l.rope_yarn.is_some()), "YaRN on the windowed layers too");
+    assert!(cfg.attn_sinks && cfg.ffn_activation == GluActivation::GPT_OSS);
+    let moe = cfg.moe.clone().expect("a MoE config");
+    assert!(moe.biases && moe.routing.gating == ExpertGating::SoftmaxOfChosen && !moe.routing.normalize);
+
+    let model =
+        hearth_core::model::Model::load(&file, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    let graph = model.build_graph(3, 1, hearth_core::graph::LogitsMode::Last);
+    let attention = graph.ops.iter().filter(|op| matches!(op, Op::Attention { params, .. } if params.sinks.is_some()));
+    assert_eq!(attention.count(), 3);
+    let biased = graph.ops.iter().filter(|op| matches!(op, Op::MatMulExperts { bias: Some(_), .. }));
+    assert_eq!(biased.count(), 9);
+    assert!(graph.ops.iter().any(|op| matches!(op, Op::Glu { activation: GluActivation::GPT_OSS, .. })));
+    // The expert biases count as their experts do: 2 of 4 active.
+    let bias_values = 3 * (32 + 32 + 64) * 4;
+    assert_eq!(model.parameters.total - model.parameters.active, (3 * 3 * 32 * 64 * 4 + bias_values) / 2);
+}

@@ -81,6 +81,17 @@ pub(super) fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
             acc.iter_mut().zip(&values[row]).for_each(|(a, &v)| *a = round_f16(v.mul_add(vs, *a)));
             sum = sum.mul_add(ms, vs);
         }
+        // ggml's correction for a sink, once the f16 sums are back in f32.
+        if let Some(sink) = c.sinks.map(|sinks| sinks[h]) {
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if sink > max {
+                ms = (max - sink).exp();
+                acc.iter_mut().for_each(|a| *a *= ms);
+            } else {
+                vs = (sink - max).exp();
+            }
+            sum = sum.mul_add(ms, vs);
+        }
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         out.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
     }

@@ -73,14 +73,17 @@ struct Task {
 }
 
 /// One sequence's queries: q, out: [n_tokens, n_head * head_dim]. Token t sits at position
-/// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` covers.
+/// pos0 + t and sees positions max(0, p - window + 1)..=p, all of which `kv` covers. `sinks`
+/// ([n_head], the layer's [`AttentionParams::sinks`] values) join each head's softmax.
 ///
 /// With [`Numerics::LlamaCpp`], f16 KV, fewer than 64 tokens and a head size that is a multiple of
 /// 64, each task runs ggml's f16 flash attention instead (ggml_f16.rs).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     kv: PagedKv<'_>,
     p: &AttentionParams,
+    sinks: Option<&[f32]>,
     pos0: usize,
     n_tokens: usize,
     numerics: Numerics,
@@ -97,8 +100,11 @@ pub fn attention(
     if q.len() < n_tokens * q_width || out.len() < n_tokens * q_width {
         return Err(CpuError::BadKv(format!("attention of {n_tokens} tokens over query rows of {} values", q.len())));
     }
+    if sinks.is_some_and(|s| s.len() != p.n_head) {
+        return Err(CpuError::BadKv(format!("attention sinks for {} query heads", p.n_head)));
+    }
     let tasks = split_tasks(p, n_tokens);
-    let head = HeadContext { q, kv, p, pos0 };
+    let head = HeadContext { q, kv, p, sinks, pos0 };
     let ggml_f16 = numerics == Numerics::LlamaCpp
         && kv.kv_type == KvType::F16
         && n_tokens < GGML_FA_TILE_Q
@@ -145,6 +151,8 @@ struct HeadContext<'a> {
     q: &'a [f32],
     kv: PagedKv<'a>,
     p: &'a AttentionParams,
+    /// [n_head] the sink logit of each query head (gpt-oss), if any.
+    sinks: Option<&'a [f32]>,
     pos0: usize,
 }
 
@@ -244,12 +252,14 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     // Softmax weights, each query over its positions in order: the exponentials first, then
     // their sum in order. (In one loop, every `exp` call waited for the running sum, spilled
     // around the call: a third of prefill attention's time at 1k context.)
+    // A sink joins the maximum and the sum, as a score with no value would.
     for i in 0..n_queries {
         let t = task.t0 + i / task.n_heads;
-        let max = s.max[i];
+        let sink = c.sinks.map(|sinks| sinks[task.h0 + i % task.n_heads]);
+        let max = sink.map_or(s.max[i], |sink| s.max[i].max(sink));
         let weights = &mut s.scores[i * span + lo_of(t) - span_lo..=i * span + pos_of(t) - span_lo];
         weights.iter_mut().for_each(|w| *w = (*w - max).exp());
-        s.sum[i] = weights.iter().fold(0f32, |sum, &w| sum + w);
+        s.sum[i] = weights.iter().fold(0f32, |sum, &w| sum + w) + sink.map_or(0.0, |sink| (sink - max).exp());
     }
     // Weighted sum of V, block by block.
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {

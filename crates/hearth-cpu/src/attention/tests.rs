@@ -145,13 +145,14 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
         window: case.window,
         softcap: case.softcap,
         v_offset: None,
+        sinks: None,
     };
     let q = rng.vec(case.n_tokens * case.n_head * hd, 1.5);
     let n_out = case.n_tokens * case.n_head * hd;
 
     let mut paged_out = vec![f32::NAN; n_out];
     let paged = kv.paged(0, &step, lo, case.pos0 + case.n_tokens - 1, v_offset).expect("paged view");
-    attention(&q, paged, &params, case.pos0, case.n_tokens, crate::Numerics::Hearth, &mut paged_out)
+    attention(&q, paged, &params, None, case.pos0, case.n_tokens, crate::Numerics::Hearth, &mut paged_out)
         .expect("attention");
 
     let (mut k_rows, mut v_rows) = (Vec::new(), Vec::new());
