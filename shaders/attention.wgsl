@@ -45,6 +45,8 @@ struct AttentionParams {
     group: u32,
     // ROUND_Q8_0 / ROUND_Q8_1 / ROUND_Q8_K (the reduce): the word of XQ where the scales start
     scales_at: u32,
+    // values per value (and output) head: head_dim, or MLA's latent width
+    v_head_dim: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: AttentionParams;
@@ -66,7 +68,7 @@ const SPLIT_KEYS: u32 = 256u;
 #endif
 // Floats of one split's partial: the head's unnormalised output, then m and l.
 fn partial_len() -> u32 {
-    return P.head_dim + 2u;
+    return P.v_head_dim + 2u;
 }
 
 // Token t's keys: (first key, keys per split, number of splits), from its position and the
@@ -170,10 +172,10 @@ fn round_row(t: u32, k: u32, tid: u32) {
     }
 }
 #else
-// [n_tokens, n_head * head_dim] f32
+// [n_tokens, n_head * v_head_dim] f32
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 #endif
-// [n_tokens, n_head, MAX_SPLITS, head_dim + 2] f32: each split's output, m and l
+// [n_tokens, n_head, MAX_SPLITS, v_head_dim + 2] f32: each split's output, m and l
 @group(0) @binding(6) var<storage, read> PART: array<f32>;
 #ifdef KV_OFFSET
 // [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
@@ -193,7 +195,8 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         return;
     }
     let n_head = P.n_head;
-    let hd = P.head_dim;
+    // The output's head size: the values'.
+    let hd = P.v_head_dim;
     let q_width = n_head * hd;
     let n_splits = split_plan(t).z;
     for (var i = lid.x; i < q_width; i += WG) {
@@ -252,7 +255,7 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
 #ifdef MERGED
-// [n_tokens, n_head * head_dim] f32
+// [n_tokens, n_head * v_head_dim] f32
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 #ifdef KV_OFFSET
 // [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
@@ -263,7 +266,7 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 @group(0) @binding(8) var<storage, read> SINKS: array<f32>;
 #endif
 #else
-// [n_tokens, n_head, MAX_SPLITS, head_dim + 2] f32: each split's unnormalised output, m and l
+// [n_tokens, n_head, MAX_SPLITS, v_head_dim + 2] f32: each split's unnormalised output, m and l
 @group(0) @binding(6) var<storage, read_write> PART: array<f32>;
 #endif
 
@@ -286,7 +289,7 @@ const K_CHUNK: u32 = 8u;
 var<workgroup> q_sh: array<f32, 1024>;
 // [MAX_GROUP, WG] a key tile's scores per head, then their softmax weights exp(score - max)
 var<workgroup> scores: array<f32, 1024>;
-// First word of each key's row in the tile.
+// First word of each key's V row in the tile.
 var<workgroup> rows: array<u32, WG>;
 #ifdef SUBGROUPS
 // [MAX_GROUP, 32] each subgroup's maximum score of the tile (subgroups of at least 4 invocations).
@@ -455,10 +458,15 @@ fn attention(
     let h0 = id % n_groups * group;
     let t = min(id / n_groups / grid_splits, P.n_tokens - 1u);
     let hd = P.head_dim;
+    let vd = P.v_head_dim;
     let kvh = h0 / (n_head / P.n_head_kv);
     let q_width = n_head * hd;
     let kv_width = P.n_head_kv * hd;
     let words = row_words(kv_width);
+    // V rows: n_head_kv heads of vd values (MLA: the latent alone).
+    let v_width = P.n_head_kv * vd;
+    let v_words = row_words(v_width);
+    let vcol = kvh * vd;
     let layer = P.layer;
     let seq = step_token_seq(t);
     let plan = split_plan(t);
@@ -527,8 +535,9 @@ fn attention(
                 s[g] = -3.0e38;
             }
             if (j < end) {
-                let row = slot_of(layer, seq, j) * words;
-                rows[tid] = row;
+                let slot = slot_of(layer, seq, j);
+                let row = slot * words;
+                rows[tid] = slot * v_words;
                 let dots = group_dots(row, col, hd, kv_width, group);
                 for (var g = 0u; g < MAX_GROUP; g++) {
                     if (g < group) {
@@ -590,9 +599,9 @@ fn attention(
             }
             workgroupBarrier();
 #ifdef KV_Q8_0 || KV_Q4_0
-            // Blocks first_block .. first_block + n_vblocks hold the head's columns.
-            let first_block = col / 32u;
-            let n_vblocks = (col + hd + 31u) / 32u - first_block;
+            // Blocks first_block .. first_block + n_vblocks hold the head's value columns.
+            let first_block = vcol / 32u;
+            let n_vblocks = (vcol + vd + 31u) / 32u - first_block;
 #endif
             // V_BATCH keys at a time: their values' loads issued together (GPU_SHAPES), then the
             // keys folded in one at a time, in order.
@@ -603,10 +612,10 @@ fn attention(
                 var vb: array<array<f32, V_BATCH>, DIMS_PER_THREAD>;
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                     let d = tid + u * WG;
-                    if (d < hd) {
+                    if (d < vd) {
                         // Keys past the tile's read its last one again, unused.
                         for (var b = 0u; b < V_BATCH; b++) {
-                            vb[u][b] = v_at(rows[min(r0 + b, count - 1u)], col + d, kv_width);
+                            vb[u][b] = v_at(rows[min(r0 + b, count - 1u)], vcol + d, v_width);
                         }
                     }
                 }
@@ -623,7 +632,7 @@ fn attention(
                                 let key = p / n_vblocks;
                                 let block = p % n_vblocks;
                                 if (r + key < count) {
-                                    let x = v_block(rows[r + key], first_block + block, kv_width);
+                                    let x = v_block(rows[r + key], first_block + block, v_width);
                                     for (var i = 0u; i < 32u; i++) {
                                         v_sh[key * V_SPAN + block * 32u + i] = x[i];
                                     }
@@ -642,14 +651,14 @@ fn attention(
                         }
                         for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                             let d = tid + u * WG;
-                            if (d < hd) {
+                            if (d < vd) {
 #ifdef KV_Q8_0 || KV_Q4_0
-                                let v = v_sh[(r % V_KEYS) * V_SPAN + col + d - first_block * 32u];
+                                let v = v_sh[(r % V_KEYS) * V_SPAN + vcol + d - first_block * 32u];
 #else
 #ifdef GPU_SHAPES
                                 let v = vb[u][b];
 #else
-                                let v = v_at(rows[r], col + d, kv_width);
+                                let v = v_at(rows[r], vcol + d, v_width);
 #endif
 #endif
                                 for (var g = 0u; g < MAX_GROUP; g++) {
@@ -686,7 +695,7 @@ fn attention(
                 let at = ((t * n_head + h0 + g) * MAX_SPLITS + split) * partial_len();
                 for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                     let d = tid + u * WG;
-                    if (d < hd) {
+                    if (d < vd) {
                         PART[at + d] = acc[u][g];
                     }
                 }
@@ -695,8 +704,8 @@ fn attention(
         for (var g = 0u; g < MAX_GROUP; g++) {
             if (g < group && tid == g) {
                 let at = ((t * n_head + h0 + g) * MAX_SPLITS + split) * partial_len();
-                PART[at + hd] = m[g];
-                PART[at + hd + 1u] = l[g];
+                PART[at + vd] = m[g];
+                PART[at + vd + 1u] = l[g];
             }
         }
 #endif
@@ -717,13 +726,13 @@ fn attention(
         for (var g = 0u; g < MAX_GROUP; g++) {
             for (var u = 0u; u < DIMS_PER_THREAD; u++) {
                 let d = tid + u * WG;
-                if (g < group && d < hd) {
+                if (g < group && d < vd) {
                     var v = merged_acc[u][g] * (1.0 / merged[g].y);
 #ifdef KV_OFFSET
                     // The weights sum to 1: the values' offset comes back whole.
-                    v = merged_acc[u][g] * (1.0 / merged[g].y) + V_OFFSET[col + d];
+                    v = merged_acc[u][g] * (1.0 / merged[g].y) + V_OFFSET[vcol + d];
 #endif
-                    OUT[t * q_width + (h0 + g) * hd + d] = v;
+                    OUT[t * n_head * vd + (h0 + g) * vd + d] = v;
                 }
             }
         }

@@ -1,4 +1,4 @@
-// Element-wise ops over f32 activations: add, scale, swiglu, geglu, swiglu_oai, last_rows.
+// Element-wise ops over f32 activations: add, scale, swiglu, geglu, swiglu_oai, concat, last_rows.
 // Every entry point uses a 1-D grid of 256-thread workgroups folded into 2-D (x * y) when wider
 // than 65535 workgroups; P.groups_x holds the folded grid's x width.
 // INPLACE: the output is also the first operand (`out` may alias `a` / `gate`), so the first
@@ -14,6 +14,9 @@ struct ElementwiseParams {
     factor: f32,
     // LAST_ROWS: the row length
     cols: u32,
+    // CONCAT: values of a's and of b's slices
+    group_a: u32,
+    group_b: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: ElementwiseParams;
@@ -89,6 +92,25 @@ fn swiglu_oai(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     let i = index(wg, lid);
     if (i < P.len) {
         OUT[i] = clamped_swiglu(first(i), B[i]);
+    }
+}
+#endif
+
+#ifdef CONCAT
+// Slices of A (group_a values) and B (group_b) side by side: the rows of A: [n, groups * group_a]
+// and B: [n, groups * group_b] are runs of slices, so output slice pair p (over all rows) takes
+// A's slice p and B's slice p.
+@compute @workgroup_size(256)
+fn concat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = index(wg, lid);
+    if (i < P.len) {
+        let pair = i / (P.group_a + P.group_b);
+        let j = i % (P.group_a + P.group_b);
+        if (j < P.group_a) {
+            OUT[i] = A[pair * P.group_a + j];
+        } else {
+            OUT[i] = B[pair * P.group_b + j - P.group_a];
+        }
     }
 }
 #endif

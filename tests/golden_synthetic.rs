@@ -6,7 +6,8 @@
 //! olmoe (8 experts, 2 per token), Mixtral (llama with 4 experts, 2 per token), qwen2moe (a
 //! sigmoid-gated shared expert), granitemoe (Mixtral's shapes with Granite's multipliers and an
 //! ungated shared expert) and gpt-oss (attention sinks, YaRN, a sliding window on every other
-//! layer, biased experts with the clamped SwiGLU, weighed by a softmax over the chosen); seeds whose routing has a
+//! layer, biased experts with the clamped SwiGLU, weighed by a softmax over the chosen) and
+//! deepseek2 (multi-head latent attention, a leading dense layer, a shared expert); seeds whose routing has a
 //! near-tie are not used, since either expert is right there and the two pick differently by
 //! whole nats.
 //! Models and references are in the repository, so this runs with no download. Rules:
@@ -89,6 +90,16 @@ fn qwen2moe_f32_matches_llama_cpp() {
 #[test]
 fn gpt_oss_f32_matches_llama_cpp() {
     check("gpt-oss-f32");
+}
+
+#[test]
+fn gpt_oss_mxfp4_matches_llama_cpp() {
+    check("gpt-oss-mxfp4");
+}
+
+#[test]
+fn deepseek2_f32_matches_llama_cpp() {
+    check("deepseek2-f32");
 }
 
 #[test]

@@ -39,7 +39,7 @@ impl Tolerance {
 }
 
 /// The synthetic models (tests/fixtures/synthetic/, stems) and their tolerances.
-pub const SYNTHETIC_MODELS: [(&str, Tolerance); 16] = [
+pub const SYNTHETIC_MODELS: [(&str, Tolerance); 18] = [
     ("llama-mha-f16", Tolerance::SYNTHETIC_EXACT),
     ("llama-yarn-f32", Tolerance::SYNTHETIC_EXACT),
     ("qwen2-mqa-f32", Tolerance::SYNTHETIC_EXACT),
@@ -56,6 +56,8 @@ pub const SYNTHETIC_MODELS: [(&str, Tolerance); 16] = [
     ("granite-f16", Tolerance::SYNTHETIC_EXACT),
     ("granitemoe-f32", Tolerance::SYNTHETIC_EXACT),
     ("gpt-oss-f32", Tolerance::SYNTHETIC_EXACT),
+    ("gpt-oss-mxfp4", Tolerance::SYNTHETIC_QUANTIZED),
+    ("deepseek2-f32", Tolerance::SYNTHETIC_EXACT),
 ];
 
 /// Synthetic model `stem` on `session` against its llama.cpp reference: all 4 cases of 24 steps.

@@ -151,6 +151,39 @@ pub fn rope_modes(subject: &dyn Subject) {
     }
 }
 
+/// MLA's per-head projections (Op::MatMulHeads: head h's slice of each row times matrix h) for
+/// weight types of 32- and 256-value blocks, and the per-head concatenation that puts a head's
+/// latent query beside its rotated part (Op::Concat), over a decode row and a prompt chunk.
+pub fn per_head_matmuls_and_concat(subject: &dyn Subject) {
+    let mut rng = Rng(9);
+    const HEADS: usize = 4;
+    for rows in [1, 19] {
+        for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+            let (k, n) = (ty.block_len().max(32) * 2, 48);
+            let mut c = Case::new(rows);
+            let x = c.input("q_nope", HEADS * k, &mut rng);
+            let w = c.weight(ty, &[k as u64, n as u64, HEADS as u64], &mut rng);
+            let latent = c.graph.buf("q_latent", rows, HEADS * n);
+            c.graph.push(Op::MatMulHeads { w, x, out: latent });
+            let rope = c.input("q_rope", HEADS * 8, &mut rng);
+            let out = c.graph.buf("q", rows, HEADS * (n + 8));
+            c.graph.push(Op::Concat { a: latent, b: rope, groups: HEADS, out });
+            // The one-group concatenation of the keys: [latent, rotated key].
+            let key = c.graph.buf("k", rows, HEADS * (n + 8) + 16);
+            let k_rope = c.input("k_rope", 16, &mut rng);
+            c.graph.push(Op::Concat { a: out, b: k_rope, groups: 1, out: key });
+            c.graph.logits = key;
+            let steps = [single(tokens(rows, 64, &mut rng), 0, &small_layout())];
+            c.check(
+                subject,
+                &format!("per-head mat-muls {ty:?} and concat, {rows} rows"),
+                Tolerance::SUM_ORDER,
+                &steps,
+            );
+        }
+    }
+}
+
 pub fn elementwise_ops(subject: &dyn Subject) {
     let mut rng = Rng(7);
     for (rows, cols) in [(1, 7), (3, 300), (2, 4864)] {

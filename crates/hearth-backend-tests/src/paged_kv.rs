@@ -194,6 +194,7 @@ fn params(
         softcap,
         v_offset: None,
         sinks: None,
+        v_head_dim: None,
     }
 }
 
@@ -270,6 +271,36 @@ pub fn attention_with_sinks(subject: &dyn Subject) {
             }
             let steps = schedule(&layout, 6, &plan, &mut rng);
             let what = format!("attention sinks, {} KV, window {window:?}", kv_type.name());
+            c.check(subject, &what, Tolerance::ATTENTION, &steps);
+        }
+    }
+}
+
+/// MLA's attention: many query heads over one KV head whose values are narrower than its keys
+/// (keys of [latent, rotated part], values of the latent), over three sequences (prompt chunks
+/// and decodes mixed), with and without a window, for every KV type.
+pub fn attention_with_values_narrower_than_keys(subject: &dyn Subject) {
+    let mut rng = Rng(33);
+    let plan: [&[(usize, usize)]; 3] =
+        [&[(5, 0), (1, 0), (9, 0)], &[(2, 5), (12, 1), (1, 9)], &[(7, 7), (3, 13), (5, 10)]];
+    let (n_head, head_dim, v_dim) = (4, 96, 64);
+    for kv_type in KV_TYPES {
+        for (layer, window) in [(0, None), (1, Some(5))] {
+            let mut layout = two_groups(kv_type, head_dim, 4, 5, 20);
+            layout.v_width = v_dim;
+            let mut c = Case::batched(15, 3);
+            let q = c.input("q", n_head * head_dim, &mut rng);
+            let k = c.input("k", head_dim, &mut rng);
+            let v = c.input("v", v_dim, &mut rng);
+            c.graph.push(Op::StoreKv { layer, k, v, k_offset: None, v_offset: None });
+            let out = c.graph.buf("out", 15, n_head * v_dim);
+            let params =
+                AttentionParams { v_head_dim: Some(v_dim), ..params(layer, n_head, 1, head_dim, window, None) };
+            c.graph.push(Op::Attention { q, params, out });
+            c.graph.logits = out;
+            c.kv = layout.clone();
+            let steps = schedule(&layout, 6, &plan, &mut rng);
+            let what = format!("values of {v_dim} under keys of {head_dim}, {} KV, window {window:?}", kv_type.name());
             c.check(subject, &what, Tolerance::ATTENTION, &steps);
         }
     }

@@ -67,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     softcap: None,
                     v_offset: None,
                     sinks: None,
+                    v_head_dim: None,
                 };
                 let mut out = vec![0f32; CHUNK * n_head * head_dim];
                 let repetitions = (40_000 / context).clamp(3, 40);

@@ -67,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     softcap: None,
                     v_offset: None,
                     sinks: None,
+                    v_head_dim: None,
                 };
                 let paged = kv.paged(layer, &step, 0, pos, Some(&offsets))?;
                 paged_attention(&q, paged, &params, None, pos, 1, Numerics::Hearth, &mut out)?;

@@ -118,7 +118,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                let q_width = cols(*q);
+                let (q_width, out_width) = (cols(*q), cols(*out));
                 let v_offset = params.v_offset.map(|o| w(o).values());
                 let sinks = params.sinks.map(|s| w(s).values());
                 let mut t0 = 0;
@@ -128,15 +128,16 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                     let lo = params.window.map_or(0, |w| (seq.pos0 + 1).saturating_sub(w));
                     let paged = kv.paged(params.layer, seq, lo, hi, v_offset)?;
                     let rows = t0 * q_width..(t0 + seq.n_tokens) * q_width;
+                    let out_rows = t0 * out_width..(t0 + seq.n_tokens) * out_width;
                     attention::attention(
-                        &bufs[q.0 as usize][rows.clone()],
+                        &bufs[q.0 as usize][rows],
                         paged,
                         params,
                         sinks,
                         seq.pos0,
                         seq.n_tokens,
                         ctx.numerics,
-                        &mut o[rows],
+                        &mut o[out_rows],
                     )?;
                     t0 += seq.n_tokens;
                 }
@@ -183,6 +184,20 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 let (x, ids, n_used) = (&bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids));
                 let bias = bias.map(|b| w(b).values());
                 experts::matmul(w(*wid), x, ids, n_used, bias, &mut compiled.experts, &mut o)?;
+                bufs[out.0 as usize] = o;
+            }
+            Op::MatMulHeads { w: wid, x, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                let weight = w(*wid);
+                // Head h's slice through matrix h: the expert mat-mul with slot h routed to expert h.
+                let n_head = weight.desc.n_experts();
+                let heads: Vec<f32> = (0..n * n_head).map(|i| f32::from_bits((i % n_head) as u32)).collect();
+                experts::matmul(weight, &bufs[x.0 as usize], &heads, n_head, None, &mut compiled.experts, &mut o)?;
+                bufs[out.0 as usize] = o;
+            }
+            Op::Concat { a, b, groups, out } => {
+                let mut o = std::mem::take(&mut bufs[out.0 as usize]);
+                ops::concat(&bufs[a.0 as usize], &bufs[b.0 as usize], (cols(*a), cols(*b)), *groups, &mut o);
                 bufs[out.0 as usize] = o;
             }
             Op::CombineExperts { x, weights, out } => {

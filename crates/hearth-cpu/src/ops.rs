@@ -194,6 +194,18 @@ fn gelu_f16(table: &[u16], x: f32) -> f32 {
 
 /// gate = gelu(gate) * up, with GELU evaluated on the f16-rounded input and rounded to f16, as
 /// ggml's table-driven CPU GELU does.
+/// out's rows: `groups` pairs of slices of a's and b's rows ([rows, cols_a] and [rows, cols_b]),
+/// a's g-th slice then b's, for g = 0..groups.
+pub fn concat(a: &[f32], b: &[f32], (cols_a, cols_b): (usize, usize), groups: usize, out: &mut [f32]) {
+    let (ga, gb) = (cols_a / groups, cols_b / groups);
+    for ((o, a), b) in out.chunks_exact_mut(cols_a + cols_b).zip(a.chunks_exact(cols_a)).zip(b.chunks_exact(cols_b)) {
+        for ((o, a), b) in o.chunks_exact_mut(ga + gb).zip(a.chunks_exact(ga)).zip(b.chunks_exact(gb)) {
+            o[..ga].copy_from_slice(a);
+            o[ga..].copy_from_slice(b);
+        }
+    }
+}
+
 /// gate = gpt-oss's clamped SwiGLU of gate and up, as ggml's `swiglu_oai` computes it:
 /// x = min(gate, limit), y = clamp(up, ±limit), x / (1 + e^(-alpha·x)) · (y + 1).
 pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {

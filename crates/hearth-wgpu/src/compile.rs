@@ -236,16 +236,22 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         Op::RmsNorm { weight: w, .. } => vectors(&[*w]),
         Op::Rope { params, .. } => vectors(&[params.freq_factors]),
         Op::StoreKv { k_offset, v_offset, .. } => vectors(&[*k_offset, *v_offset]),
-        Op::Attention { params, .. } if params.head_dim > MAX_HEAD_DIM => {
-            Err(format!("attention heads of {} values (at most {MAX_HEAD_DIM})", params.head_dim))
-        }
+        Op::Attention { params, .. } if params.head_dim.max(params.v_dim()) > MAX_HEAD_DIM => Err(format!(
+            "attention heads of {} values, {} per value head (at most {MAX_HEAD_DIM})",
+            params.head_dim,
+            params.v_dim()
+        )),
         Op::Attention { params, .. } => vectors(&[params.v_offset, params.sinks]),
         Op::Glu { activation: activation @ GluActivation::ClampedSilu { .. }, .. }
             if *activation != GluActivation::GPT_OSS =>
         {
             Err(format!("a clamped SwiGLU other than gpt-oss's ({activation:?})"))
         }
-        Op::Add { .. } | Op::Scale { .. } | Op::Glu { .. } | Op::LastRows { .. } => Ok(()),
+        Op::Add { .. } | Op::Scale { .. } | Op::Glu { .. } | Op::LastRows { .. } | Op::Concat { .. } => Ok(()),
+        Op::MatMulHeads { w, .. } => {
+            matrix(w, "a per-head mat-mul")?;
+            expert_bindings_supported(weight(w)?)
+        }
         Op::RouteExperts { .. } | Op::CombineExperts { .. } => Ok(()),
         Op::MatMulExperts { w, bias, .. } => {
             matrix(w, "an expert mat-mul")?;
@@ -261,6 +267,15 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
             expert_bindings_supported(w)
         }
     }
+}
+
+/// Where an expert mat-mul's expert ids come from.
+#[derive(Clone, Copy)]
+enum ExpertIds {
+    /// A router's output: [n_tokens, n_used] u32.
+    Routed(BufId),
+    /// Slot h of every token is head h (Op::MatMulHeads): ids the compiler writes once.
+    Heads,
 }
 
 /// The shader define of a gated activation (elementwise.wgsl's and act_quant.wgsl's).
@@ -662,7 +677,7 @@ impl Builder<'_> {
             entries.push((2, self.buf(b)));
         }
         entries.push((3, self.buf(out)));
-        let params = ElementwiseParams { len: len as u32, groups_x: gx, factor, cols: 0 };
+        let params = ElementwiseParams { len: len as u32, groups_x: gx, factor, ..ElementwiseParams::default() };
         self.push(PipelineKey::new(ShaderFile::Elementwise, entry, &defines), &params, entries, [gx, gy, 1], None)
     }
 
@@ -836,8 +851,12 @@ impl Builder<'_> {
             }
             Op::Attention { q, params: p, out } => {
                 let (rows, _) = self.shape(*q);
-                if p.head_dim > MAX_HEAD_DIM {
-                    return Err(WgpuError::Unsupported(format!("attention head_dim {} > {MAX_HEAD_DIM}", p.head_dim)));
+                if p.head_dim.max(p.v_dim()) > MAX_HEAD_DIM {
+                    return Err(WgpuError::Unsupported(format!(
+                        "attention heads of {} / {} values > {MAX_HEAD_DIM}",
+                        p.head_dim,
+                        p.v_dim()
+                    )));
                 }
                 // A workgroup per split where the step is short enough for the splits to be
                 // what fills the device, then a reduce; else one per head looping over them and
@@ -885,11 +904,12 @@ impl Builder<'_> {
                     grid_splits: grid_splits as u32,
                     group: group as u32,
                     scales_at: 0,
+                    v_head_dim: p.v_dim() as u32,
                 };
                 let need = KvNeed {
                     layer: p.layer,
                     k_width: Some(kv_width),
-                    v_width: Some(kv_width),
+                    v_width: Some(p.n_head_kv * p.v_dim()),
                     window: Some(p.window),
                     offsets: merged && p.v_offset.is_some(),
                 };
@@ -919,7 +939,7 @@ impl Builder<'_> {
                             _ => "ROUND_Q8_0",
                         });
                         entries.push((4, Res::Buf(scratch)));
-                        params.scales_at = (rows * p.n_head * p.head_dim / 4) as u32;
+                        params.scales_at = (rows * p.n_head * p.v_dim() / 4) as u32;
                     }
                     _ => entries.push((3, self.buf(*out))),
                 }
@@ -957,8 +977,12 @@ impl Builder<'_> {
                 let n_seqs = self.graph.n_seqs;
                 let (gx, gy) = fold((n_seqs * cols).div_ceil(256));
                 let entries = vec![(1, self.buf(*x)), (3, self.buf(*out)), (4, Res::Buf(self.step.clone()))];
-                let params =
-                    ElementwiseParams { len: (n_seqs * cols) as u32, groups_x: gx, factor: 0.0, cols: cols as u32 };
+                let params = ElementwiseParams {
+                    len: (n_seqs * cols) as u32,
+                    groups_x: gx,
+                    cols: cols as u32,
+                    ..ElementwiseParams::default()
+                };
                 self.push(
                     PipelineKey::new(ShaderFile::Elementwise, "last_rows", &["LAST_ROWS"]),
                     &params,
@@ -1009,7 +1033,30 @@ impl Builder<'_> {
                     None,
                 )?;
             }
-            Op::MatMulExperts { w, x, ids, bias, out } => self.matmul_experts(*w, *x, *ids, *bias, *out)?,
+            Op::MatMulExperts { w, x, ids, bias, out } => {
+                self.matmul_experts(*w, *x, ExpertIds::Routed(*ids), *bias, *out)?
+            }
+            Op::MatMulHeads { w, x, out } => self.matmul_experts(*w, *x, ExpertIds::Heads, None, *out)?,
+            Op::Concat { a, b, groups, out } => {
+                let (rows, cols) = self.shape(*out);
+                let len = rows * cols;
+                let (gx, gy) = fold(len.div_ceil(256));
+                let params = ElementwiseParams {
+                    len: len as u32,
+                    groups_x: gx,
+                    group_a: (self.shape(*a).1 / groups) as u32,
+                    group_b: (self.shape(*b).1 / groups) as u32,
+                    ..ElementwiseParams::default()
+                };
+                let entries = vec![(1, self.buf(*a)), (2, self.buf(*b)), (3, self.buf(*out))];
+                self.push(
+                    PipelineKey::new(ShaderFile::Elementwise, "concat", &["CONCAT", "BINARY"]),
+                    &params,
+                    entries,
+                    [gx, gy, 1],
+                    None,
+                )?;
+            }
             Op::CombineExperts { x, weights, out } => {
                 let (rows, cols) = self.shape(*out);
                 let (_, n_used) = self.shape(*weights);
@@ -1079,7 +1126,7 @@ impl Builder<'_> {
         &mut self,
         w: WeightId,
         x: BufId,
-        ids: BufId,
+        ids: ExpertIds,
         bias: Option<WeightId>,
         out: BufId,
     ) -> Result<(), WgpuError> {
@@ -1091,7 +1138,10 @@ impl Builder<'_> {
             wt.expert_bindings().ok_or(WgpuError::Execution("expert bindings".into()))?;
         let bindings: Vec<wgpu::Buffer> = bindings.into_iter().cloned().collect();
         let (rows, x_cols) = self.shape(x);
-        let (_, n_used) = self.shape(ids);
+        let n_used = match ids {
+            ExpertIds::Routed(ids) => self.shape(ids).1,
+            ExpertIds::Heads => n_expert,
+        };
         let rounding = ActRounding::of(ty);
         let x_used = match rounding {
             ActRounding::None => self.bufs[x.0 as usize].clone(),
@@ -1100,7 +1150,9 @@ impl Builder<'_> {
         let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&vec![ty; bindings.len()], rounding)?;
         defines.extend(["WEIGHTS1", "WEIGHTS2"].into_iter().take(bindings.len() - 1));
         let pairs = rows * n_used;
-        let grouped = matches!(rounding, ActRounding::Q8 { .. }) && rows >= GROUPED_EXPERTS_MIN_TOKENS;
+        let grouped = matches!(rounding, ActRounding::Q8 { .. })
+            && rows >= GROUPED_EXPERTS_MIN_TOKENS
+            && matches!(ids, ExpertIds::Routed(_));
         let grid_z = if grouped { max_expert_tiles(pairs, n_expert) } else { pairs };
         if grid_z > MAX_GROUPS as usize {
             return Err(WgpuError::Unsupported(format!(
@@ -1109,13 +1161,20 @@ impl Builder<'_> {
         }
         let mut entries = vec![(2, Res::Buf(x_used)), (3, self.buf(out))];
         entries.extend([1, 6, 8].into_iter().zip(bindings.into_iter().map(Res::Buf)));
-        if grouped {
-            let (order, tiles) = self.group_experts(ids, n_expert)?;
-            defines.push("EXPERTS_GROUPED");
-            entries.extend([(11, Res::Buf(order)), (12, Res::Buf(tiles))]);
-        } else {
-            defines.extend(["DECODE", "EXPERTS"]);
-            entries.push((10, self.buf(ids)));
+        match ids {
+            ExpertIds::Routed(ids) if grouped => {
+                let (order, tiles) = self.group_experts(ids, n_expert)?;
+                defines.push("EXPERTS_GROUPED");
+                entries.extend([(11, Res::Buf(order)), (12, Res::Buf(tiles))]);
+            }
+            ExpertIds::Routed(ids) => {
+                defines.extend(["DECODE", "EXPERTS"]);
+                entries.push((10, self.buf(ids)));
+            }
+            ExpertIds::Heads => {
+                defines.extend(["DECODE", "EXPERTS"]);
+                entries.push((10, Res::Buf(self.head_ids(pairs, n_expert))));
+            }
         }
         if x_cols != k {
             defines.push("PER_SLOT");
@@ -1140,6 +1199,19 @@ impl Builder<'_> {
             ..MatMulParams::default()
         };
         self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, grid_z as u32], None)
+    }
+
+    /// [pairs] u32 ids of head after head (pair i: head i % n_head): a buffer the graph owns,
+    /// written once here, for the heads' mat-muls (Op::MatMulHeads) read as experts.
+    fn head_ids(&mut self, pairs: usize, n_head: usize) -> wgpu::Buffer {
+        let ids: Vec<u32> = (0..pairs).map(|i| (i % n_head) as u32).collect();
+        let buffer = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("head ids"),
+            contents: bytemuck::cast_slice(&ids),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        self.params.push(buffer.clone());
+        buffer
     }
 
     /// The pairs of router output `ids` ([n_tokens, n_used] u32) grouped by expert: (order, tiles)
@@ -1250,7 +1322,9 @@ pub(crate) fn compile(
         .ops
         .iter()
         .filter_map(|op| match op {
-            Op::MatMul { x, .. } | Op::MatMulExperts { x, .. } => graph.bufs.get(x.0 as usize).map(|d| d.rows * d.cols),
+            Op::MatMul { x, .. } | Op::MatMulExperts { x, .. } | Op::MatMulHeads { x, .. } => {
+                graph.bufs.get(x.0 as usize).map(|d| d.rows * d.cols)
+            }
             _ => None,
         })
         .max();
@@ -1266,7 +1340,7 @@ pub(crate) fn compile(
                 .bufs
                 .get(q.0 as usize)
                 .filter(|d| d.rows <= GRID_SPLIT_TOKENS)
-                .map(|d| d.rows * params.n_head * attention_max_splits(gpu.info.gpu_shapes) * (params.head_dim + 2)),
+                .map(|d| d.rows * params.n_head * attention_max_splits(gpu.info.gpu_shapes) * (params.v_dim() + 2)),
             _ => None,
         })
         .max();

@@ -191,6 +191,8 @@ kernel_params! {
         group: u32,
         /// The reduce's 8-bit rounding: the word where its scales start.
         scales_at: u32,
+        /// Values per value (and output) head: head_dim, or MLA's latent width.
+        v_head_dim: u32,
     }
 
     /// experts.wgsl: routing and combining a mixture of experts.
@@ -214,6 +216,9 @@ kernel_params! {
         factor: f32,
         /// `last_rows`' row length.
         cols: u32,
+        /// `concat`'s slices of a and of b.
+        group_a: u32,
+        group_b: u32,
     }
 
     /// sampling.wgsl: per-row top-k.

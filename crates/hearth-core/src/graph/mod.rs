@@ -228,7 +228,12 @@ pub struct AttentionParams {
     pub layer: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Values per query and key head.
     pub head_dim: usize,
+    /// Values per value head (and output head) where they differ from `head_dim`: MLA attends
+    /// with keys of [latent, rotated part] over values of the latent alone. See
+    /// [`AttentionParams::v_dim`].
+    pub v_head_dim: Option<usize>,
     /// Multiplies Q·K before the softmax.
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
@@ -244,6 +249,13 @@ pub struct AttentionParams {
     /// values adds it back to the output ([n_head_kv * head_dim], each query head reading its
     /// KV head's slice).
     pub v_offset: Option<WeightId>,
+}
+
+impl AttentionParams {
+    /// Values per value head and per output head.
+    pub fn v_dim(&self) -> usize {
+        self.v_head_dim.unwrap_or(self.head_dim)
+    }
 }
 
 /// How a router's probabilities come from its logits (llama.cpp's `expert_gating_func`).
@@ -319,7 +331,7 @@ pub enum Op {
     StoreKv { layer: usize, k: BufId, v: BufId, k_offset: Option<WeightId>, v_offset: Option<WeightId> },
     /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`:
     /// a token at position p of a sequence sees that sequence's positions 0..=p (limited by the
-    /// window). out: same shape as q.
+    /// window). out: [n_tokens, n_head * v_dim].
     Attention { q: BufId, params: AttentionParams, out: BufId },
     /// out = a + b, all [rows, cols]; `out` may be `a` (the residual stream is updated in place).
     Add { a: BufId, b: BufId, out: BufId },
@@ -343,6 +355,14 @@ pub enum Op {
     /// [n_tokens, n_used * n], slot after slot. `bias` ([n_expert][n] f32), when given, adds each
     /// slot's expert's row to its output.
     MatMulExperts { w: WeightId, x: BufId, ids: BufId, bias: Option<WeightId>, out: BufId },
+    /// Each head's own mat-mul: out[t, h] = x[t, h] · W[h]ᵀ for W: [n_head][n, k] (GGML dims
+    /// [k, n, n_head]), x: [n_tokens, n_head * k], out: [n_tokens, n_head * n] (MLA's per-head
+    /// projections into and out of the latent space).
+    MatMulHeads { w: WeightId, x: BufId, out: BufId },
+    /// Per token, `groups` pairs of slices side by side: out[t] = [a_0, b_0, a_1, b_1, ...] where
+    /// a_g is the g-th of a[t]'s `groups` equal slices, b_g b[t]'s. a: [n_tokens, groups * ca],
+    /// b: [n_tokens, groups * cb], out: [n_tokens, groups * (ca + cb)].
+    Concat { a: BufId, b: BufId, groups: usize, out: BufId },
     /// out[t] = Σ_s weights[t, s] · x[t, s], summed slot after slot: the experts' outputs
     /// x: [n_tokens, n_used * cols] combined by their router weights [n_tokens, n_used] into
     /// out: [n_tokens, cols].
@@ -366,6 +386,8 @@ impl Op {
             Op::RouteExperts { .. } => "route_experts",
             Op::MatMulExperts { .. } => "mat_mul_experts",
             Op::CombineExperts { .. } => "combine_experts",
+            Op::MatMulHeads { .. } => "mat_mul_heads",
+            Op::Concat { .. } => "concat",
         }
     }
 
@@ -377,7 +399,9 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::Scale { x, .. }
-            | Op::LastRows { x, .. } => vec![*x],
+            | Op::LastRows { x, .. }
+            | Op::MatMulHeads { x, .. } => vec![*x],
+            Op::Concat { a, b, .. } => vec![*a, *b],
             Op::StoreKv { k, v, .. } => vec![*k, *v],
             Op::Attention { q, .. } => vec![*q],
             Op::Add { a, b, .. } => vec![*a, *b],
@@ -400,7 +424,9 @@ impl Op {
             | Op::Glu { out, .. }
             | Op::LastRows { out, .. }
             | Op::MatMulExperts { out, .. }
-            | Op::CombineExperts { out, .. } => vec![*out],
+            | Op::CombineExperts { out, .. }
+            | Op::MatMulHeads { out, .. }
+            | Op::Concat { out, .. } => vec![*out],
             Op::Rope { x, .. } | Op::Scale { x, .. } => vec![*x],
             Op::StoreKv { .. } => Vec::new(),
             Op::RouteExperts { ids, weights, .. } => vec![*ids, *weights],

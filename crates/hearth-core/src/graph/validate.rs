@@ -173,16 +173,25 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                 }
             }
             Op::Attention { q, params: p, out } => {
-                self.same(*q, *out)?;
                 let cols = self.per_token(*q)?;
-                if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 || cols != p.n_head * p.head_dim || q == out {
+                let out_cols = self.per_token(*out)?;
+                if p.n_head_kv == 0
+                    || p.n_head % p.n_head_kv != 0
+                    || cols != p.n_head * p.head_dim
+                    || out_cols != p.n_head * p.v_dim()
+                    || p.v_dim() == 0
+                    || q == out
+                {
                     return Err(self.bad(format!(
-                        "{cols} columns for {} heads of {} ({} KV heads)",
-                        p.n_head, p.head_dim, p.n_head_kv
+                        "{cols} columns in and {out_cols} out for {} heads of {} (values {}; {} KV heads)",
+                        p.n_head,
+                        p.head_dim,
+                        p.v_dim(),
+                        p.n_head_kv
                     )));
                 }
                 if let Some(o) = p.v_offset {
-                    self.vector(o, p.n_head_kv * p.head_dim)?;
+                    self.vector(o, p.n_head_kv * p.v_dim())?;
                 }
                 if let Some(sinks) = p.sinks {
                     self.vector(sinks, p.n_head)?;
@@ -243,6 +252,33 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                         d.name,
                         d.dims
                     )));
+                }
+            }
+            Op::MatMulHeads { w, x, out } => {
+                let d = self.experts(*w)?;
+                let heads = d.n_experts();
+                if self.per_token(*x)? != heads * d.row_len() || self.per_token(*out)? != heads * d.n_rows() || x == out
+                {
+                    return Err(self.bad(format!(
+                        "x of {} and out of {} columns for the {heads} heads of weight '{}' {:?}",
+                        self.per_token(*x)?,
+                        self.per_token(*out)?,
+                        d.name,
+                        d.dims
+                    )));
+                }
+            }
+            Op::Concat { a, b, groups, out } => {
+                let (ca, cb, co) = (self.per_token(*a)?, self.per_token(*b)?, self.per_token(*out)?);
+                if *groups == 0
+                    || ca * cb == 0
+                    || ca % groups != 0
+                    || cb % groups != 0
+                    || co != ca + cb
+                    || out == a
+                    || out == b
+                {
+                    return Err(self.bad(format!("{groups} groups of {ca} and {cb} columns into {co}")));
                 }
             }
             Op::CombineExperts { x, weights, out } => {
@@ -341,6 +377,7 @@ mod tests {
                 softcap: None,
                 v_offset: None,
                 sinks: None,
+                v_head_dim: None,
             };
             Op::Attention { q, params, out }
         });

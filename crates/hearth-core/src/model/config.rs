@@ -34,6 +34,9 @@ pub enum Arch {
     /// biases; experts with biases and a clamped SwiGLU, chosen by their router logits (which
     /// have a bias too) and weighed by a softmax over the chosen ones.
     GptOss,
+    /// DeepSeek-V2 (and its Lite form): multi-head latent attention (MLA), leading dense layers,
+    /// then a mixture of experts with an ungated shared expert.
+    Deepseek2,
 }
 
 impl Arch {
@@ -49,6 +52,7 @@ impl Arch {
             "granitemoe" => Arch::GraniteMoe,
             "qwen2moe" => Arch::Qwen2Moe,
             "gpt-oss" => Arch::GptOss,
+            "deepseek2" => Arch::Deepseek2,
             other => return Err(CoreError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -65,6 +69,7 @@ impl Arch {
             Arch::GraniteMoe => "granitemoe",
             Arch::Qwen2Moe => "qwen2moe",
             Arch::GptOss => "gpt-oss",
+            Arch::Deepseek2 => "deepseek2",
         }
     }
 }
@@ -97,6 +102,22 @@ pub enum SharedExpertGate {
     /// Multiplied by σ(h · g) per token, g a learned [n_embd] vector (qwen2moe's
     /// `ffn_gate_inp_shexp`).
     Sigmoid,
+}
+
+/// DeepSeek's multi-head latent attention, in llama.cpp's absorbed form: per token one latent
+/// vector of `kv_lora` values (normalised) and one rotated key of `qk_rope` shared by all heads;
+/// each head's query is `qk_nope` values taken into the latent space by that head's `k_b`
+/// matrix, then its `qk_rope` rotated values. Attention is multi-query over keys [latent,
+/// rotated key] (`kv_lora + qk_rope` values, the model's `head_dim`) and values the latent; each
+/// head's output leaves the latent space through its `v_b` matrix (`v_head` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    pub kv_lora: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v_head: usize,
+    /// The query's low-rank compression (`q_lora_rank`, DeepSeek-V2/V3); 0: none (the Lite form).
+    pub q_lora: usize,
 }
 
 /// RMSNorm of the queries and keys before RoPE, with learned weights.
@@ -157,8 +178,12 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Every layer has attention sinks (`attn_sinks.weight`, one logit per query head: gpt-oss).
     pub attn_sinks: bool,
-    /// Every layer's FFN is a mixture of experts (`None`: dense, `n_ff` wide).
+    /// Every layer's FFN from `n_dense_lead` on is a mixture of experts (`None`: dense, `n_ff`
+    /// wide); the layers before it are dense.
     pub moe: Option<MoeConfig>,
+    pub n_dense_lead: usize,
+    /// Multi-head latent attention in place of the Q/K/V projections (deepseek2).
+    pub mla: Option<MlaConfig>,
     pub layers: Vec<LayerAttention>,
 }
 
@@ -209,7 +234,8 @@ impl ModelConfig {
             }
         };
         let v_dim = meta.opt_usize(&key("attention.value_length"))?.unwrap_or(head_dim);
-        if v_dim != head_dim {
+        // MLA's cache rows: keys of the latent and the rotated key, values of the latent alone.
+        if v_dim != head_dim && arch != Arch::Deepseek2 {
             return Err(CoreError::BadHyperParameter(format!(
                 "value_length {v_dim} differs from key_length {head_dim}, which no supported architecture does"
             )));
@@ -267,6 +293,8 @@ impl ModelConfig {
             post_norms: false,
             attn_sinks: false,
             moe: None,
+            n_dense_lead: 0,
+            mla: None,
             layers: vec![global; n_layer],
         };
         match arch {
@@ -341,6 +369,7 @@ impl ModelConfig {
                 moe.biases = true;
                 cfg.moe = Some(moe);
             }
+            Arch::Deepseek2 => deepseek2(&mut cfg, meta, arch_name, v_dim)?,
             Arch::Gemma3 => {
                 cfg.qk_norm = QkNorm::PerHead;
                 cfg.post_norms = true;
@@ -372,6 +401,53 @@ impl ModelConfig {
         }
         Ok(cfg)
     }
+}
+
+/// DeepSeek-V2's switches, as llama.cpp's deepseek2.cpp reads them: MLA from the latent rank and
+/// the logical head sizes (`key_length_mla`, `value_length_mla`), scores scaled by one over the
+/// square root of the logical key size, normal RoPE on the rotated part; the first
+/// `leading_dense_block_count` layers dense, then experts routed by a softmax (V2), their weights
+/// renormalised when `expert_weights_norm` and scaled by `expert_weights_scale`, beside an ungated
+/// shared expert `expert_shared_count` experts wide. What V3 adds (sigmoid routing with a
+/// selection bias, expert groups) and YaRN here are refused until they are implemented.
+fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usize) -> Result<()> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let bad = |what: String| Err(CoreError::BadHyperParameter(what));
+    let kv_lora = meta.usize(&key("attention.kv_lora_rank"))?;
+    let q_lora = meta.opt_usize(&key("attention.q_lora_rank"))?.unwrap_or(0);
+    let (k_mla, v_head) =
+        (meta.usize(&key("attention.key_length_mla"))?, meta.usize(&key("attention.value_length_mla"))?);
+    let qk_rope = cfg.n_rot;
+    if cfg.n_head_kv != 1 || cfg.head_dim != kv_lora + qk_rope || v_dim != kv_lora || k_mla <= qk_rope || v_head == 0 {
+        return bad(format!(
+            "MLA needs one KV head of key_length = kv_lora_rank + rope.dimension_count and value_length =              kv_lora_rank, key_length_mla above the rotated size: head_count_kv {}, key_length {}, value_length              {v_dim}, kv_lora_rank {kv_lora}, rope.dimension_count {qk_rope}, key_length_mla {k_mla},              value_length_mla {v_head}",
+            cfg.n_head_kv, cfg.head_dim
+        ));
+    }
+    if cfg.layers.iter().any(|l| l.rope_yarn.is_some()) {
+        return bad("YaRN on deepseek2 (its attention-scale correction) is not supported yet".into());
+    }
+    for (k, what) in [("expert_group_count", "expert groups"), ("expert_gating_func", "the gating function")] {
+        let value = meta.opt_usize(&key(k))?.unwrap_or(0);
+        // Groups of 1 are none; gating 1 is the softmax V2 defaults to.
+        if value > 1 {
+            return bad(format!("{what} {k}={value} (DeepSeek-V3 routing) is not supported yet"));
+        }
+    }
+    cfg.mla = Some(MlaConfig { kv_lora, qk_nope: k_mla - qk_rope, qk_rope, v_head, q_lora });
+    cfg.rope_mode = RopeMode::Normal;
+    cfg.attn_scale = 1.0 / (k_mla as f32).sqrt();
+    cfg.n_dense_lead = meta.opt_usize(&key("leading_dense_block_count"))?.unwrap_or(0).min(cfg.n_layer);
+    let n_ff_expert = meta.usize(&key("expert_feed_forward_length"))?;
+    let normalize = meta.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false);
+    let mut moe = moe_config(meta, arch_name, cfg.n_embd, n_ff_expert, normalize)?;
+    moe.routing.scale = meta.opt_f32(&key("expert_weights_scale"))?.filter(|s| *s != 0.0).unwrap_or(1.0);
+    let n_shared = meta.opt_usize(&key("expert_shared_count"))?.unwrap_or(0);
+    if n_shared > 0 {
+        moe.shared = Some(SharedExpert { n_ff: n_ff_expert * n_shared, gate: SharedExpertGate::None });
+    }
+    cfg.moe = Some(moe);
+    Ok(())
 }
 
 /// Most experts accepted (real models: up to 384).

@@ -1,14 +1,18 @@
 //! Model graphs. One decoder, written once against [`Graph`], covers llama (and Mixtral), qwen2,
-//! qwen3, gemma3, qwen3moe, qwen2moe, olmoe, granite (dense and MoE) and gpt-oss; the
+//! qwen3, gemma3, qwen3moe, qwen2moe, olmoe, granite (dense and MoE), gpt-oss and deepseek2; the
 //! architectures differ only in the switches of [`ModelConfig`] (biases, q/k norms, post-norms,
-//! attention sinks, activation, RoPE flavour, per-layer sliding windows, scale factors, a mixture
-//! of experts in place of the dense FFN, its biases, a shared expert). Backends never see the architecture, only the ops.
+//! attention sinks, latent attention, activation, RoPE flavour, per-layer sliding windows, scale
+//! factors, a mixture of experts in place of the dense FFN after some dense layers, its biases, a
+//! shared expert). Backends never see the architecture, only the ops.
 
 pub mod config;
 pub mod weights;
 
-pub use config::{Arch, LayerAttention, ModelConfig, MoeConfig, QkNorm, SharedExpert, SharedExpertGate};
-pub use weights::{DenseFfn, ExpertBiases, FfnWeights, LayerWeights, ModelWeights, SharedFfn};
+pub use config::{Arch, LayerAttention, MlaConfig, ModelConfig, MoeConfig, QkNorm, SharedExpert, SharedExpertGate};
+pub use weights::{
+    AttentionWeights, DenseFfn, ExpertBiases, FfnWeights, HeadWeights, LatentWeights, LayerWeights, ModelWeights,
+    SharedFfn,
+};
 
 use crate::backend::{Backend, KvLayout};
 use crate::error::Result;
@@ -102,8 +106,11 @@ impl Model {
     /// The KV layout with `groups` (sized by the engine), stored as `kv_type` in blocks of
     /// `block_size` positions.
     pub fn kv_layout(&self, kv_type: KvType, block_size: usize, groups: Vec<KvGroup>) -> KvLayout {
-        let width = self.config.n_head_kv * self.config.head_dim;
-        KvLayout { n_layers: self.config.n_layer, k_width: width, v_width: width, kv_type, block_size, groups }
+        let c = &self.config;
+        let k_width = c.n_head_kv * c.head_dim;
+        // MLA caches the latent as the values (its keys: the latent and the rotated key).
+        let v_width = c.mla.map_or(k_width, |mla| mla.kv_lora);
+        KvLayout { n_layers: c.n_layer, k_width, v_width, kv_type, block_size, groups }
     }
 
     /// The forward pass for `n_tokens` tokens of `n_seqs` sequences (each sequence's tokens
@@ -155,9 +162,44 @@ impl Model {
     fn attention_block(&self, g: &mut Graph, b: &Activations, il: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[il];
-        let la = c.layers[il];
-        let (x, h, q, k, v) = (b.residual, b.normed, b.q, b.k, b.v);
+        let (x, h) = (b.residual, b.normed);
         g.push(Op::RmsNorm { x, weight: Some(lw.attn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
+        match (&lw.attn, &b.latent) {
+            (AttentionWeights::Heads(heads), _) => self.head_attention(g, b, il, heads),
+            (AttentionWeights::Latent(latent), Some(lb)) => self.latent_attention(g, b, lb, il, latent),
+            // Weights are uploaded as the config says: latent ones exactly when it has MLA.
+            (AttentionWeights::Latent(_), None) => unreachable!("latent weights without an MLA config"),
+        }
+        g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: lw.bo, out: b.proj });
+        if let Some(pn) = lw.attn_post_norm {
+            g.push(Op::RmsNorm { x: b.proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: b.proj });
+        }
+        if let Some(factor) = c.residual_scale {
+            g.push(Op::Scale { x: b.proj, factor });
+        }
+        g.push(Op::Add { a: x, b: b.proj, out: x });
+    }
+
+    /// The RoPE of layer `il` over heads of `head_dim` values.
+    fn rope(&self, il: usize, head_dim: usize) -> RopeParams {
+        let (c, la) = (&self.config, &self.config.layers[il]);
+        RopeParams {
+            mode: c.rope_mode,
+            head_dim,
+            n_rot: c.n_rot,
+            freq_base: la.rope_base,
+            freq_scale: la.rope_scale,
+            freq_factors: self.weights.rope_freqs,
+            yarn: la.rope_yarn,
+        }
+    }
+
+    /// Attention through Q/K/V projections (normed h into b.attn): biases and q/k norms where the
+    /// architecture has them, RoPE, the KV store and paged attention over the sequence's cache.
+    fn head_attention(&self, g: &mut Graph, b: &Activations, il: usize, lw: &HeadWeights) {
+        let c = &self.config;
+        let la = c.layers[il];
+        let (h, q, k, v) = (b.normed, b.q, b.k, b.v);
         g.push(Op::MatMul { w: lw.wq, x: h, bias: lw.bq, out: q });
         g.push(Op::MatMul { w: lw.wk, x: h, bias: lw.bk, out: k });
         g.push(Op::MatMul { w: lw.wv, x: h, bias: lw.bv, out: v });
@@ -169,15 +211,7 @@ impl Model {
             g.push(Op::RmsNorm { x: q, weight: Some(qn), eps: c.rms_eps, group: q_group, out: q });
             g.push(Op::RmsNorm { x: k, weight: Some(kn), eps: c.rms_eps, group: k_group, out: k });
         }
-        let rope = RopeParams {
-            mode: c.rope_mode,
-            head_dim: c.head_dim,
-            n_rot: c.n_rot,
-            freq_base: la.rope_base,
-            freq_scale: la.rope_scale,
-            freq_factors: self.weights.rope_freqs,
-            yarn: la.rope_yarn,
-        };
+        let rope = self.rope(il, c.head_dim);
         g.push(Op::Rope { x: q, params: rope.clone() });
         g.push(Op::Rope { x: k, params: rope });
         if c.scale_queries {
@@ -195,21 +229,62 @@ impl Model {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
+            v_head_dim: None,
             scale: if c.scale_queries { 1.0 } else { c.attn_scale },
             window: la.window,
             softcap: None,
             v_offset,
-            sinks: lw.attn_sinks,
+            sinks: self.weights.layers[il].attn_sinks,
         };
         g.push(Op::Attention { q, params, out: b.attn });
-        g.push(Op::MatMul { w: lw.wo, x: b.attn, bias: lw.bo, out: b.proj });
-        if let Some(pn) = lw.attn_post_norm {
-            g.push(Op::RmsNorm { x: b.proj, weight: Some(pn), eps: c.rms_eps, group: c.n_embd, out: b.proj });
-        }
-        if let Some(factor) = c.residual_scale {
-            g.push(Op::Scale { x: b.proj, factor });
-        }
-        g.push(Op::Add { a: x, b: b.proj, out: x });
+    }
+
+    /// DeepSeek's multi-head latent attention (normed h into b.attn), as llama.cpp's absorbed
+    /// graph: each head's non-rotated query taken into the latent space (`k_b`) beside its
+    /// rotated part; the token's normalised latent beside its rotated key as the one KV head's
+    /// key, the latent alone as its value; multi-query attention in the latent space; each head's
+    /// output out of it (`v_b`).
+    fn latent_attention(&self, g: &mut Graph, b: &Activations, lb: &LatentActivations, il: usize, lw: &LatentWeights) {
+        let c = &self.config;
+        let eps = c.rms_eps;
+        let h = match (lw.q_a, lb.q_compressed) {
+            (Some((q_a, q_a_norm)), Some(q_in)) => {
+                g.push(Op::MatMul { w: q_a, x: b.normed, bias: None, out: q_in });
+                let group = g.desc(q_in).cols;
+                g.push(Op::RmsNorm { x: q_in, weight: Some(q_a_norm), eps, group, out: q_in });
+                q_in
+            }
+            _ => b.normed,
+        };
+        g.push(Op::MatMul { w: lw.q_nope, x: h, bias: None, out: lb.q_nope });
+        g.push(Op::MatMul { w: lw.q_rope, x: h, bias: None, out: lb.q_rope });
+        g.push(Op::MatMulHeads { w: lw.k_b, x: lb.q_nope, out: lb.q_latent });
+        let rope = self.rope(il, c.n_rot);
+        g.push(Op::Rope { x: lb.q_rope, params: rope.clone() });
+        g.push(Op::Concat { a: lb.q_latent, b: lb.q_rope, groups: c.n_head, out: b.q });
+
+        let latent = lb.latent;
+        g.push(Op::MatMul { w: lw.latent, x: b.normed, bias: None, out: latent });
+        let group = g.desc(latent).cols;
+        g.push(Op::RmsNorm { x: latent, weight: Some(lw.latent_norm), eps, group, out: latent });
+        g.push(Op::MatMul { w: lw.k_rope, x: b.normed, bias: None, out: lb.k_rope });
+        g.push(Op::Rope { x: lb.k_rope, params: rope });
+        g.push(Op::Concat { a: latent, b: lb.k_rope, groups: 1, out: b.k });
+        g.push(Op::StoreKv { layer: il, k: b.k, v: latent, k_offset: None, v_offset: None });
+        let params = AttentionParams {
+            layer: il,
+            n_head: c.n_head,
+            n_head_kv: 1,
+            head_dim: c.head_dim,
+            v_head_dim: Some(group),
+            scale: c.attn_scale,
+            window: c.layers[il].window,
+            softcap: None,
+            v_offset: None,
+            sinks: None,
+        };
+        g.push(Op::Attention { q: b.q, params, out: lb.out_latent });
+        g.push(Op::MatMulHeads { w: lw.v_b, x: lb.out_latent, out: b.attn });
     }
 
     /// Layer `il`'s feed-forward network, added to the residual stream: norm, gate and up
@@ -222,9 +297,13 @@ impl Model {
         let (x, h, proj) = (b.residual, b.normed, b.proj);
         g.push(Op::RmsNorm { x, weight: Some(lw.ffn_norm), eps: c.rms_eps, group: c.n_embd, out: h });
         match (&lw.ffn, &c.moe, &b.experts) {
-            (FfnWeights::Dense(ffn), _, _) => self.swiglu_ffn(g, ffn, h, [b.gate, b.up], proj),
+            (FfnWeights::Dense(ffn), _, _) => {
+                // Built with the buffers of dense layers wherever a layer is dense.
+                let [gate, up] = b.dense.expect("dense FFN buffers");
+                self.swiglu_ffn(g, ffn, h, [gate, up], proj)
+            }
             (FfnWeights::Experts { router, gate: wg, up: wu, down: wd, biases, shared }, Some(moe), Some(e)) => {
-                let (gate, up) = (b.gate, b.up);
+                let [gate, up] = e.gate_up;
                 let bias = |pick: fn(&ExpertBiases) -> WeightId| biases.as_ref().map(pick);
                 g.push(Op::MatMul { w: *router, x: h, bias: bias(|b| b.router), out: e.router_logits });
                 let routing = moe.routing.clone();
@@ -292,15 +371,28 @@ struct Activations {
     q: BufId,        // [n, n_head * head_dim]
     k: BufId,        // [n, n_head_kv * head_dim]
     v: BufId,        // [n, n_head_kv * head_dim]
-    attn: BufId,     // [n, n_head * head_dim]
+    attn: BufId,     // [n, n_head * head_dim] (MLA: [n, n_head * v_head])
     proj: BufId,     // [n, n_embd]: attention output / FFN output
-    gate: BufId,     // [n, n_ff] (MoE: [n, n_used * n_ff_expert]), then the activated product
-    up: BufId,       // [n, n_ff] (MoE: [n, n_used * n_ff_expert])
+    /// [n, n_ff] gate (then the activated product) and up, where some layer's FFN is dense.
+    dense: Option<[BufId; 2]>,
     experts: Option<ExpertActivations>,
+    latent: Option<LatentActivations>,
+}
+
+/// The buffers of multi-head latent attention.
+struct LatentActivations {
+    q_compressed: Option<BufId>, // [n, q_lora]
+    q_nope: BufId,               // [n, n_head * qk_nope]
+    q_rope: BufId,               // [n, n_head * qk_rope]
+    q_latent: BufId,             // [n, n_head * kv_lora]
+    latent: BufId,               // [n, kv_lora]: the values
+    k_rope: BufId,               // [n, qk_rope]
+    out_latent: BufId,           // [n, n_head * kv_lora]
 }
 
 /// The buffers of a mixture-of-experts FFN.
 struct ExpertActivations {
+    gate_up: [BufId; 2],  // [n, n_used * n_ff_expert] each; the gate then the activated product
     router_logits: BufId, // [n, n_expert]
     ids: BufId,           // [n, n_used] u32
     weights: BufId,       // [n, n_used]
@@ -328,8 +420,23 @@ impl Activations {
     fn new(g: &mut Graph, c: &ModelConfig, n: usize) -> Self {
         let q_width = c.n_head * c.head_dim;
         let kv_width = c.n_head_kv * c.head_dim;
-        let ff_width = c.moe.as_ref().map_or(c.n_ff, |m| m.routing.n_used * m.n_ff_expert);
+        let any_dense = c.moe.is_none() || c.n_dense_lead > 0;
+        let dense = any_dense.then(|| [g.buf("ffn_gate", n, c.n_ff), g.buf("ffn_up", n, c.n_ff)]);
+        let latent = c.mla.map(|m| LatentActivations {
+            q_compressed: (m.q_lora > 0).then(|| g.buf("q_a", n, m.q_lora)),
+            q_nope: g.buf("q_nope", n, c.n_head * m.qk_nope),
+            q_rope: g.buf("q_pe", n, c.n_head * m.qk_rope),
+            q_latent: g.buf("q_nope_absorbed", n, c.n_head * m.kv_lora),
+            latent: g.buf("kv_cmpr", n, m.kv_lora),
+            k_rope: g.buf("k_pe", n, m.qk_rope),
+            out_latent: g.buf("kqv_latent", n, c.n_head * m.kv_lora),
+        });
+        let attn_width = c.mla.map_or(q_width, |m| c.n_head * m.v_head);
         let experts = c.moe.as_ref().map(|m| ExpertActivations {
+            gate_up: [
+                g.buf("ffn_moe_gate", n, m.routing.n_used * m.n_ff_expert),
+                g.buf("ffn_moe_up", n, m.routing.n_used * m.n_ff_expert),
+            ],
             router_logits: g.buf("ffn_moe_logits", n, m.n_expert),
             ids: g.typed_buf("ffn_moe_topk", BufType::U32, n, m.routing.n_used),
             weights: g.buf("ffn_moe_weights", n, m.routing.n_used),
@@ -352,11 +459,11 @@ impl Activations {
             q: g.buf("q", n, q_width),
             k: g.buf("k", n, kv_width),
             v: g.buf("v", n, kv_width),
-            attn: g.buf("attn_out", n, q_width),
+            attn: g.buf("attn_out", n, attn_width),
             proj: g.buf("proj", n, c.n_embd),
-            gate: g.buf("ffn_gate", n, ff_width),
-            up: g.buf("ffn_up", n, ff_width),
+            dense,
             experts,
+            latent,
         }
     }
 }

@@ -1,23 +1,18 @@
 //! Finds, checks and uploads the tensors of a model. Shapes are validated here, once, so backends
 //! can trust every row length they are given.
 
-use super::config::{Arch, ModelConfig, QkNorm, SharedExpertGate};
+use super::config::{Arch, MlaConfig, ModelConfig, QkNorm, SharedExpertGate};
 use crate::backend::{Backend, WeightData};
 use crate::error::{CoreError, Result};
+use crate::gguf::MemorySource;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::graph::{WeightDesc, WeightId};
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: WeightId,
-    pub wq: WeightId,
-    pub wk: WeightId,
-    pub wv: WeightId,
-    pub bq: Option<WeightId>,
-    pub bk: Option<WeightId>,
-    pub bv: Option<WeightId>,
-    pub q_norm: Option<WeightId>,
-    pub k_norm: Option<WeightId>,
+    pub attn: AttentionWeights,
     pub wo: WeightId,
     /// The output projection's bias, where the file has one (llama.cpp reads it for llama and
     /// granite).
@@ -28,6 +23,48 @@ pub struct LayerWeights {
     pub ffn_norm: WeightId,
     pub ffn: FfnWeights,
     pub ffn_post_norm: Option<WeightId>,
+}
+
+/// How a layer makes its queries, keys and values.
+#[derive(Clone, Debug)]
+pub enum AttentionWeights {
+    /// Q, K and V projections, with biases and q/k norms where the model has them.
+    Heads(HeadWeights),
+    /// DeepSeek's multi-head latent attention.
+    Latent(LatentWeights),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct HeadWeights {
+    pub wq: WeightId,
+    pub wk: WeightId,
+    pub wv: WeightId,
+    pub bq: Option<WeightId>,
+    pub bk: Option<WeightId>,
+    pub bv: Option<WeightId>,
+    pub q_norm: Option<WeightId>,
+    pub k_norm: Option<WeightId>,
+}
+
+/// MLA's matrices (shapes in [`super::MlaConfig`]'s names), each as the file's rows that the graph
+/// uses on their own: the query's `qk_nope` and `qk_rope` rows of every head (of `attn_q`, or of
+/// `attn_q_b` after the compression `q_a` and its norm), and the latent's and the rotated key's
+/// rows of `attn_kv_a_mqa`.
+#[derive(Clone, Copy, Debug)]
+pub struct LatentWeights {
+    /// attn_q_a: [q_lora, n_embd] and its norm [q_lora], where the model compresses its queries.
+    pub q_a: Option<(WeightId, WeightId)>,
+    /// [n_head * qk_nope, q_in] and [n_head * qk_rope, q_in] (q_in: q_lora or n_embd).
+    pub q_nope: WeightId,
+    pub q_rope: WeightId,
+    /// [kv_lora, n_embd] and [qk_rope, n_embd].
+    pub latent: WeightId,
+    pub k_rope: WeightId,
+    /// [kv_lora]
+    pub latent_norm: WeightId,
+    /// attn_k_b: [n_head][kv_lora, qk_nope]; attn_v_b: [n_head][v_head, kv_lora].
+    pub k_b: WeightId,
+    pub v_b: WeightId,
 }
 
 /// A SwiGLU FFN's matrices: gate, up: [n_ff, n_embd]; down: [n_embd, n_ff].
@@ -132,6 +169,88 @@ impl Uploader<'_> {
         Ok(id)
     }
 
+    /// The rows `rows` of a 2-D tensor of shape `expected`, in that order, as a weight of its own
+    /// named `{name}[{part}]`: lent from the file where they are one run, else copied.
+    fn upload_rows(
+        &mut self,
+        name: &str,
+        expected: &[u64],
+        part: &str,
+        rows: &[std::ops::Range<usize>],
+    ) -> Result<WeightId> {
+        let info = checked_tensor(self.file, name, expected)?;
+        let row_len = expected.first().copied().unwrap_or(0) as usize;
+        let row_bytes = info.ty.row_bytes(row_len)?;
+        let n_rows: usize = rows.iter().map(|r| r.len()).sum();
+        let desc =
+            WeightDesc { name: format!("{name}[{part}]"), ty: info.ty, dims: vec![row_len as u64, n_rows as u64] };
+        let data = match rows {
+            [run] => WeightData {
+                source: self.file.source().clone(),
+                offset: info.offset + (run.start * row_bytes) as u64,
+                len: run.len() * row_bytes,
+            },
+            _ => {
+                let mut bytes = vec![0u8; n_rows * row_bytes];
+                let mut at = 0;
+                for run in rows {
+                    let len = run.len() * row_bytes;
+                    self.file
+                        .source()
+                        .read_at(info.offset + (run.start * row_bytes) as u64, &mut bytes[at..at + len])?;
+                    at += len;
+                }
+                WeightData { source: Arc::new(MemorySource::new(bytes)), offset: 0, len: n_rows * row_bytes }
+            }
+        };
+        let id = self.backend.upload_weight(desc, data)?;
+        self.progress((n_rows * row_bytes) as u64);
+        Ok(id)
+    }
+
+    /// The rows of a query projection of `n_head` heads of `nope + rope` rows each, split into
+    /// every head's first `nope` rows and every head's last `rope` rows.
+    fn split_heads(&mut self, name: &str, q_in: u64, n_head: usize, [nope, rope]: [usize; 2]) -> Result<[WeightId; 2]> {
+        let expected = [q_in, (n_head * (nope + rope)) as u64];
+        let head = |h: usize| h * (nope + rope);
+        let nope_rows: Vec<_> = (0..n_head).map(|h| head(h)..head(h) + nope).collect();
+        let rope_rows: Vec<_> = (0..n_head).map(|h| head(h) + nope..head(h + 1)).collect();
+        Ok([
+            self.upload_rows(name, &expected, "nope", &nope_rows)?,
+            self.upload_rows(name, &expected, "rope", &rope_rows)?,
+        ])
+    }
+
+    /// A layer's MLA matrices (see [`LatentWeights`]).
+    fn latent(&mut self, il: usize, cfg: &ModelConfig, mla: &MlaConfig) -> Result<LatentWeights> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (e, h) = (cfg.n_embd as u64, cfg.n_head as u64);
+        let (kv_lora, qk_rope) = (mla.kv_lora, mla.qk_rope);
+        let parts = [mla.qk_nope, qk_rope];
+        let (q_a, [q_nope, q_rope]) = if mla.q_lora > 0 {
+            let q_lora = mla.q_lora as u64;
+            let q_a = (
+                self.upload(&n("attn_q_a.weight"), &[e, q_lora])?,
+                self.upload(&n("attn_q_a_norm.weight"), &[q_lora])?,
+            );
+            (Some(q_a), self.split_heads(&n("attn_q_b.weight"), q_lora, cfg.n_head, parts)?)
+        } else {
+            (None, self.split_heads(&n("attn_q.weight"), e, cfg.n_head, parts)?)
+        };
+        let kv_a = n("attn_kv_a_mqa.weight");
+        let kv_a_dims = [e, (kv_lora + qk_rope) as u64];
+        Ok(LatentWeights {
+            q_a,
+            q_nope,
+            q_rope,
+            latent: self.upload_rows(&kv_a, &kv_a_dims, "latent", std::slice::from_ref(&(0..kv_lora)))?,
+            k_rope: self.upload_rows(&kv_a, &kv_a_dims, "rope", std::slice::from_ref(&(kv_lora..kv_lora + qk_rope)))?,
+            latent_norm: self.upload(&n("attn_kv_a_norm.weight"), &[kv_lora as u64])?,
+            k_b: self.upload(&n("attn_k_b.weight"), &[mla.qk_nope as u64, kv_lora as u64, h])?,
+            v_b: self.upload(&n("attn_v_b.weight"), &[kv_lora as u64, mla.v_head as u64, h])?,
+        })
+    }
+
     fn progress(&mut self, uploaded: u64) {
         self.done_bytes += uploaded;
         (self.on_progress)(self.done_bytes, self.total_bytes);
@@ -204,25 +323,35 @@ impl ModelWeights {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
+            let attn_norm = up.upload(&n("attn_norm.weight"), &[e])?;
+            let (attn, o_width) = match &cfg.mla {
+                Some(mla) => (AttentionWeights::Latent(up.latent(il, cfg, mla)?), (cfg.n_head * mla.v_head) as u64),
+                None => {
+                    let heads = HeadWeights {
+                        wq: up.upload(&n("attn_q.weight"), &[e, q_width])?,
+                        wk: up.upload(&n("attn_k.weight"), &[e, kv_width])?,
+                        wv: up.upload(&n("attn_v.weight"), &[e, kv_width])?,
+                        bq: up.bias(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
+                        bk: up.bias(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
+                        bv: up.bias(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
+                        q_norm: up.required_if(
+                            cfg.qk_norm != QkNorm::None,
+                            &n("attn_q_norm.weight"),
+                            &[qk_norm_len(q_width)],
+                        )?,
+                        k_norm: up.required_if(
+                            cfg.qk_norm != QkNorm::None,
+                            &n("attn_k_norm.weight"),
+                            &[qk_norm_len(kv_width)],
+                        )?,
+                    };
+                    (AttentionWeights::Heads(heads), q_width)
+                }
+            };
             layers.push(LayerWeights {
-                attn_norm: up.upload(&n("attn_norm.weight"), &[e])?,
-                wq: up.upload(&n("attn_q.weight"), &[e, q_width])?,
-                wk: up.upload(&n("attn_k.weight"), &[e, kv_width])?,
-                wv: up.upload(&n("attn_v.weight"), &[e, kv_width])?,
-                bq: up.bias(cfg.qkv_bias, &n("attn_q.bias"), &[q_width])?,
-                bk: up.bias(cfg.qkv_bias, &n("attn_k.bias"), &[kv_width])?,
-                bv: up.bias(cfg.qkv_bias, &n("attn_v.bias"), &[kv_width])?,
-                q_norm: up.required_if(
-                    cfg.qk_norm != QkNorm::None,
-                    &n("attn_q_norm.weight"),
-                    &[qk_norm_len(q_width)],
-                )?,
-                k_norm: up.required_if(
-                    cfg.qk_norm != QkNorm::None,
-                    &n("attn_k_norm.weight"),
-                    &[qk_norm_len(kv_width)],
-                )?,
-                wo: up.upload(&n("attn_output.weight"), &[q_width, e])?,
+                attn_norm,
+                attn,
+                wo: up.upload(&n("attn_output.weight"), &[o_width, e])?,
                 bo: up.optional(&n("attn_output.bias"), &[e])?,
                 attn_post_norm: up.required_if(cfg.post_norms, &n("post_attention_norm.weight"), &[e])?,
                 attn_sinks: up.required_if(cfg.attn_sinks, &n("attn_sinks.weight"), &[cfg.n_head as u64])?,
@@ -232,8 +361,7 @@ impl ModelWeights {
                     &[e],
                 )?,
                 ffn: match &cfg.moe {
-                    None => FfnWeights::Dense(up.dense_ffn(&n(""), "", e, ff)?),
-                    Some(moe) => {
+                    Some(moe) if il >= cfg.n_dense_lead => {
                         let (x, fx) = (moe.n_expert as u64, moe.n_ff_expert as u64);
                         FfnWeights::Experts {
                             router: up.upload(&n("ffn_gate_inp.weight"), &[e, x])?,
@@ -262,6 +390,7 @@ impl ModelWeights {
                             },
                         }
                     }
+                    _ => FfnWeights::Dense(up.dense_ffn(&n(""), "", e, ff)?),
                 },
                 ffn_post_norm: up.required_if(cfg.post_norms, &n("post_ffw_norm.weight"), &[e])?,
             });

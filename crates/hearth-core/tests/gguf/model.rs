@@ -449,3 +449,59 @@ fn gpt_oss_reads_its_windows_sinks_and_expert_biases() {
     let bias_values = 3 * (32 + 32 + 64) * 4;
     assert_eq!(model.parameters.total - model.parameters.active, (3 * 3 * 32 * 64 * 4 + bias_values) / 2);
 }
+
+/// The synthetic deepseek2 fixture's metadata, rewritten with `overrides` (no tensors).
+fn deepseek2_metadata(overrides: &[(&str, Value)]) -> GgufWriter {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/synthetic/deepseek2-f32.gguf");
+    let file = parse(&std::fs::read(path).expect("the deepseek2 fixture")).unwrap();
+    let mut w = GgufWriter::new(3);
+    for (key, value) in file.metadata.iter() {
+        let value = overrides.iter().find(|(k, _)| *k == key).map_or(value, |(_, v)| v);
+        w = w.kv(key, value.clone());
+    }
+    for (key, value) in overrides.iter().filter(|(k, _)| file.metadata.get(k).is_none()) {
+        w = w.kv(key, value.clone());
+    }
+    w
+}
+
+/// deepseek2 as llama.cpp's deepseek2.cpp reads it: MLA from the latent rank and the logical head
+/// sizes, scores scaled by the logical key size, a leading dense layer, then experts with an
+/// ungated shared expert; the cache's values the latent alone. What V3 adds, and YaRN, are refused
+/// by name rather than run wrong.
+#[test]
+fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
+    use hearth_core::graph::Op;
+    let file = parse(&deepseek2_metadata(&[]).write().bytes).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    let mla = cfg.mla.expect("MLA");
+    assert_eq!((mla.kv_lora, mla.qk_nope, mla.qk_rope, mla.v_head, mla.q_lora), (32, 16, 8, 16, 0));
+    assert_eq!((cfg.head_dim, cfg.n_head_kv, cfg.n_dense_lead), (40, 1, 1));
+    assert_eq!(cfg.attn_scale, 1.0 / 24f32.sqrt());
+    let moe = cfg.moe.clone().expect("experts");
+    assert!(!moe.routing.normalize && moe.routing.scale == 1.0);
+    assert_eq!(moe.shared.expect("a shared expert").n_ff, 32);
+
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/synthetic/deepseek2-f32.gguf");
+    let whole = parse(&std::fs::read(path).unwrap()).unwrap();
+    let model =
+        hearth_core::model::Model::load(&whole, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    let layout = model.kv_layout(hearth_core::kv::KvType::F16, 16, model.kv_groups());
+    assert_eq!((layout.k_width, layout.v_width), (40, 32));
+    let graph = model.build_graph(3, 1, hearth_core::graph::LogitsMode::Last);
+    let count = |f: fn(&Op) -> bool| graph.ops.iter().filter(|op| f(op)).count();
+    assert_eq!(count(|op| matches!(op, Op::MatMulHeads { .. })), 6);
+    assert_eq!(count(|op| matches!(op, Op::RouteExperts { .. })), 2);
+
+    for (key, value, refused) in [
+        ("deepseek2.expert_gating_func", Value::U32(2), "gating"),
+        ("deepseek2.expert_group_count", Value::U32(8), "groups"),
+        ("deepseek2.rope.scaling.type", Value::String("yarn".into()), "YaRN"),
+        ("deepseek2.attention.value_length", Value::U32(40), "MLA"),
+    ] {
+        let err = config_err(deepseek2_metadata(&[(key, value)])).to_string();
+        assert!(err.contains(refused), "{key}: {err}");
+    }
+}

@@ -39,10 +39,11 @@ fn dot_f16(k: &[f32], q: &[f32]) -> f32 {
 /// and a head size that is a multiple of 64.
 pub(super) fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     let p = c.p;
-    let hd = p.head_dim;
+    let (hd, vd) = (p.head_dim, p.v_dim());
     let q_width = p.n_head * hd;
     let kv_head = task.h0 / (p.n_head / p.n_head_kv);
     let cols = super::rows::HeadCols::new(c.kv.kv_type, kv_head * hd, hd);
+    let vcols = super::rows::HeadCols::new(c.kv.kv_type, kv_head * vd, vd);
     let pos_of = |t: usize| c.pos0 + t;
     let lo_of = |t: usize| p.window.map_or(0, |w| (pos_of(t) + 1).saturating_sub(w));
     let (span_lo, span_hi) = (lo_of(task.t0), pos_of(task.t0 + task.n_tokens - 1));
@@ -51,20 +52,21 @@ pub(super) fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
         decode_tile(&c.kv, false, cols, first, last, &mut tile);
         keys.extend_from_slice(&tile);
-        decode_tile(&c.kv, true, cols, first, last, &mut tile);
+        decode_tile(&c.kv, true, vcols, first, last, &mut tile);
         values.extend_from_slice(&tile);
     }
     let n_queries = task.n_tokens * task.n_heads;
-    let mut out = vec![0f32; n_queries * hd];
-    for (i, out) in out.chunks_exact_mut(hd).enumerate() {
+    let mut out = vec![0f32; n_queries * vd];
+    for (i, out) in out.chunks_exact_mut(vd).enumerate() {
         let (t, h) = (task.t0 + i / task.n_heads, task.h0 + i % task.n_heads);
         let q: Vec<f32> = c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd].iter().map(|&x| round_f16(x)).collect();
         let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-        // [head_dim] Σ v · expf(s − M), every element an f16 value.
-        let mut acc = vec![0f32; hd];
+        // [v_dim] Σ v · expf(s − M), every element an f16 value.
+        let mut acc = vec![0f32; vd];
         for pos in lo_of(t)..=pos_of(t) {
             let row = (pos - span_lo) * hd..(pos - span_lo + 1) * hd;
-            let dot = dot_f16(&keys[row.clone()], &q);
+            let vrow = (pos - span_lo) * vd..(pos - span_lo + 1) * vd;
+            let dot = dot_f16(&keys[row], &q);
             // ggml folds the cap into the scale: cap · tanh(dot · (scale / cap)).
             let score = match p.softcap {
                 None => dot * p.scale,
@@ -78,7 +80,7 @@ pub(super) fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
             } else {
                 vs = (score - max).exp();
             }
-            acc.iter_mut().zip(&values[row]).for_each(|(a, &v)| *a = round_f16(v.mul_add(vs, *a)));
+            acc.iter_mut().zip(&values[vrow]).for_each(|(a, &v)| *a = round_f16(v.mul_add(vs, *a)));
             sum = sum.mul_add(ms, vs);
         }
         // ggml's correction for a sink, once the f16 sums are back in f32.

@@ -97,7 +97,8 @@ pub fn attention(
         )));
     }
     let q_width = p.n_head * hd;
-    if q.len() < n_tokens * q_width || out.len() < n_tokens * q_width {
+    let (vd, out_width) = (p.v_dim(), p.n_head * p.v_dim());
+    if q.len() < n_tokens * q_width || out.len() < n_tokens * out_width {
         return Err(CpuError::BadKv(format!("attention of {n_tokens} tokens over query rows of {} values", q.len())));
     }
     if sinks.is_some_and(|s| s.len() != p.n_head) {
@@ -116,8 +117,8 @@ pub fn attention(
     #[cfg(target_arch = "wasm32")]
     let results: Vec<Vec<f32>> = tasks.iter().map(task).collect();
     for (t, result) in tasks.iter().zip(&results) {
-        for (i, rows) in result.chunks_exact(t.n_heads * hd).enumerate() {
-            let start = (t.t0 + i) * q_width + t.h0 * hd;
+        for (i, rows) in result.chunks_exact(t.n_heads * vd).enumerate() {
+            let start = (t.t0 + i) * out_width + t.h0 * vd;
             out[start..start + rows.len()].copy_from_slice(rows);
         }
     }
@@ -183,15 +184,18 @@ fn blocks(lo: usize, hi: usize, block_size: usize) -> impl Iterator<Item = (usiz
         .map(move |b| ((b * block_size).max(lo), (b * block_size + block_size - 1).min(hi)))
 }
 
-/// One task; returns [task tokens, task heads, head_dim].
+/// One task; returns [task tokens, task heads, v_dim].
 #[inline(always)]
 fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     let p = c.p;
-    let hd = p.head_dim;
+    let (hd, vd) = (p.head_dim, p.v_dim());
     let q_width = p.n_head * hd;
     let kv_head = task.h0 / (p.n_head / p.n_head_kv);
     let cols = HeadCols::new(c.kv.kv_type, kv_head * hd, hd);
     let width = cols.width();
+    // The head's value columns, and their decoded width.
+    let vcols = HeadCols::new(c.kv.kv_type, kv_head * vd, vd);
+    let vwidth = vcols.width();
     // Token t sees positions lo(t)..=pos(t); the task's span covers all of its tokens.
     let pos_of = |t: usize| c.pos0 + t;
     let lo_of = |t: usize| p.window.map_or(0, |w| (pos_of(t) + 1).saturating_sub(w));
@@ -202,9 +206,9 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         let (t, h) = (task.t0 + i / task.n_heads, task.h0 + i % task.n_heads);
         &c.q[t * q_width + h * hd..t * q_width + (h + 1) * hd]
     };
-    // [task tokens, task heads, width] weighted sums of V rows as decoded (still rotated for the
-    // quantized types); width == head_dim for the others.
-    let mut acc = vec![0f32; n_queries * width];
+    // [task tokens, task heads, vwidth] weighted sums of V rows as decoded (still rotated for the
+    // quantized types); vwidth == v_dim for the others.
+    let mut acc = vec![0f32; n_queries * vwidth];
     // The scratch is taken out of the thread-local so that the loops below stay in this
     // function, which is inlined into its caller's AVX2 context (code inside a `with` closure is
     // compiled without it: scalar, not vectorised, in the profile).
@@ -263,17 +267,17 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
     }
     // Weighted sum of V, block by block.
     for (first, last) in blocks(span_lo, span_hi, c.kv.block_size) {
-        decode_tile(&c.kv, true, cols, first, last, &mut s.tile);
-        for (i, acc) in acc.chunks_exact_mut(width).enumerate() {
+        decode_tile(&c.kv, true, vcols, first, last, &mut s.tile);
+        for (i, acc) in acc.chunks_exact_mut(vwidth).enumerate() {
             let t = task.t0 + i / task.n_heads;
             let (lo, hi) = (lo_of(t).max(first), pos_of(t).min(last));
             if lo <= hi {
                 let weights = &s.scores[i * span + lo - span_lo..=i * span + hi - span_lo];
-                simd::weighted_sum(acc, weights, &s.tile[(lo - first) * width..(hi - first + 1) * width]);
+                simd::weighted_sum(acc, weights, &s.tile[(lo - first) * vwidth..(hi - first + 1) * vwidth]);
             }
         }
     }
-    for (acc, &sum) in acc.chunks_exact_mut(width).zip(&s.sum) {
+    for (acc, &sum) in acc.chunks_exact_mut(vwidth).zip(&s.sum) {
         if rotated {
             hadamard32(acc);
         }
@@ -281,15 +285,15 @@ fn attend_task(c: &HeadContext<'_>, task: Task) -> Vec<f32> {
         acc.iter_mut().for_each(|o| *o *= inv);
     }
     SCRATCH.with_borrow_mut(|scratch| *scratch = s);
-    let mut out = if width == hd {
+    let mut out = if vwidth == vd {
         acc
     } else {
-        acc.chunks_exact(width).flat_map(|row| &row[cols.skip..cols.skip + hd]).copied().collect()
+        acc.chunks_exact(vwidth).flat_map(|row| &row[vcols.skip..vcols.skip + vd]).copied().collect()
     };
     if let Some(offset) = c.kv.v_offset {
-        // [head_dim] of the task's KV head, added once per query: Σ p_j (v_j + o) / Σ p_j = … + o.
-        let offset = &offset[kv_head * hd..(kv_head + 1) * hd];
-        for out in out.chunks_exact_mut(hd) {
+        // [v_dim] of the task's KV head, added once per query: Σ p_j (v_j + o) / Σ p_j = … + o.
+        let offset = &offset[kv_head * vd..(kv_head + 1) * vd];
+        for out in out.chunks_exact_mut(vd) {
             out.iter_mut().zip(offset).for_each(|(o, b)| *o += b);
         }
     }

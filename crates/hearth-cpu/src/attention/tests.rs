@@ -146,6 +146,7 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
         softcap: case.softcap,
         v_offset: None,
         sinks: None,
+        v_head_dim: None,
     };
     let q = rng.vec(case.n_tokens * case.n_head * hd, 1.5);
     let n_out = case.n_tokens * case.n_head * hd;
