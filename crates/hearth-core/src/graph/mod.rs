@@ -184,6 +184,15 @@ pub struct RopeYarn {
     pub mscale: f32,
 }
 
+/// A YaRN file's `rope.scaling.yarn_log_multiplier` as llama.cpp reads it: `mscale_all_dims`
+/// (the file holds a tenth of it) divides the magnitude scale of `mscale`, which is 1 except for
+/// deepseek2 files, where it is `mscale_all_dims` itself (DeepSeek-V2's configuration).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnLogMultiplier {
+    pub mscale: f32,
+    pub mscale_all_dims: f32,
+}
+
 impl RopeYarn {
     /// As llama.cpp sets YaRN up (llama-context.cpp, ggml's `ggml_rope_yarn_corr_dims`) for `n_rot`
     /// rotated values, a context of `n_ctx_orig` positions stretched `factor` times (> 1), the
@@ -196,7 +205,7 @@ impl RopeYarn {
         factor: f32,
         [beta_fast, beta_slow]: [f32; 2],
         attn_factor: f32,
-        log_multiplier: Option<f32>,
+        log_multiplier: Option<YarnLogMultiplier>,
     ) -> Self {
         let corr_dim = |rotations: f32| {
             n_rot as f32 * (n_ctx_orig as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln() / (2.0 * freq_base.ln())
@@ -206,8 +215,8 @@ impl RopeYarn {
         let get_mscale = |mscale: f32| if factor <= 1.0 { 1.0 } else { 0.1 * mscale * factor.ln() + 1.0 };
         // llama.cpp's attention factor, then ggml's magnitude correction in rope_yarn (which the
         // first cancels but for the log multiplier's).
-        let mut attn = match log_multiplier.filter(|m| *m != 0.0) {
-            Some(all_dims) => get_mscale(1.0) / get_mscale(all_dims),
+        let mut attn = match log_multiplier.filter(|m| m.mscale_all_dims != 0.0) {
+            Some(m) => get_mscale(m.mscale) / get_mscale(m.mscale_all_dims),
             None => get_mscale(1.0),
         };
         attn *= 1.0 / (1.0 + 0.1 * factor.ln());

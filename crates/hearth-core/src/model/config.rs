@@ -2,7 +2,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::{Metadata, Value};
-use crate::graph::{ExpertGating, ExpertRouting, GluActivation, RopeMode, RopeYarn};
+use crate::graph::{ExpertGating, ExpertRouting, GluActivation, RopeMode, RopeYarn, YarnLogMultiplier};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -257,7 +257,20 @@ impl ModelConfig {
                 // training context) and the attention factor; its default correction range.
                 let n_ctx_orig = meta.opt_usize(&key("rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train);
                 let attn_factor = meta.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
-                let yarn = RopeYarn::new(n_rot, n_ctx_orig, rope_base, factor, [32.0, 1.0], attn_factor, None);
+                // deepseek2 reads the log multiplier (a tenth of mscale_all_dim), and scales its
+                // RoPE by mscale_all_dim / mscale_all_dim: by 1 (llama-context.cpp).
+                let log_multiplier = match arch {
+                    Arch::Deepseek2 => meta.opt_f32(&key("rope.scaling.yarn_log_multiplier"))?.map(|m| {
+                        let all_dims = m / 0.1;
+                        YarnLogMultiplier {
+                            mscale: if all_dims != 1.0 { all_dims } else { 1.0 },
+                            mscale_all_dims: all_dims,
+                        }
+                    }),
+                    _ => None,
+                };
+                let yarn =
+                    RopeYarn::new(n_rot, n_ctx_orig, rope_base, factor, [32.0, 1.0], attn_factor, log_multiplier);
                 (1.0 / factor, Some(yarn))
             }
             Some(other) => {
@@ -408,8 +421,9 @@ impl ModelConfig {
 /// square root of the logical key size, normal RoPE on the rotated part; the first
 /// `leading_dense_block_count` layers dense, then experts routed by a softmax (V2), their weights
 /// renormalised when `expert_weights_norm` and scaled by `expert_weights_scale`, beside an ungated
-/// shared expert `expert_shared_count` experts wide. What V3 adds (sigmoid routing with a
-/// selection bias, expert groups) and YaRN here are refused until they are implemented.
+/// shared expert `expert_shared_count` experts wide; with YaRN, the scores scaled by its mscale².
+/// What V3 adds (sigmoid routing with a selection bias, expert groups) is refused until it is
+/// implemented.
 fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usize) -> Result<()> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let bad = |what: String| Err(CoreError::BadHyperParameter(what));
@@ -424,9 +438,7 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
             cfg.n_head_kv, cfg.head_dim
         ));
     }
-    if cfg.layers.iter().any(|l| l.rope_yarn.is_some()) {
-        return bad("YaRN on deepseek2 (its attention-scale correction) is not supported yet".into());
-    }
+
     for (k, what) in [("expert_group_count", "expert groups"), ("expert_gating_func", "the gating function")] {
         let value = meta.opt_usize(&key(k))?.unwrap_or(0);
         // Groups of 1 are none; gating 1 is the softmax V2 defaults to.
@@ -436,7 +448,16 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
     }
     cfg.mla = Some(MlaConfig { kv_lora, qk_nope: k_mla - qk_rope, qk_rope, v_head, q_lora });
     cfg.rope_mode = RopeMode::Normal;
-    cfg.attn_scale = 1.0 / (k_mla as f32).sqrt();
+    // With YaRN llama.cpp scales the scores by mscale² (deepseek2.cpp): RoPE's magnitude scale
+    // times 1 + 0.1 · mscale_all_dim · ln(factor).
+    let kq_mscale = match (cfg.layers[0].rope_yarn, meta.opt_f32(&key("rope.scaling.yarn_log_multiplier"))?) {
+        (Some(yarn), log_multiplier) => {
+            let factor = 1.0 / cfg.layers[0].rope_scale;
+            yarn.mscale * (1.0 + 0.1 * log_multiplier.unwrap_or(0.0) / 0.1 * factor.ln())
+        }
+        (None, _) => 1.0,
+    };
+    cfg.attn_scale = kq_mscale * kq_mscale / (k_mla as f32).sqrt();
     cfg.n_dense_lead = meta.opt_usize(&key("leading_dense_block_count"))?.unwrap_or(0).min(cfg.n_layer);
     let n_ff_expert = meta.usize(&key("expert_feed_forward_length"))?;
     let normalize = meta.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false);

@@ -468,8 +468,8 @@ fn deepseek2_metadata(overrides: &[(&str, Value)]) -> GgufWriter {
 
 /// deepseek2 as llama.cpp's deepseek2.cpp reads it: MLA from the latent rank and the logical head
 /// sizes, scores scaled by the logical key size, a leading dense layer, then experts with an
-/// ungated shared expert; the cache's values the latent alone. What V3 adds, and YaRN, are refused
-/// by name rather than run wrong.
+/// ungated shared expert; the cache's values the latent alone; YaRN's score scale. What V3 adds
+/// is refused by name rather than run wrong.
 #[test]
 fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
     use hearth_core::graph::Op;
@@ -478,7 +478,11 @@ fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
     let mla = cfg.mla.expect("MLA");
     assert_eq!((mla.kv_lora, mla.qk_nope, mla.qk_rope, mla.v_head, mla.q_lora), (32, 16, 8, 16, 0));
     assert_eq!((cfg.head_dim, cfg.n_head_kv, cfg.n_dense_lead), (40, 1, 1));
-    assert_eq!(cfg.attn_scale, 1.0 / 24f32.sqrt());
+    // V2-Lite's YaRN: RoPE unscaled, the scores times (1 + 0.1 · 0.707 · ln 40)².
+    let yarn = cfg.layers[0].rope_yarn.expect("YaRN");
+    assert!((yarn.mscale - 1.0).abs() < 1e-6, "{}", yarn.mscale);
+    let kq_mscale = 1.0 + 0.1 * 0.707 * 40f32.ln();
+    assert!((cfg.attn_scale - kq_mscale * kq_mscale / 24f32.sqrt()).abs() < 1e-5, "{}", cfg.attn_scale);
     let moe = cfg.moe.clone().expect("experts");
     assert!(!moe.routing.normalize && moe.routing.scale == 1.0);
     assert_eq!(moe.shared.expect("a shared expert").n_ff, 32);
@@ -498,7 +502,6 @@ fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
     for (key, value, refused) in [
         ("deepseek2.expert_gating_func", Value::U32(2), "gating"),
         ("deepseek2.expert_group_count", Value::U32(8), "groups"),
-        ("deepseek2.rope.scaling.type", Value::String("yarn".into()), "YaRN"),
         ("deepseek2.attention.value_length", Value::U32(40), "MLA"),
     ] {
         let err = config_err(deepseek2_metadata(&[(key, value)])).to_string();
