@@ -5,6 +5,9 @@
 //   SOFTMAX_OF_CHOSEN: the logits themselves; otherwise a sigmoid of each logit), its n_used most
 //   probable experts, ties to the lower id, and their probabilities as weights (SOFTMAX_OF_CHOSEN:
 //   a softmax of the chosen logits), renormalised to sum 1 (NORMALIZE), times P.scale.
+//   SELECTION_BIAS: experts are chosen by their probability plus a bias, weighed by the
+//   probability alone. GROUPS: only from the P.n_group_used best of P.n_group equal groups of
+//   experts, a group's score the sum of its two best selection scores (DeepSeek-V3).
 // combine_experts (COMBINE): out[t, c] = Σ_j weights[t, j] · x[t, j * cols + c], slot after slot.
 // group_experts (GROUP): a step's (token, slot) pairs sorted by expert and cut into tiles of at
 //   most P.cols pairs of one expert, for the mat-muls' EXPERTS_GROUPED variant (matmul_q8.wgsl).
@@ -25,6 +28,9 @@ struct ExpertParams {
     groups_x: u32,
     // TALLY: the router's first counter
     tally_base: u32,
+    // GROUPS: expert groups (at most ROUTE_WG), and how many of them are chosen from
+    n_group: u32,
+    n_group_used: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: ExpertParams;
@@ -41,6 +47,10 @@ struct ExpertParams {
 // router's experts from P.tally_base
 @group(0) @binding(4) var<storage, read_write> TALLY: array<atomic<u32>>;
 #endif
+#ifdef SELECTION_BIAS
+// [n_expert] f32: added to the probabilities to choose experts
+@group(0) @binding(5) var<storage, read> BIAS: array<f32>;
+#endif
 
 // ggml's floor for the chosen probabilities' sum before dividing by it.
 const MIN_WEIGHT_SUM: f32 = 6.1035156e-5;
@@ -52,8 +62,15 @@ const ROUTE_WG: u32 = 64u;
 // past f32 as an abstract float, which Tint refuses).
 const LOWEST: f32 = -3.0e38;
 
-// [n_expert] the token's probabilities, a chosen expert's set to LOWEST once picked
+// [n_expert] the token's probabilities
 var<workgroup> probs: array<f32, MAX_EXPERTS>;
+// [n_expert] the scores that choose: the probabilities (plus the bias; LOWEST outside the chosen
+// groups), a chosen expert's set to LOWEST once picked
+var<workgroup> selection: array<f32, MAX_EXPERTS>;
+#ifdef GROUPS
+// [n_group] whether the group is chosen from
+var<workgroup> group_chosen: array<u32, ROUTE_WG>;
+#endif
 // per thread: its best candidate (or its partial max / sum), then the tree reduction's
 var<workgroup> best_p: array<f32, ROUTE_WG>;
 var<workgroup> best_id: array<u32, ROUTE_WG>;
@@ -116,6 +133,56 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         probs[e] = 1.0 / (1.0 + exp(-LOGITS[row + e]));
     }
 #endif
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+#ifdef SELECTION_BIAS
+        selection[e] = probs[e] + BIAS[e];
+#else
+        selection[e] = probs[e];
+#endif
+    }
+#ifdef GROUPS
+    // Each group's score (a thread per group): its two best selection scores summed, as the
+    // CPU's mask_groups; then thread 0 keeps the best P.n_group_used, ties to the lower group.
+    workgroupBarrier();
+    let per_group = n_expert / P.n_group;
+    if (tid < P.n_group) {
+        var first_best = LOWEST;
+        var second_best = LOWEST;
+        for (var e = tid * per_group; e < (tid + 1u) * per_group; e++) {
+            let s = selection[e];
+            if (s > first_best) {
+                second_best = first_best;
+                first_best = s;
+            } else if (s > second_best) {
+                second_best = s;
+            }
+        }
+        best_p[tid] = first_best + second_best;
+        group_chosen[tid] = 0u;
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+        for (var j = 0u; j < P.n_group_used; j++) {
+            var best = 0u;
+            var best_score = 0.0;
+            var found = false;
+            for (var g = 0u; g < P.n_group; g++) {
+                if (group_chosen[g] == 0u && (!found || best_p[g] > best_score)) {
+                    best = g;
+                    best_score = best_p[g];
+                    found = true;
+                }
+            }
+            group_chosen[best] = 1u;
+        }
+    }
+    workgroupBarrier();
+    for (var e = tid; e < n_expert; e += ROUTE_WG) {
+        if (group_chosen[e / per_group] == 0u) {
+            selection[e] = LOWEST;
+        }
+    }
+#endif
     workgroupBarrier();
     let first = t * P.n_used;
     var total = 0.0;
@@ -125,7 +192,7 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         var candidate_p = LOWEST;
         var candidate = 0u;
         for (var e = tid; e < n_expert; e += ROUTE_WG) {
-            let p = probs[e];
+            let p = selection[e];
             if (p > candidate_p) {
                 candidate_p = p;
                 candidate = e;
@@ -148,9 +215,9 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         if (tid == 0u) {
             let chosen = best_id[0];
             IDS[first + j] = chosen;
-            WEIGHTS[first + j] = best_p[0];
-            total += best_p[0];
-            probs[chosen] = LOWEST;
+            WEIGHTS[first + j] = probs[chosen];
+            total += probs[chosen];
+            selection[chosen] = LOWEST;
 #ifdef TALLY
             atomicAdd(&TALLY[P.tally_base + chosen], 1u);
 #endif

@@ -7,7 +7,9 @@
 //! sigmoid-gated shared expert), granitemoe (Mixtral's shapes with Granite's multipliers and an
 //! ungated shared expert) and gpt-oss (attention sinks, YaRN, a sliding window on every other
 //! layer, biased experts with the clamped SwiGLU, weighed by a softmax over the chosen) and
-//! deepseek2 (multi-head latent attention, a leading dense layer, a shared expert); seeds whose routing has a
+//! deepseek2 in V2-Lite's form (multi-head latent attention, YaRN, a leading dense layer, a
+//! shared expert) and V3's (compressed queries, sigmoid routing with a selection bias and expert
+//! groups); seeds whose routing has a
 //! near-tie are not used, since either expert is right there and the two pick differently by
 //! whole nats.
 //! Models and references are in the repository, so this runs with no download. Rules:
@@ -100,6 +102,11 @@ fn gpt_oss_mxfp4_matches_llama_cpp() {
 #[test]
 fn deepseek2_f32_matches_llama_cpp() {
     check("deepseek2-f32");
+}
+
+#[test]
+fn deepseek3_f32_matches_llama_cpp() {
+    check("deepseek3-f32");
 }
 
 #[test]

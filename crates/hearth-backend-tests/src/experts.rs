@@ -5,7 +5,7 @@
 use crate::case::{run_step, single, small_layout, tokens, Case, WEIGHT_TYPES};
 use crate::{Rng, Subject, Tolerance};
 use hearth_core::backend::Backend;
-use hearth_core::graph::{BufType, ExpertGating, ExpertRouting, GluActivation, Op, WeightDesc, WeightId};
+use hearth_core::graph::{BufType, ExpertGating, ExpertGroups, ExpertRouting, GluActivation, Op, WeightDesc, WeightId};
 use hearth_core::model::ExpertBiases;
 use hearth_core::quant::GgmlType;
 use hearth_cpu::CpuBackend;
@@ -24,6 +24,7 @@ struct MoeWeights {
     up: WeightId,
     down: WeightId,
     biases: Option<ExpertBiases>,
+    selection_bias: Option<WeightId>,
 }
 
 /// The experts' flavour.
@@ -46,7 +47,8 @@ fn scaled_f32(c: &mut Case, dims: &[u64], scale: f32, rng: &mut Rng) -> WeightId
 
 /// One MoE FFN over `n_tokens` tokens of `n_embd` values, experts of `n_ff` hidden values in
 /// `ty`, the router F32 (as llama.cpp's files keep it); the output is the combined FFN output.
-/// gpt-oss's gate and up biases reach ±8, so the clamp at ±7 bites.
+/// gpt-oss's gate and up biases reach ±8, so the clamp at ±7 bites. A `routing` with a
+/// `selection_bias` (any id) gets a random one of ±0.5.
 fn moe_case(
     n_tokens: usize,
     ty: GgmlType,
@@ -77,6 +79,8 @@ fn moe_case(
         }
     };
     let bias = |pick: fn(&ExpertBiases) -> WeightId| biases.as_ref().map(pick);
+    let selection_bias = routing.selection_bias.map(|_| scaled_f32(&mut c, &[x_count], 0.5, rng));
+    let routing = ExpertRouting { selection_bias, ..routing };
     let g = &mut c.graph;
     let logits = g.buf("ffn_moe_logits", n_tokens, N_EXPERT);
     let ids = g.typed_buf("ffn_moe_topk", BufType::U32, n_tokens, n_used);
@@ -93,16 +97,42 @@ fn moe_case(
     g.push(Op::MatMulExperts { w: down, x: gate_out, ids, bias: bias(|b| b.down), out: down_out });
     g.push(Op::CombineExperts { x: down_out, weights, out });
     g.logits = out;
-    (c, MoeWeights { table, router, gate, up, down, biases })
+    (c, MoeWeights { table, router, gate, up, down, biases, selection_bias })
 }
 
 /// gpt-oss's routing: the two largest logits, weighed by a softmax over them.
 fn gpt_oss_top2() -> ExpertRouting {
-    ExpertRouting { n_used: N_USED, gating: ExpertGating::SoftmaxOfChosen, normalize: false, scale: 1.0 }
+    ExpertRouting {
+        n_used: N_USED,
+        gating: ExpertGating::SoftmaxOfChosen,
+        normalize: false,
+        scale: 1.0,
+        selection_bias: None,
+        groups: None,
+    }
+}
+
+/// DeepSeek-V3's routing: sigmoid probabilities, a selection bias, 3 experts from the 2 best of 4
+/// groups, weights renormalised and scaled.
+fn deepseek_v3_top3() -> ExpertRouting {
+    ExpertRouting {
+        normalize: true,
+        scale: 2.5,
+        selection_bias: Some(WeightId(u32::MAX)),
+        groups: Some(ExpertGroups { n_group: 4, n_used: 2 }),
+        ..ExpertRouting::top(3, ExpertGating::Sigmoid)
+    }
 }
 
 fn softmax_top2() -> ExpertRouting {
-    ExpertRouting { n_used: N_USED, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 }
+    ExpertRouting {
+        n_used: N_USED,
+        gating: ExpertGating::Softmax,
+        normalize: true,
+        scale: 1.0,
+        selection_bias: None,
+        groups: None,
+    }
 }
 
 pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
@@ -124,9 +154,30 @@ pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
     let routings = [
         (softmax_top2(), Experts::SwiGlu),
         (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
-        (ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 }, Experts::SwiGlu),
-        (ExpertRouting { n_used: 5, gating: ExpertGating::Sigmoid, normalize: false, scale: 0.5 }, Experts::SwiGlu),
+        (
+            ExpertRouting {
+                n_used: N_USED,
+                gating: ExpertGating::Sigmoid,
+                normalize: true,
+                scale: 1.0,
+                selection_bias: None,
+                groups: None,
+            },
+            Experts::SwiGlu,
+        ),
+        (
+            ExpertRouting {
+                n_used: 5,
+                gating: ExpertGating::Sigmoid,
+                normalize: false,
+                scale: 0.5,
+                selection_bias: None,
+                groups: None,
+            },
+            Experts::SwiGlu,
+        ),
         (gpt_oss_top2(), Experts::GptOss),
+        (deepseek_v3_top3(), Experts::SwiGlu),
     ];
     for ty in [GgmlType::F32, GgmlType::Q4_K, GgmlType::MXFP4] {
         for (routing, experts) in &routings {
@@ -175,7 +226,8 @@ pub fn mixture_of_experts_long_steps(subject: &dyn Subject) {
 
 /// The oracle's MoE FFN against the same FFN computed here in f64 from the F32 weights (F32
 /// mat-muls round no activations), for softmax routing renormalised or scaled, and sigmoid
-/// routing, gpt-oss's routing and experts, and its expert tallies against the reference's picks; each token's result equals its
+/// routing, gpt-oss's routing and experts, DeepSeek-V3's (a selection bias, groups), and its
+/// expert tallies against the reference's picks; each token's result equals its
 /// result alone in a step (nothing depends on which tokens share the experts).
 pub fn mixture_of_experts_match_a_host_reference() {
     let mut rng = Rng(22);
@@ -183,8 +235,19 @@ pub fn mixture_of_experts_match_a_host_reference() {
     let routings = [
         (softmax_top2(), Experts::SwiGlu),
         (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
-        (ExpertRouting { n_used: N_USED, gating: ExpertGating::Sigmoid, normalize: true, scale: 1.0 }, Experts::SwiGlu),
+        (
+            ExpertRouting {
+                n_used: N_USED,
+                gating: ExpertGating::Sigmoid,
+                normalize: true,
+                scale: 1.0,
+                selection_bias: None,
+                groups: None,
+            },
+            Experts::SwiGlu,
+        ),
         (gpt_oss_top2(), Experts::GptOss),
+        (deepseek_v3_top3(), Experts::SwiGlu),
     ];
     for (routing, experts) in routings {
         let (c, w) = moe_case(N_TOKENS, GgmlType::F32, (n_embd, n_ff), routing.clone(), experts, &mut rng);
@@ -211,6 +274,7 @@ pub fn mixture_of_experts_match_a_host_reference() {
             w.biases.as_ref().map_or_else(|| vec![0f64; len], |b| values(pick(b)))
         };
         let router_bias = bias_values(|b| b.router, N_EXPERT);
+        let selection_bias = w.selection_bias.map_or_else(|| vec![0f64; N_EXPERT], values);
         let (gate_bias, up_bias) = (bias_values(|b| b.gate, N_EXPERT * n_ff), bias_values(|b| b.up, N_EXPERT * n_ff));
         let down_bias = bias_values(|b| b.down, N_EXPERT * n_embd);
         let mut want_tallies = hearth_core::backend::ExpertTallies::default();
@@ -230,8 +294,23 @@ pub fn mixture_of_experts_match_a_host_reference() {
                 ExpertGating::Sigmoid => logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect(),
                 ExpertGating::SoftmaxOfChosen => logits.clone(),
             };
+            // Chosen by the probabilities plus the selection bias, from the best groups only.
+            let mut selection: Vec<f64> = probs.iter().zip(&selection_bias).map(|(p, b)| p + b).collect();
+            if let Some(groups) = routing.groups {
+                let per_group = N_EXPERT / groups.n_group;
+                let score = |g: usize| {
+                    let mut s: Vec<f64> = selection[g * per_group..(g + 1) * per_group].to_vec();
+                    s.sort_by(|a, b| b.total_cmp(a));
+                    s[0] + s[1]
+                };
+                let mut by_score: Vec<usize> = (0..groups.n_group).collect();
+                by_score.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
+                for &g in &by_score[groups.n_used..] {
+                    selection[g * per_group..(g + 1) * per_group].fill(f64::NEG_INFINITY);
+                }
+            }
             let mut order: Vec<usize> = (0..N_EXPERT).collect();
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+            order.sort_by(|&a, &b| selection[b].total_cmp(&selection[a]));
             let chosen = &order[..routing.n_used];
             if routing.gating == ExpertGating::SoftmaxOfChosen {
                 let chosen_logits: Vec<f64> = chosen.iter().map(|&e| logits[e]).collect();

@@ -153,11 +153,11 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::Glu { activation, gate, up, out } => {
                 let mut o = prepare_out(bufs, *gate, *out);
-                let up = &bufs[up.0 as usize];
+                let (up, cols) = (&bufs[up.0 as usize], cols(*gate));
                 match *activation {
-                    GluActivation::Silu => ops::swiglu(&mut o, up),
-                    GluActivation::GeluTanh => ops::geglu(&mut o, up),
-                    GluActivation::ClampedSilu { alpha, limit } => ops::clamped_swiglu(&mut o, up, alpha, limit),
+                    GluActivation::Silu => ops::swiglu(&mut o, up, cols),
+                    GluActivation::GeluTanh => ops::geglu(&mut o, up, cols),
+                    GluActivation::ClampedSilu { alpha, limit } => ops::clamped_swiglu(&mut o, up, cols, alpha, limit),
                 }
                 bufs[out.0 as usize] = o;
             }
@@ -175,7 +175,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 let (mut i, mut wts) =
                     (std::mem::take(&mut bufs[ids.0 as usize]), std::mem::take(&mut bufs[weights.0 as usize]));
                 let scratch = &mut compiled.experts;
-                experts::route(&bufs[logits.0 as usize], cols(*logits), routing, scratch, &mut i, &mut wts);
+                let bias = routing.selection_bias.map(|b| w(b).values());
+                experts::route(&bufs[logits.0 as usize], cols(*logits), routing, bias, scratch, &mut i, &mut wts);
                 bufs[ids.0 as usize] = i;
                 bufs[weights.0 as usize] = wts;
             }

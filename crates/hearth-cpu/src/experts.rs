@@ -5,25 +5,28 @@
 use crate::matmul::{self, QuantizedActivations};
 use crate::weights::CpuWeight;
 use crate::{CpuError, Numerics};
-use hearth_core::graph::{BufId, ExpertGating, ExpertRouting};
+use hearth_core::graph::{BufId, ExpertGating, ExpertGroups, ExpertRouting};
 
 /// ggml's floor for the sum of the chosen experts' probabilities before dividing by it.
 const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 
-/// For each token's row of `logits` ([n_tokens, n_expert]): its `routing.n_used` experts, most
-/// probable first (ties to the lower id), into `ids` ([n_tokens, n_used], as bit patterns), and
-/// their weights into `weights` ([n_tokens, n_used]).
+/// For each token's row of `logits` ([n_tokens, n_expert]): its `routing.n_used` experts, of
+/// highest selection score first (ties to the lower id), into `ids` ([n_tokens, n_used], as bit
+/// patterns), and their weights into `weights` ([n_tokens, n_used]). `selection_bias` is the
+/// routing's, read.
 pub(crate) fn route(
     logits: &[f32],
     n_expert: usize,
     routing: &ExpertRouting,
+    selection_bias: Option<&[f32]>,
     scratch: &mut ExpertScratch,
     ids: &mut [f32],
     weights: &mut [f32],
 ) {
     let k = routing.n_used;
-    let ExpertScratch { probs, order, chosen, .. } = scratch;
+    let ExpertScratch { probs, selection, order, chosen, .. } = scratch;
     probs.resize(n_expert, 0.0);
+    selection.resize(n_expert, 0.0);
     order.resize(n_expert, 0);
     for ((row, ids), weights) in
         logits.chunks_exact(n_expert).zip(ids.chunks_exact_mut(k)).zip(weights.chunks_exact_mut(k))
@@ -33,10 +36,18 @@ pub(crate) fn route(
             ExpertGating::Sigmoid => probs.iter_mut().zip(row).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp())),
             ExpertGating::SoftmaxOfChosen => probs.copy_from_slice(row),
         }
+        match selection_bias {
+            Some(bias) => selection.iter_mut().zip(probs.iter().zip(bias)).for_each(|(s, (p, b))| *s = p + b),
+            None => selection.copy_from_slice(probs),
+        }
+        if let Some(groups) = routing.groups {
+            mask_groups(selection, groups, order);
+            order.resize(n_expert, 0);
+        }
         order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
-        // A stable sort, so equal probabilities keep the lower id first; NaN (from NaN logits)
-        // sorts last rather than panicking.
-        order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap_or(std::cmp::Ordering::Equal));
+        // A stable sort, so equal scores keep the lower id first; NaN (from NaN logits) sorts
+        // last rather than panicking.
+        order.sort_by(|&a, &b| selection[b].partial_cmp(&selection[a]).unwrap_or(std::cmp::Ordering::Equal));
         for ((id, w), &e) in ids.iter_mut().zip(weights.iter_mut()).zip(order.iter()) {
             *id = f32::from_bits(e as u32);
             *w = probs[e];
@@ -53,6 +64,30 @@ pub(crate) fn route(
         if routing.scale != 1.0 {
             weights.iter_mut().for_each(|w| *w *= routing.scale);
         }
+    }
+}
+
+/// Sets the selection scores of all but the `groups.n_used` best groups to -∞: a group's score is
+/// the sum of its two best (ties to the lower group). `order` is scratch (left n_group long).
+fn mask_groups(selection: &mut [f32], groups: ExpertGroups, order: &mut Vec<usize>) {
+    let per_group = selection.len() / groups.n_group;
+    let score = |g: &[f32]| {
+        let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &s in g {
+            if s > first {
+                (first, second) = (s, first);
+            } else if s > second {
+                second = s;
+            }
+        }
+        first + second
+    };
+    let scores: Vec<f32> = selection.chunks_exact(per_group).map(score).collect();
+    order.clear();
+    order.extend(0..groups.n_group);
+    order.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap_or(std::cmp::Ordering::Equal));
+    for &g in &order[groups.n_used..] {
+        selection[g * per_group..(g + 1) * per_group].fill(f32::NEG_INFINITY);
     }
 }
 
@@ -75,6 +110,9 @@ fn softmax(row: &[f32], out: &mut [f32]) {
 pub(crate) struct ExpertScratch {
     /// [n_expert] a token's router probabilities, and the experts in their order.
     probs: Vec<f32>,
+    /// [n_expert] the scores that choose: the probabilities plus the selection bias, masked to
+    /// the chosen groups.
+    selection: Vec<f32>,
     order: Vec<usize>,
     /// [n_used] a token's chosen logits (`ExpertGating::SoftmaxOfChosen`).
     chosen: Vec<f32>,
@@ -168,9 +206,16 @@ mod tests {
     #[test]
     fn softmax_routing_picks_the_largest_and_renormalises() {
         let logits = [0.1f32, 2.0, -1.0, 1.5, 2.0, 0.0, 0.3, -3.0];
-        let mut routing = ExpertRouting { n_used: 2, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
+        let mut routing = ExpertRouting {
+            n_used: 2,
+            gating: ExpertGating::Softmax,
+            normalize: true,
+            scale: 1.0,
+            selection_bias: None,
+            groups: None,
+        };
         let (mut ids, mut weights) = ([0f32; 2], [0f32; 2]);
-        route(&logits, 8, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
+        route(&logits, 8, &routing, None, &mut ExpertScratch::default(), &mut ids, &mut weights);
         // Experts 1 and 4 tie: the lower id first.
         assert_eq!(ids_of(&ids), [1, 4]);
         assert!((weights[0] - 0.5).abs() < 1e-6 && (weights[1] - 0.5).abs() < 1e-6, "{weights:?}");
@@ -178,7 +223,7 @@ mod tests {
         // Without renormalisation the weights are the softmax over all 8, scaled.
         routing.normalize = false;
         routing.scale = 2.5;
-        route(&logits, 8, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
+        route(&logits, 8, &routing, None, &mut ExpertScratch::default(), &mut ids, &mut weights);
         let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
         let p = (2.0f64).exp() / z * 2.5;
         assert!((weights[0] as f64 - p).abs() < 1e-6, "{weights:?} vs {p}");
@@ -187,12 +232,43 @@ mod tests {
     #[test]
     fn sigmoid_routing_weighs_each_expert_on_its_own() {
         let logits = [0.0f32, 3.0, -2.0, 1.0];
-        let routing = ExpertRouting { n_used: 3, gating: ExpertGating::Sigmoid, normalize: false, scale: 1.0 };
+        let routing = ExpertRouting {
+            n_used: 3,
+            gating: ExpertGating::Sigmoid,
+            normalize: false,
+            scale: 1.0,
+            selection_bias: None,
+            groups: None,
+        };
         let (mut ids, mut weights) = ([0f32; 3], [0f32; 3]);
-        route(&logits, 4, &routing, &mut ExpertScratch::default(), &mut ids, &mut weights);
+        route(&logits, 4, &routing, None, &mut ExpertScratch::default(), &mut ids, &mut weights);
         assert_eq!(ids_of(&ids), [1, 3, 0]);
         let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
         assert_eq!(weights, [sigmoid(3.0), sigmoid(1.0), sigmoid(0.0)]);
+    }
+
+    #[test]
+    fn a_selection_bias_and_groups_choose_but_do_not_weigh() {
+        // 8 experts in 4 groups of 2. Sigmoid probabilities order 0 > 2 > 4 > 6 > ...; the bias
+        // lifts expert 7 past them all and expert 5 past 2.
+        let logits = [4.0f32, -4.0, 3.0, -4.0, 2.0, -4.0, 1.0, -4.0];
+        let bias = [0.0f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0];
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let mut routing = ExpertRouting { normalize: true, scale: 2.5, ..ExpertRouting::top(2, ExpertGating::Sigmoid) };
+        routing.selection_bias = None;
+        let (mut ids, mut weights) = ([0f32; 2], [0f32; 2]);
+        route(&logits, 8, &routing, Some(&bias), &mut ExpertScratch::default(), &mut ids, &mut weights);
+        assert_eq!(ids_of(&ids), [7, 0]);
+        // The weights are the unbiased probabilities, renormalised and scaled.
+        let (p7, p0) = (sigmoid(-4.0), sigmoid(4.0));
+        assert!((weights[0] - p7 / (p7 + p0) * 2.5).abs() < 1e-6, "{weights:?}");
+        // Groups {0,1} {2,3} {4,5} {6,7} score (with the bias) 0.98+0.02, 0.95+0.02, 0.88+0.02,
+        // 0.73+2.02: with the two best groups, 3 and 0, expert 2 cannot be chosen.
+        routing.groups = Some(ExpertGroups { n_group: 4, n_used: 2 });
+        routing.n_used = 3;
+        let (mut ids, mut weights) = ([0f32; 3], [0f32; 3]);
+        route(&logits, 8, &routing, Some(&bias), &mut ExpertScratch::default(), &mut ids, &mut weights);
+        assert_eq!(ids_of(&ids), [7, 0, 6]);
     }
 
     #[test]

@@ -99,23 +99,28 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 /// reference llama.cpp build): blocks of 16 use ggml's polynomial `ggml_v_expf`, the tail (fewer
 /// than 16 values) uses libm's `expf`. The polynomial differs from libm by an ulp or so, and such
 /// differences flip roundings in the next layer's 8-bit activations and then grow through the model
-/// (~0.05 nats on Qwen2.5-0.5B's log-probs), so we match it value for value.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for_each_chunk(gate, up, |g, u| with_fma!(swiglu_body(g, u)))
+/// (~0.05 nats on Qwen2.5-0.5B's log-probs), so we match it value for value. Row by row
+/// (`cols` values each), as ggml does: a row's blocks start at its first value, so its result
+/// never depends on the rows beside it.
+pub fn swiglu(gate: &mut [f32], up: &[f32], cols: usize) {
+    for_each_rows(gate, up, cols, |gate, up| {
+        for (g, u) in gate.chunks_exact_mut(cols).zip(up.chunks_exact(cols)) {
+            with_fma!(swiglu_body(g, u))
+        }
+    })
 }
 
-/// Runs `f` over matching chunks of `gate` and `up`, on the rayon pool when there are several
-/// (prompt chunks: `[n_tokens, n_ff]`); a decode row stays on the calling thread, where a
-/// fork-join would cost more than the work. Chunks are a multiple of 16 values, so blockwise
-/// code (SwiGLU's blocks of 16 and libm tail) sees the same blocks as on the whole slice.
-fn for_each_chunk(gate: &mut [f32], up: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
+/// Runs `f` over matching runs of whole rows (`cols` values each) of `gate` and `up`, on the
+/// rayon pool when there are several (prompt chunks: `[n_tokens, n_ff]`); a decode row stays on
+/// the calling thread, where a fork-join would cost more than the work.
+fn for_each_rows(gate: &mut [f32], up: &[f32], cols: usize, f: impl Fn(&mut [f32], &[f32]) + Sync) {
     // (A wasm build has one thread and no pool.)
     #[cfg(not(target_arch = "wasm32"))]
-    const CHUNK: usize = 16 * 1024;
+    let chunk = (16 * 1024 / cols.max(1)).max(1) * cols.max(1);
     #[cfg(not(target_arch = "wasm32"))]
-    if gate.len() > CHUNK {
+    if gate.len() > chunk {
         use rayon::prelude::*;
-        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(|(g, u)| f(g, u));
+        gate.par_chunks_mut(chunk).zip(up.par_chunks(chunk)).for_each(|(g, u)| f(g, u));
         return;
     }
     f(gate, up)
@@ -208,8 +213,8 @@ pub fn concat(a: &[f32], b: &[f32], (cols_a, cols_b): (usize, usize), groups: us
 
 /// gate = gpt-oss's clamped SwiGLU of gate and up, as ggml's `swiglu_oai` computes it:
 /// x = min(gate, limit), y = clamp(up, ±limit), x / (1 + e^(-alpha·x)) · (y + 1).
-pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
-    for_each_chunk(gate, up, |gate, up| {
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], cols: usize, alpha: f32, limit: f32) {
+    for_each_rows(gate, up, cols, |gate, up| {
         for (g, &u) in gate.iter_mut().zip(up) {
             let x = g.min(limit);
             let y = u.clamp(-limit, limit);
@@ -218,9 +223,9 @@ pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
     })
 }
 
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
+pub fn geglu(gate: &mut [f32], up: &[f32], cols: usize) {
     let table = gelu_f16_table();
-    for_each_chunk(gate, up, |gate, up| {
+    for_each_rows(gate, up, cols, |gate, up| {
         #[cfg(target_arch = "x86_64")]
         if f16c_available() {
             // SAFETY: AVX2 and F16C are present (checked).
@@ -299,7 +304,7 @@ mod tests {
         inputs.extend([-10.0, 10.0, -10.000_001, 9.999_999, f32::INFINITY, f32::NEG_INFINITY, 65520.0, 1e-9]);
         let up: Vec<f32> = (0..inputs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         let (mut got, mut want) = (inputs.clone(), inputs.clone());
-        geglu(&mut got, &up);
+        geglu(&mut got, &up, inputs.len());
         geglu_scalar(table, &mut want, &up);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(), "x = {}: {g} vs {w}", inputs[i]);

@@ -252,7 +252,11 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
             matrix(w, "a per-head mat-mul")?;
             expert_bindings_supported(weight(w)?)
         }
-        Op::RouteExperts { .. } | Op::CombineExperts { .. } => Ok(()),
+        Op::RouteExperts { routing, .. } if routing.groups.is_some_and(|g| g.n_group > ROUTE_GROUPS) => {
+            Err(format!("{:?} (route_experts scores at most {ROUTE_GROUPS} groups)", routing.groups))
+        }
+        Op::RouteExperts { routing, .. } => vectors(&[routing.selection_bias]),
+        Op::CombineExperts { .. } => Ok(()),
         Op::MatMulExperts { w, bias, .. } => {
             matrix(w, "an expert mat-mul")?;
             vectors(&[*bias])?;
@@ -268,6 +272,9 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         }
     }
 }
+
+/// Expert groups route_experts scores, a thread each (experts.wgsl ROUTE_WG).
+pub(crate) const ROUTE_GROUPS: usize = 64;
 
 /// Where an expert mat-mul's expert ids come from.
 #[derive(Clone, Copy)]
@@ -1015,15 +1022,22 @@ impl Builder<'_> {
                     n_expert: n_expert as u32,
                     n_used: routing.n_used as u32,
                     scale: routing.scale,
-                    cols: 0,
                     groups_x: gx,
-                    tally_base: 0,
+                    ..ExpertParams::default()
                 };
                 let mut entries = vec![(1, self.buf(*logits)), (2, self.buf(*ids)), (3, self.buf(*weights))];
                 if let (Some(router), Some(counters)) = (tally, self.tallies) {
                     defines.push("TALLY");
                     params.tally_base = counters.base(*router);
                     entries.push((4, Res::Buf(counters.buffer.clone())));
+                }
+                if let Some(bias) = routing.selection_bias {
+                    defines.push("SELECTION_BIAS");
+                    entries.push((5, Res::Buf(self.vector(bias)?)));
+                }
+                if let Some(groups) = routing.groups {
+                    defines.push("GROUPS");
+                    (params.n_group, params.n_group_used) = (groups.n_group as u32, groups.n_used as u32);
                 }
                 self.push(
                     PipelineKey::new(ShaderFile::Experts, "route_experts", &defines),
@@ -1068,7 +1082,7 @@ impl Builder<'_> {
                     scale: 1.0,
                     cols: cols as u32,
                     groups_x: gx,
-                    tally_base: 0,
+                    ..ExpertParams::default()
                 };
                 let entries = vec![(4, self.buf(*x)), (5, self.buf(*weights)), (6, self.buf(*out))];
                 self.push(
@@ -1250,10 +1264,9 @@ impl Builder<'_> {
             n_tokens: rows as u32,
             n_expert: n_expert as u32,
             n_used: n_used as u32,
-            scale: 0.0,
             cols: EXPERT_TILE as u32,
             groups_x: 1,
-            tally_base: 0,
+            ..ExpertParams::default()
         };
         let entries = vec![(1, self.buf(ids)), (2, Res::Buf(order.clone())), (3, Res::Buf(tiles.clone()))];
         self.push(

@@ -206,6 +206,9 @@ kernel_params! {
         groups_x: u32,
         /// TALLY: the router's first counter (tally.rs).
         tally_base: u32,
+        /// GROUPS: expert groups, and how many of them are chosen from.
+        n_group: u32,
+        n_group_used: u32,
     }
 
     /// elementwise.wgsl.

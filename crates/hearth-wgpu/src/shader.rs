@@ -266,11 +266,17 @@ impl PipelineCache {
 mod tests {
     use super::{preprocess, ShaderFile};
 
-    /// The router width experts.wgsl holds in workgroup memory is the one compile.rs refuses above.
+    /// The router width experts.wgsl holds in workgroup memory, and the groups it scores, are the
+    /// ones compile.rs refuses above.
     #[test]
     fn route_experts_capacity_mirrors_rust() {
-        let declared = format!("const MAX_EXPERTS: u32 = {}u;", crate::compile::MAX_ROUTED_EXPERTS);
-        assert!(ShaderFile::Experts.own_source().contains(&declared), "experts.wgsl lacks `{declared}`");
+        for declared in [
+            format!("const MAX_EXPERTS: u32 = {}u;", crate::compile::MAX_ROUTED_EXPERTS),
+            // A thread per expert group.
+            format!("const ROUTE_WG: u32 = {}u;", crate::compile::ROUTE_GROUPS),
+        ] {
+            assert!(ShaderFile::Experts.own_source().contains(&declared), "experts.wgsl lacks `{declared}`");
+        }
     }
 
     /// `div_rn` (float_fns.wgsl) gives IEEE 754's quotient bit for bit, on the adapter at hand:

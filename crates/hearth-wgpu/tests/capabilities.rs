@@ -32,7 +32,14 @@ fn experts_case(n_tokens: usize, rng: &mut Rng) -> Case {
     let weights = g.buf("ffn_moe_weights", n_tokens, n_used);
     let up_out = g.buf("up", n_tokens, n_used * n_ff);
     let out = g.buf("out", n_tokens, n_ff);
-    let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 };
+    let routing = ExpertRouting {
+        n_used,
+        gating: ExpertGating::Softmax,
+        normalize: true,
+        scale: 1.0,
+        selection_bias: None,
+        groups: None,
+    };
     g.push(Op::MatMul { w: router, x, bias: None, out: logits });
     g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(0) });
     g.push(Op::MatMulExperts { w: up, x, ids, bias: None, out: up_out });

@@ -305,15 +305,37 @@ impl GluActivation {
 }
 
 /// How a token's experts and their weights are chosen from the router's logits, as llama.cpp's
-/// `build_moe_ffn` does: probabilities by `gating`, the `n_used` most probable experts (ties to
-/// the lower id), their probabilities as weights, divided by their sum when `normalize` (floored
-/// at 6.1e-5, as llama.cpp does), then multiplied by `scale`.
+/// `build_moe_ffn` does: probabilities by `gating`; selection scores, the probabilities plus
+/// `selection_bias` where given; with `groups`, the scores of the groups not chosen set to -∞;
+/// the `n_used` experts of highest score (ties to the lower id), their probabilities (unbiased)
+/// as weights, divided by their sum when `normalize` (floored at 6.1e-5, as llama.cpp does), then
+/// multiplied by `scale`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertRouting {
     pub n_used: usize,
     pub gating: ExpertGating,
     pub normalize: bool,
     pub scale: f32,
+    /// [n_expert] f32 added to the probabilities to choose experts only (DeepSeek-V3's
+    /// `exp_probs_b`).
+    pub selection_bias: Option<WeightId>,
+    pub groups: Option<ExpertGroups>,
+}
+
+impl ExpertRouting {
+    /// `n_used` experts by `gating`, weights as they are: no bias, no groups.
+    pub fn top(n_used: usize, gating: ExpertGating) -> Self {
+        ExpertRouting { n_used, gating, normalize: false, scale: 1.0, selection_bias: None, groups: None }
+    }
+}
+
+/// DeepSeek-V3's expert groups: the experts in `n_group` equal runs of ids; a group's score is
+/// the sum of its two best selection scores; only the experts of the `n_used` best groups (ties
+/// to the lower group) are chosen from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    pub n_group: usize,
+    pub n_used: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]

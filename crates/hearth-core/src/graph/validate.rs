@@ -231,6 +231,24 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                 if !routing.scale.is_finite() {
                     return Err(self.bad(format!("expert weight scale {}", routing.scale)));
                 }
+                if let Some(bias) = routing.selection_bias {
+                    self.vector(bias, n_expert)?;
+                }
+                if let Some(g) = routing.groups {
+                    // A group's score sums its two best experts'.
+                    let per_group = n_expert.checked_div(g.n_group).unwrap_or(0);
+                    if per_group < 2
+                        || n_expert % g.n_group != 0
+                        || g.n_used == 0
+                        || g.n_used > g.n_group
+                        || k > g.n_used * per_group
+                    {
+                        return Err(self.bad(format!(
+                            "{k} experts used of {} groups of {n_expert} experts, {} groups used",
+                            g.n_group, g.n_used
+                        )));
+                    }
+                }
             }
             Op::MatMulExperts { w, x, ids, bias, out } => {
                 let d = self.experts(*w)?;
@@ -478,7 +496,14 @@ mod tests {
     }
 
     fn routing(n_used: usize) -> ExpertRouting {
-        ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize: true, scale: 1.0 }
+        ExpertRouting {
+            n_used,
+            gating: ExpertGating::Softmax,
+            normalize: true,
+            scale: 1.0,
+            selection_bias: None,
+            groups: None,
+        }
     }
 
     /// A router over 8 experts choosing 2, the gate mat-mul of experts [k = 4, n = 3, 8 experts]

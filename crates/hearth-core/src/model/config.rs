@@ -2,7 +2,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::{Metadata, Value};
-use crate::graph::{ExpertGating, ExpertRouting, GluActivation, RopeMode, RopeYarn, YarnLogMultiplier};
+use crate::graph::{ExpertGating, ExpertGroups, ExpertRouting, GluActivation, RopeMode, RopeYarn, YarnLogMultiplier};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -422,8 +422,8 @@ impl ModelConfig {
 /// `leading_dense_block_count` layers dense, then experts routed by a softmax (V2), their weights
 /// renormalised when `expert_weights_norm` and scaled by `expert_weights_scale`, beside an ungated
 /// shared expert `expert_shared_count` experts wide; with YaRN, the scores scaled by its mscale².
-/// What V3 adds (sigmoid routing with a selection bias, expert groups) is refused until it is
-/// implemented.
+/// V3's routing: a sigmoid (`expert_gating_func` 2), the layer's `exp_probs_b` added to choose
+/// experts, `expert_group_count` groups of which `expert_group_used_count` are chosen from.
 fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usize) -> Result<()> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let bad = |what: String| Err(CoreError::BadHyperParameter(what));
@@ -439,13 +439,18 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
         ));
     }
 
-    for (k, what) in [("expert_group_count", "expert groups"), ("expert_gating_func", "the gating function")] {
-        let value = meta.opt_usize(&key(k))?.unwrap_or(0);
-        // Groups of 1 are none; gating 1 is the softmax V2 defaults to.
-        if value > 1 {
-            return bad(format!("{what} {k}={value} (DeepSeek-V3 routing) is not supported yet"));
-        }
-    }
+    // llama.cpp's expert_gating_func: absent or 1 the softmax of V2, 2 V3's sigmoid.
+    let gating = match meta.opt_usize(&key("expert_gating_func"))?.unwrap_or(1) {
+        0 | 1 => ExpertGating::Softmax,
+        2 => ExpertGating::Sigmoid,
+        other => return bad(format!("expert_gating_func {other} (softmax 1 and sigmoid 2 are supported)")),
+    };
+    let n_group = meta.opt_usize(&key("expert_group_count"))?.unwrap_or(0);
+    let groups = (n_group > 1)
+        .then(|| -> Result<ExpertGroups> {
+            Ok(ExpertGroups { n_group, n_used: meta.usize(&key("expert_group_used_count"))? })
+        })
+        .transpose()?;
     cfg.mla = Some(MlaConfig { kv_lora, qk_nope: k_mla - qk_rope, qk_rope, v_head, q_lora });
     cfg.rope_mode = RopeMode::Normal;
     // With YaRN llama.cpp scales the scores by mscale² (deepseek2.cpp): RoPE's magnitude scale
@@ -463,6 +468,22 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
     let normalize = meta.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false);
     let mut moe = moe_config(meta, arch_name, cfg.n_embd, n_ff_expert, normalize)?;
     moe.routing.scale = meta.opt_f32(&key("expert_weights_scale"))?.filter(|s| *s != 0.0).unwrap_or(1.0);
+    moe.routing.gating = gating;
+    if let Some(g) = groups {
+        let per_group = moe.n_expert / g.n_group;
+        if moe.n_expert % g.n_group != 0
+            || per_group < 2
+            || g.n_used == 0
+            || g.n_used > g.n_group
+            || moe.routing.n_used > g.n_used * per_group
+        {
+            return bad(format!(
+                "expert_group_count {} with expert_group_used_count {} for {} experts, {} used",
+                g.n_group, g.n_used, moe.n_expert, moe.routing.n_used
+            ));
+        }
+    }
+    moe.routing.groups = groups;
     let n_shared = meta.opt_usize(&key("expert_shared_count"))?.unwrap_or(0);
     if n_shared > 0 {
         moe.shared = Some(SharedExpert { n_ff: n_ff_expert * n_shared, gate: SharedExpertGate::None });
@@ -500,7 +521,14 @@ fn moe_config(
             "{n_used} experts used of feed-forward length {n_ff_expert} (embedding {n_embd}) exceed rows of {MAX_DIM}"
         )));
     }
-    let routing = ExpertRouting { n_used, gating: ExpertGating::Softmax, normalize, scale: 1.0 };
+    let routing = ExpertRouting {
+        n_used,
+        gating: ExpertGating::Softmax,
+        normalize,
+        scale: 1.0,
+        selection_bias: None,
+        groups: None,
+    };
     Ok(MoeConfig { n_expert, n_ff_expert, routing, shared: None, biases: false })
 }
 

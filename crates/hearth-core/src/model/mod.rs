@@ -302,11 +302,15 @@ impl Model {
                 let [gate, up] = b.dense.expect("dense FFN buffers");
                 self.swiglu_ffn(g, ffn, h, [gate, up], proj)
             }
-            (FfnWeights::Experts { router, gate: wg, up: wu, down: wd, biases, shared }, Some(moe), Some(e)) => {
+            (
+                FfnWeights::Experts { router, gate: wg, up: wu, down: wd, biases, selection_bias, shared },
+                Some(moe),
+                Some(e),
+            ) => {
                 let [gate, up] = e.gate_up;
                 let bias = |pick: fn(&ExpertBiases) -> WeightId| biases.as_ref().map(pick);
                 g.push(Op::MatMul { w: *router, x: h, bias: bias(|b| b.router), out: e.router_logits });
-                let routing = moe.routing.clone();
+                let routing = ExpertRouting { selection_bias: *selection_bias, ..moe.routing.clone() };
                 let (logits, ids, weights) = (e.router_logits, e.ids, e.weights);
                 g.push(Op::RouteExperts { logits, routing, ids, weights, tally: Some(il) });
                 g.push(Op::MatMulExperts { w: *wg, x: h, ids: e.ids, bias: bias(|b| b.gate), out: gate });
@@ -321,12 +325,7 @@ impl Model {
                         // "combined" with the weight σ(h · g), exactly the gate's product.
                         (Some(gate), Some(gated)) => {
                             g.push(Op::MatMul { w: gate, x: h, bias: None, out: gated.logit });
-                            let routing = ExpertRouting {
-                                n_used: 1,
-                                gating: ExpertGating::Sigmoid,
-                                normalize: false,
-                                scale: 1.0,
-                            };
+                            let routing = ExpertRouting::top(1, ExpertGating::Sigmoid);
                             let (ids, weights) = (gated.ids, gated.weight);
                             g.push(Op::RouteExperts { logits: gated.logit, routing, ids, weights, tally: None });
                             g.push(Op::CombineExperts { x: s.out, weights: gated.weight, out: gated.out });

@@ -96,6 +96,8 @@ pub enum FfnWeights {
         up: WeightId,
         down: WeightId,
         biases: Option<ExpertBiases>,
+        /// [n_expert] added to the router's probabilities to choose experts (DeepSeek-V3).
+        selection_bias: Option<WeightId>,
         shared: Option<SharedFfn>,
     },
 }
@@ -377,6 +379,7 @@ impl ModelWeights {
                                 }),
                                 false => None,
                             },
+                            selection_bias: up.optional(&n("exp_probs_b.bias"), &[x])?,
                             shared: match &moe.shared {
                                 Some(shared) => Some(SharedFfn {
                                     ffn: up.dense_ffn(&n(""), "_shexp", e, shared.n_ff as u64)?,

@@ -499,12 +499,41 @@ fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
     assert_eq!(count(|op| matches!(op, Op::MatMulHeads { .. })), 6);
     assert_eq!(count(|op| matches!(op, Op::RouteExperts { .. })), 2);
 
-    for (key, value, refused) in [
-        ("deepseek2.expert_gating_func", Value::U32(2), "gating"),
-        ("deepseek2.expert_group_count", Value::U32(8), "groups"),
-        ("deepseek2.attention.value_length", Value::U32(40), "MLA"),
-    ] {
-        let err = config_err(deepseek2_metadata(&[(key, value)])).to_string();
-        assert!(err.contains(refused), "{key}: {err}");
+    let refusals: [(Vec<(&str, Value)>, &str); 3] = [
+        (vec![("deepseek2.expert_gating_func", Value::U32(3))], "expert_gating_func 3"),
+        // 4 experts cannot make 8 groups of at least two.
+        (
+            vec![("deepseek2.expert_group_count", Value::U32(8)), ("deepseek2.expert_group_used_count", Value::U32(1))],
+            "expert_group_count 8",
+        ),
+        (vec![("deepseek2.attention.value_length", Value::U32(40))], "MLA"),
+    ];
+    for (overrides, refused) in refusals {
+        let err = config_err(deepseek2_metadata(&overrides)).to_string();
+        assert!(err.contains(refused), "{overrides:?}: {err}");
     }
+}
+
+/// DeepSeek-V3's form (tests/fixtures/synthetic/deepseek3-f32): compressed queries, a sigmoid
+/// router whose probabilities plus each layer's exp_probs_b choose the experts from the best
+/// groups, the weights renormalised and scaled.
+#[test]
+fn deepseek3_reads_its_compressed_queries_and_grouped_biased_routing() {
+    use hearth_core::graph::{ExpertGating, ExpertGroups, Op};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/synthetic/deepseek3-f32.gguf");
+    let file = parse(&std::fs::read(path).unwrap()).unwrap();
+    let cfg = ModelConfig::from_metadata(&file.metadata).unwrap();
+    assert_eq!(cfg.mla.expect("MLA").q_lora, 24);
+    let routing = cfg.moe.clone().expect("experts").routing;
+    assert_eq!(routing.gating, ExpertGating::Sigmoid);
+    assert_eq!(routing.groups, Some(ExpertGroups { n_group: 4, n_used: 2 }));
+    assert!(routing.normalize && routing.scale == 2.5);
+    let model =
+        hearth_core::model::Model::load(&file, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
+    let graph = model.build_graph(2, 1, hearth_core::graph::LogitsMode::Last);
+    let biased = graph.ops.iter().filter(|op| {
+        matches!(op, Op::RouteExperts { routing, .. } if routing.selection_bias.is_some() && routing.groups.is_some())
+    });
+    assert_eq!(biased.count(), 2);
 }
