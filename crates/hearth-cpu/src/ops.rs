@@ -114,16 +114,18 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], cols: usize) {
 /// rayon pool when there are several (prompt chunks: `[n_tokens, n_ff]`); a decode row stays on
 /// the calling thread, where a fork-join would cost more than the work.
 fn for_each_rows(gate: &mut [f32], up: &[f32], cols: usize, f: impl Fn(&mut [f32], &[f32]) + Sync) {
+    let chunk = (16 * 1024 / cols.max(1)).max(1) * cols.max(1);
+    if gate.len() <= chunk {
+        return f(gate, up);
+    }
     // (A wasm build has one thread and no pool.)
     #[cfg(not(target_arch = "wasm32"))]
-    let chunk = (16 * 1024 / cols.max(1)).max(1) * cols.max(1);
-    #[cfg(not(target_arch = "wasm32"))]
-    if gate.len() > chunk {
+    {
         use rayon::prelude::*;
         gate.par_chunks_mut(chunk).zip(up.par_chunks(chunk)).for_each(|(g, u)| f(g, u));
-        return;
     }
-    f(gate, up)
+    #[cfg(target_arch = "wasm32")]
+    gate.chunks_mut(chunk).zip(up.chunks(chunk)).for_each(|(g, u)| f(g, u));
 }
 
 #[inline(always)]
