@@ -18,7 +18,7 @@ use hearth_core::backend::{
     Backend, BackendCounters, Capability, ExpertTallies, GraphId, GraphSlots, KvId, KvLayout, Readback, TopK,
     WeightData,
 };
-use hearth_core::graph::{BufType, Graph, Op, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{BufId, BufType, Graph, Op, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, Result};
 use weights::CpuWeight;
@@ -61,6 +61,8 @@ pub(crate) struct CompiledGraph {
     activations: matmul::QuantizedActivations,
     /// The expert mat-muls' gathered rows and products, reused by every step.
     experts: experts::ExpertScratch,
+    /// The routers whose picks count as load: (router, its experts, its ids buffer).
+    tallied_routers: Vec<(usize, usize, BufId)>,
 }
 
 pub struct CpuBackend {
@@ -181,13 +183,10 @@ impl CpuBackend {
 
 /// Adds the picks of the step `compiled` just ran to `tallies`, from each tallied router's ids.
 fn tally_experts(compiled: &CompiledGraph, tallies: &mut ExpertTallies) {
-    for op in &compiled.graph.ops {
-        if let Op::RouteExperts { logits, ids, tally: Some(router), .. } = op {
-            let n_expert = compiled.graph.desc(*logits).cols;
-            // A u32 buffer holds each id as its bit pattern.
-            let picks = compiled.bufs[ids.0 as usize].iter().map(|v| v.to_bits());
-            tallies.add_picks(*router, n_expert, picks);
-        }
+    for &(router, n_expert, ids) in &compiled.tallied_routers {
+        // A u32 buffer holds each id as its bit pattern.
+        let picks = compiled.bufs[ids.0 as usize].iter().map(|v| v.to_bits());
+        tallies.add_picks(router, n_expert, picks);
     }
 }
 
@@ -248,11 +247,22 @@ impl Backend for CpuBackend {
         // Each buffer as 4-byte words, [rows, cols]: an f32 buffer's values, a u32 buffer's ids as
         // their bit patterns (`f32::to_bits`); every `BufType` is 4 bytes wide.
         let bufs = graph.bufs.iter().map(|b| vec![0f32; b.bytes().div_ceil(4)]).collect();
+        let tallied_routers = graph
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::RouteExperts { logits, ids, tally: Some(router), .. } => {
+                    Some((*router, graph.desc(*logits).cols, *ids))
+                }
+                _ => None,
+            })
+            .collect();
         let id = self.graphs.insert(CompiledGraph {
             graph: graph.clone(),
             bufs,
             activations: Default::default(),
             experts: Default::default(),
+            tallied_routers,
         });
         self.counters.graphs_compiled += 1;
         Ok(id)

@@ -168,8 +168,9 @@ struct Builder<'a> {
     /// The expert mat-muls' grouping of a step's pairs by expert (group_experts), made once per
     /// router output and shared by its gate, up and down products.
     expert_groups: Option<ExpertGroups>,
-    /// Parameter buffers made so far.
-    params: Vec<wgpu::Buffer>,
+    /// Buffers the dispatches read that no other field holds, kept for the graph's life: each
+    /// dispatch's parameters, the heads' ids (`head_ids`), expert groupings a longer step outgrew.
+    kept: Vec<wgpu::Buffer>,
 }
 
 /// A norm whose residual add is computed and written by the next rounding (act_quant.wgsl SUM):
@@ -360,7 +361,7 @@ impl Builder<'_> {
             contents: &uniform_bytes(params),
             usage: wgpu::BufferUsages::UNIFORM,
         });
-        self.params.push(params.clone());
+        self.kept.push(params.clone());
         entries.insert(0, (0, Res::Buf(params)));
         let (pipeline, bind_group) = match kv_need {
             Some(_) => (None, None),
@@ -1215,7 +1216,7 @@ impl Builder<'_> {
         self.push(PipelineKey::new(file, entry, &defines), &params, entries, [gx, gy, grid_z as u32], None)
     }
 
-    /// [pairs] u32 ids of head after head (pair i: head i % n_head): a buffer the graph owns,
+    /// [pairs] u32 ids of head after head (pair i: head i % n_head): a buffer the graph keeps,
     /// written once here, for the heads' mat-muls (Op::MatMulHeads) read as experts.
     fn head_ids(&mut self, pairs: usize, n_head: usize) -> wgpu::Buffer {
         let ids: Vec<u32> = (0..pairs).map(|i| (i % n_head) as u32).collect();
@@ -1224,7 +1225,7 @@ impl Builder<'_> {
             contents: bytemuck::cast_slice(&ids),
             usage: wgpu::BufferUsages::STORAGE,
         });
-        self.params.push(buffer.clone());
+        self.kept.push(buffer.clone());
         buffer
     }
 
@@ -1254,7 +1255,7 @@ impl Builder<'_> {
             };
             // A smaller grouping made before stays alive with the graph (earlier dispatches use it).
             if let Some(old) = self.expert_groups.replace(made) {
-                self.params.extend([old.order, old.tiles]);
+                self.kept.extend([old.order, old.tiles]);
             }
         }
         let groups = self.expert_groups.as_mut().ok_or(WgpuError::Execution("expert groups".into()))?;
@@ -1385,7 +1386,7 @@ pub(crate) fn compile(
         pending_sums: Vec::new(),
         dispatches: Vec::new(),
         expert_groups: None,
-        params: Vec::new(),
+        kept: Vec::new(),
     };
     let mut embed_rows: Option<usize> = None;
     let plan = fusion_plan(graph, weights, gpu.info.gpu_shapes);
@@ -1437,7 +1438,7 @@ pub(crate) fn compile(
             .into_iter()
             .chain(b.attention_partials)
             .chain(b.expert_groups.into_iter().flat_map(|g| [g.order, g.tiles]))
-            .chain(b.params)
+            .chain(b.kept)
             .collect(),
     })
 }

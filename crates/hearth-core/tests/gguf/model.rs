@@ -85,20 +85,29 @@ const EMBD: u64 = 8;
 const FF: u64 = 16;
 const VOCAB: u64 = 4;
 
+/// The keys of a one-layer `arch` model of tiny_llama's sizes (2 query heads and 1 KV head of
+/// size 4, FF hidden values, VOCAB tokens) and `extra` keys (their names after `{arch}.`).
+fn tiny_keys(arch: &str, extra: &[(&str, Value)]) -> Vec<(String, Value)> {
+    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
+    let mut kvs = vec![
+        ("general.architecture".to_string(), Value::String(arch.into())),
+        ("tokenizer.ggml.tokens".to_string(), tokens),
+    ];
+    let sizes = [
+        ("block_count", Value::U32(1)),
+        ("embedding_length", Value::U32(EMBD as u32)),
+        ("attention.head_count", Value::U32(2)),
+        ("attention.head_count_kv", Value::U32(1)),
+        ("feed_forward_length", Value::U32(FF as u32)),
+        ("context_length", Value::U32(64)),
+    ];
+    kvs.extend(sizes.iter().chain(extra).map(|(k, v)| (format!("{arch}.{k}"), v.clone())));
+    kvs
+}
+
 /// A one-layer llama: 2 query heads and 1 KV head of size 4.
 fn tiny_llama(skip_key: Option<&str>, skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
-    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
-    let kvs = vec![
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(1)),
-        ("llama.embedding_length", Value::U32(EMBD as u32)),
-        ("llama.attention.head_count", Value::U32(2)),
-        ("llama.attention.head_count_kv", Value::U32(1)),
-        ("llama.feed_forward_length", Value::U32(FF as u32)),
-        ("llama.context_length", Value::U32(64)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("tokenizer.ggml.tokens", tokens),
-    ];
+    let kvs = tiny_keys("llama", &[("attention.layer_norm_rms_epsilon", Value::F32(1e-5))]);
     f32_model(kvs, &TINY_LLAMA_TENSORS, skip_key, skip_tensor, override_kv)
 }
 
@@ -119,22 +128,16 @@ const TINY_LLAMA_TENSORS: [(&str, &[u64]); 11] = [
 
 /// tiny_llama as a dense granite: its keys under `granite.`, with Granite 3's four multipliers.
 fn tiny_granite(skip_key: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
-    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
-    let kvs = vec![
-        ("general.architecture", Value::String("granite".into())),
-        ("granite.block_count", Value::U32(1)),
-        ("granite.embedding_length", Value::U32(EMBD as u32)),
-        ("granite.attention.head_count", Value::U32(2)),
-        ("granite.attention.head_count_kv", Value::U32(1)),
-        ("granite.feed_forward_length", Value::U32(FF as u32)),
-        ("granite.context_length", Value::U32(64)),
-        ("granite.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("granite.embedding_scale", Value::F32(12.0)),
-        ("granite.residual_scale", Value::F32(0.22)),
-        ("granite.attention.scale", Value::F32(0.0078125)),
-        ("granite.logit_scale", Value::F32(8.0)),
-        ("tokenizer.ggml.tokens", tokens),
-    ];
+    let kvs = tiny_keys(
+        "granite",
+        &[
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("embedding_scale", Value::F32(12.0)),
+            ("residual_scale", Value::F32(0.22)),
+            ("attention.scale", Value::F32(0.0078125)),
+            ("logit_scale", Value::F32(8.0)),
+        ],
+    );
     f32_model(kvs, &TINY_LLAMA_TENSORS, skip_key, None, override_kv)
 }
 
@@ -170,23 +173,23 @@ fn granite_reads_its_multipliers_and_requires_a_logit_scale() {
 
 /// A GGUF of `kvs` (with `override_kv` replacing or adding one, and `skip_key` left out) and F32
 /// `tensors` (but `skip_tensor`).
-fn f32_model<'a>(
-    mut kvs: Vec<(&'a str, Value)>,
+fn f32_model(
+    mut kvs: Vec<(String, Value)>,
     tensors: &[(&str, &[u64])],
     skip_key: Option<&str>,
     skip_tensor: Option<&str>,
-    override_kv: Option<(&'a str, Value)>,
+    override_kv: Option<(&str, Value)>,
 ) -> GgufWriter {
     if let Some((k, v)) = override_kv {
-        match kvs.iter_mut().find(|(key, _)| *key == k) {
+        match kvs.iter_mut().find(|(key, _)| key == k) {
             Some(slot) => slot.1 = v,
-            None => kvs.push((k, v)),
+            None => kvs.push((k.to_string(), v)),
         }
     }
     let mut w = GgufWriter::new(3);
     for (k, v) in kvs {
-        if Some(k) != skip_key {
-            w = w.kv(k, v);
+        if Some(k.as_str()) != skip_key {
+            w = w.kv(&k, v);
         }
     }
     for &(name, dims) in tensors {
@@ -325,21 +328,15 @@ fn missing_tensor_and_wrong_shape_fail_session_load() {
 /// A one-layer qwen3moe: tiny_llama's attention shapes with per-head q/k norms, and 4 experts of
 /// 6 hidden values, 2 of them per token.
 fn tiny_qwen3moe(skip_tensor: Option<&str>, override_kv: Option<(&str, Value)>) -> GgufWriter {
-    let tokens = Value::Array((0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect());
-    let kvs = vec![
-        ("general.architecture", Value::String("qwen3moe".into())),
-        ("qwen3moe.block_count", Value::U32(1)),
-        ("qwen3moe.embedding_length", Value::U32(EMBD as u32)),
-        ("qwen3moe.attention.head_count", Value::U32(2)),
-        ("qwen3moe.attention.head_count_kv", Value::U32(1)),
-        ("qwen3moe.feed_forward_length", Value::U32(FF as u32)),
-        ("qwen3moe.expert_feed_forward_length", Value::U32(6)),
-        ("qwen3moe.expert_count", Value::U32(4)),
-        ("qwen3moe.expert_used_count", Value::U32(2)),
-        ("qwen3moe.context_length", Value::U32(64)),
-        ("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-        ("tokenizer.ggml.tokens", tokens),
-    ];
+    let kvs = tiny_keys(
+        "qwen3moe",
+        &[
+            ("expert_feed_forward_length", Value::U32(6)),
+            ("expert_count", Value::U32(4)),
+            ("expert_used_count", Value::U32(2)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ],
+    );
     let tensors: [(&str, &[u64]); 14] = [
         ("token_embd.weight", &[EMBD, VOCAB]),
         ("output_norm.weight", &[EMBD]),
