@@ -110,7 +110,7 @@ fn merge_sink(merged: vec2<f32>, sink: f32) -> vec3<f32> {
 #ifdef REDUCE
 #ifdef ROUND_Q8_0 || ROUND_Q8_1 || ROUND_Q8_K
 // The merged row rounded for the mat-muls that read it, as act_quant.wgsl rounds (and lays out)
-// activations: [n_tokens * n_head * head_dim / 4] u32 codes, then from word P.scales_at the f32 scale
+// activations: [n_tokens * n_head * v_head_dim / 4] u32 codes, then from word P.scales_at the f32 scale
 // of each block of ROUND_BLOCK values (ROUND_Q8_1: each block's (d, s) pair).
 @group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
 // One token's merged row.
@@ -178,7 +178,7 @@ fn round_row(t: u32, k: u32, tid: u32) {
 // [n_tokens, n_head, MAX_SPLITS, v_head_dim + 2] f32: each split's output, m and l
 @group(0) @binding(6) var<storage, read> PART: array<f32>;
 #ifdef KV_OFFSET
-// [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
+// [n_head_kv * v_head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
 @group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
 #endif
 #ifdef SINKS
@@ -245,20 +245,20 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 #else
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(4) var<storage, read> K: array<u32>;
-// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+// [n_blocks, block_size, row_words(n_head_kv * v_head_dim)] u32
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
 #else
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(4) var<storage, read> K: array<u32>;
-// [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
+// [n_blocks, block_size, row_words(n_head_kv * v_head_dim)] u32
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
 #ifdef MERGED
 // [n_tokens, n_head * v_head_dim] f32
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 #ifdef KV_OFFSET
-// [n_head_kv * head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
+// [n_head_kv * v_head_dim] f32: what the store subtracted from the values (AttentionParams::v_offset)
 @group(0) @binding(7) var<storage, read> V_OFFSET: array<f32>;
 #endif
 #ifdef SINKS
@@ -272,7 +272,7 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 
 // A workgroup computes `group` (P.group) query heads of one KV head, at most MAX_GROUP of them
 // (group * head_dim <= 1024), so every key and value it reads serves them all; a thread owns
-// head dimensions tid + u * WG (head_dim <= WG * DIMS_PER_THREAD) of every head of the group.
+// value dimensions tid + u * WG (v_head_dim <= WG * DIMS_PER_THREAD) of every head of the group.
 const MAX_GROUP: u32 = 8u;
 const DIMS_PER_THREAD: u32 = 4u;
 // Keys whose values a thread loads before folding them in, and key values loaded at a time for

@@ -226,8 +226,9 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     }
     if (tid == 0u) {
 #ifdef SOFTMAX_OF_CHOSEN
-        // The chosen logits' softmax, as the CPU's: shifted by the largest (the first chosen),
-        // the exponentials times the reciprocal of their sum.
+        // The chosen logits' softmax: shifted by the largest (the first chosen: validate refuses
+        // a selection bias here), the exponentials times the reciprocal of their sum (in f32,
+        // where the CPU sums in f64).
         let top = WEIGHTS[first];
         var sum = 0.0;
         for (var j = 0u; j < P.n_used; j++) {

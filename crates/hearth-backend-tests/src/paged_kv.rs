@@ -278,14 +278,16 @@ pub fn attention_with_sinks(subject: &dyn Subject) {
 
 /// MLA's attention: many query heads over one KV head whose values are narrower than its keys
 /// (keys of [latent, rotated part], values of the latent), over three sequences (prompt chunks
-/// and decodes mixed), with and without a window, for every KV type.
+/// and decodes mixed), with and without a window, for every KV type, V2-Lite's head sizes too.
 pub fn attention_with_values_narrower_than_keys(subject: &dyn Subject) {
     let mut rng = Rng(33);
     let plan: [&[(usize, usize)]; 3] =
         [&[(5, 0), (1, 0), (9, 0)], &[(2, 5), (12, 1), (1, 9)], &[(7, 7), (3, 13), (5, 10)]];
-    let (n_head, head_dim, v_dim) = (4, 96, 64);
+    // V2-Lite's head sizes (keys of 576, values of 512), and smaller ones with and without a window.
+    let n_head = 4;
     for kv_type in KV_TYPES {
-        for (layer, window) in [(0, None), (1, Some(5))] {
+        for (head_dim, v_dim, window) in [(96, 64, None), (96, 64, Some(5)), (576, 512, None)] {
+            let layer = usize::from(window.is_some());
             let mut layout = two_groups(kv_type, head_dim, 4, 5, 20);
             layout.v_width = v_dim;
             let mut c = Case::batched(15, 3);

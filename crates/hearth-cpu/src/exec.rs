@@ -74,6 +74,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
     let positions: Vec<usize> = ctx.input.token_positions().map(|(_, p)| p).collect();
     let w = |id: WeightId| &ctx.weights[id.0 as usize];
     let cols = |b: BufId| graph.bufs[b.0 as usize].cols;
+    // A weight read as a vector (norms, biases, offsets, sinks), decoded once.
+    let vector = |id: WeightId| w(id).values();
     let taps = ctx.debug.dump_taps.as_ref();
     let mut timer = OpTimer::new(ctx.debug.op_times);
     // Mat-muls never write their input, so converted activations stay valid across consecutive
@@ -90,12 +92,12 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::RmsNorm { x, weight, eps, group, out } => {
                 let mut o = prepare_out(bufs, *x, *out);
-                ops::rms_norm(&mut o, *group, *eps, weight.map(|id| w(id).values()));
+                ops::rms_norm(&mut o, *group, *eps, weight.map(vector).transpose()?);
                 bufs[out.0 as usize] = o;
             }
             Op::MatMul { w: wid, x, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                let bias = bias.map(|b| w(b).values());
+                let bias = bias.map(vector).transpose()?;
                 matmul::matmul(
                     w(*wid),
                     &bufs[x.0 as usize],
@@ -109,18 +111,18 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 bufs[out.0 as usize] = o;
             }
             Op::Rope { x, params } => {
-                let factors = params.freq_factors.map(|f| w(f).values());
+                let factors = params.freq_factors.map(vector).transpose()?;
                 ops::rope(&mut bufs[x.0 as usize], cols(*x), params, factors, &positions);
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
-                let offset = |o: &Option<WeightId>| o.map(|o| w(o).values());
-                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], offset(k_offset), offset(v_offset))?;
+                let offset = |o: &Option<WeightId>| o.map(vector).transpose();
+                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], offset(k_offset)?, offset(v_offset)?)?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let (q_width, out_width) = (cols(*q), cols(*out));
-                let v_offset = params.v_offset.map(|o| w(o).values());
-                let sinks = params.sinks.map(|s| w(s).values());
+                let v_offset = params.v_offset.map(vector).transpose()?;
+                let sinks = params.sinks.map(vector).transpose()?;
                 let mut t0 = 0;
                 for seq in seqs {
                     // The positions this sequence's queries see, read in place from its blocks.
@@ -175,7 +177,7 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
                 let (mut i, mut wts) =
                     (std::mem::take(&mut bufs[ids.0 as usize]), std::mem::take(&mut bufs[weights.0 as usize]));
                 let scratch = &mut compiled.experts;
-                let bias = routing.selection_bias.map(|b| w(b).values());
+                let bias = routing.selection_bias.map(vector).transpose()?;
                 experts::route(&bufs[logits.0 as usize], cols(*logits), routing, bias, scratch, &mut i, &mut wts);
                 bufs[ids.0 as usize] = i;
                 bufs[weights.0 as usize] = wts;
@@ -183,17 +185,13 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             Op::MatMulExperts { w: wid, x, ids, bias, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
                 let (x, ids, n_used) = (&bufs[x.0 as usize], &bufs[ids.0 as usize], cols(*ids));
-                let bias = bias.map(|b| w(b).values());
+                let bias = bias.map(vector).transpose()?;
                 experts::matmul(w(*wid), x, ids, n_used, bias, &mut compiled.experts, &mut o)?;
                 bufs[out.0 as usize] = o;
             }
             Op::MatMulHeads { w: wid, x, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);
-                let weight = w(*wid);
-                // Head h's slice through matrix h: the expert mat-mul with slot h routed to expert h.
-                let n_head = weight.desc.n_experts();
-                let heads: Vec<f32> = (0..n * n_head).map(|i| f32::from_bits((i % n_head) as u32)).collect();
-                experts::matmul(weight, &bufs[x.0 as usize], &heads, n_head, None, &mut compiled.experts, &mut o)?;
+                experts::matmul_heads(w(*wid), &bufs[x.0 as usize], n, &mut compiled.experts, &mut o)?;
                 bufs[out.0 as usize] = o;
             }
             Op::Concat { a, b, groups, out } => {

@@ -24,7 +24,7 @@ pub(crate) fn route(
     weights: &mut [f32],
 ) {
     let k = routing.n_used;
-    let ExpertScratch { probs, selection, order, chosen, .. } = scratch;
+    let ExpertScratch { probs, selection, order, chosen, group_scores, .. } = scratch;
     probs.resize(n_expert, 0.0);
     selection.resize(n_expert, 0.0);
     order.resize(n_expert, 0);
@@ -41,7 +41,7 @@ pub(crate) fn route(
             None => selection.copy_from_slice(probs),
         }
         if let Some(groups) = routing.groups {
-            mask_groups(selection, groups, order);
+            mask_groups(selection, groups, group_scores, order);
             order.resize(n_expert, 0);
         }
         order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
@@ -68,8 +68,9 @@ pub(crate) fn route(
 }
 
 /// Sets the selection scores of all but the `groups.n_used` best groups to -∞: a group's score is
-/// the sum of its two best (ties to the lower group). `order` is scratch (left n_group long).
-fn mask_groups(selection: &mut [f32], groups: ExpertGroups, order: &mut Vec<usize>) {
+/// the sum of its two best (ties to the lower group). `scores` and `order` are scratch (left
+/// n_group long).
+fn mask_groups(selection: &mut [f32], groups: ExpertGroups, scores: &mut Vec<f32>, order: &mut Vec<usize>) {
     let per_group = selection.len() / groups.n_group;
     let score = |g: &[f32]| {
         let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -82,7 +83,8 @@ fn mask_groups(selection: &mut [f32], groups: ExpertGroups, order: &mut Vec<usiz
         }
         first + second
     };
-    let scores: Vec<f32> = selection.chunks_exact(per_group).map(score).collect();
+    scores.clear();
+    scores.extend(selection.chunks_exact(per_group).map(score));
     order.clear();
     order.extend(0..groups.n_group);
     order.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap_or(std::cmp::Ordering::Equal));
@@ -116,6 +118,10 @@ pub(crate) struct ExpertScratch {
     order: Vec<usize>,
     /// [n_used] a token's chosen logits (`ExpertGating::SoftmaxOfChosen`).
     chosen: Vec<f32>,
+    /// [n_group] a token's group scores.
+    group_scores: Vec<f32>,
+    /// [n_tokens, n_head] ids of heads in order (`matmul_heads`), and for which (n_tokens, n_head).
+    head_ids: ((usize, usize), Vec<f32>),
     /// Per expert, the (token, slot) pairs routed to it.
     rows_of: Vec<Vec<usize>>,
     /// [pairs, k] the pairs' input rows; [pairs, n] their products.
@@ -175,6 +181,26 @@ pub(crate) fn matmul(
         }
     }
     Ok(())
+}
+
+/// Each head's own mat-mul (Op::MatMulHeads): out[t, h] = x[t, h] · W[h]ᵀ for `n_tokens` rows,
+/// the expert mat-mul with slot h routed to expert h (the ids made once per token count).
+pub(crate) fn matmul_heads(
+    w: &CpuWeight,
+    x: &[f32],
+    n_tokens: usize,
+    scratch: &mut ExpertScratch,
+    out: &mut [f32],
+) -> Result<(), CpuError> {
+    let n_head = w.desc.n_experts();
+    let (shape, mut ids) = std::mem::take(&mut scratch.head_ids);
+    if shape != (n_tokens, n_head) {
+        ids.clear();
+        ids.extend((0..n_tokens * n_head).map(|i| f32::from_bits((i % n_head) as u32)));
+    }
+    let result = matmul(w, x, &ids, n_head, None, scratch, out);
+    scratch.head_ids = ((n_tokens, n_head), ids);
+    result
 }
 
 /// out[t] = Σ_s weights[t, s] · x[t, s] for x: [n_tokens, n_used * cols], summed slot after

@@ -103,6 +103,9 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 /// (`cols` values each), as ggml does: a row's blocks start at its first value, so its result
 /// never depends on the rows beside it.
 pub fn swiglu(gate: &mut [f32], up: &[f32], cols: usize) {
+    if cols == 0 {
+        return;
+    }
     for_each_rows(gate, up, cols, |gate, up| {
         for (g, u) in gate.chunks_exact_mut(cols).zip(up.chunks_exact(cols)) {
             with_fma!(swiglu_body(g, u))

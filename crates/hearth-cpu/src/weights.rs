@@ -45,7 +45,7 @@ pub(crate) struct CpuWeight {
     x16: OnceLock<Option<X16Tiles>>,
     /// Dequantized copy of a weight read as a vector (norms, biases, an expert stack's biases),
     /// made by the first read ([`CpuWeight::values`]).
-    values: OnceLock<Vec<f32>>,
+    values: OnceLock<Option<Vec<f32>>>,
     pub row_bytes: usize,
     /// An expert weight's matrices, each a dense weight over its slice of the data
     /// ([`WeightDesc::expert_range`]): `[n_rows, row_len]` each. Empty for a dense weight.
@@ -109,20 +109,21 @@ impl CpuWeight {
             // Norms and biases are read every step: decoded now, and any decoding error with them.
             let mut v = vec![0f32; row_len];
             dequantize_row(w.desc.ty, w.bytes(), &mut v)?;
-            let _ = w.values.set(v);
+            let _ = w.values.set(Some(v));
         }
         Ok(w)
     }
 
-    /// All of this dense weight's values, decoded to f32 on the first call; empty for an expert
+    /// All of this dense weight's values, decoded to f32 on the first call; an error for an expert
     /// stack (whose experts are weights of their own) or a type without a decoder.
-    pub fn values(&self) -> &[f32] {
-        self.values.get_or_init(|| {
+    pub fn values(&self) -> Result<&[f32], CpuError> {
+        let values = self.values.get_or_init(|| {
             let mut v = vec![0f32; self.desc.row_len() * self.desc.n_rows()];
-            if !self.experts.is_empty() || dequantize_row(self.desc.ty, self.bytes(), &mut v).is_err() {
-                v.clear();
-            }
-            v
+            (self.experts.is_empty() && dequantize_row(self.desc.ty, self.bytes(), &mut v).is_ok()).then_some(v)
+        });
+        values.as_deref().ok_or_else(|| CpuError::BadWeight {
+            name: self.desc.name.clone(),
+            reason: format!("{:?} {} read as a vector", self.desc.dims, self.desc.ty),
         })
     }
 
@@ -188,7 +189,7 @@ impl CpuWeight {
             Bytes::InExperts => self.experts.iter().map(CpuWeight::owned_bytes).sum(),
         };
         let x16 = self.x16.get().and_then(Option::as_ref).map_or(0, |x| x.tiles.len() as u64);
-        own + x16 + self.values.get().map_or(0, |v| v.len() as u64 * 4)
+        own + x16 + self.values.get().and_then(Option::as_ref).map_or(0, |v| v.len() as u64 * 4)
     }
 }
 

@@ -171,6 +171,8 @@ struct Builder<'a> {
     /// Buffers the dispatches read that no other field holds, kept for the graph's life: each
     /// dispatch's parameters, the heads' ids (`head_ids`), expert groupings a longer step outgrew.
     kept: Vec<wgpu::Buffer>,
+    /// The heads' ids made so far, by (pairs, heads): every layer's per-head products share them.
+    head_ids: HashMap<(usize, usize), wgpu::Buffer>,
 }
 
 /// A norm whose residual add is computed and written by the next rounding (act_quant.wgsl SUM):
@@ -237,18 +239,12 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
         Op::RmsNorm { weight: w, .. } => vectors(&[*w]),
         Op::Rope { params, .. } => vectors(&[params.freq_factors]),
         Op::StoreKv { k_offset, v_offset, .. } => vectors(&[*k_offset, *v_offset]),
-        Op::Attention { params, .. } if params.head_dim.max(params.v_dim()) > MAX_HEAD_DIM => Err(format!(
-            "attention heads of {} values, {} per value head (at most {MAX_HEAD_DIM})",
-            params.head_dim,
-            params.v_dim()
-        )),
-        Op::Attention { params, .. } => vectors(&[params.v_offset, params.sinks]),
-        Op::Glu { activation: activation @ GluActivation::ClampedSilu { .. }, .. }
-            if *activation != GluActivation::GPT_OSS =>
-        {
-            Err(format!("a clamped SwiGLU other than gpt-oss's ({activation:?})"))
+        Op::Attention { params, .. } => {
+            attention_heads_fit(params)?;
+            vectors(&[params.v_offset, params.sinks])
         }
-        Op::Add { .. } | Op::Scale { .. } | Op::Glu { .. } | Op::LastRows { .. } | Op::Concat { .. } => Ok(()),
+        Op::Glu { activation, .. } => glu_define(*activation).map(|_| ()).map_err(|e| e.to_string()),
+        Op::Add { .. } | Op::Scale { .. } | Op::LastRows { .. } | Op::Concat { .. } => Ok(()),
         Op::MatMulHeads { w, .. } => {
             matrix(w, "a per-head mat-mul")?;
             expert_bindings_supported(weight(w)?)
@@ -274,6 +270,20 @@ pub(crate) fn supports(weights: &[GpuWeight], op: &Op) -> Result<(), String> {
     }
 }
 
+/// Whether attention.wgsl holds the heads: a thread owns up to 4 of a value head's 128-value
+/// stripes (MAX_HEAD_DIM values), and a workgroup a query head in workgroup memory
+/// (ATTENTION_GROUP_VALUES values: MLA's 576-value keys over 512-value latents fit).
+fn attention_heads_fit(p: &hearth_core::graph::AttentionParams) -> Result<(), String> {
+    if p.v_dim() > MAX_HEAD_DIM || p.head_dim > ATTENTION_GROUP_VALUES {
+        return Err(format!(
+            "attention heads of {} values, {} per value head (at most {ATTENTION_GROUP_VALUES} and {MAX_HEAD_DIM})",
+            p.head_dim,
+            p.v_dim()
+        ));
+    }
+    Ok(())
+}
+
 /// Expert groups route_experts scores, a thread each (experts.wgsl ROUTE_WG).
 pub(crate) const ROUTE_GROUPS: usize = 64;
 
@@ -286,12 +296,16 @@ enum ExpertIds {
     Heads,
 }
 
-/// The shader define of a gated activation (elementwise.wgsl's and act_quant.wgsl's).
-fn glu_define(activation: GluActivation) -> &'static str {
+/// The shader define of a gated activation (elementwise.wgsl's and act_quant.wgsl's); the clamped
+/// SwiGLU's constants are gpt-oss's, written in activation_fns.wgsl.
+fn glu_define(activation: GluActivation) -> Result<&'static str, WgpuError> {
     match activation {
-        GluActivation::Silu => "SWIGLU",
-        GluActivation::GeluTanh => "GEGLU",
-        GluActivation::ClampedSilu { .. } => "SWIGLU_OAI",
+        GluActivation::Silu => Ok("SWIGLU"),
+        GluActivation::GeluTanh => Ok("GEGLU"),
+        clamped if clamped == GluActivation::GPT_OSS => Ok("SWIGLU_OAI"),
+        GluActivation::ClampedSilu { .. } => {
+            Err(WgpuError::Unsupported(format!("a clamped SwiGLU other than gpt-oss's ({activation:?})")))
+        }
     }
 }
 
@@ -437,7 +451,7 @@ impl Builder<'_> {
                 }
             }
             Some(Op::Glu { activation, gate, up, .. }) => {
-                defines.push(glu_define(activation));
+                defines.push(glu_define(activation)?);
                 entries.extend([(1, self.buf(gate)), (3, self.buf(up))]);
             }
             _ => entries.push((1, self.buf(x))),
@@ -859,13 +873,7 @@ impl Builder<'_> {
             }
             Op::Attention { q, params: p, out } => {
                 let (rows, _) = self.shape(*q);
-                if p.head_dim.max(p.v_dim()) > MAX_HEAD_DIM {
-                    return Err(WgpuError::Unsupported(format!(
-                        "attention heads of {} / {} values > {MAX_HEAD_DIM}",
-                        p.head_dim,
-                        p.v_dim()
-                    )));
-                }
+                attention_heads_fit(p).map_err(WgpuError::Unsupported)?;
                 // A workgroup per split where the step is short enough for the splits to be
                 // what fills the device, then a reduce; else one per head looping over them and
                 // merging them itself (attention.wgsl MERGED).
@@ -975,7 +983,7 @@ impl Builder<'_> {
             }
             Op::Add { a, b, out } => self.elementwise("add", "ADD", *a, Some(*b), *out, 0.0)?,
             Op::Glu { activation, gate, up, out } => {
-                self.elementwise(activation.name(), glu_define(*activation), *gate, Some(*up), *out, 0.0)?;
+                self.elementwise(activation.name(), glu_define(*activation)?, *gate, Some(*up), *out, 0.0)?;
             }
             Op::Scale { x, factor } => {
                 self.elementwise("scale", "SCALE", *x, None, *x, *factor)?;
@@ -1219,6 +1227,9 @@ impl Builder<'_> {
     /// [pairs] u32 ids of head after head (pair i: head i % n_head): a buffer the graph keeps,
     /// written once here, for the heads' mat-muls (Op::MatMulHeads) read as experts.
     fn head_ids(&mut self, pairs: usize, n_head: usize) -> wgpu::Buffer {
+        if let Some(buffer) = self.head_ids.get(&(pairs, n_head)) {
+            return buffer.clone();
+        }
         let ids: Vec<u32> = (0..pairs).map(|i| (i % n_head) as u32).collect();
         let buffer = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("head ids"),
@@ -1226,6 +1237,7 @@ impl Builder<'_> {
             usage: wgpu::BufferUsages::STORAGE,
         });
         self.kept.push(buffer.clone());
+        self.head_ids.insert((pairs, n_head), buffer.clone());
         buffer
     }
 
@@ -1387,6 +1399,7 @@ pub(crate) fn compile(
         dispatches: Vec::new(),
         expert_groups: None,
         kept: Vec::new(),
+        head_ids: HashMap::new(),
     };
     let mut embed_rows: Option<usize> = None;
     let plan = fusion_plan(graph, weights, gpu.info.gpu_shapes);

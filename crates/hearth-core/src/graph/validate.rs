@@ -6,7 +6,7 @@
 //! u32 expert ids and read expert weights; a u32 buffer or an expert weight given to any other op
 //! is refused here, so no backend reads ids as values or an expert stack as one tall matrix.
 
-use super::{BufId, BufType, GluActivation, Graph, Op, WeightDesc, WeightId};
+use super::{BufId, BufType, ExpertGating, GluActivation, Graph, Op, WeightDesc, WeightId};
 use crate::error::CoreError;
 
 impl Graph {
@@ -232,6 +232,11 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                     return Err(self.bad(format!("expert weight scale {}", routing.scale)));
                 }
                 if let Some(bias) = routing.selection_bias {
+                    // A softmax over the chosen logits shifts by the first chosen, the largest
+                    // only when nothing but the logits chooses.
+                    if routing.gating == ExpertGating::SoftmaxOfChosen {
+                        return Err(self.bad("a selection bias with a softmax over the chosen logits".into()));
+                    }
                     self.vector(bias, n_expert)?;
                 }
                 if let Some(g) = routing.groups {

@@ -257,16 +257,11 @@ impl ModelConfig {
                 // training context) and the attention factor; its default correction range.
                 let n_ctx_orig = meta.opt_usize(&key("rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train);
                 let attn_factor = meta.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
-                // deepseek2 reads the log multiplier (a tenth of mscale_all_dim), and scales its
-                // RoPE by mscale_all_dim / mscale_all_dim: by 1 (llama-context.cpp).
+                // deepseek2 reads the log multiplier (a tenth of mscale_all_dim) and divides it into
+                // itself: its RoPE is not scaled (llama-context.cpp).
                 let log_multiplier = match arch {
-                    Arch::Deepseek2 => meta.opt_f32(&key("rope.scaling.yarn_log_multiplier"))?.map(|m| {
-                        let all_dims = m / 0.1;
-                        YarnLogMultiplier {
-                            mscale: if all_dims != 1.0 { all_dims } else { 1.0 },
-                            mscale_all_dims: all_dims,
-                        }
-                    }),
+                    Arch::Deepseek2 => yarn_mscale_all_dims(meta, arch_name)?
+                        .map(|all_dims| YarnLogMultiplier { mscale: all_dims, mscale_all_dims: all_dims }),
                     _ => None,
                 };
                 let yarn =
@@ -432,9 +427,19 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
     let (k_mla, v_head) =
         (meta.usize(&key("attention.key_length_mla"))?, meta.usize(&key("attention.value_length_mla"))?);
     let qk_rope = cfg.n_rot;
-    if cfg.n_head_kv != 1 || cfg.head_dim != kv_lora + qk_rope || v_dim != kv_lora || k_mla <= qk_rope || v_head == 0 {
+    let too_wide = [kv_lora, q_lora, k_mla, v_head].iter().any(|&d| d > MAX_DIM);
+    if too_wide
+        || cfg.n_head_kv != 1
+        || cfg.head_dim != kv_lora + qk_rope
+        || v_dim != kv_lora
+        || k_mla <= qk_rope
+        || v_head == 0
+    {
         return bad(format!(
-            "MLA needs one KV head of key_length = kv_lora_rank + rope.dimension_count and value_length =              kv_lora_rank, key_length_mla above the rotated size: head_count_kv {}, key_length {}, value_length              {v_dim}, kv_lora_rank {kv_lora}, rope.dimension_count {qk_rope}, key_length_mla {k_mla},              value_length_mla {v_head}",
+            "MLA needs one KV head of key_length = kv_lora_rank + rope.dimension_count and value_length = \
+             kv_lora_rank, key_length_mla above the rotated size, every size at most {MAX_DIM}: head_count_kv {}, \
+             key_length {}, value_length {v_dim}, kv_lora_rank {kv_lora}, q_lora_rank {q_lora}, \
+             rope.dimension_count {qk_rope}, key_length_mla {k_mla}, value_length_mla {v_head}",
             cfg.n_head_kv, cfg.head_dim
         ));
     }
@@ -455,12 +460,12 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
     cfg.rope_mode = RopeMode::Normal;
     // With YaRN llama.cpp scales the scores by mscale² (deepseek2.cpp): RoPE's magnitude scale
     // times 1 + 0.1 · mscale_all_dim · ln(factor).
-    let kq_mscale = match (cfg.layers[0].rope_yarn, meta.opt_f32(&key("rope.scaling.yarn_log_multiplier"))?) {
-        (Some(yarn), log_multiplier) => {
+    let kq_mscale = match cfg.layers[0].rope_yarn {
+        Some(yarn) => {
             let factor = 1.0 / cfg.layers[0].rope_scale;
-            yarn.mscale * (1.0 + 0.1 * log_multiplier.unwrap_or(0.0) / 0.1 * factor.ln())
+            yarn.mscale * (1.0 + 0.1 * yarn_mscale_all_dims(meta, arch_name)?.unwrap_or(0.0) * factor.ln())
         }
-        (None, _) => 1.0,
+        None => 1.0,
     };
     cfg.attn_scale = kq_mscale * kq_mscale / (k_mla as f32).sqrt();
     cfg.n_dense_lead = meta.opt_usize(&key("leading_dense_block_count"))?.unwrap_or(0).min(cfg.n_layer);
@@ -486,10 +491,17 @@ fn deepseek2(cfg: &mut ModelConfig, meta: &Metadata, arch_name: &str, v_dim: usi
     moe.routing.groups = groups;
     let n_shared = meta.opt_usize(&key("expert_shared_count"))?.unwrap_or(0);
     if n_shared > 0 {
-        moe.shared = Some(SharedExpert { n_ff: n_ff_expert * n_shared, gate: SharedExpertGate::None });
+        // Checked against MAX_DIM with the other shared experts' widths.
+        let n_ff = n_ff_expert.saturating_mul(n_shared);
+        moe.shared = Some(SharedExpert { n_ff, gate: SharedExpertGate::None });
     }
     cfg.moe = Some(moe);
     Ok(())
+}
+
+/// A YaRN file's mscale_all_dim: `rope.scaling.yarn_log_multiplier` holds a tenth of it.
+fn yarn_mscale_all_dims(meta: &Metadata, arch_name: &str) -> Result<Option<f32>> {
+    Ok(meta.opt_f32(&format!("{arch_name}.rope.scaling.yarn_log_multiplier"))?.map(|m| m / 0.1))
 }
 
 /// Most experts accepted (real models: up to 384).
