@@ -47,6 +47,9 @@ struct AttentionParams {
     scales_at: u32,
     // values per value (and output) head: head_dim, or MLA's latent width
     v_head_dim: u32,
+    // values of the stored rows V is read from: n_head_kv * v_head_dim, or the key rows' width
+    // where the values are their start (V then binds the key rows: MLA's latent)
+    v_row_width: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: AttentionParams;
@@ -245,13 +248,13 @@ fn attention_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 #else
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(4) var<storage, read> K: array<u32>;
-// [n_blocks, block_size, row_words(n_head_kv * v_head_dim)] u32
+// [n_blocks, block_size, row_words(v_row_width)] u32 (the K rows where values are their start)
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
 #else
 // [n_blocks, block_size, row_words(n_head_kv * head_dim)] u32
 @group(0) @binding(4) var<storage, read> K: array<u32>;
-// [n_blocks, block_size, row_words(n_head_kv * v_head_dim)] u32
+// [n_blocks, block_size, row_words(v_row_width)] u32 (the K rows where values are their start)
 @group(0) @binding(5) var<storage, read> V: array<u32>;
 #endif
 #ifdef MERGED
@@ -463,8 +466,9 @@ fn attention(
     let q_width = n_head * hd;
     let kv_width = P.n_head_kv * hd;
     let words = row_words(kv_width);
-    // V rows: n_head_kv heads of vd values (MLA: the latent alone).
-    let v_width = P.n_head_kv * vd;
+    // V rows: n_head_kv heads of vd values, or the key rows (MLA: values, the latent, are
+    // their start).
+    let v_width = P.v_row_width;
     let v_words = row_words(v_width);
     let vcol = kvh * vd;
     let layer = P.layer;

@@ -72,6 +72,7 @@ pub fn small_layout() -> KvLayout {
         n_layers: 1,
         k_width: 4,
         v_width: 4,
+        values: hearth_core::kv::ValueRows::Stored,
         kv_type: KvType::F32,
         block_size: 16,
         groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 8 }],
@@ -168,6 +169,20 @@ impl Case {
     pub fn check(&self, subject: &dyn Subject, what: &str, tolerance: Tolerance, steps: &[Step]) {
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
         let want = self.run(&mut cpu, steps);
+        self.check_variants(subject, what, tolerance, steps, &want, &mut cpu);
+    }
+
+    /// Every variant of `subject` against `want` (the logits of each step), and its expert
+    /// tallies against `cpu`'s after it ran the case.
+    pub fn check_variants(
+        &self,
+        subject: &dyn Subject,
+        what: &str,
+        tolerance: Tolerance,
+        steps: &[Step],
+        want: &[Vec<f32>],
+        cpu: &mut CpuBackend,
+    ) {
         for (variant, mut backend) in subject.variants() {
             let (kv, g) = match self.try_load(backend.as_mut()) {
                 Loaded::Ready(kv, g) => (kv, g),
@@ -176,7 +191,7 @@ impl Case {
                     continue;
                 }
             };
-            for (s, (step, w)) in steps.iter().zip(&want).enumerate() {
+            for (s, (step, w)) in steps.iter().zip(want).enumerate() {
                 let got = run_step(backend.as_mut(), g, kv, step).expect("execute");
                 tolerance.assert_close(&format!("{what} [{variant}] step {s}"), &got, w);
             }

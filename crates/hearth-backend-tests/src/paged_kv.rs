@@ -4,11 +4,12 @@
 //! positions and last rows, and a steady-state step that builds nothing.
 
 use crate::case::{run_step, single, small_layout, tokens, Case, SeqSpec, Step};
-use crate::{nmse, Rng, Subject, Tolerance};
+use crate::{nmse, CpuSubject, Rng, Subject, Tolerance};
 use hearth_core::backend::{Capability, KvLayout};
 use hearth_core::graph::{AttentionParams, BufId, Op, RopeMode, RopeParams, RopeYarn, WeightDesc, WeightId};
-use hearth_core::kv::{BlockCopy, KvGroup, KvType, NO_BLOCK};
+use hearth_core::kv::{BlockCopy, KvGroup, KvType, ValueRows, NO_BLOCK};
 use hearth_core::quant::GgmlType;
+use hearth_cpu::CpuBackend;
 
 const KV_TYPES: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
 
@@ -27,6 +28,7 @@ fn two_groups(kv_type: KvType, width: usize, block_size: usize, window: usize, n
         n_layers: 2,
         k_width: width,
         v_width: width,
+        values: ValueRows::Stored,
         kv_type,
         block_size,
         groups: vec![
@@ -76,7 +78,7 @@ fn attention_case(n_tokens: usize, n_seqs: usize, params: AttentionParams, layou
     let q = c.input("q", params.n_head * params.head_dim, rng);
     let k = c.input("k", width, rng);
     let v = c.input("v", width, rng);
-    c.graph.push(Op::StoreKv { layer: params.layer, k, v, k_offset: None, v_offset: None });
+    c.graph.push(Op::StoreKv { layer: params.layer, k, v: Some(v), k_offset: None, v_offset: None });
     let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
     c.graph.push(Op::Attention { q, params, out });
     c.graph.logits = out;
@@ -127,7 +129,7 @@ fn biased_kv_case(
         (None, None)
     };
     params.v_offset = v_offset;
-    c.graph.push(Op::StoreKv { layer: params.layer, k, v, k_offset, v_offset });
+    c.graph.push(Op::StoreKv { layer: params.layer, k, v: Some(v), k_offset, v_offset });
     let out = c.graph.buf("out", n_tokens, params.n_head * params.head_dim);
     c.graph.push(Op::Attention { q, params, out });
     c.graph.logits = out;
@@ -195,6 +197,7 @@ fn params(
         v_offset: None,
         sinks: None,
         v_head_dim: None,
+        values: ValueRows::Stored,
     }
 }
 
@@ -279,6 +282,9 @@ pub fn attention_with_sinks(subject: &dyn Subject) {
 /// MLA's attention: many query heads over one KV head whose values are narrower than its keys
 /// (keys of [latent, rotated part], values of the latent), over three sequences (prompt chunks
 /// and decodes mixed), with and without a window, for every KV type, V2-Lite's head sizes too.
+/// The values are the start of the keys, read once from value rows of their own and once from
+/// the key rows (`ValueRows::KeyPrefix`, a pool without value rows): every backend's second
+/// matches the CPU oracle's first.
 pub fn attention_with_values_narrower_than_keys(subject: &dyn Subject) {
     let mut rng = Rng(33);
     let plan: [&[(usize, usize)]; 3] =
@@ -290,22 +296,59 @@ pub fn attention_with_values_narrower_than_keys(subject: &dyn Subject) {
             let layer = usize::from(window.is_some());
             let mut layout = two_groups(kv_type, head_dim, 4, 5, 20);
             layout.v_width = v_dim;
-            let mut c = Case::batched(15, 3);
-            let q = c.input("q", n_head * head_dim, &mut rng);
-            let k = c.input("k", head_dim, &mut rng);
-            let v = c.input("v", v_dim, &mut rng);
-            c.graph.push(Op::StoreKv { layer, k, v, k_offset: None, v_offset: None });
-            let out = c.graph.buf("out", 15, n_head * v_dim);
-            let params =
-                AttentionParams { v_head_dim: Some(v_dim), ..params(layer, n_head, 1, head_dim, window, None) };
-            c.graph.push(Op::Attention { q, params, out });
-            c.graph.logits = out;
-            c.kv = layout.clone();
+            let case = |values: ValueRows| {
+                let mut c = Case::batched(15, 3);
+                let mut rng = Rng(34);
+                let q = c.input("q", n_head * head_dim, &mut rng);
+                let k = c.input("k", head_dim, &mut rng);
+                let v = match values {
+                    ValueRows::Stored => Some(prefix_columns(&mut c, k, v_dim)),
+                    ValueRows::KeyPrefix => None,
+                };
+                c.graph.push(Op::StoreKv { layer, k, v, k_offset: None, v_offset: None });
+                let out = c.graph.buf("out", 15, n_head * v_dim);
+                let params = AttentionParams {
+                    v_head_dim: Some(v_dim),
+                    values,
+                    ..params(layer, n_head, 1, head_dim, window, None)
+                };
+                c.graph.push(Op::Attention { q, params, out });
+                c.graph.logits = out;
+                c.kv = KvLayout { values, ..layout.clone() };
+                c
+            };
+            let (stored, key_prefix) = (case(ValueRows::Stored), case(ValueRows::KeyPrefix));
+            assert!(key_prefix.kv.total_bytes() < stored.kv.total_bytes());
             let steps = schedule(&layout, 6, &plan, &mut rng);
             let what = format!("values of {v_dim} under keys of {head_dim}, {} KV, window {window:?}", kv_type.name());
-            c.check(subject, &what, Tolerance::ATTENTION, &steps);
+            stored.check(subject, &format!("{what}, stored"), Tolerance::ATTENTION, &steps);
+            let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
+            let want = stored.run(&mut cpu, &steps);
+            let what = format!("{what}, read from the keys");
+            key_prefix.check_variants(&CpuSubject, &what, Tolerance::EXACT, &steps, &want, &mut cpu);
+            key_prefix.check_variants(subject, &what, Tolerance::ATTENTION, &steps, &want, &mut cpu);
         }
     }
+}
+
+/// A buffer of the first `cols` columns of the input `of` (an Embed of a table), as an input of
+/// its own: the same rows of a table holding the start of `of`'s table's rows.
+fn prefix_columns(c: &mut Case, of: BufId, cols: usize) -> BufId {
+    let Some(Op::Embed { table, .. }) = c.graph.ops.iter().find(|op| op.outputs() == [of]) else {
+        panic!("not an input");
+    };
+    let (desc, bytes) = &c.weights[table.0 as usize];
+    let width = desc.dims[0] as usize * 4;
+    let rows: Vec<u8> = bytes.chunks_exact(width).flat_map(|row| row[..cols * 4].to_vec()).collect();
+    let n_rows = desc.dims[1];
+    c.weights.push((
+        WeightDesc { name: format!("w{}", c.weights.len()), ty: GgmlType::F32, dims: vec![cols as u64, n_rows] },
+        rows,
+    ));
+    let table = WeightId(c.weights.len() as u32 - 1);
+    let out = c.graph.buf("prefix", c.graph.n_tokens, cols);
+    c.graph.push(Op::Embed { table, out });
+    out
 }
 
 /// What the models run between the q/k/v projections and attention, as one chain (a GPU
@@ -416,7 +459,7 @@ pub fn heads_prepared_for_attention(subject: &dyn Subject) {
                 (None, None)
             };
             attention.v_offset = v_offset;
-            c.graph.push(Op::StoreKv { layer: 1, k, v, k_offset, v_offset });
+            c.graph.push(Op::StoreKv { layer: 1, k, v: Some(v), k_offset, v_offset });
             let out = c.graph.buf("out", 12, q_width);
             c.graph.push(Op::Attention { q, params: attention, out });
             c.graph.logits = out;
@@ -513,6 +556,7 @@ pub fn copied_blocks_are_seen_by_the_new_owner(subject: &dyn Subject) {
             n_layers: 1,
             k_width: 32,
             v_width: 32,
+            values: ValueRows::Stored,
             kv_type,
             block_size: 4,
             groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 16 }],

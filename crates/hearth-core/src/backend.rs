@@ -5,7 +5,7 @@
 use crate::error::{CoreError, Result};
 use crate::gguf::ByteSource;
 use crate::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
-use crate::kv::{BlockCopy, KvGroup, KvType};
+use crate::kv::{BlockCopy, KvGroup, KvType, ValueRows};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,13 +26,15 @@ pub struct WeightData {
 
 /// Shape of the paged KV storage a backend allocates: for each block group, `n_blocks` blocks of
 /// `block_size` positions, each holding, for every layer of the group, K rows of `k_width` and V
-/// rows of `v_width` values stored as `kv_type`. Which block holds which positions is decided by
+/// rows of `v_width` values stored as `kv_type` (or no V rows, the values being the start of each
+/// K row: [`ValueRows::KeyPrefix`]). Which block holds which positions is decided by
 /// [`crate::kv::KvManager`] and passed per step as block tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
     pub n_layers: usize,
     pub k_width: usize,
     pub v_width: usize,
+    pub values: ValueRows,
     pub kv_type: KvType,
     pub block_size: usize,
     pub groups: Vec<KvGroup>,
@@ -46,8 +48,31 @@ impl KvLayout {
 
     /// Bytes of one block of group `g` over all its layers (K and V).
     pub fn block_bytes(&self, g: usize) -> usize {
-        let row = self.kv_type.row_bytes(self.k_width).unwrap_or(0) + self.kv_type.row_bytes(self.v_width).unwrap_or(0);
+        let row = self.kv_type.row_bytes(self.k_width).unwrap_or(0) + self.v_row_bytes().unwrap_or(0);
         self.groups[g].layers.len() * self.block_size * row
+    }
+
+    /// Bytes of one stored V row: `Some(0)` where the values are the start of the K rows, `None`
+    /// where the storage type cannot hold rows of `v_width`.
+    pub fn v_row_bytes(&self) -> Option<usize> {
+        match self.values {
+            ValueRows::Stored => self.kv_type.row_bytes(self.v_width),
+            ValueRows::KeyPrefix => Some(0),
+        }
+    }
+
+    /// Whether `values` can be the start of `k_width`-value key rows of `kv_type`: the values
+    /// no wider than the keys, in whole 32-value blocks (quantized rows store and rotate a
+    /// block at a time). A layout with stored values always can.
+    pub fn check_values(&self) -> std::result::Result<(), String> {
+        match self.values {
+            ValueRows::Stored => Ok(()),
+            ValueRows::KeyPrefix if self.v_width <= self.k_width && self.v_width.is_multiple_of(32) => Ok(()),
+            ValueRows::KeyPrefix => Err(format!(
+                "values of {} taken from the start of key rows of {} (they must be no wider, in whole 32-value blocks)",
+                self.v_width, self.k_width
+            )),
+        }
     }
 
     /// Bytes of the whole pool.

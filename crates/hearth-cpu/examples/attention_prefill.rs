@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     n_layers: 1,
                     k_width: width,
                     v_width: width,
+                    values: hearth_core::kv::ValueRows::Stored,
                     kv_type,
                     block_size: BLOCK_SIZE,
                     groups: vec![group],
@@ -54,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut kv = KvStore::new(layout)?;
                 let all = SeqStep { n_tokens: context, pos0: 0, block_tables: &tables };
                 let offset = kv_type.rotates().then_some(&offsets[..]);
-                kv.store(0, &[all], &k, &v, offset, offset)?;
+                kv.store(0, &[all], &k, Some(&v), offset, offset)?;
                 let pos0 = context - CHUNK;
                 let step = SeqStep { n_tokens: CHUNK, pos0, block_tables: &tables };
                 let params = AttentionParams {
@@ -68,6 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     v_offset: None,
                     sinks: None,
                     v_head_dim: None,
+                    values: hearth_core::kv::ValueRows::Stored,
                 };
                 let mut out = vec![0f32; CHUNK * n_head * head_dim];
                 let repetitions = (40_000 / context).clamp(3, 40);

@@ -41,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             n_layers: N_LAYERS,
             k_width: width,
             v_width: width,
+            values: hearth_core::kv::ValueRows::Stored,
             kv_type,
             block_size: BLOCK_SIZE,
             groups: vec![group],
@@ -48,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut kv = KvStore::new(layout)?;
         let all = SeqStep { n_tokens: context, pos0: 0, block_tables: &tables };
         for layer in 0..N_LAYERS {
-            kv.store(layer, &[all], &k, &v, Some(&offsets), Some(&offsets))?;
+            kv.store(layer, &[all], &k, Some(&v), Some(&offsets), Some(&offsets))?;
         }
         let pos = context - 1;
         let step = SeqStep { n_tokens: 1, pos0: pos, block_tables: &tables };
@@ -68,6 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     v_offset: None,
                     sinks: None,
                     v_head_dim: None,
+                    values: hearth_core::kv::ValueRows::Stored,
                 };
                 let paged = kv.paged(layer, &step, 0, pos, Some(&offsets))?;
                 paged_attention(&q, paged, &params, None, pos, 1, Numerics::Hearth, &mut out)?;

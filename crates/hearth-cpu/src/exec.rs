@@ -4,6 +4,7 @@ use crate::kv_store::KvStore;
 use crate::weights::CpuWeight;
 use crate::{attention, experts, matmul, ops, CompiledGraph, CpuError};
 use hearth_core::graph::{BufId, BufType, GluActivation, Graph, Op, StepInput, WeightId};
+use hearth_core::kv::ValueRows;
 use hearth_core::Result;
 
 pub(crate) struct ExecContext<'a> {
@@ -35,20 +36,23 @@ impl DebugOptions {
 fn check_kv_ops(graph: &Graph, kv: &KvStore) -> std::result::Result<(), CpuError> {
     let l = &kv.layout;
     for op in &graph.ops {
-        let (layer, widths) = match op {
-            Op::StoreKv { layer, k, v, .. } => (*layer, Some((graph.desc(*k).cols, graph.desc(*v).cols))),
-            Op::Attention { params, .. } => {
-                (params.layer, (params.n_head_kv * params.head_dim != l.k_width).then_some((0, 0)))
+        // The rows an op writes or reads: (keys, values, where the values are).
+        let (layer, rows) = match op {
+            Op::StoreKv { layer, k, v, .. } => {
+                let values = if v.is_some() { ValueRows::Stored } else { ValueRows::KeyPrefix };
+                (*layer, (graph.desc(*k).cols, v.map_or(l.v_width, |v| graph.desc(v).cols), values))
             }
+            Op::Attention { params: p, .. } => (p.layer, (p.n_head_kv * p.head_dim, p.n_head_kv * p.v_dim(), p.values)),
             _ => continue,
         };
-        if kv.group_of(layer).is_none() || widths.is_some_and(|w| w != (l.k_width, l.v_width)) {
+        if kv.group_of(layer).is_none() || rows != (l.k_width, l.v_width, l.values) {
             return Err(CpuError::BadKv(format!(
-                "op {} on layer {layer} does not fit the KV pool ({} layers, widths {}/{})",
+                "op {} on layer {layer} does not fit the KV pool ({} layers, widths {}/{}, values {:?})",
                 op.name(),
                 l.n_layers,
                 l.k_width,
-                l.v_width
+                l.v_width,
+                l.values
             )));
         }
     }
@@ -116,7 +120,8 @@ pub(crate) fn run(compiled: &mut CompiledGraph, kv: &mut KvStore, ctx: &ExecCont
             }
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
                 let offset = |o: &Option<WeightId>| o.map(vector).transpose();
-                kv.store(*layer, seqs, &bufs[k.0 as usize], &bufs[v.0 as usize], offset(k_offset)?, offset(v_offset)?)?;
+                let v = v.map(|v| &bufs[v.0 as usize][..]);
+                kv.store(*layer, seqs, &bufs[k.0 as usize], v, offset(k_offset)?, offset(v_offset)?)?;
             }
             Op::Attention { q, params, out } => {
                 let mut o = std::mem::take(&mut bufs[out.0 as usize]);

@@ -6,7 +6,7 @@ use crate::attention::PagedKv;
 use crate::CpuError;
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::SeqStep;
-use hearth_core::kv::{hadamard32, BlockCopy};
+use hearth_core::kv::{hadamard32, BlockCopy, ValueRows};
 use hearth_core::quant::{quantize_row, GgmlType};
 
 struct LayerKv {
@@ -31,7 +31,12 @@ impl KvStore {
                 CpuError::BadKv(format!("KV type {} cannot store rows of {w} values", layout.kv_type.name()))
             })
         };
-        let (k_row, v_row) = (row(layout.k_width)?, row(layout.v_width)?);
+        layout.check_values().map_err(CpuError::BadKv)?;
+        let k_row = row(layout.k_width)?;
+        let v_row = match layout.values {
+            ValueRows::Stored => row(layout.v_width)?,
+            ValueRows::KeyPrefix => 0,
+        };
         let mut layers = Vec::with_capacity(layout.n_layers);
         for layer in 0..layout.n_layers {
             let group = layout
@@ -57,17 +62,25 @@ impl KvStore {
         seq.block_tables[g][pos / bs] as usize * bs + pos % bs
     }
 
-    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position. A
-    /// quantized pool stores k − `k_offset` and v − `v_offset` (see `Op::StoreKv`).
+    /// Writes k, v: [n_tokens, width] of a step into `layer` at every token's position (v None
+    /// where the values are the start of the key rows). A quantized pool stores k − `k_offset`
+    /// and v − `v_offset` (see `Op::StoreKv`).
     pub fn store(
         &mut self,
         layer: usize,
         seqs: &[SeqStep<'_>],
         k: &[f32],
-        v: &[f32],
+        v: Option<&[f32]>,
         k_offset: Option<&[f32]>,
         v_offset: Option<&[f32]>,
     ) -> Result<(), CpuError> {
+        if v.is_some() != (self.layout.values == ValueRows::Stored) {
+            return Err(CpuError::BadKv(format!(
+                "a KV store on layer {layer} {} values, the pool's are {:?}",
+                if v.is_some() { "with" } else { "without" },
+                self.layout.values
+            )));
+        }
         let (kw, vw) = (self.layout.k_width, self.layout.v_width);
         let g = self.layers[layer].group;
         let rotate = self.layout.kv_type.rotates();
@@ -78,7 +91,8 @@ impl KvStore {
         for seq in seqs {
             for pos in seq.pos0..seq.pos0 + seq.n_tokens {
                 let slot = self.slot(seq, g, pos);
-                let (mut k_src, mut v_src) = (&k[t * kw..(t + 1) * kw], &v[t * vw..(t + 1) * vw]);
+                let (mut k_src, mut v_src) =
+                    (&k[t * kw..(t + 1) * kw], v.map_or(&[][..], |v| &v[t * vw..(t + 1) * vw]));
                 if rotate {
                     k_rot.clear();
                     match k_offset {
@@ -97,8 +111,10 @@ impl KvStore {
                 let l = &mut self.layers[layer];
                 quantize_row(self.ty, k_src, &mut l.k[slot * self.k_row..(slot + 1) * self.k_row])
                     .map_err(|e| CpuError::BadKv(e.to_string()))?;
-                quantize_row(self.ty, v_src, &mut l.v[slot * self.v_row..(slot + 1) * self.v_row])
-                    .map_err(|e| CpuError::BadKv(e.to_string()))?;
+                if v.is_some() {
+                    quantize_row(self.ty, v_src, &mut l.v[slot * self.v_row..(slot + 1) * self.v_row])
+                        .map_err(|e| CpuError::BadKv(e.to_string()))?;
+                }
                 t += 1;
             }
         }
@@ -141,11 +157,17 @@ impl KvStore {
             }
         }
         let v_offset = self.offset(v_offset, self.layout.v_width)?;
+        // Value columns are read from a row by their index, so values at the start of the key
+        // rows are the key rows read as values.
+        let (v, v_row) = match self.layout.values {
+            ValueRows::Stored => (&l.v[..], self.v_row),
+            ValueRows::KeyPrefix => (&l.k[..], self.k_row),
+        };
         Ok(PagedKv {
             k: &l.k,
-            v: &l.v,
+            v,
             k_row: self.k_row,
-            v_row: self.v_row,
+            v_row,
             kv_type: self.layout.kv_type,
             block_size: bs,
             block_table: table,
@@ -176,11 +198,17 @@ impl KvStore {
         k_out.resize(n * kw, 0.0);
         v_out.resize(n * vw, 0.0);
         let l = &self.layers[layer];
+        let (v, v_row) = match self.layout.values {
+            ValueRows::Stored => (&l.v, self.v_row),
+            ValueRows::KeyPrefix => (&l.k, self.k_row),
+        };
+        // The bytes of a row's first vw values (whole blocks: KvLayout::check_values).
+        let v_bytes = self.layout.kv_type.row_bytes(vw).unwrap_or(0);
         for (i, pos) in (lo..=hi).enumerate() {
             let slot = self.slot(seq, g, pos);
             dequantize_row(self.ty, &l.k[slot * self.k_row..(slot + 1) * self.k_row], &mut k_out[i * kw..(i + 1) * kw])
                 .map_err(|e| CpuError::BadKv(e.to_string()))?;
-            dequantize_row(self.ty, &l.v[slot * self.v_row..(slot + 1) * self.v_row], &mut v_out[i * vw..(i + 1) * vw])
+            dequantize_row(self.ty, &v[slot * v_row..slot * v_row + v_bytes], &mut v_out[i * vw..(i + 1) * vw])
                 .map_err(|e| CpuError::BadKv(e.to_string()))?;
         }
         if self.layout.kv_type.rotates() {
@@ -202,6 +230,7 @@ impl KvStore {
                 return Err(CpuError::BadKv(format!("block copy {c:?} outside the pool")));
             }
             for l in self.layers.iter_mut().filter(|l| l.group == c.group) {
+                // A pool without value rows has an empty `v`, copied as nothing (row 0).
                 for (data, row) in [(&mut l.k, self.k_row), (&mut l.v, self.v_row)] {
                     let (src, dst) = (c.src as usize * bs * row, c.dst as usize * bs * row);
                     data.copy_within(src..src + c.n_positions * row, dst);

@@ -12,6 +12,7 @@ use crate::tally::TallyCounters;
 use crate::weights::{segment_type_define, type_define, GpuWeight, JoinedVectors};
 use crate::WgpuError;
 use hearth_core::graph::{BufId, ExpertGating, GluActivation, Graph, Op, RopeMode, RopeYarn, WeightId};
+use hearth_core::kv::ValueRows;
 use hearth_core::quant::GgmlType;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
@@ -81,6 +82,8 @@ pub(crate) struct KvNeed {
     pub layer: usize,
     pub k_width: Option<usize>,
     pub v_width: Option<usize>,
+    /// Where it stores or reads values (None: it touches none).
+    pub values: Option<ValueRows>,
     /// Attention only: its window (None = whole context).
     pub window: Option<Option<usize>>,
     /// Whether it subtracts or adds back key or value offsets (compiled with KV_OFFSET against
@@ -663,6 +666,7 @@ impl Builder<'_> {
             layer: chain.layer,
             k_width: Some(n_k * hd),
             v_width: Some(n_v * hd),
+            values: Some(ValueRows::Stored),
             window: None,
             offsets: chain.k_offset.is_some() || chain.v_offset.is_some(),
         };
@@ -824,17 +828,28 @@ impl Builder<'_> {
             Op::StoreKv { layer, k, v, k_offset, v_offset } => {
                 // Keys and values in one dispatch (kv_store.wgsl SECOND), both or neither with an
                 // offset, as the offset define covers both.
-                let parts: Vec<Vec<(BufId, bool, Option<WeightId>)>> = if k_offset.is_some() == v_offset.is_some() {
-                    vec![vec![(*k, true, *k_offset), (*v, false, *v_offset)]]
-                } else {
-                    vec![vec![(*k, true, *k_offset)], vec![(*v, false, *v_offset)]]
+                // Without values (they are the start of the keys), the keys alone.
+                let parts: Vec<Vec<(BufId, bool, Option<WeightId>)>> = match v {
+                    Some(v) if k_offset.is_some() == v_offset.is_some() => {
+                        vec![vec![(*k, true, *k_offset), (*v, false, *v_offset)]]
+                    }
+                    Some(v) => vec![vec![(*k, true, *k_offset)], vec![(*v, false, *v_offset)]],
+                    None => vec![vec![(*k, true, *k_offset)]],
                 };
+                let values = if v.is_some() { ValueRows::Stored } else { ValueRows::KeyPrefix };
                 for part in parts {
                     let mut units = 0;
                     let mut widths = Vec::new();
                     let mut entries = vec![(1, Res::Buf(self.step.clone())), (2, Res::Tables)];
                     let offsets = part.iter().any(|(_, _, offset)| offset.is_some());
-                    let mut need = KvNeed { layer: *layer, k_width: None, v_width: None, window: None, offsets };
+                    let mut need = KvNeed {
+                        layer: *layer,
+                        k_width: None,
+                        v_width: None,
+                        values: Some(values),
+                        window: None,
+                        offsets,
+                    };
                     for (i, &(src, is_k, offset)) in part.iter().enumerate() {
                         let (rows, cols) = self.shape(src);
                         // One invocation per stored unit (1, 2 or 32 values, by storage type): sized
@@ -882,12 +897,19 @@ impl Builder<'_> {
                 let group = attention_group(p.n_head, p.n_head_kv, p.head_dim);
                 let (gx, gy) = fold(rows * (p.n_head / group) * grid_splits);
                 let kv_width = p.n_head_kv * p.head_dim;
+                let v_width = p.n_head_kv * p.v_dim();
+                // Values at the start of the key rows are read from the key rows (bound twice,
+                // read-only both times), addressed with the keys' row width.
+                let (values, v_row_width) = match p.values {
+                    ValueRows::Stored => (Res::KvV(p.layer), v_width),
+                    ValueRows::KeyPrefix => (Res::KvK(p.layer), kv_width),
+                };
                 let mut entries = vec![
                     (1, Res::Buf(self.step.clone())),
                     (2, Res::Tables),
                     (3, self.buf(*q)),
                     (4, Res::KvK(p.layer)),
-                    (5, Res::KvV(p.layer)),
+                    (5, values),
                 ];
                 let mut defines = self.gpu.info.defines();
                 let partials = if merged {
@@ -921,11 +943,13 @@ impl Builder<'_> {
                     group: group as u32,
                     scales_at: 0,
                     v_head_dim: p.v_dim() as u32,
+                    v_row_width: v_row_width as u32,
                 };
                 let need = KvNeed {
                     layer: p.layer,
                     k_width: Some(kv_width),
-                    v_width: Some(p.n_head_kv * p.v_dim()),
+                    v_width: Some(v_width),
+                    values: Some(p.values),
                     window: Some(p.window),
                     offsets: merged && p.v_offset.is_some(),
                 };
@@ -970,6 +994,7 @@ impl Builder<'_> {
                     layer: p.layer,
                     k_width: None,
                     v_width: None,
+                    values: None,
                     window: None,
                     offsets: p.v_offset.is_some(),
                 };

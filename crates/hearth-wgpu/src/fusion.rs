@@ -233,7 +233,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
     }
     // Heads chains, before pairing RoPEs (which are left for graphs without a chain).
     for store in 0..graph.ops.len() {
-        let Op::StoreKv { v, .. } = &graph.ops[store] else { continue };
+        let Op::StoreKv { v: Some(v), .. } = &graph.ops[store] else { continue };
         let first = (0..store)
             .rev()
             .take_while(|&j| match &graph.ops[j] {
@@ -304,7 +304,7 @@ impl HeadsChain {
     /// blocks, so that a quantized store's blocks stay within a head) and the vectors within the
     /// constants.
     pub fn of(graph: &Graph, weights: &[GpuWeight], ops: &[Op]) -> Option<HeadsChain> {
-        let (Op::StoreKv { layer, k, v, k_offset, v_offset }, chain) = ops.split_last()? else { return None };
+        let (Op::StoreKv { layer, k, v: Some(v), k_offset, v_offset }, chain) = ops.split_last()? else { return None };
         let mut q = None;
         let (mut q_step, mut k_step) = (HeadStep::Start, HeadStep::Start);
         let (mut q_norm, mut k_norm, mut eps) = (None, None, None);

@@ -193,6 +193,9 @@ kernel_params! {
         scales_at: u32,
         /// Values per value (and output) head: head_dim, or MLA's latent width.
         v_head_dim: u32,
+        /// Values of the stored rows V is read from: n_head_kv * v_head_dim, or the key rows'
+        /// width where the values are their start (ValueRows::KeyPrefix).
+        v_row_width: u32,
     }
 
     /// experts.wgsl: routing and combining a mixture of experts.

@@ -5,7 +5,7 @@
 use crate::WgpuError;
 use hearth_core::backend::KvLayout;
 use hearth_core::graph::StepInput;
-use hearth_core::kv::{BlockCopy, KvType};
+use hearth_core::kv::{BlockCopy, KvType, ValueRows};
 
 /// Shader define of a storage type, and u32 words of one stored row of `width` values.
 pub(crate) fn kv_format(ty: KvType, width: usize) -> Result<(&'static str, usize), WgpuError> {
@@ -28,7 +28,8 @@ pub(crate) struct GpuKv {
     /// Bytes of one stored K / V row (multiples of 4).
     k_row_bytes: u64,
     v_row_bytes: u64,
-    /// Per layer: [n_blocks of its group, block_size, k/v row] u32.
+    /// Per layer: [n_blocks of its group, block_size, k/v row] u32 (`v` empty where the values
+    /// are the start of the key rows).
     pub k: Vec<wgpu::Buffer>,
     pub v: Vec<wgpu::Buffer>,
     /// One block of the widest row: a buffer cannot be copied onto itself, so block copies go
@@ -38,8 +39,13 @@ pub(crate) struct GpuKv {
 
 impl GpuKv {
     pub fn new(device: &wgpu::Device, max_binding: u64, layout: KvLayout) -> Result<Self, WgpuError> {
+        layout.check_values().map_err(WgpuError::Unsupported)?;
         let (define, k_words) = kv_format(layout.kv_type, layout.k_width)?;
-        let (_, v_words) = kv_format(layout.kv_type, layout.v_width)?;
+        // A pool whose values are the start of its key rows has no value rows (nor buffers).
+        let v_words = match layout.values {
+            ValueRows::Stored => kv_format(layout.kv_type, layout.v_width)?.1,
+            ValueRows::KeyPrefix => 0,
+        };
         let (k_row_bytes, v_row_bytes) = (k_words as u64 * 4, v_words as u64 * 4);
         let bs = layout.block_size as u64;
         if bs == 0 {
@@ -68,7 +74,9 @@ impl GpuKv {
                 )));
             }
             k.push(buffer(format!("k_cache.{layer}"), kb, usage));
-            v.push(buffer(format!("v_cache.{layer}"), vb, usage));
+            if layout.values == ValueRows::Stored {
+                v.push(buffer(format!("v_cache.{layer}"), vb, usage));
+            }
         }
         let scratch = buffer(
             "kv block copy".into(),
@@ -95,7 +103,9 @@ impl GpuKv {
                 continue;
             }
             for layer in self.layout.groups[c.group].layers.iter().copied().filter(|&l| l < self.layout.n_layers) {
-                for (buffer, row) in [(&self.k[layer], self.k_row_bytes), (&self.v[layer], self.v_row_bytes)] {
+                for (buffer, row) in [(self.k.get(layer), self.k_row_bytes), (self.v.get(layer), self.v_row_bytes)] {
+                    // No value buffers where the values are the start of the key rows.
+                    let Some(buffer) = buffer else { continue };
                     let block = bs as u64 * row;
                     let len = c.n_positions as u64 * row;
                     encoder.copy_buffer_to_buffer(buffer, c.src as u64 * block, &self.scratch, 0, len);

@@ -145,10 +145,14 @@ fn check_fit(d: &Dispatch, kv: &GpuKv) -> Result<(), WgpuError> {
     let group = l.group_of(need.layer).filter(|_| need.layer < l.n_layers);
     let misfit = match group {
         None => Some("layer not in the pool".to_string()),
-        Some(_) if need.k_width.is_some_and(|w| w != l.k_width) || need.v_width.is_some_and(|w| w != l.v_width) => {
+        Some(_)
+            if need.k_width.is_some_and(|w| w != l.k_width)
+                || need.v_width.is_some_and(|w| w != l.v_width)
+                || need.values.is_some_and(|v| v != l.values) =>
+        {
             Some(format!(
-                "rows of {:?}/{:?} values, the pool's are {}/{}",
-                need.k_width, need.v_width, l.k_width, l.v_width
+                "rows of {:?}/{:?} values ({:?}), the pool's are {}/{} ({:?})",
+                need.k_width, need.v_width, need.values, l.k_width, l.v_width, l.values
             ))
         }
         Some(g) => match (need.window, l.groups[g].window) {

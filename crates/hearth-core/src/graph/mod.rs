@@ -14,6 +14,7 @@ mod validate;
 
 use crate::backend::KvLayout;
 use crate::error::{CoreError, Result};
+use crate::kv::ValueRows;
 use crate::quant::GgmlType;
 
 /// A model weight uploaded to a backend.
@@ -243,6 +244,9 @@ pub struct AttentionParams {
     /// with keys of [latent, rotated part] over values of the latent alone. See
     /// [`AttentionParams::v_dim`].
     pub v_head_dim: Option<usize>,
+    /// Where the values are read: their own rows, or the start of the key rows (MLA's latent,
+    /// with one KV head; then `v_offset` is None).
+    pub values: ValueRows,
     /// Multiplies Q·K before the softmax.
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
@@ -359,7 +363,9 @@ pub enum Op {
     /// likewise be subtracted from every value; attention adds it back (its weights sum to 1),
     /// so it must be the layer's [`AttentionParams::v_offset`]. Exact types (f32, f16) store k
     /// and v as they are and ignore both.
-    StoreKv { layer: usize, k: BufId, v: BufId, k_offset: Option<WeightId>, v_offset: Option<WeightId> },
+    /// `v` is None where the pool's values are the start of its key rows
+    /// ([`ValueRows::KeyPrefix`]): storing k stores them.
+    StoreKv { layer: usize, k: BufId, v: Option<BufId>, k_offset: Option<WeightId>, v_offset: Option<WeightId> },
     /// Causal attention of q: [n_tokens, n_head * head_dim] over the cache of `params.layer`:
     /// a token at position p of a sequence sees that sequence's positions 0..=p (limited by the
     /// window). out: [n_tokens, n_head * v_dim].
@@ -433,7 +439,7 @@ impl Op {
             | Op::LastRows { x, .. }
             | Op::MatMulHeads { x, .. } => vec![*x],
             Op::Concat { a, b, .. } => vec![*a, *b],
-            Op::StoreKv { k, v, .. } => vec![*k, *v],
+            Op::StoreKv { k, v, .. } => std::iter::once(*k).chain(*v).collect(),
             Op::Attention { q, .. } => vec![*q],
             Op::Add { a, b, .. } => vec![*a, *b],
             Op::Glu { gate, up, .. } => vec![*gate, *up],

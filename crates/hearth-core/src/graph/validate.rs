@@ -8,6 +8,7 @@
 
 use super::{BufId, BufType, ExpertGating, GluActivation, Graph, Op, WeightDesc, WeightId};
 use crate::error::CoreError;
+use crate::kv::ValueRows;
 
 impl Graph {
     /// Checks every op against the buffer shapes and types and the shapes of the weights `weight`
@@ -164,12 +165,18 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
             }
             Op::StoreKv { k, v, k_offset, v_offset, .. } => {
                 let k_cols = self.per_token(*k)?;
-                let v_cols = self.per_token(*v)?;
                 if let Some(o) = k_offset {
                     self.vector(*o, k_cols)?;
                 }
-                if let Some(o) = v_offset {
-                    self.vector(*o, v_cols)?;
+                match (v, v_offset) {
+                    (Some(v), offset) => {
+                        let v_cols = self.per_token(*v)?;
+                        if let Some(o) = offset {
+                            self.vector(*o, v_cols)?;
+                        }
+                    }
+                    (None, Some(_)) => return Err(self.bad("a value offset without values to store".into())),
+                    (None, None) => {}
                 }
             }
             Op::Attention { q, params: p, out } => {
@@ -188,6 +195,19 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                         p.head_dim,
                         p.v_dim(),
                         p.n_head_kv
+                    )));
+                }
+                if p.values == ValueRows::KeyPrefix
+                    && (p.n_head_kv != 1
+                        || p.v_dim() > p.head_dim
+                        || !p.v_dim().is_multiple_of(32)
+                        || p.v_offset.is_some())
+                {
+                    return Err(self.bad(format!(
+                        "values read from the start of the key rows need one KV head, values of at most the \
+                         head's {} in whole 32-value blocks (not {}) and no value offset",
+                        p.head_dim,
+                        p.v_dim()
                     )));
                 }
                 if let Some(o) = p.v_offset {
@@ -401,6 +421,7 @@ mod tests {
                 v_offset: None,
                 sinks: None,
                 v_head_dim: None,
+                values: ValueRows::Stored,
             };
             Op::Attention { q, params, out }
         });
@@ -491,7 +512,7 @@ mod tests {
             (Op::Scale { x: a, factor: 2.0 }.inputs(), Op::Scale { x: a, factor: 2.0 }.outputs()),
             (vec![a], vec![a])
         );
-        let store = Op::StoreKv { layer: 0, k: a, v: b, k_offset: None, v_offset: None };
+        let store = Op::StoreKv { layer: 0, k: a, v: Some(b), k_offset: None, v_offset: None };
         assert_eq!((store.inputs(), store.outputs()), (vec![a, b], vec![]));
         let embed = Op::Embed { table: WeightId(0), out: c };
         assert_eq!((embed.inputs(), embed.outputs()), (vec![], vec![c]));

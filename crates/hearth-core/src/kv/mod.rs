@@ -18,7 +18,7 @@ mod types;
 
 pub use manager::{BlockCopy, KvManager, KvPlan, SeqId};
 pub use pool::{BlockPool, PoolStats};
-pub use types::{hadamard32, KvGroup, KvType, NO_BLOCK};
+pub use types::{hadamard32, KvGroup, KvType, ValueRows, NO_BLOCK};
 
 #[cfg(test)]
 mod tests;

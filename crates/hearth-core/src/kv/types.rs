@@ -70,6 +70,19 @@ impl KvType {
     }
 }
 
+/// Where a layer's values live in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ValueRows {
+    /// A value row per position beside the key row (attention's usual cache).
+    #[default]
+    Stored,
+    /// The first `v_width` values of each key row are the values, and the pool stores no value
+    /// rows: MLA's key row starts with the latent that is also its value (DeepSeek-V2-Lite: 576
+    /// values a position instead of 576 + 512). One KV head; `v_width` a multiple of 32, so a
+    /// quantized row's value blocks are whole blocks of the key row.
+    KeyPrefix,
+}
+
 /// One block group: the layers that share block tables, and its pool size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvGroup {

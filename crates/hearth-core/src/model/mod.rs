@@ -21,7 +21,7 @@ pub use crate::graph::GluActivation;
 use crate::graph::{
     AttentionParams, BufId, BufType, ExpertGating, ExpertRouting, Graph, LogitsMode, Op, RopeParams, WeightId,
 };
-use crate::kv::{KvGroup, KvType};
+use crate::kv::{KvGroup, KvType, ValueRows};
 
 pub struct Model {
     pub config: ModelConfig,
@@ -108,9 +108,18 @@ impl Model {
     pub fn kv_layout(&self, kv_type: KvType, block_size: usize, groups: Vec<KvGroup>) -> KvLayout {
         let c = &self.config;
         let k_width = c.n_head_kv * c.head_dim;
-        // MLA caches the latent as the values (its keys: the latent and the rotated key).
         let v_width = c.mla.map_or(k_width, |mla| mla.kv_lora);
-        KvLayout { n_layers: c.n_layer, k_width, v_width, kv_type, block_size, groups }
+        KvLayout { n_layers: c.n_layer, k_width, v_width, values: self.value_rows(), kv_type, block_size, groups }
+    }
+
+    /// MLA's values are its latent, which starts its key rows (the latent, then the rotated
+    /// key): the pool stores the key rows only, where the latent is whole 32-value blocks (as
+    /// in every DeepSeek model; [`ValueRows::KeyPrefix`]).
+    fn value_rows(&self) -> ValueRows {
+        match self.config.mla {
+            Some(mla) if mla.kv_lora.is_multiple_of(32) => ValueRows::KeyPrefix,
+            _ => ValueRows::Stored,
+        }
     }
 
     /// The forward pass for `n_tokens` tokens of `n_seqs` sequences (each sequence's tokens
@@ -223,13 +232,14 @@ impl Model {
         // After RoPE a key holds R_p·b_k rather than b_k, yet b_k everywhere measured closer
         // to the f32 cache than b_k on the slowly rotating pairs only (docs/BENCHMARKS.md).
         let (k_offset, v_offset) = (lw.bk, lw.bv);
-        g.push(Op::StoreKv { layer: il, k, v, k_offset, v_offset });
+        g.push(Op::StoreKv { layer: il, k, v: Some(v), k_offset, v_offset });
         let params = AttentionParams {
             layer: il,
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             v_head_dim: None,
+            values: ValueRows::Stored,
             scale: if c.scale_queries { 1.0 } else { c.attn_scale },
             window: la.window,
             softcap: None,
@@ -242,8 +252,8 @@ impl Model {
     /// DeepSeek's multi-head latent attention (normed h into b.attn), as llama.cpp's absorbed
     /// graph: each head's non-rotated query taken into the latent space (`k_b`) beside its
     /// rotated part; the token's normalised latent beside its rotated key as the one KV head's
-    /// key, the latent alone as its value; multi-query attention in the latent space; each head's
-    /// output out of it (`v_b`).
+    /// key, the latent alone (the start of that key, not stored again) as its value;
+    /// multi-query attention in the latent space; each head's output out of it (`v_b`).
     fn latent_attention(&self, g: &mut Graph, b: &Activations, lb: &LatentActivations, il: usize, lw: &LatentWeights) {
         let c = &self.config;
         let eps = c.rms_eps;
@@ -270,13 +280,16 @@ impl Model {
         g.push(Op::MatMul { w: lw.k_rope, x: b.normed, bias: None, out: lb.k_rope });
         g.push(Op::Rope { x: lb.k_rope, params: rope });
         g.push(Op::Concat { a: latent, b: lb.k_rope, groups: 1, out: b.k });
-        g.push(Op::StoreKv { layer: il, k: b.k, v: latent, k_offset: None, v_offset: None });
+        let values = self.value_rows();
+        let v = (values == ValueRows::Stored).then_some(latent);
+        g.push(Op::StoreKv { layer: il, k: b.k, v, k_offset: None, v_offset: None });
         let params = AttentionParams {
             layer: il,
             n_head: c.n_head,
             n_head_kv: 1,
             head_dim: c.head_dim,
             v_head_dim: Some(group),
+            values,
             scale: c.attn_scale,
             window: c.layers[il].window,
             softcap: None,

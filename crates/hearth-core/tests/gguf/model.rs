@@ -491,6 +491,10 @@ fn deepseek2_reads_its_latent_attention_and_refuses_what_it_does_not_run() {
         hearth_core::model::Model::load(&whole, &mut RecordingBackend::default(), None, &mut |_, _| {}).expect("loads");
     let layout = model.kv_layout(hearth_core::kv::KvType::F16, 16, model.kv_groups());
     assert_eq!((layout.k_width, layout.v_width), (40, 32));
+    // The values are the start of the key rows: a position costs its 40 keys alone per layer.
+    assert_eq!(layout.values, hearth_core::kv::ValueRows::KeyPrefix);
+    assert_eq!(layout.bytes_per_token(), cfg.n_layer * 40 * 2);
+    layout.check_values().expect("whole blocks of the keys");
     let graph = model.build_graph(3, 1, hearth_core::graph::LogitsMode::Last);
     let count = |f: fn(&Op) -> bool| graph.ops.iter().filter(|op| f(op)).count();
     assert_eq!(count(|op| matches!(op, Op::MatMulHeads { .. })), 6);

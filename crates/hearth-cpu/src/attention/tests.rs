@@ -110,6 +110,7 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
         n_layers: 1,
         k_width: width,
         v_width: width,
+        values: hearth_core::kv::ValueRows::Stored,
         kv_type: case.kv_type,
         block_size: BLOCK_SIZE,
         groups: vec![group],
@@ -129,7 +130,7 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let (k_offset, v_offset) = (rng.vec(width, 3.0), rng.vec(width, 1.5));
     let (k_offset, v_offset) = if case.offsets { (Some(&k_offset[..]), Some(&v_offset[..])) } else { (None, None) };
     let all = SeqStep { n_tokens: n_pos, pos0: 0, block_tables: &tables };
-    kv.store(0, &[all], &k, &v, k_offset, v_offset).expect("store");
+    kv.store(0, &[all], &k, Some(&v), k_offset, v_offset).expect("store");
 
     let lo = case.window.map_or(0, |w| (case.pos0 + 1).saturating_sub(w));
     // A sliding window releases the blocks wholly below it; attention must not read them.
@@ -147,6 +148,7 @@ fn run(case: Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
         v_offset: None,
         sinks: None,
         v_head_dim: None,
+        values: hearth_core::kv::ValueRows::Stored,
     };
     let q = rng.vec(case.n_tokens * case.n_head * hd, 1.5);
     let n_out = case.n_tokens * case.n_head * hd;
@@ -281,6 +283,7 @@ fn a_block_missing_from_the_table_is_an_error() {
         n_layers: 1,
         k_width: 64,
         v_width: 64,
+        values: hearth_core::kv::ValueRows::Stored,
         kv_type: KvType::Q8_0,
         block_size: BLOCK_SIZE,
         groups: vec![KvGroup { layers: vec![0], window: None, n_blocks: 4 }],
