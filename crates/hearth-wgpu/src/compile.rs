@@ -172,10 +172,12 @@ struct Builder<'a> {
     /// router output and shared by its gate, up and down products.
     expert_groups: Option<ExpertGroups>,
     /// Buffers the dispatches read that no other field holds, kept for the graph's life: each
-    /// dispatch's parameters, the heads' ids (`head_ids`), expert groupings a longer step outgrew.
+    /// dispatch's parameters, the heads' ids and groupings, expert groupings a longer step outgrew.
     kept: Vec<wgpu::Buffer>,
     /// The heads' ids made so far, by (pairs, heads): every layer's per-head products share them.
     head_ids: HashMap<(usize, usize), wgpu::Buffer>,
+    /// The heads' pairs grouped by head (order, tiles), by (tokens, heads), likewise shared.
+    head_groups: HashMap<(usize, usize), (wgpu::Buffer, wgpu::Buffer)>,
 }
 
 /// A norm whose residual add is computed and written by the next rounding (act_quant.wgsl SUM):
@@ -1198,10 +1200,13 @@ impl Builder<'_> {
         let (file, entry, rows_per_group, mut defines) = self.matmul_kernel(&vec![ty; bindings.len()], rounding)?;
         defines.extend(["WEIGHTS1", "WEIGHTS2"].into_iter().take(bindings.len() - 1));
         let pairs = rows * n_used;
-        let grouped = matches!(rounding, ActRounding::Q8 { .. })
-            && rows >= GROUPED_EXPERTS_MIN_TOKENS
-            && matches!(ids, ExpertIds::Routed(_));
-        let grid_z = if grouped { max_expert_tiles(pairs, n_expert) } else { pairs };
+        // Longer steps multiply each expert's (or head's) pairs as tiles of one weight matrix.
+        let grouped = matches!(rounding, ActRounding::Q8 { .. }) && rows >= GROUPED_EXPERTS_MIN_TOKENS;
+        let grid_z = match ids {
+            ExpertIds::Routed(_) if grouped => max_expert_tiles(pairs, n_expert),
+            ExpertIds::Heads if grouped => n_expert * rows.div_ceil(EXPERT_TILE),
+            _ => pairs,
+        };
         if grid_z > MAX_GROUPS as usize {
             return Err(WgpuError::Unsupported(format!(
                 "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS} workgroups of them)"
@@ -1218,6 +1223,11 @@ impl Builder<'_> {
             ExpertIds::Routed(ids) => {
                 defines.extend(["DECODE", "EXPERTS"]);
                 entries.push((10, self.buf(ids)));
+            }
+            ExpertIds::Heads if grouped => {
+                let (order, tiles) = self.head_groups(rows, n_expert);
+                defines.push("EXPERTS_GROUPED");
+                entries.extend([(11, Res::Buf(order)), (12, Res::Buf(tiles))]);
             }
             ExpertIds::Heads => {
                 defines.extend(["DECODE", "EXPERTS"]);
@@ -1264,6 +1274,36 @@ impl Builder<'_> {
         self.kept.push(buffer.clone());
         self.head_ids.insert((pairs, n_head), buffer.clone());
         buffer
+    }
+
+    /// The (token, head) pairs of `n_tokens` tokens grouped by head, as group_experts lays out
+    /// an expert grouping (order: pair t * n_head + h at h * n_tokens + t; tiles: the count,
+    /// then (head, first index in order, pairs) of at most EXPERT_TILE tokens each): written once
+    /// here, as every token uses every head.
+    fn head_groups(&mut self, n_tokens: usize, n_head: usize) -> (wgpu::Buffer, wgpu::Buffer) {
+        if let Some(groups) = self.head_groups.get(&(n_tokens, n_head)) {
+            return groups.clone();
+        }
+        let order: Vec<u32> = (0..n_head).flat_map(|h| (0..n_tokens).map(move |t| (t * n_head + h) as u32)).collect();
+        let mut tiles = vec![0u32];
+        for h in 0..n_head {
+            for first in (0..n_tokens).step_by(EXPERT_TILE) {
+                let pairs = EXPERT_TILE.min(n_tokens - first);
+                tiles.extend([h as u32, (h * n_tokens + first) as u32, pairs as u32]);
+            }
+        }
+        tiles[0] = ((tiles.len() - 1) / 3) as u32;
+        let upload = |label: &str, words: &[u32]| {
+            self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::cast_slice(words),
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+        };
+        let groups = (upload("head order", &order), upload("head tiles", &tiles));
+        self.kept.extend([groups.0.clone(), groups.1.clone()]);
+        self.head_groups.insert((n_tokens, n_head), groups.clone());
+        groups
     }
 
     /// The pairs of router output `ids` ([n_tokens, n_used] u32) grouped by expert: (order, tiles)
@@ -1425,6 +1465,7 @@ pub(crate) fn compile(
         expert_groups: None,
         kept: Vec::new(),
         head_ids: HashMap::new(),
+        head_groups: HashMap::new(),
     };
     let mut embed_rows: Option<usize> = None;
     let plan = fusion_plan(graph, weights, gpu.info.gpu_shapes);
