@@ -6,7 +6,9 @@ mixture-of-experts benchmark, for `hearth models synth` to fill with random weig
   128, 128 experts of 768 with 8 per token, vocabulary 151,936) with fewer layers, so that it fits
   this machine;
 - `qwen3-dense-a3b-L<n>`: the same model with a dense FFN of 8 x 768 = 6144 in place of the
-  experts: the same parameters read per token.
+  experts: the same parameters read per token;
+- `deepseek2-v2-lite-L<n>`: DeepSeek-V2-Lite's (multi-head latent attention, 64 experts of 1408
+  with 6 per token and 2 shared, a leading dense layer), with fewer layers.
 
 Matrices Q4_K, the output head Q6_K, router and norms F32 (as a Q4_K_M file of the real model
 has them, roughly). The tokenizer is Qwen2.5's, read from a GGUF given with --tokenizer-from.
@@ -88,6 +90,73 @@ def skeleton(path, arch, n_layer, n_vocab, reader):
             ff = N_USED * N_FF_EXP
             tensors += [(p + "ffn_gate.weight", (ff, N_EMBD), Q.Q4_K), (p + "ffn_up.weight", (ff, N_EMBD), Q.Q4_K),
                         (p + "ffn_down.weight", (N_EMBD, ff), Q.Q6_K)]
+    finish(w, path, tensors)
+
+
+def deepseek2_skeleton(path, n_layer, n_vocab, reader):
+    """DeepSeek-V2-Lite's shapes: MLA (16 heads, a latent of 512, keys of 128 + 64 rotated,
+    values of 128; YaRN x40), one leading dense layer of 10944, then 64 experts of 1408 with 6
+    per token and 2 shared."""
+    n_head, kv_lora, qk_nope, qk_rope, v_head = 16, 512, 128, 64, 128
+    n_expert, n_used, n_ff_exp, n_shared, n_ff = 64, 6, 1408, 2, 10944
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_name(f"hearth benchmark {path.stem}")
+    w.add_block_count(n_layer)
+    w.add_context_length(4096)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    w.add_expert_shared_count(n_shared)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_weights_scale(1.0)
+    w.add_expert_weights_norm(False)
+    w.add_q_lora_rank(0)
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + qk_rope)
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(qk_nope + qk_rope)
+    w.add_value_length_mla(v_head)
+    w.add_rope_dimension_count(qk_rope)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(40.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_rope_scaling_yarn_log_mul(0.0707)
+    copy_tokenizer(reader, w)
+    tensors = [("token_embd.weight", (n_vocab, N_EMBD), Q.Q4_K), ("output_norm.weight", (N_EMBD,), Q.F32),
+               ("output.weight", (n_vocab, N_EMBD), Q.Q6_K)]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        # Rows that are not whole 256-value super-blocks (the per-head latent projections' 128
+        # and 512, the down projections' 10944 and 1408) in Q8_0, llama.cpp's fallback for them.
+        tensors += [(p + "attn_norm.weight", (N_EMBD,), Q.F32),
+                    (p + "attn_q.weight", (n_head * (qk_nope + qk_rope), N_EMBD), Q.Q4_K),
+                    (p + "attn_kv_a_mqa.weight", (kv_lora + qk_rope, N_EMBD), Q.Q4_K),
+                    (p + "attn_kv_a_norm.weight", (kv_lora,), Q.F32),
+                    (p + "attn_k_b.weight", (n_head, kv_lora, qk_nope), Q.Q8_0),
+                    (p + "attn_v_b.weight", (n_head, v_head, kv_lora), Q.Q8_0),
+                    (p + "attn_output.weight", (N_EMBD, n_head * v_head), Q.Q4_K),
+                    (p + "ffn_norm.weight", (N_EMBD,), Q.F32)]
+        if il == 0:
+            tensors += [(p + "ffn_gate.weight", (n_ff, N_EMBD), Q.Q4_K), (p + "ffn_up.weight", (n_ff, N_EMBD), Q.Q4_K),
+                        (p + "ffn_down.weight", (N_EMBD, n_ff), Q.Q8_0)]
+            continue
+        f = n_shared * n_ff_exp
+        tensors += [(p + "ffn_gate_inp.weight", (n_expert, N_EMBD), Q.F32),
+                    (p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, N_EMBD), Q.Q4_K),
+                    (p + "ffn_up_exps.weight", (n_expert, n_ff_exp, N_EMBD), Q.Q4_K),
+                    (p + "ffn_down_exps.weight", (n_expert, N_EMBD, n_ff_exp), Q.Q8_0),
+                    (p + "ffn_gate_shexp.weight", (f, N_EMBD), Q.Q4_K), (p + "ffn_up_shexp.weight", (f, N_EMBD), Q.Q4_K),
+                    (p + "ffn_down_shexp.weight", (N_EMBD, f), Q.Q6_K)]
+    finish(w, path, tensors)
+
+
+def finish(w, path, tensors):
     for name, shape, ty in tensors:
         # The shape in values (a uint8 dtype would make gguf-py read it as bytes).
         w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes(ty, shape), raw_dtype=ty)
@@ -114,6 +183,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     skeleton(out / f"qwen3moe-30b-a3b-L{args.layers}.skel.gguf", "qwen3moe", args.layers, n_vocab, reader)
     skeleton(out / f"qwen3-dense-a3b-L{args.layers}.skel.gguf", "qwen3", args.layers, n_vocab, reader)
+    deepseek2_skeleton(out / f"deepseek2-v2-lite-L{args.layers}.skel.gguf", args.layers, n_vocab, reader)
 
 
 if __name__ == "__main__":
