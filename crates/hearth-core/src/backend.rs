@@ -61,13 +61,12 @@ impl KvLayout {
         }
     }
 
-    /// Whether `values` can be the start of `k_width`-value key rows of `kv_type`: the values
-    /// no wider than the keys, in whole 32-value blocks (quantized rows store and rotate a
-    /// block at a time). A layout with stored values always can.
+    /// Whether the values can be where `values` puts them ([`ValueRows::key_prefix_fits`]); a
+    /// layout with stored values always can.
     pub fn check_values(&self) -> std::result::Result<(), String> {
         match self.values {
             ValueRows::Stored => Ok(()),
-            ValueRows::KeyPrefix if self.v_width <= self.k_width && self.v_width.is_multiple_of(32) => Ok(()),
+            ValueRows::KeyPrefix if ValueRows::key_prefix_fits(self.v_width, self.k_width) => Ok(()),
             ValueRows::KeyPrefix => Err(format!(
                 "values of {} taken from the start of key rows of {} (they must be no wider, in whole 32-value blocks)",
                 self.v_width, self.k_width

@@ -198,10 +198,7 @@ impl<'w, F: Fn(WeightId) -> Option<&'w WeightDesc>> OpCheck<'_, F> {
                     )));
                 }
                 if p.values == ValueRows::KeyPrefix
-                    && (p.n_head_kv != 1
-                        || p.v_dim() > p.head_dim
-                        || !p.v_dim().is_multiple_of(32)
-                        || p.v_offset.is_some())
+                    && (p.n_head_kv != 1 || !ValueRows::key_prefix_fits(p.v_dim(), p.head_dim) || p.v_offset.is_some())
                 {
                     return Err(self.bad(format!(
                         "values read from the start of the key rows need one KV head, values of at most the \

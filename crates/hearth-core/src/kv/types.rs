@@ -83,6 +83,14 @@ pub enum ValueRows {
     KeyPrefix,
 }
 
+impl ValueRows {
+    /// Whether values of `v_width` can be the start of key rows of `k_width`: no wider, in whole
+    /// 32-value blocks (quantized rows store and rotate a block at a time).
+    pub fn key_prefix_fits(v_width: usize, k_width: usize) -> bool {
+        v_width <= k_width && v_width.is_multiple_of(32)
+    }
+}
+
 /// One block group: the layers that share block tables, and its pool size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvGroup {

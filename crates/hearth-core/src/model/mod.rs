@@ -117,7 +117,7 @@ impl Model {
     /// in every DeepSeek model; [`ValueRows::KeyPrefix`]).
     fn value_rows(&self) -> ValueRows {
         match self.config.mla {
-            Some(mla) if mla.kv_lora.is_multiple_of(32) => ValueRows::KeyPrefix,
+            Some(mla) if ValueRows::key_prefix_fits(mla.kv_lora, self.config.head_dim) => ValueRows::KeyPrefix,
             _ => ValueRows::Stored,
         }
     }
