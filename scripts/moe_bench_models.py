@@ -19,9 +19,14 @@ has them, roughly). The tokenizer is Qwen2.5's, read from a GGUF given with --to
 import argparse
 import pathlib
 
+import sys
+
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests/fixtures/synthetic"))
+from make_models import add_mla_keys  # noqa: E402
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 2048, 32, 4, 128
 N_EXPERT, N_USED, N_FF_EXP = 128, 8, 768
@@ -116,13 +121,7 @@ def deepseek2_skeleton(path, n_layer, n_vocab, reader):
     w.add_leading_dense_block_count(1)
     w.add_expert_weights_scale(1.0)
     w.add_expert_weights_norm(False)
-    w.add_q_lora_rank(0)
-    w.add_kv_lora_rank(kv_lora)
-    w.add_key_length(kv_lora + qk_rope)
-    w.add_value_length(kv_lora)
-    w.add_key_length_mla(qk_nope + qk_rope)
-    w.add_value_length_mla(v_head)
-    w.add_rope_dimension_count(qk_rope)
+    add_mla_keys(w, q_lora=0, kv_lora=kv_lora, qk_nope=qk_nope, qk_rope=qk_rope, v_head=v_head)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(40.0)
     w.add_rope_scaling_orig_ctx_len(4096)
