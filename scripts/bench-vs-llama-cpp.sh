@@ -3,7 +3,9 @@
 # one after the other in one run. Usage: scripts/bench-vs-llama-cpp.sh LLAMA_BENCH_BINARY [THREADS] [P] [N] [R]
 # (llama-bench comes from a llama.cpp build, e.g. the sources vendored in the llama-cpp-python sdist.)
 # HEARTH_BENCH_MODELS: the models, as cached model stems or .gguf paths (default: the built-in Qwen
-# and Gemma models).
+# and Gemma models). HEARTH_ARGS and LLAMA_ARGS: more arguments for each side, e.g. experts in
+# host memory beside a GPU: HEARTH_ARGS="--backend wgpu --moe-offload" LLAMA_ARGS="-ngl 99 -ncmoe 99"
+# with a Vulkan build of llama-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_BENCH=${1:?path to llama-bench}
@@ -17,8 +19,10 @@ for m in ${HEARTH_BENCH_MODELS:-qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-
   path="$m"
   [[ "$m" == *.gguf ]] || path="$MODELS/$m.gguf"
   m=$(basename "$path" .gguf)
-  h=$("$HEARTH" bench -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" --json --quiet)
-  l=$("$LLAMA_BENCH" -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" -o json 2>/dev/null)
+  # shellcheck disable=SC2086 # the extra arguments are words
+  h=$("$HEARTH" bench -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" --json --quiet ${HEARTH_ARGS:-})
+  # shellcheck disable=SC2086
+  l=$("$LLAMA_BENCH" -m "$path" -t "$THREADS" -p "$P" -n "$N" -r "$R" -o json ${LLAMA_ARGS:-} 2>/dev/null)
   python3 - "$m" "$h" "$l" <<'PY'
 import json, sys
 m, h, l = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])

@@ -34,6 +34,24 @@ fn backend(args: &ModelArgs) -> Result<Box<dyn Backend>> {
     let env = hearth_wgpu::WgpuOptions::from_env();
     let wgpu_options = hearth_wgpu::WgpuOptions { profile: args.wgpu_profile || env.profile, ..env };
     let open_wgpu = || hearth_wgpu::WgpuBackend::new(wgpu_options.clone());
+    if args.moe_offload {
+        let device: Box<dyn Backend> = match args.backend {
+            BackendKind::Wgpu => Box::new(open_wgpu()?),
+            BackendKind::Auto => match open_wgpu() {
+                Ok(b) if b.info().device_type != "Cpu" => Box::new(b),
+                _ => {
+                    if !args.quiet {
+                        eprintln!("--moe-offload: no GPU adapter; everything runs on the CPU");
+                    }
+                    return cpu_backend(args);
+                }
+            },
+            other => bail!(
+                "--moe-offload keeps the experts on the CPU beside a GPU backend; it cannot run on backend '{other}'"
+            ),
+        };
+        return Ok(Box::new(hearth_core::offload::ExpertOffload::new(device, cpu_backend(args)?)));
+    }
     match args.backend {
         BackendKind::Cpu => cpu_backend(args),
         BackendKind::Auto if numerics == hearth_cpu::Numerics::LlamaCpp => cpu_backend(args),

@@ -103,6 +103,11 @@ pub struct ModelArgs {
     /// checking a model against it). llama-cpp runs on the CPU backend.
     #[arg(long, default_value = "hearth", value_parser = parse_numerics)]
     pub numerics: hearth_cpu::Numerics,
+    /// Keep a mixture of experts' expert weights in host memory and compute them on the CPU,
+    /// with everything else on the GPU backend (llama.cpp's --cpu-moe): a MoE larger than the
+    /// GPU's memory still runs. Needs a GPU backend (wgpu).
+    #[arg(long = "moe-offload")]
+    pub moe_offload: bool,
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,

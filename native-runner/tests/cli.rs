@@ -255,6 +255,10 @@ fn bad_input_gives_clear_errors() {
         &["run", "-m", "gemma-3-270m", "-p", "hi", "--numerics", "llama-cpp", "--backend", "wgpu", "--quiet"],
         "CPU backend",
     );
+    assert_fails_with(
+        &["run", "-m", "gemma-3-270m", "-p", "hi", "--moe-offload", "--backend", "cpu", "--quiet"],
+        "--moe-offload keeps the experts on the CPU beside a GPU backend",
+    );
     let long_prompt = "word ".repeat(200);
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-c", "64", "-p", &long_prompt, "--quiet"], "context overflow");
     assert_fails_with(&["run", "-m", "gemma-3-270m", "-p", "hi", "--top-p", "2", "--quiet"], "invalid request");
@@ -425,4 +429,20 @@ fn a_closed_stdout_ends_run_without_a_panic() {
     let out = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "hearth panicked on a closed stdout: {stderr}");
+}
+
+/// `--moe-offload` on WebGPU (lavapipe in CI): the experts computed on the CPU, the rest on the
+/// device, gives the CPU backend's greedy tokens on synthetic mixtures of experts with long and
+/// short steps.
+#[test]
+fn moe_offload_gives_the_cpus_greedy_tokens() {
+    for stem in ["qwen3moe-q8_0", "deepseek2-f32", "gpt-oss-mxfp4"] {
+        let model = format!("{}/../tests/fixtures/synthetic/{stem}.gguf", env!("CARGO_MANIFEST_DIR"));
+        let prompt = "a prompt of more than sixteen tokens, so that its experts run as one long step";
+        let common = ["run", "-m", &model, "-p", prompt, "-n", "8", "--temperature", "0", "--json", "--quiet"];
+        let cpu = run_json(&[&common[..], &["--backend", "cpu"]].concat());
+        let offload = run_json(&[&common[..], &["--backend", "wgpu", "--moe-offload"]].concat());
+        assert_eq!(offload["backend"], "wgpu+cpu experts", "{stem}");
+        assert_eq!(ids(&offload["tokens"]), ids(&cpu["tokens"]), "{stem}");
+    }
 }

@@ -62,6 +62,30 @@ impl Subject for CpuSubject {
     }
 }
 
+/// Another subject's variants with their expert weights kept on the host and the expert mat-muls
+/// run there ([`hearth_core::offload::ExpertOffload`], `--moe-offload`), a CPU backend as the host.
+pub struct ExpertOffloadSubject<S>(pub S);
+
+impl<S: Subject> ExpertOffloadSubject<S> {
+    fn offload((name, device): (String, Box<dyn Backend>)) -> (String, Box<dyn Backend>) {
+        let host = hearth_cpu::CpuBackend::new(None).expect("cpu backend");
+        (
+            format!("{name}, experts on the cpu"),
+            Box::new(hearth_core::offload::ExpertOffload::new(device, Box::new(host))),
+        )
+    }
+}
+
+impl<S: Subject> Subject for ExpertOffloadSubject<S> {
+    fn variants(&self) -> Vec<(String, Box<dyn Backend>)> {
+        self.0.variants().into_iter().map(Self::offload).collect()
+    }
+
+    fn first_variant(&self) -> Option<(String, Box<dyn Backend>)> {
+        self.0.first_variant().map(Self::offload)
+    }
+}
+
 /// Expands to one `#[test]` per conformance check, each run on `$subject` (an expression of a
 /// type implementing [`Subject`], evaluated per test); the whole-model checks (module `models`)
 /// only where the calling crate has a `real-models` feature and enables it.

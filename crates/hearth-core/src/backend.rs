@@ -4,7 +4,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::gguf::ByteSource;
-use crate::graph::{Graph, Op, StepInput, WeightDesc, WeightId};
+use crate::graph::{BufId, Graph, Op, StepInput, WeightDesc, WeightId};
 use crate::kv::{BlockCopy, KvGroup, KvType, ValueRows};
 use std::future::Future;
 use std::pin::Pin;
@@ -110,6 +110,9 @@ pub struct BackendCounters {
     /// GPU backends: bytes copied from the device to the host for step outputs (logits or
     /// top-k candidates).
     pub bytes_read_back: u64,
+    /// Steps split across backends ([`crate::offload::ExpertOffload`]): the parts run, each a
+    /// step of its own on its side (and a submit on a GPU); 0 where steps are not split.
+    pub split_parts: u64,
 }
 
 /// Device time of one kernel family over profiled steps ([`Backend::kernel_profile`]).
@@ -316,6 +319,16 @@ pub trait Backend: Send {
     /// tests); `None` for a buffer of another type, or where a readback cannot be waited for (a
     /// browser).
     fn read_buffer(&self, graph: GraphId, name: &str) -> Option<Vec<f32>>;
+
+    /// Sets buffer `buf` of `graph` for its next step to `words`: its `rows * cols` elements as
+    /// 4-byte words (an f32's bits, or a u32). A step split across backends
+    /// ([`crate::offload::ExpertOffload`]) hands each part what another backend computed so.
+    fn write_buffer(&mut self, graph: GraphId, buf: BufId, words: &[u32]) -> Result<()>;
+
+    /// Reads output `buf` of the last step of `graph` (one of [`Graph::outputs`], which the
+    /// backend writes whole) into `words`, as [`Backend::write_buffer`] takes it. A
+    /// GPU backend waits for its device here, so a browser build refuses it.
+    fn read_output(&mut self, graph: GraphId, buf: BufId, words: &mut Vec<u32>) -> Result<()>;
 
     fn counters(&self) -> BackendCounters;
 

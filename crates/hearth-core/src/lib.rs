@@ -24,6 +24,7 @@ pub mod gguf;
 pub mod graph;
 pub mod kv;
 pub mod model;
+pub mod offload;
 pub mod quant;
 pub mod request;
 pub mod runner;

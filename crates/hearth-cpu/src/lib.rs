@@ -315,6 +315,32 @@ impl Backend for CpuBackend {
         (compiled.graph.bufs[index].dtype == BufType::F32).then(|| compiled.bufs[index].clone())
     }
 
+    fn write_buffer(&mut self, graph: GraphId, buf: BufId, words: &[u32]) -> Result<()> {
+        let compiled = self.graphs.get_mut(graph).ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
+        let target = compiled.bufs.get_mut(buf.0 as usize).ok_or(CpuError::UnknownId { what: "buffer", id: buf.0 })?;
+        if target.len() != words.len() {
+            return Err(CpuError::BadStep(format!(
+                "buffer {} holds {} words, {} were given",
+                buf.0,
+                target.len(),
+                words.len()
+            ))
+            .into());
+        }
+        target.iter_mut().zip(words).for_each(|(value, &word)| *value = f32::from_bits(word));
+        Ok(())
+    }
+
+    fn read_output(&mut self, graph: GraphId, buf: BufId, words: &mut Vec<u32>) -> Result<()> {
+        let compiled = self.graphs.get(graph).ok_or(CpuError::UnknownId { what: "graph", id: graph.0 })?;
+        if !compiled.graph.outputs.contains(&buf) {
+            return Err(CpuError::BadStep(format!("buffer {} is not an output of the graph", buf.0)).into());
+        }
+        words.clear();
+        words.extend(compiled.bufs[buf.0 as usize].iter().map(|v| v.to_bits()));
+        Ok(())
+    }
+
     fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {
         None // ops run as host code, not as timed device kernels
     }

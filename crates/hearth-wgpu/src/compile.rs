@@ -134,6 +134,9 @@ pub(crate) struct CompiledGraph {
     /// The other buffers made at compile time: the activation scratch and each dispatch's
     /// parameters.
     pub owned: Vec<wgpu::Buffer>,
+    /// Per output of the graph (`Graph::outputs`): a staging buffer each step copies it to, in its
+    /// own submit, for `Backend::read_output` to map.
+    pub output_staging: Vec<(BufId, wgpu::Buffer)>,
 }
 
 struct Builder<'a> {
@@ -1209,7 +1212,11 @@ impl Builder<'_> {
         };
         if grid_z > MAX_GROUPS as usize {
             return Err(WgpuError::Unsupported(format!(
-                "{pairs} (token, expert) pairs in a step (at most {MAX_GROUPS} workgroups of them)"
+                "{pairs} (token, {}) pairs in a step ({grid_z} workgroups; at most {MAX_GROUPS})",
+                match ids {
+                    ExpertIds::Routed(_) => "expert",
+                    ExpertIds::Heads => "head",
+                }
             )));
         }
         let mut entries = vec![(2, Res::Buf(x_used)), (3, self.buf(out))];
@@ -1397,8 +1404,11 @@ pub(crate) fn compile(
             mapped_at_creation: false,
         })
     };
-    let bufs: Vec<wgpu::Buffer> =
-        graph.bufs.iter().map(|b| storage(&b.name, b.bytes(), wgpu::BufferUsages::COPY_SRC)).collect();
+    let bufs: Vec<wgpu::Buffer> = graph
+        .bufs
+        .iter()
+        .map(|b| storage(&b.name, b.bytes(), wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST))
+        .collect();
     let step_len = 2 + 3 * graph.n_tokens + 3 * graph.n_seqs;
     let step = storage("step", step_len * 4, wgpu::BufferUsages::COPY_DST);
     let logits = graph.desc(graph.logits);
@@ -1512,6 +1522,11 @@ pub(crate) fn compile(
         step_words: Vec::with_capacity(step_len),
         table_words: Vec::new(),
         top_k_plans: HashMap::new(),
+        output_staging: graph
+            .outputs
+            .iter()
+            .map(|&b| (b, crate::replay::staging_for(gpu, graph.desc(b).len())))
+            .collect(),
         owned: b
             .act_scratch
             .into_iter()

@@ -13,7 +13,7 @@ pub(crate) enum Fusion {
     /// rows, a SwiGLU or a GeGLU whose output is read only by mat-muls that round their
     /// activations alike (q/k/v after the attention norm, gate/up after the FFN norm, ffn_down
     /// after the activation), all before the op's own inputs change (a rounding may be recomputed
-    /// from them) and none of them the logits.
+    /// from them) and none of them an output of the graph (the logits, `Graph::outputs`).
     Prologue,
     /// A quantized mat-mul or a whole-row RMS norm whose result only the next op reads, an Add:
     /// the sum is written in its epilogue (matmul_q8.wgsl and norm.wgsl RESIDUAL),
@@ -88,7 +88,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
     // The one rounding with which mat-muls, and only they, read `out` after op `i` until it is
     // written again, each before any of `inputs` changes (so that it can be recomputed from them).
     let only_rounded_readers = |i: usize, out: BufId, inputs: &[BufId]| -> Option<ActRounding> {
-        if out == graph.logits {
+        if graph.is_output(out) {
             return None;
         }
         let (mut rounding, mut inputs_changed) = (None, false);
@@ -166,7 +166,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
         } else {
             continue;
         };
-        if *product != graph.logits && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
+        if !graph.is_output(*product) && plan[i] == Fusion::Own && unread_after(*product, i + 2) {
             plan[i] = Fusion::AddInEpilogue { residual, out: *out };
             plan[i + 1] = Fusion::Folded;
         }
@@ -192,7 +192,7 @@ pub(crate) fn fusion_plan(graph: &Graph, weights: &[GpuWeight], fuse_siblings: b
         let weight = weights.get(w.0 as usize)?;
         let single_chunk = weight.chunks.len() == 1;
         let eight_bit = matches!(ActRounding::of(weight.desc.ty), ActRounding::Q8 { .. });
-        (plan[i] == Fusion::Own && single_chunk && eight_bit && *out != graph.logits && out != x).then_some((
+        (plan[i] == Fusion::Own && single_chunk && eight_bit && !graph.is_output(*out) && out != x).then_some((
             *x,
             MatMulPart { w: *w, bias: *bias, out: *out },
             weight.desc.ty,
@@ -305,6 +305,11 @@ impl HeadsChain {
     /// constants.
     pub fn of(graph: &Graph, weights: &[GpuWeight], ops: &[Op]) -> Option<HeadsChain> {
         let (Op::StoreKv { layer, k, v: Some(v), k_offset, v_offset }, chain) = ops.split_last()? else { return None };
+        // The chain writes its keys and values to the cache only: a step that hands them on
+        // runs the ops one by one.
+        if graph.is_output(*k) || graph.is_output(*v) {
+            return None;
+        }
         let mut q = None;
         let (mut q_step, mut k_step) = (HeadStep::Start, HeadStep::Start);
         let (mut q_norm, mut k_norm, mut eps) = (None, None, None);

@@ -26,7 +26,7 @@ use hearth_core::backend::{
     Backend, BackendCounters, Capability, ExpertTallies, GraphId, GraphSlots, KvId, KvLayout, LogitsFuture, Readback,
     TopK, WeightData,
 };
-use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{BufId, Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::kv::BlockCopy;
 use hearth_core::{CoreError, DeviceFault, Result};
 use kv::GpuKv;
@@ -347,6 +347,40 @@ impl Backend for WgpuBackend {
             return None;
         }
         replay::read_back(&self.gpu, &compiled.bufs[index], desc.len()).ok()
+    }
+
+    fn write_buffer(&mut self, graph: GraphId, buf: BufId, words: &[u32]) -> Result<()> {
+        let compiled = self.graphs.get(graph).ok_or(WgpuError::UnknownId { what: "graph", id: graph.0 })?;
+        let desc = compiled.graph.bufs.get(buf.0 as usize).ok_or(WgpuError::UnknownId { what: "buffer", id: buf.0 })?;
+        if desc.len() != words.len() {
+            return Err(WgpuError::BadStep(format!(
+                "buffer '{}' holds {} words, {} were given",
+                desc.name,
+                desc.len(),
+                words.len()
+            ))
+            .into());
+        }
+        self.gpu.queue.write_buffer(&compiled.bufs[buf.0 as usize], 0, bytemuck::cast_slice(words));
+        Ok(())
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn read_output(&mut self, _graph: GraphId, _buf: BufId, _words: &mut Vec<u32>) -> Result<()> {
+        Err(WgpuError::Unsupported("a buffer cannot be read back synchronously in a browser".into()).into())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn read_output(&mut self, graph: GraphId, buf: BufId, words: &mut Vec<u32>) -> Result<()> {
+        let compiled = self.graphs.get(graph).ok_or(WgpuError::UnknownId { what: "graph", id: graph.0 })?;
+        let len = compiled.graph.bufs.get(buf.0 as usize).map_or(0, |d| d.len());
+        let Some((_, staging)) = compiled.output_staging.iter().find(|(b, _)| *b == buf) else {
+            return Err(WgpuError::BadStep(format!("buffer {} is not an output of the graph", buf.0)).into());
+        };
+        replay::read_staging(&self.gpu, staging, len, words)?;
+        self.gpu.faults.check()?;
+        self.counters.bytes_read_back += (len * 4) as u64;
+        Ok(())
     }
 
     fn counters(&self) -> BackendCounters {

@@ -183,7 +183,8 @@ impl CompiledGraph {
     fn owned_buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
         let tables = self.kv_bindings.values().map(|b| &b.tables);
         let top_k = self.top_k_plans.values().flat_map(|p| p.owned.iter());
-        self.bufs.iter().chain([&self.step, &self.staging]).chain(&self.owned).chain(tables).chain(top_k)
+        let outputs = self.output_staging.iter().map(|(_, staging)| staging);
+        self.bufs.iter().chain([&self.step, &self.staging]).chain(&self.owned).chain(tables).chain(top_k).chain(outputs)
     }
 
     /// Device bytes this graph holds.
@@ -359,6 +360,9 @@ impl CompiledGraph {
                 (&self.staging, (self.logits_len * 4) as u64)
             }
         };
+        for (buf, staging) in &self.output_staging {
+            encoder.copy_buffer_to_buffer(&self.bufs[buf.0 as usize], 0, staging, 0, staging.size());
+        }
         gpu.queue.submit([encoder.finish()]);
         if let Some(e) = pop_scope(scope) {
             return Err(WgpuError::Execution(e.to_string()));
@@ -378,8 +382,13 @@ impl CompiledGraph {
     }
 }
 
-/// Copies `len` f32 out of `staging` once `signal` says it is mapped, then unmaps it.
-fn copy_mapped(staging: &wgpu::Buffer, len: usize, signal: &MapSignal, out: &mut Vec<f32>) -> Result<(), WgpuError> {
+/// Copies `len` 4-byte values out of `staging` once `signal` says it is mapped, then unmaps it.
+fn copy_mapped<T: bytemuck::Pod>(
+    staging: &wgpu::Buffer,
+    len: usize,
+    signal: &MapSignal,
+    out: &mut Vec<T>,
+) -> Result<(), WgpuError> {
     let Some(outcome) = map_outcome(signal) else {
         // Waiting failed before the map completed: cancel it, so the next step can map again.
         staging.unmap();
@@ -402,21 +411,38 @@ pub(crate) fn wait_idle(gpu: &Gpu) -> Result<(), WgpuError> {
     gpu.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| WgpuError::ReadBack(e.to_string()))
 }
 
-/// Copies `len` f32 of a storage buffer to the host (debug taps, tests; natively only: it waits).
-#[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, WgpuError> {
-    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+/// A mappable buffer `len` 4-byte values long, to read a storage buffer back through.
+pub(crate) fn staging_for(gpu: &Gpu, len: usize) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("read_back"),
         size: (len.max(1) * 4) as u64,
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
-    });
+    })
+}
+
+/// Maps `staging`, which a submitted step copied `len` 4-byte values to, and copies them out
+/// (natively only: it waits).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn read_staging<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    staging: &wgpu::Buffer,
+    len: usize,
+    out: &mut Vec<T>,
+) -> Result<(), WgpuError> {
+    let signal = start_map(staging, (len * 4) as u64);
+    wait_idle(gpu)?;
+    copy_mapped(staging, len, &signal, out)
+}
+
+/// Copies `len` f32 of a storage buffer to the host (debug taps, tests; natively only: it waits).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, WgpuError> {
+    let staging = staging_for(gpu, len);
     let mut encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read_back") });
     encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, (len * 4) as u64);
     gpu.queue.submit([encoder.finish()]);
-    let signal = start_map(&staging, (len * 4) as u64);
-    wait_idle(gpu)?;
     let mut out = Vec::new();
-    copy_mapped(&staging, len, &signal, &mut out)?;
+    read_staging(gpu, &staging, len, &mut out)?;
     Ok(out)
 }

@@ -474,6 +474,88 @@ impl Op {
     pub fn writes(&self, buf: BufId) -> bool {
         self.outputs().contains(&buf)
     }
+
+    /// Calls `buf` on every buffer id and `weight` on every weight id the op holds, each able to
+    /// change it: to list them, or to renumber the op into another graph and another backend's
+    /// weights (a step split across backends).
+    pub fn visit_ids(&mut self, buf: &mut impl FnMut(&mut BufId), weight: &mut impl FnMut(&mut WeightId)) {
+        match self {
+            Op::Embed { table, out } => {
+                weight(table);
+                buf(out);
+            }
+            Op::RmsNorm { x, weight: w, out, .. } => {
+                buf(x);
+                w.iter_mut().for_each(&mut *weight);
+                buf(out);
+            }
+            Op::MatMul { w, x, bias, out } => {
+                weight(w);
+                buf(x);
+                bias.iter_mut().for_each(&mut *weight);
+                buf(out);
+            }
+            Op::MatMulExperts { w, x, ids, bias, out } => {
+                weight(w);
+                buf(x);
+                buf(ids);
+                bias.iter_mut().for_each(&mut *weight);
+                buf(out);
+            }
+            Op::Rope { x, params } => {
+                buf(x);
+                params.freq_factors.iter_mut().for_each(&mut *weight);
+            }
+            Op::StoreKv { k, v, k_offset, v_offset, .. } => {
+                buf(k);
+                v.iter_mut().for_each(&mut *buf);
+                k_offset.iter_mut().chain(v_offset.iter_mut()).for_each(&mut *weight);
+            }
+            Op::Attention { q, params, out } => {
+                buf(q);
+                params.sinks.iter_mut().chain(params.v_offset.iter_mut()).for_each(&mut *weight);
+                buf(out);
+            }
+            Op::Add { a, b, out } | Op::Concat { a, b, out, .. } => {
+                buf(a);
+                buf(b);
+                buf(out);
+            }
+            Op::Scale { x, .. } => buf(x),
+            Op::Glu { gate, up, out, .. } => {
+                buf(gate);
+                buf(up);
+                buf(out);
+            }
+            Op::LastRows { x, out } => {
+                buf(x);
+                buf(out);
+            }
+            Op::RouteExperts { logits, routing, ids, weights, .. } => {
+                buf(logits);
+                routing.selection_bias.iter_mut().for_each(&mut *weight);
+                buf(ids);
+                buf(weights);
+            }
+            Op::MatMulHeads { w, x, out } => {
+                weight(w);
+                buf(x);
+                buf(out);
+            }
+            Op::CombineExperts { x, weights, out } => {
+                buf(x);
+                buf(weights);
+                buf(out);
+            }
+        }
+    }
+
+    /// The weights the op reads.
+    pub fn weights(&self) -> Vec<WeightId> {
+        let mut found = Vec::new();
+        self.clone().visit_ids(&mut |_| {}, &mut |w| found.push(*w));
+        found
+    }
 }
 
 /// What a graph returns.
@@ -495,11 +577,20 @@ pub struct Graph {
     pub ops: Vec<Op>,
     /// [n_out, n_vocab] where n_out is n_seqs (Last) or n_tokens (All).
     pub logits: BufId,
+    /// Buffers read after a step besides the logits ([`crate::backend::Backend::read_output`]):
+    /// a part of a step split across backends hands them to the next part. A backend writes them
+    /// whole, as it does the logits, instead of folding them into the ops that read them.
+    pub outputs: Vec<BufId>,
 }
 
 impl Graph {
     pub fn new(n_tokens: usize, n_seqs: usize) -> Self {
-        Graph { n_tokens, n_seqs, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX) }
+        Graph { n_tokens, n_seqs, bufs: Vec::new(), ops: Vec::new(), logits: BufId(u32::MAX), outputs: Vec::new() }
+    }
+
+    /// Whether `buf` is read after the step: the logits or one of [`Graph::outputs`].
+    pub fn is_output(&self, buf: BufId) -> bool {
+        buf == self.logits || self.outputs.contains(&buf)
     }
 
     /// A new f32 buffer `[rows, cols]`.

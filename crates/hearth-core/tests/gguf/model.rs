@@ -7,7 +7,7 @@ use hearth_core::backend::{
 };
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::Value;
-use hearth_core::graph::{Graph, StepInput, WeightDesc, WeightId};
+use hearth_core::graph::{BufId, Graph, StepInput, WeightDesc, WeightId};
 use hearth_core::model::ModelConfig;
 use hearth_core::quant::GgmlType;
 use hearth_core::{CoreError, Result};
@@ -65,6 +65,12 @@ impl Backend for RecordingBackend {
     }
     fn read_buffer(&self, _graph: GraphId, _name: &str) -> Option<Vec<f32>> {
         None
+    }
+    fn write_buffer(&mut self, _graph: GraphId, _buf: BufId, _words: &[u32]) -> Result<()> {
+        Err(CoreError::InvalidArgument("a recording runs no steps".into()))
+    }
+    fn read_output(&mut self, _graph: GraphId, _buf: BufId, _words: &mut Vec<u32>) -> Result<()> {
+        Err(CoreError::InvalidArgument("a recording runs no steps".into()))
     }
     fn kernel_profile(&mut self) -> Option<Vec<hearth_core::backend::KernelTime>> {
         None
