@@ -102,14 +102,7 @@ fn moe_case(
 
 /// gpt-oss's routing: the two largest logits, weighed by a softmax over them.
 fn gpt_oss_top2() -> ExpertRouting {
-    ExpertRouting {
-        n_used: N_USED,
-        gating: ExpertGating::SoftmaxOfChosen,
-        normalize: false,
-        scale: 1.0,
-        selection_bias: None,
-        groups: None,
-    }
+    ExpertRouting::top(N_USED, ExpertGating::SoftmaxOfChosen)
 }
 
 /// DeepSeek-V3's routing: sigmoid probabilities, a selection bias, 3 experts from the 2 best of 4
@@ -125,14 +118,21 @@ fn deepseek_v3_top3() -> ExpertRouting {
 }
 
 fn softmax_top2() -> ExpertRouting {
-    ExpertRouting {
-        n_used: N_USED,
-        gating: ExpertGating::Softmax,
-        normalize: true,
-        scale: 1.0,
-        selection_bias: None,
-        groups: None,
-    }
+    ExpertRouting { normalize: true, ..ExpertRouting::top(N_USED, ExpertGating::Softmax) }
+}
+
+/// Every routing variant, with its experts: softmax renormalised, softmax scaled, sigmoid, more
+/// experts per token, gpt-oss's softmax over the chosen with its biased, clamped experts, and
+/// DeepSeek-V3's grouped sigmoid with a selection bias.
+fn routing_variants() -> [(ExpertRouting, Experts); 6] {
+    [
+        (softmax_top2(), Experts::SwiGlu),
+        (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
+        (ExpertRouting { normalize: true, ..ExpertRouting::top(N_USED, ExpertGating::Sigmoid) }, Experts::SwiGlu),
+        (ExpertRouting { scale: 0.5, ..ExpertRouting::top(5, ExpertGating::Sigmoid) }, Experts::SwiGlu),
+        (gpt_oss_top2(), Experts::GptOss),
+        (deepseek_v3_top3(), Experts::SwiGlu),
+    ]
 }
 
 pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
@@ -145,40 +145,11 @@ pub fn mixture_of_experts_every_type(subject: &dyn Subject) {
     }
 }
 
-/// Every routing variant (softmax renormalised, softmax scaled, sigmoid, more experts per token,
-/// gpt-oss's softmax over the chosen with its biased, clamped experts) over a step of several
-/// tokens and a decode step of one, the experts' ids and weights computed and used where the
-/// backend keeps its buffers.
+/// Every routing variant ([`routing_variants`]) over a step of several tokens and a decode step
+/// of one, the experts' ids and weights computed and used where the backend keeps its buffers.
 pub fn mixture_of_experts_routing_variants(subject: &dyn Subject) {
     let mut rng = Rng(23);
-    let routings = [
-        (softmax_top2(), Experts::SwiGlu),
-        (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
-        (
-            ExpertRouting {
-                n_used: N_USED,
-                gating: ExpertGating::Sigmoid,
-                normalize: true,
-                scale: 1.0,
-                selection_bias: None,
-                groups: None,
-            },
-            Experts::SwiGlu,
-        ),
-        (
-            ExpertRouting {
-                n_used: 5,
-                gating: ExpertGating::Sigmoid,
-                normalize: false,
-                scale: 0.5,
-                selection_bias: None,
-                groups: None,
-            },
-            Experts::SwiGlu,
-        ),
-        (gpt_oss_top2(), Experts::GptOss),
-        (deepseek_v3_top3(), Experts::SwiGlu),
-    ];
+    let routings = routing_variants();
     for ty in [GgmlType::F32, GgmlType::Q4_K, GgmlType::MXFP4] {
         for (routing, experts) in &routings {
             let width = ty.block_len().max(32) * 2;
@@ -225,31 +196,13 @@ pub fn mixture_of_experts_long_steps(subject: &dyn Subject) {
 }
 
 /// The oracle's MoE FFN against the same FFN computed here in f64 from the F32 weights (F32
-/// mat-muls round no activations), for softmax routing renormalised or scaled, and sigmoid
-/// routing, gpt-oss's routing and experts, DeepSeek-V3's (a selection bias, groups), and its
+/// mat-muls round no activations), for every routing variant ([`routing_variants`]), and its
 /// expert tallies against the reference's picks; each token's result equals its
 /// result alone in a step (nothing depends on which tokens share the experts).
 pub fn mixture_of_experts_match_a_host_reference() {
     let mut rng = Rng(22);
     let (n_embd, n_ff) = (48, 40);
-    let routings = [
-        (softmax_top2(), Experts::SwiGlu),
-        (ExpertRouting { normalize: false, scale: 2.5, ..softmax_top2() }, Experts::SwiGlu),
-        (
-            ExpertRouting {
-                n_used: N_USED,
-                gating: ExpertGating::Sigmoid,
-                normalize: true,
-                scale: 1.0,
-                selection_bias: None,
-                groups: None,
-            },
-            Experts::SwiGlu,
-        ),
-        (gpt_oss_top2(), Experts::GptOss),
-        (deepseek_v3_top3(), Experts::SwiGlu),
-    ];
-    for (routing, experts) in routings {
+    for (routing, experts) in routing_variants() {
         let (c, w) = moe_case(N_TOKENS, GgmlType::F32, (n_embd, n_ff), routing.clone(), experts, &mut rng);
         let ids = tokens(N_TOKENS, INPUT_ROWS, &mut rng);
         let mut cpu = CpuBackend::new(Some(1)).expect("cpu");
