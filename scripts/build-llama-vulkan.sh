@@ -12,7 +12,9 @@ SRC="$OUT/src"
 mkdir -p "$OUT"
 if [ ! -d "$SRC" ]; then
   tmp=$(mktemp -d)
-  python3 -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp"
+  # Without build isolation pip prepares the sdist's metadata with the installed scikit-build-core
+  # instead of fetching (and building) cmake first.
+  python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation llama-cpp-python==0.3.36 -d "$tmp"
   tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
   mv "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp "$SRC"
   python3 - "$SRC/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'PY'

