@@ -4,14 +4,15 @@
 //! the file's memory map) holding the expert stacks and computing their products.
 //!
 //! Each compiled graph is cut into parts, runs of consecutive ops on one side: the expert
-//! mat-muls on the host, and with them the weightless ops that only combine host results (the
-//! experts' activation and weighted sum); everything else (attention, routers, dense and shared
-//! FFNs, the output head) on the device. A step runs the parts in order; a buffer one part reads
-//! that the other side wrote last crosses over: the writing part declares it an output
-//! ([`Graph::outputs`]), the step reads it back after that part ([`Backend::read_output`]) and
-//! writes it into the reading part ([`Backend::write_buffer`]). In a MoE layer that is the FFN
-//! input, the router's ids and weights going down, and the experts' weighted sum coming up:
-//! (n_embd + 2 · n_used + n_embd) values a token and layer.
+//! mat-muls on the host, every op with other weights (attention, routers, dense and shared FFNs,
+//! the output head) on the device, and a weightless op (the experts' activation, their weighted
+//! sum, a residual add) where fewer of its input values must cross. Each part is a graph of its
+//! own, compiled on its side; a step runs them in order. A buffer that a part reads and another
+//! part wrote last crosses: the writing part declares it an output ([`Graph::outputs`]), the step
+//! reads it back after that part ([`Backend::read_output`]) and writes it into the reading part
+//! ([`Backend::write_buffer`]). In a MoE layer the FFN input, the router's ids and weights and the
+//! residual stream go down, and the residual with the experts' weighted sum added comes up:
+//! 2 · (n_embd + n_used) values a token down and n_embd up.
 //!
 //! Every part but the last waits for its backend, so this runs natively only (a browser cannot
 //! wait for a GPU readback).
