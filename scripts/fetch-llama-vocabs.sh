@@ -3,7 +3,8 @@
 # llama.cpp gives them), from the sources vendored in the llama-cpp-python 0.3.36 sdist (the tree
 # the goldens come from, sha256-checked), into ~/.cache/hearth/llama-vocabs; a no-op once there.
 # crates/hearth-core/tests/tokenizer_vocabs.rs reads them. pip prepares an sdist's metadata before
-# downloading it: scikit-build-core (installed by .ci/run) does that without building anything.
+# downloading it: scikit-build-core with CMake >= 3.21 (both installed by .ci/run) does that without
+# building anything.
 set -euo pipefail
 OUT=${HEARTH_LLAMA_VOCABS:-${HEARTH_CACHE_DIR:-$HOME/.cache/hearth}/llama-vocabs}
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e

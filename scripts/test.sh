@@ -6,7 +6,7 @@
 # committed synthetic models.
 # Prerequisites (installed by .ci/run): wasm32 target, wasm-bindgen-cli at Cargo.lock's version,
 # `npm ci` at the repo root, Chromium at /usr/bin/chromium, Mesa's Vulkan driver (lavapipe),
-# Python's scikit-build-core (to fetch llama.cpp's tokenizer test data).
+# Python's scikit-build-core and CMake (to fetch llama.cpp's tokenizer test data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hearth/target}"
