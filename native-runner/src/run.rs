@@ -328,6 +328,7 @@ fn report(
         "tool_calls": tool_calls,
         "model": path.display().to_string(),
         "backend": engine.backend().name(),
+        "backend_variant": engine.backend().variant(),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "text": g.text,

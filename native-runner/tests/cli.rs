@@ -443,6 +443,11 @@ fn moe_offload_gives_the_cpus_greedy_tokens() {
         let cpu = run_json(&[&common[..], &["--backend", "cpu"]].concat());
         let offload = run_json(&[&common[..], &["--backend", "wgpu", "--moe-offload"]].concat());
         assert_eq!(offload["backend"], "wgpu+cpu experts", "{stem}");
+        let variant = offload["backend_variant"].as_str().unwrap_or_default();
+        assert!(
+            variant.contains(" MB on the device, ") && variant.ends_with(" MB of experts in host memory"),
+            "{variant}"
+        );
         assert_eq!(ids(&offload["tokens"]), ids(&cpu["tokens"]), "{stem}");
     }
 }

@@ -53,7 +53,8 @@ fn offloaded_experts_give_the_cpus_logits_bit_for_bit() {
 }
 
 /// The expert stacks never reach the device: it holds every other tensor from the load on, and
-/// the host receives the stacks when the first step's graph compiles.
+/// the host receives the stacks when the first step's graph compiles. The placement the backend
+/// reports (its variant, which load messages print) counts them on the host from the load on.
 #[test]
 fn expert_stacks_live_on_the_host_only() {
     let path = fixtures_dir().join("synthetic").join("qwen3moe-q8_0.gguf");
@@ -67,8 +68,20 @@ fn expert_stacks_live_on_the_host_only() {
     let model = Model::load(&file, &mut offload, None, &mut |_, _| {}).expect("load");
     assert!(bytes(true) > 0 && bytes(false) > 0);
     assert_eq!(offload.weight_bytes(), [bytes(false), 0]);
+    assert_eq!(offload.planned_bytes(), [bytes(false), bytes(true)]);
     offload.compile(&model.build_graph(1, 1, LogitsMode::Last)).expect("compile");
     assert_eq!(offload.weight_bytes(), [bytes(false), bytes(true)]);
+    assert_eq!(offload.planned_bytes(), [bytes(false), bytes(true)]);
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+    let variant = offload.variant().expect("a variant");
+    assert!(
+        variant.ends_with(&format!(
+            "weights: {} on the device, {} of experts in host memory",
+            mb(bytes(false)),
+            mb(bytes(true))
+        )),
+        "{variant}"
+    );
 }
 
 #[test]

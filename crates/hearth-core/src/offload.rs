@@ -87,6 +87,8 @@ pub struct ExpertOffload {
     graphs: GraphSlots<SplitGraph>,
     /// The side that runs the last part of the submitted step, whose `ready` and `take` it answers.
     pending: Option<Side>,
+    /// The step's sequences as the host sees them (no KV blocks), kept so a step allocates nothing.
+    host_seqs: Vec<SeqStep<'static>>,
     /// Where the parts before the last put their (one-word) logits.
     scratch_logits: Vec<f32>,
     scratch_top_k: TopK,
@@ -106,6 +108,7 @@ impl ExpertOffload {
             kvs: Vec::new(),
             graphs: GraphSlots::default(),
             pending: None,
+            host_seqs: Vec::new(),
             scratch_logits: Vec::new(),
             scratch_top_k: TopK::default(),
             steps: 0,
@@ -113,12 +116,25 @@ impl ExpertOffload {
         }
     }
 
-    /// Bytes of the weights on each side (device, host).
+    /// Bytes of the weights uploaded to each side (device, host).
     pub fn weight_bytes(&self) -> [u64; 2] {
+        self.bytes_per_side(|_| None)
+    }
+
+    /// Bytes of the weights on each side once every part has compiled: an expert stack not yet
+    /// uploaded counts on the host, where the expert mat-muls run.
+    pub fn planned_bytes(&self) -> [u64; 2] {
+        self.bytes_per_side(|w| (w.desc.n_experts() > 1).then_some(Side::Host))
+    }
+
+    /// Bytes per side of the uploaded weights, a weight not uploaded anywhere counted on the side
+    /// `pending` names.
+    fn bytes_per_side(&self, pending: impl Fn(&StoredWeight) -> Option<Side>) -> [u64; 2] {
         let mut bytes = [0u64; 2];
         for w in &self.weights {
+            let pending = if w.uploaded == [None, None] { pending(w) } else { None };
             for side in [Side::Device, Side::Host] {
-                if w.uploaded[side.index()].is_some() {
+                if w.uploaded[side.index()].is_some() || pending == Some(side) {
                     bytes[side.index()] += w.data.len as u64;
                 }
             }
@@ -263,8 +279,15 @@ impl Backend for ExpertOffload {
         &self.name
     }
 
+    /// The device's variant and where the weights are, so that a load message says how much of
+    /// the model the device holds.
     fn variant(&self) -> Option<String> {
-        self.sides[0].variant()
+        let [device, host] = self.planned_bytes().map(|b| b as f64 / 1e6);
+        let placement = format!("weights: {device:.1} MB on the device, {host:.1} MB of experts in host memory");
+        Some(match self.sides[0].variant() {
+            Some(v) => format!("{v}; {placement}"),
+            None => placement,
+        })
     }
 
     fn supports(&self, what: Capability<'_>) -> std::result::Result<(), String> {
@@ -353,9 +376,13 @@ impl Backend for ExpertOffload {
     fn submit(&mut self, graph: GraphId, kv: KvId, input: StepInput<'_>, readback: Readback) -> Result<()> {
         self.pending = None;
         let (device_kv, host_kv) = self.kv(kv)?;
-        let host_seqs: Vec<SeqStep<'_>> =
-            input.seqs.iter().map(|s| SeqStep { n_tokens: s.n_tokens, pos0: s.pos0, block_tables: &[] }).collect();
-        let host_input = StepInput { tokens: input.tokens, seqs: &host_seqs };
+        self.host_seqs.clear();
+        self.host_seqs.extend(input.seqs.iter().map(|s| SeqStep {
+            n_tokens: s.n_tokens,
+            pos0: s.pos0,
+            block_tables: &[],
+        }));
+        let host_input = StepInput { tokens: input.tokens, seqs: &self.host_seqs };
         let split =
             self.graphs.get_mut(graph).ok_or(CoreError::InvalidArgument(format!("unknown graph {}", graph.0)))?;
         let n_parts = split.parts.len();

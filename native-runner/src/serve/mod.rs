@@ -160,7 +160,9 @@ fn spawn_worker(
                 let id = alias.unwrap_or_else(|| if given_a_path { stem.clone() } else { args.model.clone() });
                 let names = vec![id.clone(), args.model.clone(), file, stem];
                 if !args.quiet {
-                    eprintln!("hearth serve: {id}: {}", scheduler.runner().parameters());
+                    let backend = scheduler.runner().backend();
+                    let variant = backend.variant().map(|v| format!(" ({v})")).unwrap_or_default();
+                    eprintln!("hearth serve: {id}: {} on {}{variant}", scheduler.runner().parameters(), backend.name());
                 }
                 let _ = ready.send(Ok((id, names, prompter)));
                 worker::run(scheduler, jobs, metrics, max_batch);
