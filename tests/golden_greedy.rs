@@ -1,6 +1,9 @@
-//! Greedy generation of the four real models against llama.cpp (tests/fixtures/golden, produced
-//! by llama.cpp at the commit named there), 4 prompts each (plain and chat), 48 tokens. The rules
-//! and why they have tolerances: tests/support/golden.rs.
+//! Greedy generation of the four real models on the CPU backend against llama.cpp
+//! (tests/fixtures/golden, produced by llama.cpp at the commit named there), 4 prompts each (plain
+//! and chat), 48 tokens, run as llama.cpp ran them: one token a step, teacher-forced and free
+//! running. The rules and why they have tolerances: tests/support/golden.rs. The conformance suite
+//! (crates/hearth-backend-tests, goldens.rs) holds every backend to the same references and bounds
+//! with each case in one batch.
 
 use hearth_core::graph::LogitsMode;
 use hearth_tests::golden::{compare_with_llama_cpp, Tolerance};
@@ -20,28 +23,22 @@ fn check(stem: &str, tol: Tolerance) {
 
 #[test]
 fn qwen_05b_matches_llama_cpp() {
-    check(QWEN_05B, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
+    check(QWEN_05B, Tolerance::REAL_QWEN);
 }
 
 #[test]
 fn gemma_270m_matches_llama_cpp() {
-    check(GEMMA_270M, Tolerance { mean_logprob: 0.15, max_logprob: 1.2, decisive_margin: 0.5 });
+    check(GEMMA_270M, Tolerance::REAL_GEMMA);
 }
 
 #[test]
 fn qwen_15b_matches_llama_cpp() {
-    check(QWEN_15B, Tolerance { mean_logprob: 0.08, max_logprob: 0.6, decisive_margin: 0.25 });
+    check(QWEN_15B, Tolerance::REAL_QWEN);
 }
 
-/// SmolLM2: the llama architecture (GQA 3:1, tied output head) in Q4_1 weights. Its log-probs
-/// move more with attention's rounding than the other models' do: llama.cpp accumulates V in f16
-/// (see `check_exact`), and over this model's 30 layers that moves a log-prob by up to 0.85 nats
-/// and one top-2 margin from 0.46 to 0.01 (case d, step 28). With llama.cpp's numerics every
-/// token and log-prob matches (`smollm2_135m_matches_llama_cpp_exactly_with_its_numerics`), so
-/// the wider bounds here measure attention's rounding, not the model code.
 #[test]
 fn smollm2_135m_matches_llama_cpp() {
-    check(SMOLLM2_135M, Tolerance { mean_logprob: 0.12, max_logprob: 1.0, decisive_margin: 0.5 });
+    check(SMOLLM2_135M, Tolerance::REAL_SMOLLM2);
 }
 
 /// With the CPU backend in llama.cpp's numerics (hearth-cpu's compat.rs: its f16 flash attention,

@@ -2,7 +2,8 @@
 //! many shapes and weight types, attention over the paged KV cache with every storage type, and
 //! the step protocol's error paths, and whole real models (greedy tokens, quantized KV, batches,
 //! speculative decoding; models.rs), each run on the backend under test and on the CPU backend
-//! (the oracle) and compared within a written [`Tolerance`].
+//! (the oracle) and compared within a written [`Tolerance`]; and llama.cpp's own references for
+//! the synthetic and the real models (goldens.rs).
 //!
 //! A backend gets the whole suite with one line in a test file of its crate:
 //!
@@ -125,6 +126,9 @@ macro_rules! conformance_suite {
         mod models {
             use super::*;
             $crate::conformance_suite!(@tests $subject;
+                goldens::qwen_05b_matches_llama_cpp,
+                goldens::gemma_270m_matches_llama_cpp,
+                goldens::smollm2_135m_matches_llama_cpp,
                 models::greedy_tokens_match_the_cpu,
                 models::smollm2_greedy_tokens_match_the_cpu,
                 models::decisive_tokens_match_the_cpu,
