@@ -1,9 +1,9 @@
 // End to end in headless Chromium: the built hearth-llm package loads Qwen2.5-Coder-0.5B-Instruct
-// (Q4_K_M: Q4_K, Q6_K, Q5_0 and Q8_0 tensors) and greedy-generates the same 16 tokens as the native
-// CPU backend (fixture: tests/fixtures/browser/generate.sh) — once on the wasm CPU fallback and
-// once over WebGPU (--enable-unsafe-webgpu: SwiftShader, a CPU implementation of Vulkan, so the
-// WebGPU run is slow, about correctness only, and compares the first WEBGPU_TOKENS of them: its
-// kernels' tokens on the whole models are checked natively, tests/conformance.rs).
+// (Q4_K_M: Q4_K, Q6_K, Q5_0 and Q8_0 tensors) on the wasm CPU engine and greedy-generates the same
+// 16 tokens as the native CPU backend (fixture: tests/fixtures/browser/generate.sh); n choices,
+// structured output and tool calls on the same engine. On WebGPU its kernels' tokens are checked
+// natively against llama.cpp's (the conformance suite on lavapipe); in the browser, WebGPU runs
+// SmolLM2 (webgpu.test.js), as SwiftShader takes minutes to load a model.
 //
 // Needs what gemma.test.js needs, plus the qwen2.5-coder-0.5b model in the cache.
 
@@ -21,7 +21,6 @@ const dist = join(root, 'web/hearth-llm/dist');
 const modelsDir = process.env.HEARTH_MODELS_DIR ?? join(homedir(), '.cache/hearth/models');
 const expected = JSON.parse(readFileSync(join(root, 'tests/fixtures/browser/qwen05_quicksort_greedy.json'), 'utf8'));
 const N_TOKENS = expected.tokens.length;
-const WEBGPU_TOKENS = 8;
 
 let server, origin, browser, page;
 const requests = [];
@@ -61,15 +60,13 @@ async function generate(backend, maxTokens) {
   }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt, backend, maxTokens });
 }
 
-/** The first `n` of the native CPU's tokens, and their text (all of it for all of them). */
-function assertSameAsNativeCpu(result, label, n) {
+/** The native CPU's tokens, and their text. */
+function assertSameAsNativeCpu(result, label) {
   const last = result.chunks.at(-1);
   process.stderr.write(`${label} token ids: ${JSON.stringify(last.hearth.token_ids)}\n`);
   assert.deepEqual(last.hearth.prompt_token_ids, expected.prompt_tokens);
-  assert.deepEqual(last.hearth.token_ids, expected.tokens.slice(0, n));
-  const text = result.chunks.map((c) => c.choices[0].text).join('');
-  if (n === N_TOKENS) assert.equal(text, expected.text);
-  else assert.ok(text.length > 0 && expected.text.startsWith(text), `${JSON.stringify(text)} does not begin ${JSON.stringify(expected.text)}`);
+  assert.deepEqual(last.hearth.token_ids, expected.tokens);
+  assert.equal(result.chunks.map((c) => c.choices[0].text).join(''), expected.text);
   assert.equal(last.choices[0].finish_reason, 'length');
   process.stderr.write(`${label}: ttft ${last.usage.ttft_ms.toFixed(0)} ms, prefill ${last.usage.prefill_tok_s.toFixed(1)} tok/s, decode ${last.usage.decode_tok_s.toFixed(1)} tok/s\n`);
 }
@@ -77,7 +74,7 @@ function assertSameAsNativeCpu(result, label, n) {
 test("backend 'cpu' (wasm): Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 900_000 }, async () => {
   const result = await generate('cpu', N_TOKENS);
   assert.equal(result.stats.backend, 'cpu-wasm', JSON.stringify(result.stats));
-  assertSameAsNativeCpu(result, 'wasm CPU', N_TOKENS);
+  assertSameAsNativeCpu(result, 'wasm CPU');
 });
 
 test("chat with n choices: each choice's stream opens with the role and equals its choice in the whole answer", { timeout: 900_000 }, async () => {
@@ -173,23 +170,6 @@ test("tool calls on the wasm CPU engine: required and named, streamed or not", {
   }
   assert.equal(whole.text, null);
   assert.deepEqual(streamed.calls.map((c) => c.function), whole.calls.map((c) => c.function));
-});
-
-test("structured output on WebGPU: a choice", { timeout: 1_800_000 }, async () => {
-  const [answer] = await structured('webgpu', [
-    { messages: cityQuestion, temperature: 0, max_tokens: 4, structured_outputs: { choice: ['Paris', 'Lyon', 'Marseille'] } },
-  ]);
-  assert.ok(['Paris', 'Lyon', 'Marseille'].includes(answer.text), answer.text);
-  assert.equal(answer.finish, 'stop');
-});
-
-test("backend 'webgpu': Qwen 0.5B greedy tokens equal the native CPU backend", { timeout: 1_800_000 }, async () => {
-  const result = await generate('webgpu', WEBGPU_TOKENS);
-  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
-  assert.equal(result.stats.adapter?.backend, 'BrowserWebGpu', JSON.stringify(result.stats));
-  // The model is never copied into wasm memory (weights are uploaded from the JS-held file).
-  assert.ok(result.stats.wasm_memory_bytes < result.stats.model.file_bytes / 2, JSON.stringify(result.stats));
-  assertSameAsNativeCpu(result, 'WebGPU', WEBGPU_TOKENS);
 });
 
 test('no request left the page origin', () => {

@@ -316,13 +316,13 @@ fn apply_cancels(state: &State, host: &mut EngineHost) {
 }
 
 /// How long a failed WebGPU step waits for the device's own reason: turns of this many ms.
-const FAULT_WAIT_TURNS: usize = 20;
+const FAULT_WAIT_TURNS: usize = 100;
 const FAULT_WAIT_MS: f64 = 50.0;
 
 /// After a failed WebGPU step: the browser may reject the step's buffer mapping before it
-/// delivers the device-lost notification (seen with `device.destroy()`; it came with the next
-/// submission), so poke the devices (target and draft) and give the callback up to a second to record the loss
-/// before the failure is classified.
+/// delivers the device-lost notification (seen with `device.destroy()` between two short steps on
+/// SwiftShader: the notification came 1.4 s later), so poke the devices (target and draft) and give
+/// the callback up to five seconds to record the loss before the failure is classified.
 async fn wait_for_device_fault(loaded: &Loaded) {
     let on_gpu = loaded.gpu.is_some() || loaded.draft.borrow().as_ref().is_some_and(|d| d.gpu.is_some());
     if !on_gpu {

@@ -1,18 +1,23 @@
-// Speculative decoding entirely on WebGPU in headless Chromium (--enable-unsafe-webgpu:
-// SwiftShader, Vulkan on the CPU, so about correctness only): the target AND its draft model run
-// on WebGPU (the draft on a device of its own, `draftBackend` defaulting to the target's backend),
-// the draft's forward passes awaited like the target's; and a prompt-lookup request on the same
-// WebGPU engine. Each must give exactly the plain greedy tokens, which must be the native CPU
+// The WebGPU engine's behaviours on a tiny model in headless Chromium (--enable-unsafe-webgpu:
+// SwiftShader, Vulkan on the CPU, so about correctness only):
+// - speculative decoding entirely on WebGPU: the target AND its draft model on WebGPU (the draft on
+//   a device of its own, `draftBackend` defaulting to the target's backend), the draft's forward
+//   passes awaited like the target's; and a prompt-lookup request on the same WebGPU engine;
+// - a draft on the wasm CPU engine (`draftBackend: 'cpu'`) drafting for a WebGPU target;
+// - structured output: a choice, the constraint's mask applied to the GPU's logits (the model's
+//   byte-level vocabulary spells any text; its random weights prefer none of the choices);
+// - a lost GPU device: requests fail with code 'device-lost', and loading again works.
+// Each speculative request must give exactly the plain greedy tokens, which must be the native CPU
 // backend's (tests/fixtures/browser/synthetic_qwen2_repeat_greedy.json, made by generate.sh).
 //
 // To keep SwiftShader time small the model is the tiny synthetic qwen2 of tests/fixtures/synthetic
 // (f32 weights, random, 380 tokens), drafting for itself: the draft computes each row exactly as
 // the verification pass does (every wgpu kernel computes a row the same way whatever the batch,
-// crates/hearth-wgpu/tests/speculative.rs), so its drafts are all accepted. The prompt is a
-// repeated pattern on which the model's greedy output settles into a repetition after one token,
-// so prompt lookup finds 2-token matches early. Every step of the fixture is decisive (CPU top-1 /
-// top-2 margin >= 0.6 nats), so WebGPU's other summation order cannot flip a token: the tokens are
-// compared exactly.
+// crates/hearth-wgpu/tests/speculative.rs; the CPU's rows differ from the GPU's only in summation
+// order), so its drafts are accepted. The prompt is a repeated pattern on which the model's greedy
+// output settles into a repetition after one token, so prompt lookup finds 2-token matches early.
+// Every step of the fixture is decisive (CPU top-1 / top-2 margin >= 0.6 nats), so WebGPU's other
+// summation order cannot flip a token: the tokens are compared exactly.
 //
 // Needs scripts/build-web.sh, playwright-core (npm install) and Chromium; no downloaded model.
 
@@ -120,4 +125,73 @@ test('a draft model on WebGPU drafting for a WebGPU target, and prompt lookup on
   // The model drafting for itself on the same kernels: every draft is accepted.
   const drafted = result.drafted.usage.speculative;
   assert.equal(drafted.accepted, drafted.proposed, JSON.stringify(drafted));
+});
+
+test("a draft on the wasm CPU engine drafting for a WebGPU target keeps the greedy tokens", { timeout: 1_800_000 }, async () => {
+  const result = await page.evaluate(async ({ modelUrl, draftUrl, prompt, maxTokens }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, draftModel: draftUrl, backend: 'webgpu', draftBackend: 'cpu', worker: true, cache: false });
+    const drafted = await engine.completions.create({ prompt, temperature: 0, max_tokens: maxTokens, ignore_eos: true, speculative: { mode: 'draft-model', draftTokens: 3, draftMinP: 0, fixedLength: true } });
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return { drafted, stats };
+  }, { modelUrl: `/models/${expected.model_file}`, draftUrl: `/draft/${expected.model_file}`, prompt: expected.prompt, maxTokens: expected.tokens.length });
+  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
+  assert.equal(result.stats.draft?.backend, 'cpu-wasm', JSON.stringify(result.stats.draft));
+  assert.equal(result.stats.draft.adapter, null);
+  assert.deepEqual(result.drafted.hearth.token_ids, expected.tokens);
+  const metrics = result.drafted.usage.speculative;
+  process.stderr.write(`WebGPU target, wasm CPU draft: ${JSON.stringify(metrics)}\n`);
+  // The CPU's drafts are its greedy tokens, which the GPU target takes at every (decisive) step.
+  assert.ok(metrics.accepted > 0 && metrics.accepted <= metrics.proposed, JSON.stringify(metrics));
+  assert.equal(1 + metrics.accepted + metrics.target_forward_passes, expected.tokens.length, JSON.stringify(metrics));
+  assert.equal(metrics.acceptance_rate, metrics.accepted / metrics.proposed);
+});
+
+test('structured output on WebGPU: a choice holds', { timeout: 1_800_000 }, async () => {
+  const choices = ['Paris', 'Lyon', 'Marseille'];
+  const result = await page.evaluate(async ({ modelUrl, prompt, choices }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const reply = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16, structured_outputs: { choice: choices } });
+    const stats = await engine.runtimeStats();
+    await engine.unload();
+    return { text: reply.choices[0].text, finish: reply.choices[0].finish_reason, stats };
+  }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt, choices });
+  assert.equal(result.stats.backend, 'webgpu', JSON.stringify(result.stats));
+  assert.ok(choices.includes(result.text), JSON.stringify(result.text));
+  assert.equal(result.finish, 'stop');
+});
+
+test("a lost GPU device fails requests with code 'device-lost'; loading again works", { timeout: 1_800_000 }, async () => {
+  const result = await page.evaluate(async ({ modelUrl, prompt }) => {
+    const { createEngine } = await import('/dist/index.js');
+    const engine = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const describe = (e) => ({ name: e.name, code: e.code, message: e.message });
+    let destroyed = false;
+    let error = null;
+    try {
+      // max_tokens leaves steps to run after the device is destroyed at the first chunk.
+      for await (const chunk of await engine.completions.create({ prompt, stream: true, temperature: 0, max_tokens: 6, ignore_eos: true })) {
+        if (!destroyed && chunk.choices[0].text) destroyed = await engine._loseDeviceForTest();
+      }
+    } catch (e) {
+      error = describe(e);
+    }
+    // The device stays lost: the next request fails the same way.
+    const next = await engine.completions.create({ prompt, max_tokens: 1 }).then(() => null, describe);
+    await engine.unload().catch(() => {});
+    const reloaded = await createEngine({ model: modelUrl, backend: 'webgpu', worker: true, cache: false });
+    const after = await reloaded.completions.create({ prompt, temperature: 0, max_tokens: 2, ignore_eos: true });
+    const stats = await reloaded.runtimeStats();
+    await reloaded.unload();
+    return { destroyed, error, next, tokens: after.hearth.token_ids, stats };
+  }, { modelUrl: `/models/${expected.model_file}`, prompt: expected.prompt });
+  assert.equal(result.destroyed, true);
+  assert.equal(result.error?.name, 'HearthError', JSON.stringify(result));
+  assert.equal(result.error.code, 'device-lost', JSON.stringify(result));
+  assert.match(result.error.message, /GPU device was lost/);
+  assert.equal(result.next?.code, 'device-lost', JSON.stringify(result));
+  assert.deepEqual(result.tokens, expected.tokens.slice(0, 2));
+  assert.equal(result.stats.backend, 'webgpu');
 });
