@@ -4,12 +4,24 @@
 
 use hearth_core::kv::KvType;
 use hearth_tests::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-fn perplexity(stem: &str) -> (f64, usize) {
-    perplexity_with(stem, KvType::F16, usize::MAX)
+/// Per chunk (Σ negative log-likelihood, tokens scored) with an f16 cache, and the tokens in the
+/// text: computed once per model, since two tests of Qwen 0.5B and of Gemma compare against them.
+fn f16_chunks(stem: &'static str) -> (Vec<(f64, usize)>, usize) {
+    type Chunks = Arc<OnceLock<(Vec<(f64, usize)>, usize)>>;
+    static BY_MODEL: Mutex<BTreeMap<&str, Chunks>> = Mutex::new(BTreeMap::new());
+    let cell = BY_MODEL.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).entry(stem).or_default().clone();
+    cell.get_or_init(|| chunk_nlls(stem, KvType::F16, usize::MAX)).clone()
 }
 
-fn check(stem: &str) {
+fn perplexity(stem: &'static str) -> (f64, usize) {
+    let (chunks, n_tokens) = f16_chunks(stem);
+    (perplexity_of(&chunks), n_tokens)
+}
+
+fn check(stem: &'static str) {
     let reference = read_json("golden/perplexity.json");
     let want = reference["results"][stem]["ppl"].as_f64().expect("ppl");
     let want_tokens = reference["results"][stem]["n_tokens_in_file"].as_u64().expect("n_tokens") as usize;
@@ -39,7 +51,7 @@ fn smollm2_135m_perplexity_within_1_percent() {
 #[test]
 fn gemma_270m_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
     // The whole text: over 2 chunks the difference is within the estimate's own noise.
-    let (f16, _) = perplexity_with(GEMMA_270M, KvType::F16, usize::MAX);
+    let (f16, _) = perplexity(GEMMA_270M);
     let (q8, _) = perplexity_with(GEMMA_270M, KvType::Q8_0, usize::MAX);
     eprintln!("{GEMMA_270M}: perplexity with f16 KV {f16:.4}, q8_0 KV {q8:.4} ({:+.3}%)", (q8 / f16 - 1.0) * 100.0);
     assert!((q8 - f16).abs() / f16 <= 0.005, "q8_0 KV perplexity {q8:.4} vs f16 {f16:.4}");
@@ -58,7 +70,7 @@ fn qwen_05b_q8_0_kv_perplexity_within_half_a_percent_of_f16() {
     let reference = read_json("kv/llama_cpp_kv_perplexity.json");
     let llama_cpp_chunks = reference["chunks"].as_u64().expect("chunks") as usize;
     let llama_cpp_q8 = reference["results"][QWEN_05B]["q8_0"].as_f64().expect("q8_0 ppl");
-    let (f16, _) = chunk_nlls(QWEN_05B, KvType::F16, usize::MAX);
+    let (f16, _) = f16_chunks(QWEN_05B);
     let (q8, _) = chunk_nlls(QWEN_05B, KvType::Q8_0, usize::MAX);
     let (f16_all, q8_all) = (perplexity_of(&f16), perplexity_of(&q8));
     let q8_first = perplexity_of(&q8[..llama_cpp_chunks.min(q8.len())]);

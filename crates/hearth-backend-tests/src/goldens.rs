@@ -3,24 +3,38 @@
 //! cover, the mixtures of experts included; committed, so the hermetic tier runs them) and three
 //! of the real models (tests/fixtures/golden/; from the cache, in the `real-models` tier): every
 //! weight type of the four. Qwen2.5-Coder 1.5B has the 0.5B's types at three times its cost (six
-//! minutes on lavapipe): its llama.cpp references are checked on the CPU (tests/golden_greedy.rs)
-//! and its tokens on every backend against the CPU's (models.rs).
+//! minutes on lavapipe): its llama.cpp references are checked on the CPU (tests/golden_greedy.rs).
 
 use crate::Subject;
 use hearth_core::engine::{EngineOptions, Session};
 use hearth_core::gguf::GgufFile;
+use hearth_core::model::ModelConfig;
 use hearth_tests::golden::{check_synthetic, compare_teacher_forced_in_one_batch, Tolerance, SYNTHETIC_MODELS};
 use hearth_tests::{fixtures_dir, model_path, read_json, GEMMA_270M, QWEN_05B, SMOLLM2_135M};
 
 pub fn synthetic_models_match_llama_cpp(subject: &dyn Subject) {
+    synthetic_models_where(subject, &|_| true);
+}
+
+/// The synthetic models with a mixture of experts: where a subject differs from its device only in
+/// how it runs the experts (`ExpertOffloadSubject`), a dense model would run as the device's own.
+pub fn synthetic_mixtures_of_experts_match_llama_cpp(subject: &dyn Subject) {
+    synthetic_models_where(subject, &|config| config.moe.is_some());
+}
+
+/// The synthetic models whose configuration `chosen` accepts, on the subject's first variant.
+fn synthetic_models_where(subject: &dyn Subject, chosen: &dyn Fn(&ModelConfig) -> bool) {
     for (stem, tol) in SYNTHETIC_MODELS {
         let Some((variant, backend)) = subject.first_variant() else { return };
-        eprintln!("{stem}: variant {variant}");
         let path = fixtures_dir().join("synthetic").join(format!("{stem}.gguf"));
         let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
         let options = EngineOptions { n_ctx: 256, ..EngineOptions::default() };
         let mut session =
             Session::load(&file, backend, &options, &mut |_, _| {}).unwrap_or_else(|e| panic!("load {stem}: {e}"));
+        if !chosen(session.config()) {
+            continue;
+        }
+        eprintln!("{stem}: variant {variant}");
         check_synthetic(stem, &mut session, tol);
         // The recorded decode step holds whatever the routing picks: replayed, it builds nothing.
         let token = *session.history().last().expect("history");

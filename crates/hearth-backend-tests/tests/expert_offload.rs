@@ -100,6 +100,6 @@ fn mixture_of_experts_long_steps() {
 }
 
 #[test]
-fn synthetic_models_match_llama_cpp() {
-    goldens::synthetic_models_match_llama_cpp(&SUBJECT);
+fn synthetic_mixtures_of_experts_match_llama_cpp() {
+    goldens::synthetic_mixtures_of_experts_match_llama_cpp(&SUBJECT);
 }

@@ -1,6 +1,7 @@
 //! `--moe-offload` on WebGPU: the expert weights on the host and their products on the CPU, the
 //! rest of every step on the device, the buffers crossing between the parts of a step. The expert
-//! ops against the CPU oracle, and the synthetic models against llama.cpp.
+//! ops against the CPU oracle, and the synthetic mixtures of experts against llama.cpp (the dense
+//! ones run as on the device alone: the conformance suite's).
 
 mod common;
 
@@ -23,6 +24,6 @@ fn mixture_of_experts_long_steps() {
 }
 
 #[test]
-fn synthetic_models_match_llama_cpp() {
-    goldens::synthetic_models_match_llama_cpp(&subject());
+fn synthetic_mixtures_of_experts_match_llama_cpp() {
+    goldens::synthetic_mixtures_of_experts_match_llama_cpp(&subject());
 }
