@@ -18,8 +18,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { homedir } from 'node:os';
-import { chromium } from 'playwright-core';
-import { serve } from './server.js';
+import { launchChromium, openTestPage, serve } from './server.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
 const dist = join(root, 'web/hearth-llm/dist');
@@ -40,14 +39,8 @@ before(async () => {
     '/synthetic/': join(root, 'tests/fixtures/synthetic'),
     '/': dirname(fileURLToPath(import.meta.url)),
   }));
-  browser = await chromium.launch({
-    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
-  });
-  page = await (await browser.newContext()).newPage();
-  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
-  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
-  await page.goto(`${origin}/page.html`);
+  browser = await launchChromium();
+  page = await openTestPage(browser, origin);
 });
 
 after(async () => {

@@ -11,8 +11,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { homedir } from 'node:os';
-import { chromium } from 'playwright-core';
-import { serve } from './server.js';
+import { launchChromium, openTestPage, serve } from './server.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
 const dist = join(root, 'web/hearth-llm/dist');
@@ -26,16 +25,8 @@ before(async () => {
   assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
   assert.ok(existsSync(join(modelsDir, expected.model_file)), `${expected.model_file} is missing from ${modelsDir} (hearth models fetch gemma-3-270m)`);
   ({ server, origin } = await serve({ '/dist/': dist, '/models/': modelsDir, '/': dirname(fileURLToPath(import.meta.url)) }));
-  browser = await chromium.launch({
-    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--headless=new'],
-  });
-  const context = await browser.newContext();
-  context.on('request', (request) => requests.push(request.url()));
-  page = await context.newPage();
-  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
-  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
-  await page.goto(`${origin}/page.html`);
+  browser = await launchChromium();
+  page = await openTestPage(browser, origin, (url) => requests.push(url));
 });
 
 after(async () => {

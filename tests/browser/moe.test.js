@@ -16,8 +16,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
-import { serve } from './server.js';
+import { launchChromium, openTestPage, serve, WEBGPU } from './server.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '../..');
 const dist = join(root, 'web/hearth-llm/dist');
@@ -33,14 +32,8 @@ let server, origin, browser, page;
 before(async () => {
   assert.ok(existsSync(join(dist, 'index.js')), 'web/hearth-llm/dist is missing: run scripts/build-web.sh');
   ({ server, origin } = await serve({ '/dist/': dist, '/models/': synthetic, '/': dirname(fileURLToPath(import.meta.url)) }));
-  browser = await chromium.launch({
-    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--headless=new', '--enable-unsafe-webgpu'],
-  });
-  page = await (await browser.newContext()).newPage();
-  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
-  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
-  await page.goto(`${origin}/page.html`);
+  browser = await launchChromium(WEBGPU);
+  page = await openTestPage(browser, origin);
 });
 
 after(async () => {

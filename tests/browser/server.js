@@ -6,6 +6,7 @@
 import { createServer } from 'node:http';
 import { createReadStream, existsSync, statSync } from 'node:fs';
 import { extname, join, normalize } from 'node:path';
+import { chromium } from 'playwright-core';
 
 const TYPES = { '.js': 'text/javascript', '.mjs': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html', '.ts': 'text/plain', '.gguf': 'application/octet-stream' };
 
@@ -49,4 +50,28 @@ export function serve(routes, headers = {}) {
     response.end(`not found: ${path}`);
   });
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, origin: `http://127.0.0.1:${server.address().port}`, log })));
+}
+
+/** Chromium's switch for WebGPU without a GPU (SwiftShader, Vulkan on the CPU). */
+export const WEBGPU = ['--enable-unsafe-webgpu'];
+
+/** Headless Chromium as every browser test runs it ($HEARTH_CHROMIUM, else /usr/bin/chromium),
+ * with `extraArgs` (such as WEBGPU). */
+export function launchChromium(extraArgs = []) {
+  return chromium.launch({
+    executablePath: process.env.HEARTH_CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--headless=new', ...extraArgs],
+  });
+}
+
+/** The test page (`${origin}/page.html`) in a new context of `browser`, its console and errors
+ * written to stderr; `onRequest` (if given) sees the URL of every request the context makes. */
+export async function openTestPage(browser, origin, onRequest = null) {
+  const context = await browser.newContext();
+  if (onRequest) context.on('request', (request) => onRequest(request.url()));
+  const page = await context.newPage();
+  page.on('console', (message) => process.stderr.write(`[page ${message.type()}] ${message.text()}\n`));
+  page.on('pageerror', (error) => process.stderr.write(`[page error] ${error}\n`));
+  await page.goto(`${origin}/page.html`);
+  return page;
 }
