@@ -1,9 +1,10 @@
 //! Continuous batching on a real model (Qwen 0.5B, CPU): many concurrent requests produce exactly
 //! the tokens each produces alone, with or without speculative decoding (prompt lookup, a draft
 //! model); mixed sampling settings read from candidates give the tokens of the full-logits path;
-//! cancellation and preemption leak no KV blocks.
+//! cancellation and preemption leak no KV blocks; a chat's next round keeps the ids the model wrote
+//! and resumes from their KV blocks.
 
-use hearth_core::engine::{EngineOptions, GenerateOptions, Generation};
+use hearth_core::engine::{EngineOptions, FinishReason, GenerateOptions, Generation};
 use hearth_core::gguf::GgufFile;
 use hearth_core::graph::LogitsMode;
 use hearth_core::runner::BatchEntry;
@@ -864,7 +865,7 @@ Respond in the format {"name": function name, "parameters": dictionary of argume
     for choice in [ToolChoice::Required, ToolChoice::Auto] {
         let request = tools(choice);
         let prompt = Prompt::Chat(messages.clone())
-            .tokenize_with_tools(&tokenizer, Some(&template), None, Some(&request))
+            .tokenize_with_tools(&tokenizer, Some(&template), None, Some(&request), None)
             .expect("prompt");
         let mut options = GenerateOptions { max_tokens: 60, ..GenerateOptions::default() };
         let format = request.apply(Some(&template), &tokenizer, &mut options).expect("tools").expect("a format");
@@ -992,4 +993,141 @@ fn constrained_answers_from_candidates_equal_those_of_rows_masked_whole() {
             );
         }
     }
+}
+
+/// The conversation of a chat's next round: the first round's messages, `answer` as the
+/// assistant's, and a new question.
+fn next_round(first: &[serde_json::Value], answer: &str) -> Vec<serde_json::Value> {
+    let mut messages = first.to_vec();
+    messages.push(serde_json::json!({"role": "assistant", "content": answer}));
+    messages.push(serde_json::json!({"role": "user", "content": "And in Rust?"}));
+    messages
+}
+
+/// An answer the model wrote in other tokens than the text's canonical ones ("Hello" as "H",
+/// "e", "l", "l", "o") comes back inside the next round's conversation as text: through the
+/// history, the prompt keeps the answer's ids up to the template's end-of-turn token, and the rest
+/// is tokenized as the whole text would be; both spell the same text. A conversation that departs
+/// from the answer inside it, and a text prompt, are tokenized as without a history.
+#[test]
+fn a_conversation_sent_back_keeps_the_ids_the_model_wrote() {
+    use hearth_core::chat::ChatTemplate;
+    use hearth_core::request::{Prompt, TokenHistory};
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&file.metadata).expect("template").expect("a chat template");
+    let first = vec![serde_json::json!({"role": "user", "content": "Say hello in Python."})];
+    let tokenize = |messages: &[serde_json::Value], history| {
+        Prompt::Chat(messages.to_vec()).tokenize_with_tools(&tokenizer, Some(&template), None, None, history)
+    };
+    let history = TokenHistory::new();
+    let prompt = tokenize(&first, Some(&history)).expect("prompt");
+    assert_eq!(prompt, tokenize(&first, None).expect("prompt"), "a new conversation is tokenized as text");
+
+    let text = "print(\"Hello\")";
+    let canonical = tokenizer.encode(text, false, false).expect("encode");
+    let mut answer: Vec<u32> =
+        text.bytes().map(|b| tokenizer.encode(&(b as char).to_string(), false, false).unwrap()[0]).collect();
+    assert_ne!(answer, canonical, "the answer should be spelled in other tokens than the canonical ones");
+    assert_eq!(tokenizer.decode(&answer, false).expect("decode"), text);
+    history.learn_answer(&tokenizer, &prompt, &answer);
+
+    let second = next_round(&first, text);
+    let plain = tokenize(&second, None).expect("prompt");
+    let continued = tokenize(&second, Some(&history)).expect("prompt");
+    let model_wrote = [prompt.clone(), answer.clone()].concat();
+    assert!(!plain.starts_with(&model_wrote), "without the history the answer is re-tokenized");
+    assert_eq!(&continued[..model_wrote.len()], &model_wrote[..], "the prompt and answer keep their ids");
+    let end_of_turn = tokenizer.token_id("<|im_end|>").expect("<|im_end|>");
+    assert_eq!(continued[model_wrote.len()], end_of_turn, "the cut is at the end-of-turn token");
+    // (The first end-of-turn after the first prompt closes the answer.)
+    let answer_end =
+        prompt.len() + plain[prompt.len()..].iter().position(|&id| id == end_of_turn).expect("end of turn");
+    assert_eq!(&continued[model_wrote.len()..], &plain[answer_end..], "after the cut, the canonical ids");
+    let spelled = |ids: &[u32]| tokenizer.decode(ids, false).expect("decode");
+    assert_eq!(spelled(&continued), spelled(&plain), "the same text");
+
+    // A third round builds on the second's prompt (remembered when it was tokenized).
+    answer.truncate(6);
+    history.learn_answer(&tokenizer, &continued, &answer);
+    let third = next_round(&second, "print(");
+    let continued_again = tokenize(&third, Some(&history)).expect("prompt");
+    assert!(continued_again.starts_with(&[continued.clone(), answer.clone()].concat()));
+    assert_eq!(spelled(&continued_again), spelled(&tokenize(&third, None).expect("prompt")));
+
+    // A client that edits the answer gets the text's canonical ids.
+    let edited = next_round(&first, "print(\"Hi\")");
+    assert_eq!(tokenize(&edited, Some(&history)).expect("prompt"), tokenize(&edited, None).expect("prompt"));
+    // A text that goes on from a remembered one without a special token is tokenized whole.
+    let completion = Prompt::Text(format!("{}{text} # greets", spelled(&prompt)));
+    let with = completion.tokenize_with_tools(&tokenizer, None, None, None, Some(&history)).expect("prompt");
+    assert_eq!(with, completion.tokenize(&tokenizer, None, None).expect("prompt"));
+}
+
+/// A chat's second round sent through the scheduler's history resumes from the first round's
+/// KV blocks: the prompt starts with the first prompt and answer's ids, and the prefix cache
+/// serves all of them but a last answer token that was sampled and never evaluated. The first
+/// answer is one whose ids are not its text's canonical tokenization (the first seed that samples
+/// one), the case a second tokenization would not reuse.
+#[test]
+fn a_chats_next_round_reuses_the_answers_kv_blocks() {
+    use hearth_core::chat::ChatTemplate;
+    use hearth_core::request::Prompt;
+    let file = GgufFile::open(&model_path(QWEN_05B)).expect("open");
+    let template = ChatTemplate::from_gguf(&file.metadata).expect("template").expect("a chat template");
+    let mut s = scheduler(2, None);
+    let history = s.token_history().clone();
+    let first = vec![serde_json::json!({"role": "user", "content": "Write a haiku about caching."})];
+    let tokenize = |s: &Scheduler, messages: &[serde_json::Value]| {
+        Prompt::Chat(messages.to_vec())
+            .tokenize_with_tools(s.tokenizer(), Some(&template), None, None, Some(&history))
+            .expect("prompt")
+    };
+    let round = |s: &mut Scheduler, prompt: Vec<u32>, seed| {
+        let sampled = GenerateOptions {
+            max_tokens: 24,
+            sampling: SamplingParams { temperature: 1.0, seed, ..SamplingParams::default() },
+            ..GenerateOptions::default()
+        };
+        s.submit(prompt, sampled).expect("submit");
+        let mut cached = None;
+        let mut generation = None;
+        loop {
+            let mut events = Vec::new();
+            let busy = s.step(&mut |e| events.push(e)).expect("step");
+            for e in events {
+                match e {
+                    SchedulerEvent::Started { cached_tokens, .. } => cached = Some(cached_tokens),
+                    SchedulerEvent::Finished { generation: g, .. } => generation = Some(g),
+                    SchedulerEvent::Failed { error, .. } => panic!("failed: {error}"),
+                    SchedulerEvent::Text { .. } | SchedulerEvent::PromptScored { .. } => {}
+                }
+            }
+            if !busy {
+                break;
+            }
+        }
+        (cached.expect("started"), generation.expect("finished"))
+    };
+    let prompt = tokenize(&s, &first);
+    let (seed, answer) = (1..=60)
+        .find_map(|seed| {
+            let (_, answer) = round(&mut s, prompt.clone(), seed);
+            let canonical = s.tokenizer().encode(&answer.text, false, false).expect("encode");
+            (canonical != answer.tokens).then_some((seed, answer))
+        })
+        .expect("one of 60 seeds samples an answer in non-canonical tokens");
+    let second = tokenize(&s, &next_round(&first, &answer.text));
+    let model_wrote = [prompt.clone(), answer.tokens.clone()].concat();
+    assert!(
+        second.starts_with(&model_wrote),
+        "seed {seed}: the second prompt starts with the first prompt and answer's ids"
+    );
+    let (cached, _) = round(&mut s, second, 0);
+    let evaluated = match answer.finish_reason {
+        // (The end-of-generation token was sampled after the last answer token was evaluated.)
+        FinishReason::Stop => model_wrote.len(),
+        _ => model_wrote.len() - 1,
+    };
+    assert_eq!(cached, evaluated, "seed {seed}: the prefix cache serves the first round's evaluated tokens");
 }

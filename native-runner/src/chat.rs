@@ -61,7 +61,15 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         }
         messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
         let turns = messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
-        let prompt = Prompt::Chat(turns).tokenize(engine.tokenizer(), engine.chat_template(), None)?;
+        // (Through the history, last turn's answer keeps the tokens the model wrote.)
+        let history = engine.scheduler().token_history();
+        let prompt = Prompt::Chat(turns).tokenize_with_tools(
+            engine.tokenizer(),
+            engine.chat_template(),
+            None,
+            None,
+            Some(history),
+        )?;
         if prompt.len() + 1 >= engine.n_ctx() {
             messages.pop();
             eprintln!("(the conversation no longer fits the {}-token context; /reset to start over)", engine.n_ctx());

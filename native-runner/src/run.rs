@@ -210,7 +210,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, Some(prompt)) => Prompt::Text(prompt.clone()),
         (None, None) => bail!("give the prompt with -p TEXT, or a conversation with --messages FILE"),
     };
-    let prompt = prompt.tokenize_with_tools(engine.tokenizer(), engine.chat_template(), None, tools.as_ref())?;
+    let prompt = prompt.tokenize_with_tools(engine.tokenizer(), engine.chat_template(), None, tools.as_ref(), None)?;
     let tool_format = tools
         .as_ref()
         .map(|t| t.apply(engine.chat_template(), engine.tokenizer(), &mut options))

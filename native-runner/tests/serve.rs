@@ -2,7 +2,8 @@
 //! `hearth run` (batching and the prefix cache do not change results, so greedy and seeded
 //! outputs are exact), streaming, stop sequences, the queue limit, cancellation on disconnect,
 //! /v1/models, /health, /metrics, speculative decoding (`--lookup`, `--draft-model`, both: the same
-//! greedy answers, drafts counted), and the official `openai` Python client.
+//! greedy answers, drafts counted), a chat's next round resumed from the KV blocks of the
+//! answer it sends back, and the official `openai` Python client.
 
 mod serve_support;
 
@@ -159,6 +160,53 @@ fn chat_equals_hearth_run_streaming_and_not() {
     // Without include_usage no chunk carries usage.
     let (_, _, chunks) = streamed(&post(addr, "/v1/chat/completions", &chat_body(4, json!({"stream": true}))));
     assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+}
+
+/// A chat's next round sent back as text resumes from the first round's KV blocks, even when
+/// the answer's tokens are not its text's canonical tokenization (the first seed of 60 that
+/// samples one): `cached_tokens` counts the first prompt and every answer token evaluated.
+#[test]
+fn a_chats_next_round_resumes_from_the_answers_kv_blocks() {
+    use hearth_core::gguf::GgufFile;
+    use hearth_core::tokenizer::Tokenizer;
+    let addr = server();
+    let file = GgufFile::open(&hearth_tests::model_path(hearth_tests::QWEN_05B)).expect("open");
+    let tokenizer = Tokenizer::from_gguf(&file.metadata).expect("tokenizer");
+    let question = json!({"role": "user", "content": "Write a haiku about caching."});
+    let round = |messages: Value, seed: u64, max_tokens: usize| {
+        let body = json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "logprobs": true});
+        let r = post(addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let (seed, first) = (1..=60)
+        .find_map(|seed| {
+            let first = round(json!([question]), seed, 24);
+            let answer = first["choices"][0]["message"]["content"].as_str().expect("content");
+            let sampled: Vec<Vec<u8>> = first["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .expect("logprobs")
+                .iter()
+                .map(|t| {
+                    t["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().expect("byte") as u8).collect()
+                })
+                .collect();
+            let canonical = tokenizer.encode(answer, false, false).expect("encode");
+            let canonical: Vec<Vec<u8>> = canonical.iter().map(|&id| tokenizer.token_bytes(id)).collect();
+            (sampled != canonical).then_some((seed, first))
+        })
+        .expect("one of 60 seeds samples an answer in non-canonical tokens");
+    let answer = first["choices"][0]["message"]["content"].clone();
+    let messages =
+        json!([question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And in Rust?"}]);
+    let second = round(messages, seed, 1);
+    let usage = &first["usage"];
+    let written =
+        usage["prompt_tokens"].as_u64().expect("prompt") + usage["completion_tokens"].as_u64().expect("completion");
+    // (An answer cut by max_tokens ends with a token that was sampled, never evaluated.)
+    let evaluated = written - u64::from(first["choices"][0]["finish_reason"] == "length");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+    assert_eq!(cached, evaluated, "seed {seed}: the second round's prompt resumes after the first round's tokens");
 }
 
 #[test]

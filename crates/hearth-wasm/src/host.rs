@@ -301,7 +301,9 @@ impl EngineHost {
     /// Prompt → token ids, by the core's one rule ([`Prompt::tokenize`]): chat messages through
     /// the model's template at `now_unix`, tokenized without a second BOS.
     pub fn tokenize(&self, input: &Prompt, now_unix: Option<i64>) -> Result<Vec<u32>> {
-        Ok(input.tokenize(self.scheduler.tokenizer(), self.chat_template.as_ref(), now_unix)?)
+        let history = self.scheduler.token_history();
+        let template = self.chat_template.as_ref();
+        Ok(input.tokenize_with_tools(self.scheduler.tokenizer(), template, now_unix, None, Some(history))?)
     }
 
     /// The prompt's tokens and checked options of one request.
@@ -315,7 +317,8 @@ impl EngineHost {
         let tools = options.tools();
         let template = self.chat_template.as_ref();
         let tokenizer = self.scheduler.tokenizer();
-        let prompt = input.tokenize_with_tools(tokenizer, template, now_unix, tools)?;
+        let history = Some(&**self.scheduler.token_history());
+        let prompt = input.tokenize_with_tools(tokenizer, template, now_unix, tools, history)?;
         let mut generate_options = options.generate_options(prompt.len(), self.info.n_ctx, default_seed)?;
         let format = tools.map(|t| t.apply(template, tokenizer, &mut generate_options)).transpose()?.flatten();
         Ok((prompt, generate_options, format))

@@ -141,9 +141,11 @@ fn spawn_worker(
                 let file = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 let stem = l.path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 let n_ctx = l.runner.n_ctx();
-                let prompter = worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx };
                 let options = SchedulerOptions { prefill_chunk: l.options.prefill_chunk, ..options };
                 let mut scheduler = Scheduler::new(l.runner, l.tokenizer, options);
+                let history = scheduler.token_history().clone();
+                let prompter =
+                    worker::Prompter { tokenizer: l.tokenizer_copy, chat_template: l.chat_template, n_ctx, history };
                 if let Some(draft) = draft {
                     scheduler.set_draft_model(draft, speculative.options());
                 }

@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use hearth_core::chat::{ChatTemplate, ToolCallFormat};
 use hearth_core::engine::{GenerateOptions, Generation};
-use hearth_core::request::{Prompt, ValidRequest};
+use hearth_core::request::{Prompt, TokenHistory, ValidRequest};
 use hearth_core::sampling::TokenLogprob;
 use hearth_core::scheduler::{RequestId, Scheduler, SchedulerEvent};
 use hearth_core::tokenizer::Tokenizer;
@@ -67,6 +67,8 @@ pub struct Prompter {
     pub chat_template: Option<ChatTemplate>,
     /// Positions one sequence may hold (the runner's context, capped by the KV pool).
     pub n_ctx: usize,
+    /// The scheduler's prompts and answers: a conversation sent back continues from their ids.
+    pub history: Arc<TokenHistory>,
 }
 
 impl Prompter {
@@ -89,8 +91,10 @@ impl Prompter {
     ) -> Result<(Vec<u32>, GenerateOptions, Option<ToolCallFormat>), ApiError> {
         let template = self.chat_template.as_ref();
         let tools = request.generation.tools.as_ref();
-        let prompt =
-            request.prompt.tokenize_with_tools(&self.tokenizer, template, None, tools).map_err(|e| match e {
+        let prompt = request
+            .prompt
+            .tokenize_with_tools(&self.tokenizer, template, None, tools, Some(&self.history))
+            .map_err(|e| match e {
                 CoreError::BadRequest { .. } => request_error(&e),
                 other => ApiError::bad_request(format!("Cannot tokenize the prompt: {other}"), None, None),
             })?;

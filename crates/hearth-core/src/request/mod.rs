@@ -9,6 +9,7 @@
 //! `repetition_penalty` or `repeat_penalty`, `repeat_last_n`, `ignore_eos`) and hearth's own
 //! `speculative`. `docs/REQUESTS.md` lists every parameter with its range and default.
 
+mod history;
 mod prompt;
 pub mod response;
 mod structured;
@@ -16,6 +17,7 @@ mod structured;
 mod tests;
 mod tools;
 
+pub use history::{TokenHistory, HISTORY_CAPACITY};
 pub use prompt::{templated_add_bos, Prompt};
 pub use tools::{Function, ToolChoice, ToolRequest};
 

@@ -1,6 +1,6 @@
 //! A request's prompt, and the one rule that turns it into token ids.
 
-use super::{bad, ToolRequest};
+use super::{bad, TokenHistory, ToolRequest};
 use crate::chat::ChatTemplate;
 use crate::error::CoreError;
 use crate::tokenizer::Tokenizer;
@@ -84,21 +84,42 @@ impl Prompt {
         template: Option<&ChatTemplate>,
         now_unix: Option<i64>,
     ) -> Result<Vec<u32>, CoreError> {
-        self.tokenize_with_tools(tokenizer, template, now_unix, None)
+        self.tokenize_with_tools(tokenizer, template, now_unix, None, None)
     }
 
     /// [`Prompt::tokenize`] with the request's tools in the template's `tools` variable.
     /// Assistant messages' tool-call arguments sent as JSON text (OpenAI's shape) reach the
-    /// template as objects ([`crate::chat::template_messages`]).
+    /// template as objects ([`crate::chat::template_messages`]). With a `history`, a prompt that
+    /// goes on from a remembered prompt and answer keeps their ids ([`TokenHistory`]).
     pub fn tokenize_with_tools(
         &self,
         tokenizer: &Tokenizer,
         template: Option<&ChatTemplate>,
         now_unix: Option<i64>,
         tools: Option<&ToolRequest>,
+        history: Option<&TokenHistory>,
     ) -> Result<Vec<u32>, CoreError> {
-        let ids = match self {
-            Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true)?,
+        let (text, add_bos) = self.render(tokenizer, template, now_unix, tools)?;
+        let ids = match history {
+            Some(history) => history.encode(tokenizer, &text, add_bos)?,
+            None => tokenizer.encode(&text, add_bos, true)?,
+        };
+        if ids.is_empty() {
+            return Err(bad("prompt", "The prompt is empty."));
+        }
+        Ok(ids)
+    }
+
+    /// The text the model reads, and whether BOS goes in front of it.
+    fn render(
+        &self,
+        tokenizer: &Tokenizer,
+        template: Option<&ChatTemplate>,
+        now_unix: Option<i64>,
+        tools: Option<&ToolRequest>,
+    ) -> Result<(String, bool), CoreError> {
+        match self {
+            Prompt::Text(text) => Ok((text.clone(), tokenizer.add_bos_default())),
             Prompt::Chat(messages) => {
                 let template = template.ok_or_else(|| {
                     bad("messages", "This model has no chat template; send a text prompt to completions instead.")
@@ -110,13 +131,10 @@ impl Prompt {
                     None => template.render_json(&messages, true, tools.as_ref()),
                 }
                 .map_err(|e| bad("messages", format!("The chat template rejected the messages: {e}")))?;
-                tokenizer.encode(&text, templated_add_bos(tokenizer, &text), true)?
+                let add_bos = templated_add_bos(tokenizer, &text);
+                Ok((text, add_bos))
             }
-        };
-        if ids.is_empty() {
-            return Err(bad("prompt", "The prompt is empty."));
         }
-        Ok(ids)
     }
 }
 

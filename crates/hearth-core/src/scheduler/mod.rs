@@ -31,6 +31,7 @@ use crate::engine::{FinishReason, GenerateOptions, Generation, Instant};
 use crate::error::{CoreError, Result};
 use crate::graph::LogitsMode;
 use crate::kv::SeqId;
+use crate::request::TokenHistory;
 use crate::runner::{BatchEntry, Runner, StepOutput, ROLLBACK_MARGIN};
 use crate::sampling::TokenLogprob;
 use crate::speculative::verify::VerificationOutcome;
@@ -39,6 +40,7 @@ use crate::tokenizer::Tokenizer;
 use drafts::{DraftKind, DraftSource, EntryRows, FreeLookup, FreeStep, RequestDrafts};
 use request::Active;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use step_budget::{StepCostModel, PROMPT_GRANULE};
 
 /// The most drafts a request verifies in one step, whatever `--draft-tokens` says: rejected ones
@@ -183,6 +185,9 @@ pub struct Scheduler {
     /// Structured output's compiler for this model, built when the first constrained request
     /// arrives.
     grammars: Option<GrammarCompiler>,
+    /// Recent prompts and answers with their ids: each finished answer is learnt here, and
+    /// whoever tokenizes this model's next prompts reads it ([`Scheduler::token_history`]).
+    history: Arc<TokenHistory>,
 }
 
 impl Scheduler {
@@ -212,7 +217,14 @@ impl Scheduler {
             draft_model: None,
             pass_costs: None,
             grammars: None,
+            history: Arc::new(TokenHistory::new()),
         }
+    }
+
+    /// The ids of the prompts and answers this scheduler ran: tokenizing a conversation through
+    /// it ([`crate::request::Prompt::tokenize_with_tools`]) continues from the model's own tokens.
+    pub fn token_history(&self) -> &Arc<TokenHistory> {
+        &self.history
     }
 
     /// Every request drafts with `draft` (same vocabulary; its KV pool must hold a sequence per
@@ -432,7 +444,10 @@ impl Scheduler {
             let i = self.waiting.iter().position(|a| a.id == id)?;
             self.waiting.remove(i)?
         };
-        Some(self.retire(active, FinishReason::Cancelled).1)
+        let generation = self.retire(active, FinishReason::Cancelled).1;
+        // (A client that stops an answer may send what it got back in its next prompt.)
+        self.history.learn_answer(&self.tokenizer, &generation.prompt_tokens, &generation.tokens);
+        Some(generation)
     }
 
     pub fn is_idle(&self) -> bool {
@@ -1110,6 +1125,7 @@ impl Scheduler {
             match end {
                 Ok(reason) => {
                     let (tail, generation) = self.retire(active, reason);
+                    self.history.learn_answer(&self.tokenizer, &generation.prompt_tokens, &generation.tokens);
                     if !tail.is_empty() {
                         // (The generation carries every log-probability; the tail's come with it.)
                         events(SchedulerEvent::Text { id, delta: tail, logprobs: Vec::new() });

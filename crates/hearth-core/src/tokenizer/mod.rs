@@ -244,6 +244,13 @@ impl Tokenizer {
         !matches!(self.pipeline, TextPipeline::SentencePiece { add_space_prefix: true, .. })
     }
 
+    /// Whether `text` starts with a special token (control or user-defined) that
+    /// [`Tokenizer::encode`] with `parse_special` reads as one token: encoding from there gives
+    /// the same ids as encoding a longer text that ends with it and keeping the tail.
+    pub fn begins_with_special_token(&self, text: &str) -> bool {
+        self.vocab.starts_with_partitioned(text, true)
+    }
+
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
         self.vocab.token_type(id)
     }

@@ -155,6 +155,15 @@ impl Vocab {
         self.eog.contains(&id)
     }
 
+    /// Whether `text` starts with a token [`Vocab::partition`] matches (control tokens only when
+    /// `parse_special`).
+    pub fn starts_with_partitioned(&self, text: &str, parse_special: bool) -> bool {
+        self.partitioned.iter().any(|&id| {
+            let piece = self.pieces[id as usize].as_str();
+            (parse_special || !self.types[id as usize].is_special()) && !piece.is_empty() && text.starts_with(piece)
+        })
+    }
+
     /// Splits `text` around special tokens exactly like llama.cpp's `tokenizer_st_partition`: for each
     /// special token, longest first, every occurrence in every remaining text fragment becomes a token.
     /// Control and unknown tokens are only matched when `parse_special`; user-defined ones always.
